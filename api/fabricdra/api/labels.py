@@ -1,0 +1,14 @@
+"""Node label keys fabricdra publishes. Every key lives under one prefix, the only keys the
+driver ever adds or removes on a Node."""
+
+PREFIX = "fabricdra.io/"
+
+RDMA_CAPABLE = PREFIX + "rdma.capable"
+RDMA_DISTANCE = PREFIX + "rdma.distance"
+RDMA_NUMA = PREFIX + "rdma.numa"
+FABRIC_DOMAIN = PREFIX + "fabric.domain"
+FABRIC_MEMBERS = PREFIX + "fabric.members"
+
+ALL = (RDMA_CAPABLE, RDMA_DISTANCE, RDMA_NUMA, FABRIC_DOMAIN, FABRIC_MEMBERS)
+# The families a writer may remove stale keys from (and only these).
+MANAGED_PREFIXES = (PREFIX + "rdma.", PREFIX + "fabric.")

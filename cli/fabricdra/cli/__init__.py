@@ -1,0 +1,50 @@
+"""The `fabricdra` command: one binary, one subcommand per component or tool."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from . import logs
+from .inventory import add_inventory, add_nvml_snapshot
+
+
+class UsageError(Exception):
+    """Bad input from the user: printed as one line, exit status 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fabricdra",
+        description="Kubernetes DRA driver for accelerators, RDMA NICs and their fabric.",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="minimum level of the JSON logs written to stderr (default: info)",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_inventory(sub)
+    add_nvml_snapshot(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logs.configure(args.log_level)
+    try:
+        code: int = args.run(args)
+    except UsageError as e:
+        print(f"fabricdra {args.command}: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+    return code
+
+
+def print_json(doc: object) -> None:
+    json.dump(doc, sys.stdout, indent=2)
+    sys.stdout.write("\n")

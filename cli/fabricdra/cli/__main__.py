@@ -1,0 +1,5 @@
+import sys
+
+from fabricdra.cli import main
+
+sys.exit(main())

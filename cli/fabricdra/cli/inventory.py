@@ -1,0 +1,105 @@
+"""`fabricdra inventory` and `fabricdra nvml-snapshot`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from fabricdra.kubeletplugin.discovery.node import NvmlSource, discover
+from fabricdra.kubeletplugin.discovery.nvml import (
+    SnapshotError,
+    dump_snapshot,
+    load_snapshot,
+    read_live,
+)
+from fabricdra.kubeletplugin.discovery.sysfs import RootError, SysfsTree
+from fabricdra.kubeletplugin.report import PreviousError, inventory_document, load_previous
+from fabricdra.kubeletplugin.samples import sample_node
+
+log = structlog.get_logger("fabricdra.inventory")
+
+
+def add_inventory(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "inventory",
+        help="print this node's interfaces, accelerators and labels as JSON",
+        description="Read the node from sysfs (and NVML) and print one JSON document: "
+        "interfaces, accelerators and the desired fabricdra.io/ node labels.",
+    )
+    p.add_argument("--sysfs-root", default="/sys", help="root of the sysfs tree (default /sys)")
+    p.add_argument(
+        "--nvml-snapshot",
+        metavar="FILE",
+        help="read recorded NVML answers (from `fabricdra nvml-snapshot`) instead of the library",
+    )
+    p.add_argument(
+        "--previous",
+        metavar="FILE",
+        help="an earlier output: keeps first-seen failure times and the record of a part "
+        "whose enumeration fails",
+    )
+    p.add_argument(
+        "--sample",
+        action="store_true",
+        help="report the bundled sample node (8 GPUs, RDMA NICs) instead of this machine",
+    )
+    p.set_defaults(run=run_inventory)
+
+
+def add_nvml_snapshot(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "nvml-snapshot",
+        help="record this host's NVML answers as JSON, for --nvml-snapshot elsewhere",
+    )
+    p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    p.set_defaults(run=run_nvml_snapshot)
+
+
+def run_inventory(args: argparse.Namespace) -> int:
+    from fabricdra.cli import UsageError, print_json
+
+    with ExitStack() as stack:
+        root, snapshot = args.sysfs_root, args.nvml_snapshot
+        if args.sample:
+            sample_root, sample_snapshot = stack.enter_context(sample_node())
+            root, snapshot = str(sample_root), snapshot or str(sample_snapshot)
+        try:
+            tree = SysfsTree(root)
+            nvml_source: NvmlSource = read_live
+            if snapshot is not None:
+                readings = load_snapshot(snapshot)
+                nvml_source = lambda: readings  # noqa: E731
+            previous = load_previous(args.previous) if args.previous else None
+        except (RootError, SnapshotError, PreviousError) as e:
+            raise UsageError(str(e)) from e
+
+        result = discover(tree, nvml_source=nvml_source, previous=previous)
+        for part, message in result.failures.items():
+            log.error("enumeration failed; keeping the previous record", part=part, error=message)
+        if result.nvml is not None and not result.nvml.available:
+            log.warning("NVML unavailable; NVIDIA details omitted", reason=result.nvml.reason)
+        for key, value in result.labels.rejected.items():
+            log.warning("label withheld: not a valid label value", key=key, value=value)
+        doc = inventory_document(result, "sample" if args.sample else root)
+        print_json(doc)
+    return 0
+
+
+def run_nvml_snapshot(args: argparse.Namespace) -> int:
+    readings = read_live()
+    if not readings.available:
+        print(f"fabricdra nvml-snapshot: NVML unavailable: {readings.reason}", file=sys.stderr)
+        return 1
+    for bus, error in readings.errors.items():
+        log.error("GPU not recorded", pciBusId=bus, error=error)
+    text = dump_snapshot(readings)
+    if args.output:
+        Path(args.output).write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0

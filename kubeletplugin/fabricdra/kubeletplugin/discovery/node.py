@@ -1,0 +1,150 @@
+"""One discovery pass over a node: inventory, link verdicts, accelerators and labels.
+
+Pure: a sysfs tree (and NVML readings) in, typed records out. The callers — the `inventory`
+command and the kubelet plugin — log, write and publish; nothing here does I/O beyond reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from fabricdra.api.deviceclasses import DeviceClassTable, load_device_classes
+from fabricdra.api.inventory import Accelerator, Endpoint, Interface, LinkRecord
+
+from . import accelerators as accel
+from . import interfaces as ifaces
+from .amd import KfdReadings, read_kfd
+from .labels import NodeLabels, compute_labels
+from .nvml import NvmlReadings
+from .rdma import merge_first_seen, read_rdma_index
+from .sysfs import SysfsTree
+
+
+@dataclass(frozen=True, slots=True)
+class Previous:
+    """What the last pass recorded (None lists: that part was never recorded)."""
+
+    interfaces: list[Interface] | None = None
+    accelerators: list[Accelerator] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Discovery:
+    interfaces: list[Interface] | None
+    accelerators: list[Accelerator] | None
+    labels: NodeLabels
+    # Enumeration failures, by part ("interfaces", "accelerators"): the part above is the
+    # previous record kept as it was (or None when there was none), never an empty list.
+    failures: dict[str, str] = field(default_factory=dict)
+    nvml: NvmlReadings | None = None
+    kfd: KfdReadings | None = None
+
+    def record_equals(self, other: Discovery | None) -> bool:
+        """Whether the published record would change: the cheap check before any write."""
+        return (
+            other is not None
+            and self.interfaces == other.interfaces
+            and self.accelerators == other.accelerators
+            and self.labels == other.labels
+        )
+
+
+NvmlSource = Callable[[], NvmlReadings]
+
+
+def discover(
+    tree: SysfsTree,
+    nvml_source: NvmlSource | None = None,
+    previous: Previous | None = None,
+    now: datetime | None = None,
+    classes: DeviceClassTable | None = None,
+) -> Discovery:
+    now = now or datetime.now(UTC).replace(microsecond=0)
+    previous = previous or Previous()
+    classes = classes or load_device_classes()
+    failures: dict[str, str] = {}
+
+    interfaces: list[Interface] | None
+    try:
+        interfaces = ifaces.read_interfaces(tree, read_rdma_index(tree, now))
+        interfaces = _merge_link_history(interfaces, previous.interfaces)
+    except ifaces.EnumerationError as e:
+        failures["interfaces"] = f"cannot enumerate network interfaces: {e}"
+        interfaces = previous.interfaces
+
+    accelerators: list[Accelerator] | None
+    nvml: NvmlReadings | None = None
+    kfd: KfdReadings | None = None
+    fabric_readable = True
+    try:
+        candidates = accel.find_accelerators(tree)
+        vendors = {c.vendor_id for c in candidates}
+        if accel.NVIDIA in vendors and nvml_source is not None:
+            nvml = nvml_source()  # asked only where there is an NVIDIA device to ask about
+        if accel.AMD in vendors:
+            kfd = read_kfd(tree)
+        accelerators = accel.describe_accelerators(tree, candidates, nvml, kfd, classes)
+        fabric_readable = _fabric_readable(accelerators, nvml, kfd)
+    except accel.EnumerationError as e:
+        failures["accelerators"] = f"cannot enumerate PCI devices: {e}"
+        accelerators = previous.accelerators
+        fabric_readable = False
+
+    labels = compute_labels(
+        None if "interfaces" in failures else interfaces,
+        None if "accelerators" in failures else accelerators,
+        fabric_readable=fabric_readable,
+    )
+    return Discovery(
+        interfaces=interfaces,
+        accelerators=accelerators,
+        labels=labels,
+        failures=failures,
+        nvml=nvml,
+        kfd=kfd,
+    )
+
+
+def _fabric_readable(
+    accelerators: list[Accelerator], nvml: NvmlReadings | None, kfd: KfdReadings | None
+) -> bool:
+    """A fabric nobody could ask about is unknown, not absent."""
+    for a in accelerators:
+        if a.vendorId == accel.NVIDIA and (
+            nvml is None or not nvml.available or a.pciBusId not in nvml.gpus
+        ):
+            return False
+        if a.vendorId == accel.AMD and (kfd is None or not kfd.available):
+            return False
+    return True
+
+
+def _endpoint_key(ep: Endpoint) -> tuple[str | None, str | None]:
+    return (ep.pciBusId or ep.name, ep.rdmaDevice)
+
+
+def _merge_link_history(
+    current: list[Interface], previous: list[Interface] | None
+) -> list[Interface]:
+    if not previous:
+        return current
+    before: dict[tuple[str | None, str | None], LinkRecord] = {}
+    for iface in previous:
+        for ep in iface.endpoints():
+            if ep.link is not None and ep.link.verdict == "Failed":
+                before[_endpoint_key(ep)] = ep.link
+    if not before:
+        return current
+
+    def merged(ep: Endpoint) -> LinkRecord | None:
+        if ep.link is None:
+            return None
+        return merge_first_seen(ep.link, before.get(_endpoint_key(ep)))
+
+    out: list[Interface] = []
+    for iface in current:
+        vfs = [vf.model_copy(update={"link": merged(vf)}) for vf in iface.virtualFunctions]
+        out.append(iface.model_copy(update={"link": merged(iface), "virtualFunctions": vfs}))
+    return out

@@ -1,0 +1,238 @@
+"""NVIDIA details from NVML, live (nvidia-ml-py) or from a recorded snapshot.
+
+A snapshot is a JSON object keyed by PCI bus id (`0000:1b:00.0`) whose values carry at least
+`uuid`, `name`, `memoryTotalMiB`, `migMode` and `fabric {clusterUuid, cliqueId, state, status}`,
+with state/status in NVML's words. `fabricdra nvml-snapshot` records one on a GPU host, so
+hosts without GPUs (CI, laptops) can replay a real machine's answers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+FabricState = Literal["completed", "in_progress", "not_started", "not_supported"]
+_STATES: dict[int, FabricState] = {
+    0: "not_supported",
+    1: "not_started",
+    2: "in_progress",
+    3: "completed",
+}
+
+
+class SnapshotFabric(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    clusterUuid: str | None = None
+    cliqueId: int | None = None
+    state: FabricState
+    status: str
+
+
+class SnapshotMigDevice(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    uuid: str
+    name: str | None = None
+    memoryTotalMiB: int | None = None
+    gpuInstanceId: int | None = None
+    computeInstanceId: int | None = None
+
+
+class SnapshotGpu(BaseModel):
+    """NVML's answers for one GPU."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    uuid: str
+    name: str
+    memoryTotalMiB: int
+    migMode: bool
+    fabric: SnapshotFabric | None = None
+    migDevices: list[SnapshotMigDevice] = Field(default_factory=list)
+    # Health inputs (optional): uncorrectable ECC since boot, active thermal slowdown.
+    eccUncorrectable: int | None = None
+    thermalViolation: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NvmlReadings:
+    """What NVML said this pass. `available` False means the question could not be asked."""
+
+    source: Literal["library", "snapshot"]
+    available: bool
+    reason: str | None = None
+    gpus: dict[str, SnapshotGpu] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)  # bus id -> why its details are missing
+
+
+class SnapshotError(Exception):
+    """A snapshot file that cannot be used; the message names the file and the problem."""
+
+
+def normalise_bus_id(bus_id: str) -> str:
+    """NVML says `00000000:1B:00.0`; sysfs says `0000:1b:00.0`. Compare in sysfs form."""
+    domain, _, rest = bus_id.strip().lower().partition(":")
+    return f"{int(domain, 16):04x}:{rest}" if rest else bus_id.lower()
+
+
+def load_snapshot(path: str | Path) -> NvmlReadings:
+    p = Path(path)
+    try:
+        raw = json.loads(p.read_text())
+    except OSError as e:
+        raise SnapshotError(f"NVML snapshot {p}: cannot read: {e.strerror or e}") from e
+    except json.JSONDecodeError as e:
+        raise SnapshotError(f"NVML snapshot {p}: not JSON: {e}") from e
+    if not isinstance(raw, dict):
+        raise SnapshotError(f"NVML snapshot {p}: expected an object keyed by PCI bus id")
+    gpus: dict[str, SnapshotGpu] = {}
+    for key, value in raw.items():
+        if key.startswith("_"):
+            continue  # comments and recording metadata
+        try:
+            gpus[normalise_bus_id(key)] = SnapshotGpu.model_validate(value)
+        except (ValidationError, ValueError) as e:
+            first = e.errors()[0] if isinstance(e, ValidationError) else {"msg": str(e), "loc": ()}
+            where = ".".join(str(x) for x in first["loc"])
+            raise SnapshotError(
+                f"NVML snapshot {p}: entry {key!r}{' field ' + where if where else ''}: "
+                f"{first['msg']}"
+            ) from e
+    return NvmlReadings(source="snapshot", available=True, gpus=gpus)
+
+
+def status_name(code: int) -> str:
+    """NVML return code -> `success` or the lowercase error name (`not_ready`, …)."""
+    if code == 0:
+        return "success"
+    import pynvml
+
+    for attr in dir(pynvml):
+        if attr.startswith("NVML_ERROR_") and getattr(pynvml, attr) == code:
+            return attr[len("NVML_ERROR_") :].lower()
+    return f"error_{code}"
+
+
+def read_live() -> NvmlReadings:
+    """Ask the NVML library. Never raises: a library that will not load is a reading."""
+    try:
+        import pynvml
+    except ImportError as e:  # pragma: no cover - nvidia-ml-py is a dependency
+        return NvmlReadings(source="library", available=False, reason=f"nvidia-ml-py: {e}")
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as e:
+        return NvmlReadings(source="library", available=False, reason=f"nvmlInit: {e}")
+    gpus: dict[str, SnapshotGpu] = {}
+    errors: dict[str, str] = {}
+    try:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            bus = normalise_bus_id(_text(pynvml.nvmlDeviceGetPciInfo(handle).busId))
+            try:
+                gpus[bus] = SnapshotGpu.model_validate(_read_gpu(pynvml, handle))
+            except pynvml.NVMLError as e:
+                errors[bus] = str(e)
+    except pynvml.NVMLError as e:
+        return NvmlReadings(source="library", available=False, reason=f"enumeration: {e}")
+    finally:
+        with contextlib.suppress(pynvml.NVMLError):
+            pynvml.nvmlShutdown()
+    return NvmlReadings(source="library", available=True, gpus=gpus, errors=errors)
+
+
+def _text(v: str | bytes) -> str:
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def _read_gpu(pynvml: Any, handle: Any) -> dict[str, Any]:
+    mig_mode = False
+    try:
+        current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
+        mig_mode = current == pynvml.NVML_DEVICE_MIG_ENABLE
+    except pynvml.NVMLError_NotSupported:
+        pass
+    out: dict[str, Any] = {
+        "uuid": _text(pynvml.nvmlDeviceGetUUID(handle)),
+        "name": _text(pynvml.nvmlDeviceGetName(handle)),
+        "memoryTotalMiB": pynvml.nvmlDeviceGetMemoryInfo(handle).total // (1024 * 1024),
+        "migMode": mig_mode,
+        "fabric": _read_fabric(pynvml, handle),
+        "migDevices": _read_mig(pynvml, handle) if mig_mode else [],
+    }
+    out.update(_read_health(pynvml, handle))
+    return out
+
+
+def _read_fabric(pynvml: Any, handle: Any) -> dict[str, Any] | None:
+    info = pynvml.c_nvmlGpuFabricInfo_t()
+    try:
+        pynvml.nvmlDeviceGetGpuFabricInfo(handle, info)
+    except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
+        # Drivers without the call behave like a GPU with no fabric.
+        return {
+            "clusterUuid": None,
+            "cliqueId": None,
+            "state": "not_supported",
+            "status": "success",
+        }
+    return {
+        "clusterUuid": bytes(info.clusterUuid).hex(),
+        "cliqueId": int(info.cliqueId),
+        "state": _STATES.get(int(info.state), "not_supported"),
+        "status": status_name(int(info.status)),
+    }
+
+
+def _read_mig(pynvml: Any, handle: Any) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for j in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+        try:
+            mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, j)
+        except pynvml.NVMLError_NotFound:
+            continue
+        out.append(
+            {
+                "uuid": _text(pynvml.nvmlDeviceGetUUID(mig)),
+                "name": _text(pynvml.nvmlDeviceGetName(mig)),
+                "memoryTotalMiB": pynvml.nvmlDeviceGetMemoryInfo(mig).total // (1024 * 1024),
+                "gpuInstanceId": pynvml.nvmlDeviceGetGpuInstanceId(mig),
+                "computeInstanceId": pynvml.nvmlDeviceGetComputeInstanceId(mig),
+            }
+        )
+    return out
+
+
+def _read_health(pynvml: Any, handle: Any) -> dict[str, Any]:
+    """Uncorrectable (double-bit) volatile ECC errors and active thermal slowdown, each only
+    when the GPU answers; a GPU that cannot say is not reported healthy or unhealthy here."""
+    out: dict[str, Any] = {}
+    with contextlib.suppress(pynvml.NVMLError):
+        out["eccUncorrectable"] = int(
+            pynvml.nvmlDeviceGetTotalEccErrors(
+                handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC
+            )
+        )
+    try:
+        reasons = int(pynvml.nvmlDeviceGetCurrentClocksEventReasons(handle))
+        thermal = (
+            pynvml.nvmlClocksEventReasonSwThermalSlowdown
+            | pynvml.nvmlClocksEventReasonHwThermalSlowdown
+        )
+        out["thermalViolation"] = bool(reasons & thermal)
+    except (pynvml.NVMLError, AttributeError):
+        pass
+    return out
+
+
+def dump_snapshot(readings: NvmlReadings) -> str:
+    body: dict[str, Any] = {
+        bus: gpu.model_dump(exclude_none=False) for bus, gpu in sorted(readings.gpus.items())
+    }
+    return json.dumps(body, indent=2, sort_keys=True) + "\n"

@@ -1,0 +1,232 @@
+"""Safe, bounded reads from a sysfs tree.
+
+Every path is relative to a root (normally /sys). A sysfs path is a chain of symlinks, so each
+access resolves the chain and refuses a result that lands outside the root: a fixture tree, a
+container's view or a hostile mount can hold links anywhere. One attribute read is capped at
+64 KiB. A reading is one of three things, and the rules downstream treat them differently:
+the text, `Absent` (the kernel does not offer this file), or `Unreadable` (it exists, or might,
+but could not be read — an inability to ask, which must never be read as an answer of no).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+READ_CAP = 64 * 1024
+_MAX_LINK_HOPS = 40
+
+
+@dataclass(frozen=True, slots=True)
+class Absent:
+    path: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: absent"
+
+
+@dataclass(frozen=True, slots=True)
+class Unreadable:
+    path: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: unreadable ({self.reason})"
+
+
+Failure = Absent | Unreadable
+Reading = str | Failure
+
+
+class RootError(Exception):
+    """The tree root itself is unusable (missing, not a directory)."""
+
+
+# errno values that mean "no such file" rather than "could not read it".
+_ABSENT_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR})
+
+
+class SysfsTree:
+    """Read-only view of a sysfs tree rooted at `root`."""
+
+    def __init__(self, root: str | os.PathLike[str] = "/sys") -> None:
+        path = Path(root)
+        if not path.exists():
+            raise RootError(f"sysfs root {path} does not exist")
+        if not path.is_dir():
+            raise RootError(f"sysfs root {path} is not a directory")
+        self.root = os.path.realpath(path)
+        self._prefix = self.root.rstrip(os.sep) + os.sep
+        # Resolving a symlink chain is the expensive part of a read; directory resolutions are
+        # cached for one pass (a SysfsTree lives for one pass), attribute files are not.
+        self._resolved: dict[str, str | Failure] = {}
+        self._real: dict[str, str | Failure] = {}
+
+    # -- resolution ----------------------------------------------------------------------------
+
+    def resolve(self, rel: str) -> str | Failure:
+        """The path `rel` lands on after every symlink, relative to the root ("" is the root)."""
+        return self._resolve(rel.strip("/"), 0)
+
+    def _resolve(self, rel: str, hops: int) -> str | Failure:
+        # Component by component, each prefix resolved once per pass: sysfs paths share long
+        # prefixes (devices/pci…/bridge/bridge/…), so this costs one lstat per new component
+        # where os.path.realpath would lstat every component of every path again.
+        cached = self._resolved.get(rel)
+        if cached is not None:
+            return cached
+        if hops > _MAX_LINK_HOPS:
+            return Unreadable(rel, "too many levels of symbolic links")
+        parent, _, name = rel.rpartition("/")
+        base = self._resolve(parent, hops) if parent else ""
+        if isinstance(base, Absent | Unreadable):
+            result: str | Failure = base if isinstance(base, Unreadable) else Absent(rel)
+        elif name in ("", "."):
+            result = base
+        elif name == "..":
+            result = (
+                Unreadable(rel, "climbs above the sysfs root") if not base else _dirname(base)
+            )
+        else:
+            result = self._step(rel, f"{base}/{name}" if base else name, hops)
+        self._resolved[rel] = result
+        return result
+
+    def _step(self, rel: str, candidate: str, hops: int) -> str | Failure:
+        """Resolve the last component of `candidate`, whose parent is already resolved. Many
+        routes lead to one real path (class/net/X/device, physfn, virtfnN, …), so results are
+        also cached by that path."""
+        known = self._real.get(candidate)
+        if known is None:
+            known = self._step_uncached(rel, candidate, hops)
+            self._real[candidate] = known
+        if isinstance(known, Absent):
+            return Absent(rel)
+        if isinstance(known, Unreadable):
+            return Unreadable(rel, known.reason)
+        return known
+
+    def _step_uncached(self, rel: str, candidate: str, hops: int) -> str | Failure:
+        full = f"{self._prefix}{candidate}"
+        try:
+            st = os.lstat(full)
+        except OSError as e:
+            if e.errno in _ABSENT_ERRNOS:
+                return Absent(rel)
+            return Unreadable(rel, e.strerror or str(e))
+        if not stat.S_ISLNK(st.st_mode):
+            return candidate
+        try:
+            target = os.readlink(full)
+        except OSError as e:
+            return Unreadable(rel, e.strerror or str(e))
+        if target.startswith("/"):
+            if target != self.root and not target.startswith(self._prefix):
+                return Unreadable(rel, f"links to {target}, outside the sysfs root")
+            target_rel = target[len(self._prefix) :] if target != self.root else ""
+        else:
+            # The link's directory is already resolved (no links in it), so the target's
+            # leading `..` can be applied to it as text; the rest is resolved component-wise.
+            base = _dirname(candidate)
+            parts = target.split("/")
+            i = 0
+            while i < len(parts) and parts[i] in ("..", ".", ""):
+                if parts[i] == "..":
+                    if not base:
+                        return Unreadable(rel, f"links to {target}, above the sysfs root")
+                    base = _dirname(base)
+                i += 1
+            rest = "/".join(parts[i:])
+            target_rel = f"{base}/{rest}" if base and rest else (base or rest)
+        resolved = self._resolve(target_rel.strip("/"), hops + 1)
+        if isinstance(resolved, Absent):
+            return Absent(rel)
+        if isinstance(resolved, Unreadable):
+            return Unreadable(rel, resolved.reason)
+        return resolved
+
+    def link_name(self, rel: str) -> str | Failure:
+        """Basename of where the symlink `rel` lands (e.g. `device/subsystem` -> `pci`)."""
+        target = self.resolve(rel)
+        if isinstance(target, Absent | Unreadable):
+            return target
+        return os.path.basename(target)
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def read(self, rel: str) -> Reading:
+        """One attribute, whitespace-stripped. Files over the cap are Unreadable, not truncated:
+        half an attribute is not a reading."""
+        parent, _, name = rel.rpartition("/")
+        base = self.resolve(parent) if parent else ""
+        if isinstance(base, Absent | Unreadable):
+            return base
+        full = f"{self._prefix}{base}/{name}" if base else f"{self._prefix}{name}"
+        try:
+            # O_NOFOLLOW: attributes are plain files; if this one is a link, resolve it properly.
+            fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                return self._read_through_link(rel)
+            if e.errno in _ABSENT_ERRNOS:
+                return Absent(rel)
+            return Unreadable(rel, e.strerror or str(e))
+        try:
+            data = os.read(fd, READ_CAP + 1)
+            if len(data) <= READ_CAP:
+                # sysfs returns a whole attribute in one read; a regular file may need more.
+                while len(data) <= READ_CAP:
+                    more = os.read(fd, READ_CAP + 1 - len(data))
+                    if not more:
+                        break
+                    data += more
+        except OSError as e:
+            return Unreadable(rel, e.strerror or str(e))
+        finally:
+            os.close(fd)
+        if len(data) > READ_CAP:
+            return Unreadable(rel, f"larger than the {READ_CAP // 1024} KiB read cap")
+        return data.decode("utf-8", errors="replace").strip()
+
+    def _read_through_link(self, rel: str) -> Reading:
+        target = self.resolve(rel)
+        if isinstance(target, Absent | Unreadable):
+            return target
+        if not target:
+            return Unreadable(rel, "is the tree root, not an attribute")
+        return self.read(target)
+
+    def read_int(self, rel: str, base: int = 10) -> int | Failure:
+        text = self.read(rel)
+        if isinstance(text, Absent | Unreadable):
+            return text
+        try:
+            return int(text, base)
+        except ValueError:
+            return Unreadable(rel, f"not an integer: {text[:40]!r}")
+
+    def listdir(self, rel: str) -> list[str] | Failure:
+        """Sorted entries of a directory (sysfs order is not stable; ours is)."""
+        target = self.resolve(rel)
+        if isinstance(target, Absent | Unreadable):
+            return target
+        try:
+            return sorted(os.listdir(os.path.join(self.root, target)))
+        except OSError as e:
+            if e.errno in _ABSENT_ERRNOS:
+                return Absent(rel)
+            return Unreadable(rel, e.strerror or str(e))
+
+    def exists(self, rel: str) -> bool:
+        return not isinstance(self.resolve(rel), Absent | Unreadable)
+
+
+def _dirname(path: str) -> str:
+    return path.rpartition("/")[0]
+
+
+def failed(reading: object) -> bool:
+    return isinstance(reading, Absent | Unreadable)

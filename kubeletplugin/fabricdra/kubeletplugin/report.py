@@ -1,0 +1,74 @@
+"""The `fabricdra inventory` document: one discovery pass as JSON, and reading an earlier one
+back (`--previous`) for the first-seen merge and the failed-enumeration rule."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from fabricdra.api.inventory import Accelerator, Interface
+
+from .discovery.node import Discovery, Previous
+
+_INTERFACES = TypeAdapter(list[Interface])
+_ACCELERATORS = TypeAdapter(list[Accelerator])
+
+
+class PreviousError(Exception):
+    """An unusable --previous file; the message names the file and what is wrong."""
+
+
+def inventory_document(d: Discovery, sysfs_root: str) -> dict[str, Any]:
+    nvml: dict[str, Any] | None = None
+    if d.nvml is not None:
+        nvml = {
+            "source": d.nvml.source,
+            "available": d.nvml.available,
+            "reason": d.nvml.reason,
+            "errors": d.nvml.errors,
+        }
+    return {
+        "sysfsRoot": sysfs_root,
+        "enumeration": {
+            "interfaces": d.failures.get("interfaces", "ok"),
+            "accelerators": d.failures.get("accelerators", "ok"),
+        },
+        "nvml": nvml,
+        "interfaces": None
+        if d.interfaces is None
+        else _INTERFACES.dump_python(d.interfaces, mode="json"),
+        "accelerators": None
+        if d.accelerators is None
+        else _ACCELERATORS.dump_python(d.accelerators, mode="json"),
+        "labels": dict(sorted(d.labels.desired.items())),
+        "labelsUnknown": sorted(d.labels.unknown),
+        "labelsRejected": dict(sorted(d.labels.rejected.items())),
+    }
+
+
+def load_previous(path: str | Path) -> Previous:
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text())
+    except OSError as e:
+        raise PreviousError(f"previous inventory {p}: cannot read: {e.strerror or e}") from e
+    except json.JSONDecodeError as e:
+        raise PreviousError(f"previous inventory {p}: not JSON: {e}") from e
+    if not isinstance(doc, dict):
+        raise PreviousError(f"previous inventory {p}: expected a JSON object")
+    try:
+        interfaces = doc.get("interfaces")
+        accelerators = doc.get("accelerators")
+        return Previous(
+            interfaces=None if interfaces is None else _INTERFACES.validate_python(interfaces),
+            accelerators=None
+            if accelerators is None
+            else _ACCELERATORS.validate_python(accelerators),
+        )
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise PreviousError(f"previous inventory {p}: {where}: {first['msg']}") from e

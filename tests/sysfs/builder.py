@@ -1,0 +1,259 @@
+"""A small builder of kernel-shaped sysfs trees.
+
+Everything the kernel expresses as a symlink is a relative symlink here too: class/net/<if>,
+class/infiniband/<dev>, class/infiniband_verbs/<uverbs>, bus/pci/devices/<bdf> all point into
+devices/pci…, and `device`, `subsystem`, `driver`, `virtfnN` and `physfn` are links, so the code
+under test resolves the same chains it meets on a real host.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+NVIDIA, AMD, MELLANOX, INTEL, VIRTIO = "0x10de", "0x1002", "0x15b3", "0x8086", "0x1af4"
+CLASS_BRIDGE, CLASS_ETHERNET, CLASS_3D, CLASS_INFINIBAND = 0x060400, 0x020000, 0x030200, 0x020700
+CLASS_ACCEL = 0x120000
+
+
+@dataclass(frozen=True)
+class Port:
+    state: str = "4: ACTIVE"
+    phys_state: str = "5: LinkUp"
+    link_layer: str = "Ethernet"
+    netdev: str | None = None
+
+
+UP = Port()
+DOWN = Port(state="1: DOWN", phys_state="3: Disabled")
+
+
+class SysfsBuilder:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        self._uverbs = 0
+        for d in ("class/net", "bus/pci/devices", "devices/virtual/net"):
+            (root / d).mkdir(parents=True, exist_ok=True)
+
+    # -- primitives ----------------------------------------------------------------------------
+
+    def write(self, rel: str, content: str | bytes) -> Path:
+        p = self.root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            p.write_bytes(content)
+        else:
+            p.write_text(content if content.endswith("\n") else content + "\n")
+        return p
+
+    def link(self, rel: str, target_rel: str) -> None:
+        """A relative symlink at `rel` pointing at `target_rel` (both relative to the root)."""
+        p = self.root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if p.is_symlink() or p.exists():
+            p.unlink()
+        os.symlink(os.path.relpath(self.root / target_rel, p.parent), p)
+
+    # -- PCI -----------------------------------------------------------------------------------
+
+    def root_bus(self, name: str = "pci0000:00") -> str:
+        (self.root / "devices" / name).mkdir(parents=True, exist_ok=True)
+        return f"devices/{name}"
+
+    def pci(
+        self,
+        parent: str,
+        bdf: str,
+        *,
+        vendor: str = INTEL,
+        device: str = "0x0001",
+        pci_class: int = CLASS_BRIDGE,
+        numa: int | None = -1,
+        cpus: str | None = None,
+        driver: str | None = None,
+    ) -> str:
+        path = f"{parent}/{bdf}"
+        self.write(f"{path}/vendor", vendor)
+        self.write(f"{path}/device", device)
+        self.write(f"{path}/class", f"0x{pci_class:06x}")
+        if numa is not None:
+            self.write(f"{path}/numa_node", str(numa))
+        if cpus is not None:
+            self.write(f"{path}/local_cpulist", cpus)
+        self.link(f"{path}/subsystem", "bus/pci")
+        (self.root / "bus/pci").mkdir(parents=True, exist_ok=True)
+        if driver:
+            (self.root / f"bus/pci/drivers/{driver}").mkdir(parents=True, exist_ok=True)
+            self.link(f"{path}/driver", f"bus/pci/drivers/{driver}")
+        self.link(f"bus/pci/devices/{bdf}", path)
+        return path
+
+    def bridge(self, parent: str, bdf: str, numa: int | None = -1) -> str:
+        return self.pci(parent, bdf, pci_class=CLASS_BRIDGE, numa=numa, driver="pcieport")
+
+    def switch(
+        self, parent: str, upstream: str, downstream: list[str], numa: int | None = -1
+    ) -> list[str]:
+        """A PCIe switch: one upstream port bridge and its downstream port bridges."""
+        up = self.bridge(parent, upstream, numa)
+        return [self.bridge(up, d, numa) for d in downstream]
+
+    def gpu(
+        self,
+        parent: str,
+        bdf: str,
+        *,
+        vendor: str = NVIDIA,
+        device: str = "0x2330",
+        numa: int | None = 0,
+        cpus: str | None = "0-31",
+        pci_class: int = CLASS_3D,
+    ) -> str:
+        driver = "nvidia" if vendor == NVIDIA else "amdgpu"
+        return self.pci(
+            parent,
+            bdf,
+            vendor=vendor,
+            device=device,
+            pci_class=pci_class,
+            numa=numa,
+            cpus=cpus,
+            driver=driver,
+        )
+
+    def nic(
+        self,
+        parent: str,
+        bdf: str,
+        netdev: str | None,
+        *,
+        numa: int | None = 0,
+        cpus: str | None = "0-31",
+        vendor: str = MELLANOX,
+        device: str = "0x1021",
+        total_vfs: int | None = None,
+        mtu: int = 9000,
+        operstate: str = "up",
+    ) -> str:
+        path = self.pci(
+            parent,
+            bdf,
+            vendor=vendor,
+            device=device,
+            pci_class=CLASS_ETHERNET,
+            numa=numa,
+            cpus=cpus,
+            driver="mlx5_core",
+        )
+        if total_vfs is not None:
+            self.write(f"{path}/sriov_totalvfs", str(total_vfs))
+            self.write(f"{path}/sriov_numvfs", "0")
+        if netdev:
+            self.netdev(netdev, path, mtu=mtu, operstate=operstate)
+        return path
+
+    def vfs(
+        self,
+        pf: str,
+        bdfs: list[str],
+        netdevs: list[str | None] | None = None,
+        numa: int | None = 0,
+    ) -> list[str]:
+        """SR-IOV VFs: siblings of the PF under the same upstream bridge, virtfnN/physfn links."""
+        parent = pf.rsplit("/", 1)[0]
+        self.write(f"{pf}/sriov_numvfs", str(len(bdfs)))
+        out = []
+        for i, bdf in enumerate(bdfs):
+            path = self.pci(
+                parent,
+                bdf,
+                vendor=MELLANOX,
+                device="0x101e",
+                pci_class=CLASS_ETHERNET,
+                numa=numa,
+                driver="mlx5_core",
+            )
+            self.link(f"{pf}/virtfn{i}", path)
+            self.link(f"{path}/physfn", pf)
+            name = netdevs[i] if netdevs else None
+            if name:
+                self.netdev(name, path)
+            out.append(path)
+        return out
+
+    # -- net -----------------------------------------------------------------------------------
+
+    def netdev(
+        self,
+        name: str,
+        device: str | None,
+        *,
+        mtu: int = 1500,
+        operstate: str = "up",
+        flags: int = 0x1003,
+    ) -> str:
+        """An interface under `device` (or devices/virtual/net when None)."""
+        base = f"{device}/net/{name}" if device else f"devices/virtual/net/{name}"
+        self.write(f"{base}/mtu", str(mtu))
+        self.write(f"{base}/operstate", operstate)
+        self.write(f"{base}/flags", f"0x{flags:x}")
+        if device:
+            self.link(f"{base}/device", device)
+        self.link(f"class/net/{name}", base)
+        return base
+
+    def loopback(self) -> str:
+        return self.netdev("lo", None, mtu=65536, operstate="unknown", flags=0x9)
+
+    def bus_device(self, parent: str, name: str, bus: str) -> str:
+        """A non-PCI device (virtio, auxiliary, …) on `bus`, below `parent`."""
+        path = f"{parent}/{name}"
+        (self.root / path).mkdir(parents=True, exist_ok=True)
+        (self.root / f"bus/{bus}/devices").mkdir(parents=True, exist_ok=True)
+        self.link(f"{path}/subsystem", f"bus/{bus}")
+        self.link(f"bus/{bus}/devices/{name}", path)
+        return path
+
+    # -- RDMA ----------------------------------------------------------------------------------
+
+    def rdma(
+        self, device: str, name: str, ports: list[Port] | None = None, verbs: bool = True
+    ) -> str:
+        base = f"{device}/infiniband/{name}"
+        self.link(f"{base}/device", device)
+        for i, port in enumerate(ports or [UP], start=1):
+            pb = f"{base}/ports/{i}"
+            self.write(f"{pb}/state", port.state)
+            self.write(f"{pb}/phys_state", port.phys_state)
+            self.write(f"{pb}/link_layer", port.link_layer)
+            if port.netdev:
+                self.write(f"{pb}/gid_attrs/ndevs/0", port.netdev)
+        self.link(f"class/infiniband/{name}", base)
+        if verbs:
+            uverbs = f"uverbs{self._uverbs}"
+            self._uverbs += 1
+            vb = f"{device}/infiniband_verbs/{uverbs}"
+            self.write(f"{vb}/ibdev", name)
+            self.write(f"{vb}/dev", f"231:{192 + self._uverbs - 1}")
+            self.link(f"class/infiniband_verbs/{uverbs}", vb)
+        return base
+
+    # -- AMD KFD -------------------------------------------------------------------------------
+
+    def kfd_gpu(self, node: int, bdf: str, hive_id: int, xgmi_peers: list[int]) -> None:
+        domain, bus, devfn = bdf.split(":")
+        dev, fn = devfn.split(".")
+        location = (int(bus, 16) << 8) | (int(dev, 16) << 3) | int(fn)
+        base = f"devices/virtual/kfd/kfd/topology/nodes/{node}"
+        self.write(
+            f"{base}/properties",
+            f"cpu_cores_count 0\nsimd_count 304\ngpu_id {1000 + node}\n"
+            f"location_id {location}\ndomain {int(domain, 16)}\nhive_id {hive_id}\n",
+        )
+        for i, peer in enumerate(xgmi_peers):
+            self.write(
+                f"{base}/io_links/{i}/properties", f"type 11\nnode_from {node}\nnode_to {peer}\n"
+            )
+        self.link("class/kfd/kfd", "devices/virtual/kfd/kfd")
