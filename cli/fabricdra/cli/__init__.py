@@ -7,8 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from . import logs
-from .inventory import add_inventory, add_nvml_snapshot
+from . import compute_domain, controller, inventory, kubelet_plugin, logs
 
 
 class UsageError(Exception):
@@ -27,8 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="minimum level of the JSON logs written to stderr (default: info)",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    add_inventory(sub)
-    add_nvml_snapshot(sub)
+    # One module per subcommand family; each registers its own subparsers.
+    for module in (inventory, kubelet_plugin, controller, compute_domain):
+        module.register(sub)
     return parser
 
 

@@ -24,6 +24,11 @@ from fabricdra.kubeletplugin.samples import sample_node
 log = structlog.get_logger("fabricdra.inventory")
 
 
+def register(sub: Any) -> None:
+    add_inventory(sub)
+    add_nvml_snapshot(sub)
+
+
 def add_inventory(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "inventory",

@@ -1,0 +1,9 @@
+"""The compute-domain node side: `fabricdra compute-domain-plugin` and `fabricdra imex-daemon`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    """Add this module's subcommands to the `fabricdra` parser (filled in by its owner)."""

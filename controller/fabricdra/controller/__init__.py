@@ -1,0 +1,1 @@
+"""The ComputeDomain controller: one NVLink domain per multi-node job."""

@@ -1,0 +1,1 @@
+"""kubelet's gRPC contracts (plugin registration, DRA node API, DRA health), compiled."""

@@ -1,0 +1,3 @@
+"""Suite-wide fixtures: the real control plane and cluster harness live in e2e/harness."""
+
+pytest_plugins = ["e2e.harness.pytest_plugin"]
