@@ -150,9 +150,7 @@ def _with_nvml(
             gpuInstanceId=m.gpuInstanceId,
             computeInstanceId=m.computeInstanceId,
         )
-        for m in sorted(
-            gpu.migDevices, key=lambda m: (m.gpuInstanceId or 0, m.computeInstanceId or 0, m.uuid)
-        )
+        for m in sorted(gpu.migDevices, key=_mig_order)
     ]
     registration, fabric = _nvlink(gpu)
     return acc.model_copy(
@@ -215,5 +213,6 @@ def _with_kfd(acc: Accelerator, kfd: KfdReadings | None, classes: DeviceClassTab
     if reading is None or reading.hive_id == 0:
         return acc
     hive = format(reading.hive_id, "x")
-    fabric = Fabric(kind="xgmi", id=hive, memberCount=reading.peers + 1, domain=f"xgmi-{hive}")
+    members = None if reading.peers is None else reading.peers + 1
+    fabric = Fabric(kind="xgmi", id=hive, memberCount=members, domain=f"xgmi-{hive}")
     return acc.model_copy(update={"topology": acc.topology.model_copy(update={"fabric": fabric})})

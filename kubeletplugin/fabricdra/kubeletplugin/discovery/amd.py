@@ -3,6 +3,11 @@
 Each KFD node's `properties` file lists `key value` lines; GPU nodes carry `location_id`
 ((bus << 8) | devfn), `domain` and `hive_id` (0 = in no hive). XGMI peers are the node's
 io_links of type 11. The hive size a GPU reports is itself plus its XGMI peers.
+
+A count needs every link read: when the io_links (or one link's properties) cannot be read the
+peer count is unknown (None), never the number that happened to be readable. A KFD node whose
+properties cannot be read is named in `unreadable`, so the caller knows some GPU's hive went
+unasked rather than concluding it is in none.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ IO_LINK_TYPE_XGMI = 11
 @dataclass(frozen=True, slots=True)
 class XgmiReading:
     hive_id: int
-    peers: int
+    peers: int | None  # None: the io_links could not all be read, so the count is unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +31,7 @@ class KfdReadings:
     available: bool
     reason: str | None
     by_bus_id: dict[str, XgmiReading]
+    unreadable: tuple[str, ...] = ()  # KFD nodes whose properties could not be read
 
 
 def _properties(text: str) -> dict[str, int]:
@@ -44,9 +50,13 @@ def read_kfd(tree: SysfsTree) -> KfdReadings:
     if isinstance(nodes, Absent | Unreadable):
         return KfdReadings(available=False, reason=str(nodes), by_bus_id={})
     out: dict[str, XgmiReading] = {}
+    unreadable: list[str] = []
     for node in nodes:
         text = tree.read(f"{KFD_NODES}/{node}/properties")
-        if isinstance(text, Absent | Unreadable):
+        if isinstance(text, Unreadable):
+            unreadable.append(node)
+            continue
+        if isinstance(text, Absent):
             continue
         props = _properties(text)
         location = props.get("location_id")
@@ -59,18 +69,19 @@ def read_kfd(tree: SysfsTree) -> KfdReadings:
             f"{(location >> 3) & 0x1F:02x}.{location & 0x7}"
         )
         out[bus_id] = XgmiReading(hive_id=props.get("hive_id", 0), peers=_xgmi_peers(tree, node))
-    return KfdReadings(available=True, reason=None, by_bus_id=out)
+    return KfdReadings(available=True, reason=None, by_bus_id=out, unreadable=tuple(unreadable))
 
 
-def _xgmi_peers(tree: SysfsTree, node: str) -> int:
+def _xgmi_peers(tree: SysfsTree, node: str) -> int | None:
+    # The kernel creates io_links for every node, so a missing directory is no answer of zero.
     links = tree.listdir(f"{KFD_NODES}/{node}/io_links")
     if isinstance(links, Absent | Unreadable):
-        return 0
+        return None
     peers: set[int] = set()
     for link in links:
         text = tree.read(f"{KFD_NODES}/{node}/io_links/{link}/properties")
         if isinstance(text, Absent | Unreadable):
-            continue
+            return None
         props = _properties(text)
         if props.get("type") == IO_LINK_TYPE_XGMI and "node_to" in props:
             peers.add(props["node_to"])

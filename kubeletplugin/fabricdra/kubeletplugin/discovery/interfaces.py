@@ -93,26 +93,34 @@ def _int_or_none(tree: SysfsTree, rel: str) -> int | None:
     return None if isinstance(v, Absent | Unreadable) else v
 
 
-def _rdma_fields(
+@dataclass(frozen=True, slots=True)
+class _RdmaSide:
+    """The RDMA facts of one endpoint, as the Endpoint record spells them."""
+
+    rdma: bool = False
+    rdmaDevice: str | None = None
+    verbsDevice: str | None = None
+    linkLayer: str | None = None
+    link: LinkRecord | None = None
+
+
+def _rdma_side(
     rdma: RdmaIndex, netdev: str | None, device_path: str | None, hardware: bool
-) -> dict[str, object]:
+) -> _RdmaSide:
     dev: RdmaDevice | None = rdma.for_endpoint(netdev, device_path)
     if dev is not None:
-        return {
-            "rdma": True,
-            "rdmaDevice": dev.name,
-            "verbsDevice": dev.verbs,
-            "linkLayer": dev.link_layer,
-            "link": dev.link,
-        }
+        return _RdmaSide(
+            rdma=True,
+            rdmaDevice=dev.name,
+            verbsDevice=dev.verbs,
+            linkLayer=dev.link_layer,
+            link=dev.link,
+        )
     if not rdma.readable and hardware:
         # The RDMA tree exists but could not be read: whether a device is bound is unknown.
         # Record that as Unverified (no device), never as a plain "no RDMA here".
-        return {
-            "rdma": False,
-            "link": LinkRecord(verdict="Unverified", reason=rdma.unreadable_reason),
-        }
-    return {"rdma": False}
+        return _RdmaSide(link=LinkRecord(verdict="Unverified", reason=rdma.unreadable_reason))
+    return _RdmaSide()
 
 
 def _interface(
@@ -132,6 +140,7 @@ def _interface(
             num = tree.read_int(f"{fn.path}/sriov_numvfs")
             vfs_configured = None if isinstance(num, Absent | Unreadable) else num > 0
             vfs = _virtual_functions(tree, fn, rdma, by_device)
+    side = _rdma_side(rdma, nd.name, nd.device_path, hardware=not nd.virtual)
     return Interface(
         name=nd.name,
         bus=nd.bus,
@@ -146,7 +155,11 @@ def _interface(
         sriovPhysicalFunction=pf if fn else None,
         sriovVfsConfigured=vfs_configured if fn else None,
         virtualFunctions=vfs,
-        **_rdma_fields(rdma, nd.name, nd.device_path, hardware=not nd.virtual),  # type: ignore[arg-type]
+        rdma=side.rdma,
+        rdmaDevice=side.rdmaDevice,
+        verbsDevice=side.verbsDevice,
+        linkLayer=side.linkLayer,
+        link=side.link,
     )
 
 
@@ -169,6 +182,7 @@ def _virtual_functions(
         fn = read_function(tree, path)
         nd = by_device.get(path)
         name = nd.name if nd else None
+        side = _rdma_side(rdma, name, path, hardware=True)
         vfs.append(
             VirtualFunction(
                 index=index,
@@ -181,7 +195,11 @@ def _virtual_functions(
                 up=nd.up if nd else None,
                 # A VF shares its parent's upstream bridge path, so it inherits the coordinates.
                 topology=pf.topology,
-                **_rdma_fields(rdma, name, path, hardware=True),  # type: ignore[arg-type]
+                rdma=side.rdma,
+                rdmaDevice=side.rdmaDevice,
+                verbsDevice=side.verbsDevice,
+                linkLayer=side.linkLayer,
+                link=side.link,
             )
         )
     return vfs

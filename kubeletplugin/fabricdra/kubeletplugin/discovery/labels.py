@@ -70,9 +70,12 @@ def compute_labels(
     interfaces: list[Interface] | None,
     accelerators: list[Accelerator] | None,
     fabric_readable: bool = True,
+    members_readable: bool = True,
 ) -> NodeLabels:
     """`None` for a list means its enumeration failed. `fabric_readable` False means some
-    accelerator's fabric could not be asked (e.g. NVML did not load on an NVIDIA node)."""
+    accelerator's fabric could not be asked (e.g. NVML did not load on an NVIDIA node);
+    `members_readable` False means some domain's size could not be counted (unreadable XGMI
+    links): that key is then left as published rather than removed."""
     desired: dict[str, str] = {}
     unknown: set[str] = set()
 
@@ -107,7 +110,10 @@ def compute_labels(
             desired[keys.FABRIC_DOMAIN] = domain
             counts = {f.memberCount if f else None for f in fabrics}
             count = counts.pop() if len(counts) == 1 else None
-            if count:
+            if not members_readable:
+                # The domain is known but its size could not be counted: leave it as published.
+                unknown.add(keys.FABRIC_MEMBERS)
+            elif count:
                 desired[keys.FABRIC_MEMBERS] = str(count)
 
     rejected = {k: v for k, v in desired.items() if not is_valid_label_value(v)}

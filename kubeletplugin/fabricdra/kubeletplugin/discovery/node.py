@@ -77,7 +77,7 @@ def discover(
     accelerators: list[Accelerator] | None
     nvml: NvmlReadings | None = None
     kfd: KfdReadings | None = None
-    fabric_readable = True
+    fabric_readable, members_readable = True, True
     try:
         candidates = accel.find_accelerators(tree)
         vendors = {c.vendor_id for c in candidates}
@@ -86,7 +86,7 @@ def discover(
         if accel.AMD in vendors:
             kfd = read_kfd(tree)
         accelerators = accel.describe_accelerators(tree, candidates, nvml, kfd, classes)
-        fabric_readable = _fabric_readable(accelerators, nvml, kfd)
+        fabric_readable, members_readable = _fabric_readable(accelerators, nvml, kfd)
     except accel.EnumerationError as e:
         failures["accelerators"] = f"cannot enumerate PCI devices: {e}"
         accelerators = previous.accelerators
@@ -96,6 +96,7 @@ def discover(
         None if "interfaces" in failures else interfaces,
         None if "accelerators" in failures else accelerators,
         fabric_readable=fabric_readable,
+        members_readable=members_readable,
     )
     return Discovery(
         interfaces=interfaces,
@@ -109,16 +110,23 @@ def discover(
 
 def _fabric_readable(
     accelerators: list[Accelerator], nvml: NvmlReadings | None, kfd: KfdReadings | None
-) -> bool:
-    """A fabric nobody could ask about is unknown, not absent."""
+) -> tuple[bool, bool]:
+    """(domain readable, member count readable): a fabric nobody could ask about is unknown,
+    not absent, and so is a hive size whose XGMI links could not all be read."""
+    domain, members = True, True
     for a in accelerators:
         if a.vendorId == accel.NVIDIA and (
             nvml is None or not nvml.available or a.pciBusId not in nvml.gpus
         ):
-            return False
-        if a.vendorId == accel.AMD and (kfd is None or not kfd.available):
-            return False
-    return True
+            domain = False
+        if a.vendorId == accel.AMD:
+            if kfd is None or not kfd.available or kfd.unreadable:
+                domain = False
+            else:
+                reading = kfd.by_bus_id.get(a.pciBusId)
+                if reading is not None and reading.hive_id != 0 and reading.peers is None:
+                    members = False
+    return domain, domain and members
 
 
 def _endpoint_key(ep: Endpoint) -> tuple[str | None, str | None]:

@@ -87,7 +87,7 @@ def load_snapshot(path: str | Path) -> NvmlReadings:
         raw = json.loads(p.read_text())
     except OSError as e:
         raise SnapshotError(f"NVML snapshot {p}: cannot read: {e.strerror or e}") from e
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise SnapshotError(f"NVML snapshot {p}: not JSON: {e}") from e
     if not isinstance(raw, dict):
         raise SnapshotError(f"NVML snapshot {p}: expected an object keyed by PCI bus id")

@@ -13,8 +13,14 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
+
+from .beneath import Beneath
+
+_T = TypeVar("_T")
 
 READ_CAP = 64 * 1024
 _MAX_LINK_HOPS = 40
@@ -47,12 +53,19 @@ class RootError(Exception):
 
 # errno values that mean "no such file" rather than "could not read it".
 _ABSENT_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR})
+# errno values from a kernel-confined open that the walker must look at: the path leaves the
+# root (EXDEV, which includes an absolute link back into it) or loops (ELOOP); or a rename
+# anywhere on the host raced a `..` step (EAGAIN: the kernel could not prove containment, and
+# sysfs links are full of `..`). The walker accepts what is inside and names what is not.
+_ASK_WALKER_ERRNOS = frozenset({errno.EXDEV, errno.ELOOP, errno.EAGAIN})
 
 
 class SysfsTree:
     """Read-only view of a sysfs tree rooted at `root`."""
 
-    def __init__(self, root: str | os.PathLike[str] = "/sys") -> None:
+    def __init__(
+        self, root: str | os.PathLike[str] = "/sys", *, kernel_confined: bool = True
+    ) -> None:
         path = Path(root)
         if not path.exists():
             raise RootError(f"sysfs root {path} does not exist")
@@ -64,12 +77,51 @@ class SysfsTree:
         # cached for one pass (a SysfsTree lives for one pass), attribute files are not.
         self._resolved: dict[str, str | Failure] = {}
         self._real: dict[str, str | Failure] = {}
+        # Fast path: the kernel resolves and confines (openat2 RESOLVE_BENEATH); the Python
+        # walker below remains the reference and the fallback, and answers identically.
+        self._beneath = Beneath.create(self.root) if kernel_confined else None
+        self._kernel_resolved: dict[str, str | Failure] = {}
+
+    def close(self) -> None:
+        if self._beneath is not None:
+            self._beneath.close()
 
     # -- resolution ----------------------------------------------------------------------------
 
     def resolve(self, rel: str) -> str | Failure:
         """The path `rel` lands on after every symlink, relative to the root ("" is the root)."""
-        return self._resolve(rel.strip("/"), 0)
+        rel = rel.strip("/")
+        if self._beneath is None:
+            return self._resolve(rel, 0)
+        cached = self._kernel_resolved.get(rel)
+        if cached is None:
+            cached = self._kernel_resolve(rel, self._beneath)
+            self._kernel_resolved[rel] = cached
+        return cached
+
+    def _kernel_resolve(self, rel: str, beneath: Beneath) -> str | Failure:
+        try:
+            fd = beneath.open_path(rel.encode() or b".")
+        except OSError as e:
+            return self._classify(rel, e, lambda: self._resolve(rel, 0))
+        try:
+            real = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            real = ""
+        finally:
+            os.close(fd)
+        if real == self.root:
+            return ""
+        if real.startswith(self._prefix):
+            return real[len(self._prefix) :]
+        return self._resolve(rel, 0)  # no usable /proc: the walker knows
+
+    def _classify(self, rel: str, e: OSError, walker: Callable[[], _T]) -> _T | Failure:
+        if e.errno in _ASK_WALKER_ERRNOS:
+            return walker()
+        if e.errno in _ABSENT_ERRNOS:
+            return Absent(rel)
+        return Unreadable(rel, e.strerror or str(e))
 
     def _resolve(self, rel: str, hops: int) -> str | Failure:
         # Component by component, each prefix resolved once per pass: sysfs paths share long
@@ -87,9 +139,7 @@ class SysfsTree:
         elif name in ("", "."):
             result = base
         elif name == "..":
-            result = (
-                Unreadable(rel, "climbs above the sysfs root") if not base else _dirname(base)
-            )
+            result = Unreadable(rel, "climbs above the sysfs root") if not base else _dirname(base)
         else:
             result = self._step(rel, f"{base}/{name}" if base else name, hops)
         self._resolved[rel] = result
@@ -160,29 +210,36 @@ class SysfsTree:
     def read(self, rel: str) -> Reading:
         """One attribute, whitespace-stripped. Files over the cap are Unreadable, not truncated:
         half an attribute is not a reading."""
-        parent, _, name = rel.rpartition("/")
-        base = self.resolve(parent) if parent else ""
+        if self._beneath is None:
+            return self._walk_read(rel)
+        try:
+            fd = self._beneath.open_read(rel.strip("/").encode())
+        except OSError as e:
+            return self._classify(rel, e, lambda: self._walk_read(rel))
+        return self._read_fd(rel, fd)
+
+    def _walk_read(self, rel: str) -> Reading:
+        parent, _, name = rel.strip("/").rpartition("/")
+        base = self._resolve(parent, 0) if parent else ""
         if isinstance(base, Absent | Unreadable):
             return base
         full = f"{self._prefix}{base}/{name}" if base else f"{self._prefix}{name}"
         try:
             # O_NOFOLLOW: attributes are plain files; if this one is a link, resolve it properly.
-            fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as e:
             if e.errno == errno.ELOOP:
                 return self._read_through_link(rel)
             if e.errno in _ABSENT_ERRNOS:
                 return Absent(rel)
             return Unreadable(rel, e.strerror or str(e))
+        return self._read_fd(rel, fd)
+
+    def _read_fd(self, rel: str, fd: int) -> Reading:
+        # One read: sysfs hands out a whole attribute per read(2), and a regular file gives
+        # everything up to the count asked for; a count of cap + 1 tells "too large" apart.
         try:
             data = os.read(fd, READ_CAP + 1)
-            if len(data) <= READ_CAP:
-                # sysfs returns a whole attribute in one read; a regular file may need more.
-                while len(data) <= READ_CAP:
-                    more = os.read(fd, READ_CAP + 1 - len(data))
-                    if not more:
-                        break
-                    data += more
         except OSError as e:
             return Unreadable(rel, e.strerror or str(e))
         finally:
@@ -192,12 +249,12 @@ class SysfsTree:
         return data.decode("utf-8", errors="replace").strip()
 
     def _read_through_link(self, rel: str) -> Reading:
-        target = self.resolve(rel)
+        target = self._resolve(rel.strip("/"), 0)
         if isinstance(target, Absent | Unreadable):
             return target
         if not target:
             return Unreadable(rel, "is the tree root, not an attribute")
-        return self.read(target)
+        return self._walk_read(target)
 
     def read_int(self, rel: str, base: int = 10) -> int | Failure:
         text = self.read(rel)
@@ -210,7 +267,21 @@ class SysfsTree:
 
     def listdir(self, rel: str) -> list[str] | Failure:
         """Sorted entries of a directory (sysfs order is not stable; ours is)."""
-        target = self.resolve(rel)
+        if self._beneath is not None:
+            try:
+                fd = self._beneath.open_dir(rel.strip("/").encode() or b".")
+            except OSError as e:
+                return self._classify(rel, e, lambda: self._walk_listdir(rel))
+            try:
+                return sorted(os.listdir(fd))
+            except OSError as e:
+                return Unreadable(rel, e.strerror or str(e))
+            finally:
+                os.close(fd)
+        return self._walk_listdir(rel)
+
+    def _walk_listdir(self, rel: str) -> list[str] | Failure:
+        target = self._resolve(rel.strip("/"), 0)
         if isinstance(target, Absent | Unreadable):
             return target
         try:
