@@ -240,6 +240,10 @@ class SysfsTree:
         # everything up to the count asked for; a count of cap + 1 tells "too large" apart.
         try:
             data = os.read(fd, READ_CAP + 1)
+            # Nothing read: make sure it is an empty attribute and not a FIFO or socket
+            # planted in the tree (checked only here, where it is rare and cheap).
+            if not data and not stat.S_ISREG(os.fstat(fd).st_mode):
+                return Unreadable(rel, "not a regular file")
         except OSError as e:
             return Unreadable(rel, e.strerror or str(e))
         finally:
