@@ -10,7 +10,7 @@ from typing import Any
 
 import structlog
 
-from fabricdra.kubeletplugin.discovery.node import NvmlSource, discover
+from fabricdra.kubeletplugin.discovery.node import Discovery, NvmlSource, discover
 from fabricdra.kubeletplugin.discovery.nvml import (
     SnapshotError,
     dump_snapshot,
@@ -47,6 +47,12 @@ def add_inventory(sub: Any) -> None:
         metavar="FILE",
         help="an earlier output: keeps first-seen failure times and the record of a part "
         "whose enumeration fails",
+    )
+    p.add_argument(
+        "--node-name",
+        metavar="NAME",
+        help="also print `resourceSlices`: the ResourceSlices the kubelet plugin would publish "
+        "for this node under that name (default plugin settings; pool generation 0)",
     )
     p.add_argument(
         "--sample",
@@ -91,8 +97,26 @@ def run_inventory(args: argparse.Namespace) -> int:
         for key, value in result.labels.rejected.items():
             log.warning("label withheld: not a valid label value", key=key, value=value)
         doc = inventory_document(result, "sample" if args.sample else root)
+        if args.node_name:
+            doc["resourceSlices"] = _resource_slices(result, args.node_name)
         print_json(doc)
     return 0
+
+
+def _resource_slices(result: Discovery, node_name: str) -> list[dict[str, Any]]:
+    """Exactly what NodePublisher would publish for this discovery (same builders, same
+    health rules), so a node's slices can be inspected without a cluster."""
+    from fabricdra.kubeletplugin.devices import build_devices
+    from fabricdra.kubeletplugin.health import gpu_health
+    from fabricdra.kubeletplugin.resourceslices import build_slices
+
+    inventory = build_devices(
+        result.interfaces or [], result.accelerators or [], gpu_health=gpu_health(result.nvml, None)
+    )
+    plan = build_slices(inventory, node_name)
+    for device, omitted in plan.omitted.items():
+        log.warning("attributes omitted: over the API's limits", device=device, omitted=omitted)
+    return plan.slices
 
 
 def run_nvml_snapshot(args: argparse.Namespace) -> int:

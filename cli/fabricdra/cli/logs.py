@@ -22,6 +22,12 @@ def configure(level: str = "info") -> None:
             structlog.processors.JSONRenderer(sort_keys=True),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=_stderr_logger,
         cache_logger_on_first_use=False,
     )
+
+
+def _stderr_logger(*_args: object) -> structlog.PrintLogger:
+    # Looked up per logger, not once: whoever replaced sys.stderr since (a test's capture, a
+    # daemon's redirect) gets the lines, and a closed earlier stream is never written to.
+    return structlog.PrintLogger(sys.stderr)

@@ -1,0 +1,50 @@
+# Developer entry points. `make test` is the whole test suite, exactly as CI runs it
+# (.ci/run calls it); it builds what it needs on a fresh machine.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+PYTEST_ARGS ?=
+
+.PHONY: all venv deps cluster-binaries lint typecheck unit test bench clean
+
+all: test
+
+# The virtual environment with the package (editable) and its development tools.
+$(BIN)/fabricdra: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	@touch $@
+
+venv: $(BIN)/fabricdra
+
+# Debian packages the cluster harness needs (openssl, runc's libseccomp, CNI plugins, ...).
+deps:
+	e2e/cluster/install-deps.sh
+
+# etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, containerd, runc:
+# built from the Go module proxy into ~/.cache/fabricdra (reused when already there).
+cluster-binaries: deps
+	e2e/cluster/build.sh --node
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: venv
+	$(BIN)/mypy
+
+unit: venv
+	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+
+# Everything: lint, strict typing, unit tests, integration tests against a real control plane
+# and end-to-end tests against a real kubelet + containerd node.
+test: lint typecheck cluster-binaries
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+bench: venv
+	$(BIN)/python -m bench.discovery
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,204 @@
+"""The ComputeDomain resource (`fabricdra.io/v1beta1`, namespaced): one multi-node NVLink job.
+
+This pydantic model is the single source of truth: the CRD under `api/crds/` is generated from
+it (`fabricdra.api.crdgen`), the controller parses live objects with it and writes its status
+through it. Names shared by the controller, the node plugin and the IMEX daemon live here too,
+so the three can never disagree on a label key or a driver name.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .crdgen import CrdSource
+
+GROUP = "fabricdra.io"
+VERSION = "v1beta1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "ComputeDomain"
+PLURAL = "computedomains"
+SINGULAR = "computedomain"
+SHORT_NAMES = ["cd"]
+
+# The DRA driver of the node side; also the ResourceSlice driver and the opaque-config driver.
+DRIVER = "compute-domain.fabricdra.io"
+# DeviceClasses the controller's ResourceClaimTemplates request.
+CHANNEL_CLASS = "compute-domain-channel.fabricdra.io"
+DAEMON_CLASS = "compute-domain-daemon.fabricdra.io"
+
+# Everything the controller creates for a domain carries the domain's UID under this label, so
+# cleanup after a crash finds its leftovers by label, never by guessing names.
+DOMAIN_LABEL = "compute-domain.fabricdra.io/domain"
+# What a created object is for: "workload" or "daemon" (claim templates), "daemon" (DaemonSet).
+TARGET_LABEL = "compute-domain.fabricdra.io/target"
+# Set by the node plugin when it runs on a node: the controller publishes the node's channel
+# and daemon devices only for nodes carrying it (value "true").
+PLUGIN_NODE_LABEL = "compute-domain.fabricdra.io/plugin"
+FINALIZER = "fabricdra.io/compute-domain"
+
+# ResourceSlice device names and attributes of the compute-domain driver.
+CHANNEL_DEVICE = "channel"
+DAEMON_DEVICE = "daemon"
+ATTR_OWNER = "owner"  # the UID of the domain holding the node, or FREE_OWNER
+ATTR_FABRIC = "fabricDomain"  # the node's fabricdra.io/fabric.domain, "" without a fabric
+FREE_OWNER = "free"
+# Binding conditions (KEP-5007): the scheduler holds a pod in PreBind until the controller has
+# admitted its claim's node for the claim's domain, which closes the race between two domains'
+# pods scheduled onto one free node in the same instant.
+ADMITTED_CONDITION = "compute-domain.fabricdra.io/admitted"
+CONFLICT_CONDITION = "compute-domain.fabricdra.io/conflict"
+
+# The IMEX channel range of one host IMEX domain (`nvidia-caps-imex-channels` minors).
+CHANNEL_COUNT = 2048
+# GB200/GB300 NVL72: 18 compute trays per NVLink domain, hence at most 18 IMEX peers.
+MAX_NODES_PER_IMEX_DOMAIN = 18
+
+AllocationMode = Literal["Single", "All"]
+ImexMode = Literal["managed", "host"]
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+# Condition types the controller maintains.
+READY = "Ready"
+DAEMONS_READY = "DaemonsReady"
+DEGRADED = "Degraded"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ResourceClaimTemplateRef(_Model):
+    name: str = Field(
+        description="Name of the ResourceClaimTemplate the controller creates in the domain's "
+        "namespace; workload pods reference it in spec.resourceClaims.",
+        min_length=1,
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+    )
+
+
+class ChannelSpec(_Model):
+    resourceClaimTemplate: ResourceClaimTemplateRef
+    allocationMode: AllocationMode = Field(
+        default="Single",
+        description="Single: each workload container gets the domain's one IMEX channel. All: "
+        "every channel of the host's range (for software that picks channels itself).",
+    )
+
+
+class ComputeDomainSpec(_Model):
+    channel: ChannelSpec
+    numNodes: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_NODES_PER_IMEX_DOMAIN,
+        description="Expected node count. Optional: when set, Ready waits for that many ready "
+        "nodes; when unset, Ready means every node that joined is ready.",
+    )
+    imexMode: ImexMode = Field(
+        default="managed",
+        description="managed: fabricdra runs one IMEX daemon per node of this domain. host: "
+        "the administrator runs IMEX on every host; fabricdra only allocates channels.",
+    )
+
+
+class Condition(_Model):
+    type: str
+    status: ConditionStatus
+    reason: str = Field(pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", max_length=1024)
+    message: str = Field(default="", max_length=32768)
+    lastTransitionTime: str
+    observedGeneration: int | None = None
+
+
+class NodeStatus(_Model):
+    name: str
+    ipAddress: str = ""
+    fabricDomain: str = Field(
+        default="",
+        description="The node's NVLink fabric domain (clique); empty on nodes without a "
+        "multi-node fabric.",
+    )
+    index: int = Field(description="The node's slot in the IMEX peer list, unique per domain.")
+    ready: bool = False
+    message: str = Field(default="", description="The node's IMEX daemon's last report.")
+
+
+class ComputeDomainStatus(_Model):
+    conditions: list[Condition] = Field(default_factory=list)
+    nodes: list[NodeStatus] = Field(default_factory=list)
+    channels: list[int] = Field(
+        default_factory=list,
+        description="IMEX channel ids held by this domain (one; the whole range for "
+        "allocationMode All is recorded as its first id). Unique among live domains.",
+    )
+    fabricDomain: str = Field(
+        default="",
+        description="The NVLink fabric domain all nodes of this domain share, fixed by the "
+        "first node that joins; empty until then or on nodes without a fabric.",
+    )
+    observedGeneration: int = 0
+
+
+class ComputeDomain(BaseModel):
+    """A group of pods of one multi-node job whose GPUs share memory over one NVLink domain
+    through IMEX: fabricdra allocates its IMEX channel, holds its nodes for it and runs its
+    IMEX daemons (docs/compute-domains.md)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    apiVersion: str = API_VERSION
+    kind: str = KIND
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: ComputeDomainSpec
+    status: ComputeDomainStatus = Field(default_factory=ComputeDomainStatus)
+
+    @property
+    def name(self) -> str:
+        return str(self.metadata.get("name", ""))
+
+    @property
+    def namespace(self) -> str:
+        return str(self.metadata.get("namespace", ""))
+
+    @property
+    def uid(self) -> str:
+        return str(self.metadata.get("uid", ""))
+
+    @property
+    def generation(self) -> int:
+        return int(self.metadata.get("generation", 0))
+
+    @property
+    def deleting(self) -> bool:
+        return bool(self.metadata.get("deletionTimestamp"))
+
+
+# What the CRD adds on top of the schema pydantic derives (crdgen takes these as arguments).
+SPEC_IMMUTABLE_RULE = {"rule": "self == oldSelf", "message": "spec is immutable"}
+PRINTER_COLUMNS = [
+    {
+        "name": "Ready",
+        "type": "string",
+        "jsonPath": ".status.conditions[?(@.type=='Ready')].status",
+    },
+    {"name": "Mode", "type": "string", "jsonPath": ".spec.imexMode"},
+    {"name": "Nodes", "type": "integer", "jsonPath": ".spec.numNodes"},
+    {"name": "Channel", "type": "integer", "jsonPath": ".status.channels[0]"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+CRD = CrdSource(
+    model=ComputeDomain,
+    group=GROUP,
+    kind=KIND,
+    plural=PLURAL,
+    singular=SINGULAR,
+    scope="Namespaced",
+    version=VERSION,
+    short_names=SHORT_NAMES,
+    printer_columns=PRINTER_COLUMNS,
+    validations={"spec": [SPEC_IMMUTABLE_RULE]},
+)

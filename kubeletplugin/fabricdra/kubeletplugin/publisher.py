@@ -1,0 +1,409 @@
+"""Publishing one node's state to the API server: ResourceSlices, NodeDevices, node labels.
+
+`NodePublisher.sync(discovery, devices)` is called once per discovery pass. For each of the
+three it reads the live object(s), compares with what this pass wants and writes only what
+differs, so a pass over an unchanged node sends no write at all — also right after a restart,
+since every object has a deterministic name and the builders emit the API server's canonical
+forms. A part whose API call fails is logged and reported in `SyncResult.errors`; the other
+parts still go ahead, and the next pass retries (nothing is cached between passes except what
+the server was seen to rewrite, so a transient error never leaves stale state behind).
+
+ResourceSlices: when only some of the pool's slices are missing (kubelet deletes a node's
+slices at start-up and 30 s after a plugin goes away) and the rest still match, the missing
+ones are recreated at the current pool generation; any other difference rewrites the whole
+pool at generation + 1, as the API requires. Slices of this driver and node that the current
+plan does not name are deleted.
+
+NodeDevices: written when the record differs. A part whose enumeration failed is the previous
+record (discovery keeps it); with no previous record at all the live object's part is kept,
+and with no live object either nothing is written — an empty list would claim the node has
+no interfaces, which a failed read cannot support.
+
+Node labels (fabricdra.io/): every desired key is set; a key under `fabricdra.io/rdma.` or
+`fabricdra.io/fabric.` that is no longer desired is removed, except when any enumeration failed
+in this pass (then nothing is removed) or its inputs could not be read (`labels.unknown`).
+Other keys, ours or not, are never touched. One merge patch, only when something differs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from kubernetes.client.exceptions import ApiException
+
+from fabricdra.api import labels as label_keys
+from fabricdra.api.inventory import group_accelerators
+from fabricdra.api.nodedevices import API_VERSION as ND_API_VERSION
+from fabricdra.api.nodedevices import KIND as ND_KIND
+from fabricdra.api.nodedevices import PLURAL as ND_PLURAL
+from fabricdra.api.nodedevices import NodeDevicesSpec
+
+from . import metrics
+from .devices import DeviceInventory
+from .discovery.node import Discovery
+from .resourceslices import DRIVER_NAME, ApiFeatures, build_slices
+
+log = structlog.get_logger("fabricdra.publisher")
+
+SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
+ND_PATH = f"/apis/{ND_API_VERSION}/{ND_PLURAL}"
+
+
+@dataclass
+class SyncResult:
+    """What one sync wrote, by kind ({"ResourceSlice": 2}), and what failed, by part."""
+
+    writes: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def total_writes(self) -> int:
+        return sum(self.writes.values())
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+class _Rest:
+    """Plain JSON requests through a kubernetes ApiClient (its auth, TLS and user agent)."""
+
+    def __init__(self, api: Any) -> None:
+        self.api = api
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        query: list[tuple[str, str]] | None = None,
+        content_type: str = "application/json",
+    ) -> Any:
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        if not hasattr(self.api, "param_serialize"):  # kubernetes client < 34
+            response = self.api.call_api(
+                path,
+                method,
+                query_params=query or [],
+                header_params=headers,
+                body=body,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _return_http_data_only=True,
+            )
+            data = response.data
+            return json.loads(data) if data else None
+        method, url, headers, body, _ = self.api.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=query or [],
+            header_params=headers,
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = self.api.call_api(method, url, header_params=headers, body=body)
+        response.read()
+        text = response.data.decode() if response.data else ""
+        if response.status >= 400:
+            error = ApiException(status=response.status, reason=response.reason)
+            error.body = text
+            raise error
+        return json.loads(text) if text else None
+
+    def get_or_none(self, path: str) -> Any:
+        try:
+            return self.call("GET", path)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+
+class NodePublisher:
+    def __init__(
+        self,
+        api: Any,
+        node_name: str,
+        *,
+        driver_name: str = DRIVER_NAME,
+        features: ApiFeatures | None = None,
+    ) -> None:
+        """`features` None: chosen from the server's version on the first sync (1.36+ →
+        the current model, older → basic); pass one to override (docs/attributes.md)."""
+        self.rest = _Rest(api)
+        self.node_name = node_name
+        self.driver = driver_name
+        self.features = features
+        # Slices the server stored differently from what we sent (e.g. a field its feature
+        # gates drop): slice name -> (what we sent, what it kept), both without generation.
+        # Without this, such a field would read as a change on every pass, forever.
+        self._accepted: dict[str, tuple[Any, Any]] = {}
+        self._warned_rewrite = False
+
+    # -- one pass ------------------------------------------------------------------------
+
+    def sync(self, discovery: Discovery, devices: DeviceInventory) -> SyncResult:
+        result = SyncResult()
+        node: dict[str, Any] | None = None
+        try:
+            node = self.rest.get_or_none(f"/api/v1/nodes/{self.node_name}")
+        except Exception as e:  # transient API errors: logged, retried next pass
+            self._failed(result, "Node", e)
+        owner = _owner(node) if node else None
+
+        if discovery.interfaces is None or discovery.accelerators is None:
+            # Enumeration failed with no earlier record to keep: the inventory is not an
+            # empty one, so the published slices stay as they are.
+            log.error("slices left as published: enumeration failed", failures=discovery.failures)
+        else:
+            self._guard(result, "ResourceSlice", lambda: self._sync_slices(devices, owner, result))
+        self._guard(result, ND_KIND, lambda: self._sync_node_devices(discovery, owner, result))
+        if node is not None:
+            self._guard(result, "Node", lambda: self._sync_labels(discovery, node, result))
+        elif "Node" not in result.errors:
+            result.errors["Node"] = f"node {self.node_name} not found: labels not applied"
+            log.error("node not found; labels not applied", node=self.node_name)
+        return result
+
+    def _guard(self, result: SyncResult, kind: str, part: Any) -> None:
+        try:
+            part()
+        except Exception as e:  # one failing part must not stop the others
+            self._failed(result, kind, e)
+
+    def _failed(self, result: SyncResult, kind: str, e: Exception) -> None:
+        message = _describe(e)
+        result.errors[kind] = message
+        log.error(
+            "publishing failed; will retry next pass", kind=kind, node=self.node_name, error=message
+        )
+
+    def _wrote(self, result: SyncResult, kind: str, verb: str) -> None:
+        result.writes[kind] = result.writes.get(kind, 0) + 1
+        metrics.API_WRITES.labels(kind=kind, verb=verb).inc()
+
+    # -- ResourceSlices -------------------------------------------------------------------
+
+    def _features(self) -> ApiFeatures:
+        if self.features is None:
+            version = self.rest.call("GET", "/version")
+            self.features = ApiFeatures.for_server_version(version["major"], version["minor"])
+            log.info("resource API model chosen from the server version", model=self.features.model,
+                     version=version.get("gitVersion"))  # fmt: skip
+        return self.features
+
+    def _sync_slices(
+        self, devices: DeviceInventory, owner: dict[str, Any] | None, result: SyncResult
+    ) -> None:
+        features = self._features()
+        live_list = self.rest.call(
+            "GET",
+            SLICES_PATH,
+            query=[("fieldSelector", f"spec.nodeName={self.node_name},spec.driver={self.driver}")],
+        )
+        live = {s["metadata"]["name"]: s for s in live_list.get("items", [])}
+        plan = build_slices(devices, self.node_name, driver=self.driver, features=features)
+        for device, omitted in plan.omitted.items():
+            log.warning("attributes omitted: over the API's limits", device=device, omitted=omitted)
+        desired = {s["metadata"]["name"]: s for s in plan.slices}
+
+        generations = {int(s["spec"]["pool"].get("generation", 0)) for s in live.values()}
+        current = max(generations, default=0)
+        matching = {
+            name
+            for name, s in desired.items()
+            if name in live and self._same(name, s["spec"], live[name]["spec"])
+        }
+        extra = set(live) - set(desired)
+        if matching == set(desired) and len(generations) == 1 and not extra:
+            return  # nothing changed
+        if matching == set(live) and len(generations) <= 1 and not extra:
+            generation = current  # only missing slices: recreate them into the same generation
+        else:
+            generation = current + 1 if live else 0
+
+        for name, s in desired.items():
+            s["spec"]["pool"]["generation"] = generation
+            if name in live and name in matching and generation == current:
+                continue
+            body = copy.deepcopy(s)
+            if owner:
+                body["metadata"]["ownerReferences"] = [owner]
+            if name in live:
+                _keep_taint_times(body["spec"], live[name]["spec"])
+                body["metadata"]["resourceVersion"] = live[name]["metadata"]["resourceVersion"]
+                stored = self.rest.call("PUT", f"{SLICES_PATH}/{name}", body=body)
+                self._wrote(result, "ResourceSlice", "update")
+            else:
+                stored = self.rest.call("POST", SLICES_PATH, body=body)
+                self._wrote(result, "ResourceSlice", "create")
+            self._remember(name, body["spec"], stored["spec"])
+        for name in sorted(extra):
+            try:
+                self.rest.call("DELETE", f"{SLICES_PATH}/{name}")
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+            self._wrote(result, "ResourceSlice", "delete")
+            self._accepted.pop(name, None)
+
+    def _same(self, name: str, desired: Mapping[str, Any], live: Mapping[str, Any]) -> bool:
+        want, have = _comparable(desired), _comparable(live)
+        _keep_taint_times(want, have)
+        return want == have or self._accepted.get(name) == (want, have)
+
+    def _remember(self, name: str, sent: Mapping[str, Any], stored: Mapping[str, Any]) -> None:
+        want, have = _comparable(sent), _comparable(stored)
+        _keep_taint_times(want, have)  # the server stamping a taint's time is no rewrite
+        if want == have:
+            self._accepted.pop(name, None)
+            return
+        self._accepted[name] = (want, have)
+        if not self._warned_rewrite:
+            self._warned_rewrite = True
+            log.warning(
+                "the API server stored the ResourceSlice differently from what was sent; "
+                "a feature gate may be off (see --resource-api-model)",
+                slice=name,
+            )
+
+    # -- NodeDevices ----------------------------------------------------------------------
+
+    def _sync_node_devices(
+        self, discovery: Discovery, owner: dict[str, Any] | None, result: SyncResult
+    ) -> None:
+        path = f"{ND_PATH}/{self.node_name}"
+        live = self.rest.get_or_none(path)
+        live_spec = _parse_spec(live)
+        interfaces = discovery.interfaces
+        accelerators = discovery.accelerators
+        groups = group_accelerators(accelerators) if accelerators is not None else None
+        if interfaces is None or groups is None:
+            if live_spec is None:
+                log.error("no inventory record to publish yet: enumeration failed",
+                          failures=discovery.failures)  # fmt: skip
+                return
+            interfaces = interfaces if interfaces is not None else live_spec.interfaces
+            groups = groups if groups is not None else live_spec.groups
+        spec = NodeDevicesSpec(interfaces=interfaces, groups=groups)
+        if live_spec == spec:
+            return
+        body: dict[str, Any] = {
+            "apiVersion": ND_API_VERSION,
+            "kind": ND_KIND,
+            "metadata": {"name": self.node_name},
+            "spec": spec.model_dump(mode="json"),
+        }
+        if owner:
+            body["metadata"]["ownerReferences"] = [owner]
+        if live is None:
+            self.rest.call("POST", ND_PATH, body=body)
+            self._wrote(result, ND_KIND, "create")
+        else:
+            body["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
+            self.rest.call("PUT", path, body=body)
+            self._wrote(result, ND_KIND, "update")
+
+    # -- node labels ----------------------------------------------------------------------
+
+    def _sync_labels(
+        self, discovery: Discovery, node: Mapping[str, Any], result: SyncResult
+    ) -> None:
+        patch = label_patch(
+            node.get("metadata", {}).get("labels") or {},
+            discovery.labels.desired,
+            unknown=discovery.labels.unknown,
+            enumeration_failed=bool(discovery.failures),
+        )
+        if not patch:
+            return
+        self.rest.call(
+            "PATCH",
+            f"/api/v1/nodes/{self.node_name}",
+            body={"metadata": {"labels": patch}},
+            content_type="application/merge-patch+json",
+        )
+        self._wrote(result, "Node", "patch")
+        log.info("node labels updated", node=self.node_name, changes=patch)
+
+
+def label_patch(
+    live: Mapping[str, str],
+    desired: Mapping[str, str],
+    *,
+    unknown: frozenset[str] | set[str] = frozenset(),
+    enumeration_failed: bool = False,
+) -> dict[str, str | None]:
+    """The merge patch that takes the node's labels to `desired` (None = remove the key)."""
+    patch: dict[str, str | None] = {k: v for k, v in desired.items() if live.get(k) != v}
+    if enumeration_failed:
+        return patch  # deleting on a failed read claims what the read could not support
+    for key in live:
+        if (
+            key.startswith(label_keys.MANAGED_PREFIXES)
+            and key not in desired
+            and key not in unknown
+        ):
+            patch[key] = None
+    return patch
+
+
+def _comparable(spec: Mapping[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(dict(spec))
+    pool = dict(out.get("pool", {}))
+    pool.pop("generation", None)
+    out["pool"] = pool
+    return out
+
+
+def _keep_taint_times(want: dict[str, Any], have: Mapping[str, Any]) -> None:
+    """A taint we send without a time gets one from the server: keep that time from then on
+    (a taint that comes back after healing gets a fresh one)."""
+    stamped = {
+        (d["name"], t["key"], t.get("value"), t["effect"]): t.get("timeAdded")
+        for d in have.get("devices", []) or []
+        for t in d.get("taints", []) or []
+    }
+    for d in want.get("devices", []) or []:
+        for t in d.get("taints", []) or []:
+            if "timeAdded" not in t:
+                time = stamped.get((d["name"], t["key"], t.get("value"), t["effect"]))
+                if time is not None:
+                    t["timeAdded"] = time
+
+
+def _parse_spec(obj: Mapping[str, Any] | None) -> NodeDevicesSpec | None:
+    if obj is None:
+        return None
+    try:
+        return NodeDevicesSpec.model_validate(obj.get("spec") or {})
+    except ValueError as e:
+        log.warning("live NodeDevices record unreadable; it will be rewritten", error=str(e))
+        return None
+
+
+def _owner(node: Mapping[str, Any]) -> dict[str, Any]:
+    """Owned by the Node: deleting the Node garbage-collects its slices and record."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "name": node["metadata"]["name"],
+        "uid": node["metadata"]["uid"],
+        "controller": True,
+    }
+
+
+def _describe(e: Exception) -> str:
+    if isinstance(e, ApiException):
+        reason = e.reason
+        with contextlib.suppress(ValueError, AttributeError):
+            reason = json.loads(e.body or "{}").get("message", reason)
+        return f"HTTP {e.status}: {reason}"
+    return f"{type(e).__name__}: {e}"

@@ -1,0 +1,309 @@
+"""The ResourceSlices a node publishes: a `DeviceInventory` in, `resource.k8s.io/v1` objects out.
+
+Pure and deterministic — the same inventory always gives the same objects, in the same order,
+with values already in the API server's canonical form — so the publisher can decide "nothing
+changed" by comparing with the live objects, and `fabricdra inventory --node-name` can print
+exactly what the plugin would publish.
+
+One pool per node, named after the node. Devices are sorted by name and cut into slices of at
+most `ApiFeatures.devices_per_slice` (64 where taints may appear: the API's limit for a slice
+with a tainted device; 128 otherwise), so a taint appearing never reshuffles the slices. Slice
+names are deterministic, `<node>-<driver>-<i>`, so a restarted plugin finds its own objects.
+An empty inventory is still one slice with no devices: a published, complete, empty pool.
+
+Two API models (docs/attributes.md, "Kubernetes versions"):
+
+* **current** (1.36+, default): a shared RDMA endpoint is one device with
+  `allowMultipleAllocations: true` and a consumable `holders` capacity (default one per claim,
+  at most all of them), so the scheduler counts holders itself; Unhealthy devices carry a
+  `NoSchedule` device taint.
+* **basic** (1.34/1.35, where DRAConsumableCapacity and DRADeviceTaints are off by default):
+  a shared endpoint is published as `holders` separate devices `<name>-s<k>` (which
+  `DeviceInventory.get` resolves back to the endpoint), and no taints are sent (the API server
+  would drop the field, and the publisher would then see a difference on every pass); health
+  still reaches kubelet through the health stream and the `linkVerdict` attribute.
+
+Shared counters (partitionable devices) are not needed: every endpoint is offered in exactly
+one mode (the node's), so no two published devices draw on the same hardware. That is also
+what keeps the scheduler from ever handing the same endpoint out exclusively and shared.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from fabricdra.api.inventory import Accelerator, Endpoint, PciTopology
+
+from .devices import Device, DeviceInventory, holder_name
+
+DRIVER_NAME = "devices.fabricdra.io"
+API_VERSION = "resource.k8s.io/v1"
+KIND = "ResourceSlice"
+
+# The API's limits (k8s.io/api resource/v1 types.go).
+MAX_DEVICES = 128
+MAX_DEVICES_WITH_TAINTS_OR_COUNTERS = 64
+MAX_ATTRIBUTES_AND_CAPACITIES = 32
+MAX_ID_LENGTH = 32  # the C-identifier part of an attribute/capacity name
+MAX_STRING_VALUE = 64
+MAX_OBJECT_NAME = 253
+
+STANDARD = "resource.kubernetes.io/"
+TAINT_KEY = "fabricdra.io/unhealthy"
+TAINT_EFFECT = "NoSchedule"
+
+Model = Literal["current", "basic"]
+
+
+@dataclass(frozen=True)
+class ApiFeatures:
+    """What the cluster's resource API serves, chosen by `model`:
+
+    current  1.36+ defaults: consumable capacity (allowMultipleAllocations) and device taints.
+    basic    1.34/1.35 defaults: neither; plain devices only.
+    """
+
+    model: Model = "current"
+
+    @property
+    def consumable_capacity(self) -> bool:
+        return self.model == "current"
+
+    @property
+    def device_taints(self) -> bool:
+        return self.model == "current"
+
+    @property
+    def devices_per_slice(self) -> int:
+        return MAX_DEVICES_WITH_TAINTS_OR_COUNTERS if self.device_taints else MAX_DEVICES
+
+    @classmethod
+    def for_server_version(cls, major: str, minor: str) -> ApiFeatures:
+        """The model a server's default feature gates support (`/version` major/minor; a
+        minor such as "36+" from some distributions is read as 36)."""
+        digits = "".join(ch for ch in minor if ch.isdigit())
+        if major.strip() != "1" or not digits:
+            raise ValueError(
+                f"cannot read a Kubernetes version from major={major!r} minor={minor!r}"
+            )
+        return cls("current" if int(digits) >= 36 else "basic")
+
+
+@dataclass(frozen=True)
+class SlicePlan:
+    """The slices for one pool generation, plus what could not be published as asked."""
+
+    slices: list[dict[str, Any]]
+    # Attributes left off because their value broke an API limit (device -> attribute -> why):
+    # an attribute is omitted rather than truncated, since two truncated values could compare
+    # equal and a matchAttribute would then claim a closeness nothing measured.
+    omitted: dict[str, dict[str, str]] = field(default_factory=dict)
+
+
+def slice_name(node_name: str, driver: str, index: int) -> str:
+    name = f"{node_name}-{driver}-{index}"
+    if len(name) <= MAX_OBJECT_NAME:
+        return name
+    digest = hashlib.sha256(f"{node_name}\0{driver}".encode()).hexdigest()[:16]
+    return f"{node_name[: MAX_OBJECT_NAME - 60]}-{digest}-{index}"
+
+
+def build_slices(
+    inventory: DeviceInventory,
+    node_name: str,
+    *,
+    driver: str = DRIVER_NAME,
+    features: ApiFeatures = ApiFeatures(),  # frozen: one shared default is safe
+    generation: int = 0,
+) -> SlicePlan:
+    """The ResourceSlice objects (plain dicts, wire field names) for this node's pool."""
+    omitted: dict[str, dict[str, str]] = {}
+    devices: list[dict[str, Any]] = []
+    for device in inventory.devices:
+        devices.extend(_published(device, inventory.shared_holders, features, omitted))
+    devices.sort(key=lambda d: d["name"])
+
+    per_slice = features.devices_per_slice
+    chunks = [devices[i : i + per_slice] for i in range(0, len(devices), per_slice)] or [[]]
+    slices = []
+    for index, chunk in enumerate(chunks):
+        spec: dict[str, Any] = {
+            "driver": driver,
+            "pool": {
+                "name": node_name,
+                "generation": generation,
+                "resourceSliceCount": len(chunks),
+            },
+            "nodeName": node_name,
+        }
+        if chunk:
+            spec["devices"] = chunk
+        slices.append(
+            {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "metadata": {"name": slice_name(node_name, driver, index)},
+                "spec": spec,
+            }
+        )
+    return SlicePlan(slices, omitted)
+
+
+# --- one device ----------------------------------------------------------------------------
+
+
+def _published(
+    device: Device, holders: int, features: ApiFeatures, omitted: dict[str, dict[str, str]]
+) -> list[dict[str, Any]]:
+    attrs, why = device_attributes(device)
+    if why:
+        omitted[device.name] = why
+    capacity: dict[str, Any] = {}
+    memory = _memory_mib(device)
+    if memory is not None:
+        capacity["memory"] = {"value": binary_quantity(memory * 1024 * 1024)}
+
+    base: dict[str, Any] = {"name": device.name, "attributes": attrs}
+    if device.mode == "shared" and not features.consumable_capacity:
+        return [
+            _with_capacity({**base, "name": holder_name(device.name, k)}, capacity)
+            for k in range(holders)
+        ]
+    if device.mode == "shared":
+        base["allowMultipleAllocations"] = True
+        capacity["holders"] = {
+            "value": str(holders),
+            "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": str(holders)}},
+        }
+    out = _with_capacity(base, capacity)
+    if features.device_taints and device.health == "Unhealthy":
+        out["taints"] = [_taint(device)]
+    return [out]
+
+
+def _with_capacity(device: dict[str, Any], capacity: dict[str, Any]) -> dict[str, Any]:
+    if capacity:
+        device["capacity"] = capacity
+    return device
+
+
+def _taint(device: Device) -> dict[str, Any]:
+    taint: dict[str, Any] = {
+        "key": TAINT_KEY,
+        "value": "rdma-link" if device.type == "rdma" else "gpu",
+        "effect": TAINT_EFFECT,
+    }
+    # A failed link carries the time it was first seen, stable while it persists: the taint
+    # says when trouble started. Otherwise the API server stamps the time of the first write
+    # (the publisher keeps it from then on).
+    since = device.endpoint.link.since if device.endpoint and device.endpoint.link else None
+    if since is not None:
+        taint["timeAdded"] = since.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return taint
+
+
+def _memory_mib(device: Device) -> int | None:
+    if device.type == "mig" and device.mig is not None:
+        return device.mig.memoryMiB
+    if device.type == "gpu" and device.accelerator is not None:
+        return device.accelerator.memoryMiB
+    return None
+
+
+# --- attributes ----------------------------------------------------------------------------
+
+
+def device_attributes(device: Device) -> tuple[dict[str, Any], dict[str, str]]:
+    """A device's attributes (wire form, sorted by name) and those omitted, with why."""
+    values: list[tuple[str, str | int | bool | None]] = [("type", device.type)]
+    if device.accelerator is not None:
+        values += _accelerator_values(device, device.accelerator)
+    if device.endpoint is not None:
+        values += _endpoint_values(device, device.endpoint)
+
+    attrs: dict[str, Any] = {}
+    omitted: dict[str, str] = {}
+    for name, value in values:
+        if value is None:
+            continue  # an unknown fact is an absent attribute, never a stand-in
+        if isinstance(value, bool):
+            attrs[name] = {"bool": value}
+        elif isinstance(value, int):
+            attrs[name] = {"int": value}
+        elif len(value) > MAX_STRING_VALUE:
+            omitted[name] = f"value longer than {MAX_STRING_VALUE} characters: {value!r}"
+        else:
+            attrs[name] = {"string": value}
+    if len(attrs) > MAX_ATTRIBUTES_AND_CAPACITIES - 2:  # leave room for memory/holders
+        raise AssertionError(f"{device.name}: {len(attrs)} attributes exceed the API's limit")
+    return dict(sorted(attrs.items())), omitted
+
+
+def _pci_values(
+    topology: PciTopology, bus_id: str | None, numa: int | None
+) -> list[tuple[str, str | int | bool | None]]:
+    # pciSwitch/pciRoot only where the root complex is known too: that is when discovery's
+    # distance rules can speak (a missing pcieRoot is UNK), so an equal value keeps its promise.
+    known = topology.pcieRoot is not None
+    return [
+        (STANDARD + "pcieRoot", topology.pcieRoot),
+        (STANDARD + "pciBusID", bus_id),
+        (STANDARD + "numaNode", numa),
+        ("pciSwitch", topology.pciSwitches[0] if known and topology.pciSwitches else None),
+        ("pciRoot", topology.pciRootId if known else None),
+    ]
+
+
+def _accelerator_values(
+    device: Device, acc: Accelerator
+) -> list[tuple[str, str | int | bool | None]]:
+    mig = device.mig
+    return [
+        *_pci_values(acc.topology, acc.pciBusId, acc.numaNode),
+        ("vendor", acc.vendor),
+        ("deviceClass", mig.deviceClass if mig else acc.deviceClass),
+        ("productName", (mig.name if mig else None) or acc.productName),
+        ("uuid", mig.uuid if mig else acc.uuid),
+        ("parentUuid", acc.uuid if mig else None),
+        ("migProfile", mig.profile if mig else None),
+        ("fabricDomain", acc.topology.fabric.domain if acc.topology.fabric else None),
+    ]
+
+
+def _endpoint_values(device: Device, ep: Endpoint) -> list[tuple[str, str | int | bool | None]]:
+    parent = device.interface
+    is_vf = parent is not None and ep is not parent
+    # A VF with no NUMA node of its own has its parent's (the seed's hint rule).
+    numa = ep.numaNode if ep.numaNode is not None or not is_vf else parent.numaNode  # type: ignore[union-attr]
+    return [
+        *_pci_values(ep.topology, ep.pciBusId, numa),
+        ("rdmaMode", device.mode),
+        ("rdmaDevice", ep.rdmaDevice),
+        ("netdev", ep.name),
+        ("linkLayer", ep.linkLayer),
+        ("linkVerdict", ep.link.verdict if ep.link else None),
+        ("virtualFunction", is_vf),
+    ]
+
+
+# --- quantities ---------------------------------------------------------------------------
+
+_BINARY = (("Ei", 2**60), ("Pi", 2**50), ("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10))
+
+
+def binary_quantity(n: int) -> str:
+    """A byte count in the API server's canonical binary form (`81559Mi`, `80Gi`), so what
+    we send compares equal to what the server returns."""
+    if n < 0:
+        raise ValueError(f"negative quantity {n}")
+    for suffix, size in _BINARY:
+        if n and n % size == 0:
+            return f"{n // size}{suffix}"
+    return str(n)
+
+
+def published_device_names(slices: Iterable[dict[str, Any]]) -> list[str]:
+    return [d["name"] for s in slices for d in s["spec"].get("devices", [])]

@@ -1,0 +1,331 @@
+"""NodePublisher against a real kube-apiserver: writes counted from the audit log."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from e2e.harness.controlplane import ControlPlane
+from fabricdra.api import crdgen
+from fabricdra.api.nodedevices import CRD, NodeDevicesSpec
+from fabricdra.kubeletplugin.devices import DeviceConfig, DeviceInventory, build_devices
+from fabricdra.kubeletplugin.discovery.node import Discovery, Previous, discover
+from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
+from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
+from fabricdra.kubeletplugin.publisher import NodePublisher
+from tests.integration.dra_setup import installed  # noqa: F401 - a fixture
+from tests.sysfs.builder import SysfsBuilder
+from tests.sysfs.nodes import h100_snapshot, hgx_h100, write_json
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("installed")]
+
+REPO = Path(__file__).resolve().parents[2]
+WRITE_VERBS = ("create", "update", "patch", "delete", "deletecollection")
+DRIVER = "devices.fabricdra.io"
+
+
+def _name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+class Node:
+    """One fake node: its sysfs tree, NVML snapshot and a publisher with its own user agent."""
+
+    def __init__(self, cp: ControlPlane, root: Path, **hgx: Any) -> None:
+        self.cp = cp
+        self.name = _name("pub-node")
+        self.root = root
+        b = SysfsBuilder(root / "sys")
+        self.hgx = hgx_h100(b, **hgx)
+        self.sys = b.root
+        snap = write_json(root / "nvml.json", h100_snapshot(self.hgx.gpus))
+        self.readings = load_snapshot(snap)
+        cp.create_node(self.name)
+        self.publisher_count = 0
+        self.api: Any = None
+        self.new_publisher()
+
+    def new_publisher(self) -> None:
+        """A fresh publisher and client, as after a plugin restart."""
+        if self.api is not None:
+            self.api.close()
+        self.publisher_count += 1
+        self.agent = f"fabricdra-test-{self.name}-{self.publisher_count}"
+        self.api = self.cp.api_client()
+        self.api.user_agent = self.agent
+        self.publisher = NodePublisher(self.api, self.name)
+
+    def discover(self, previous: Discovery | None = None) -> Discovery:
+        prev = Previous(previous.interfaces, previous.accelerators) if previous else None
+        return discover(SysfsTree(str(self.sys)), nvml_source=lambda: self.readings, previous=prev)
+
+    def writes(self, agent: str | None = None) -> list[dict[str, Any]]:
+        return self.cp.audit_events(user_agent=agent or self.agent, verbs=WRITE_VERBS)
+
+    def slices(self) -> list[Any]:
+        with self.cp.api_client() as api:
+            return list(
+                client.ResourceV1Api(api)
+                .list_resource_slice(field_selector=f"spec.nodeName={self.name}")
+                .items
+            )
+
+    def node_devices(self) -> dict[str, Any] | None:
+        with self.cp.api_client() as api:
+            try:
+                obj: dict[str, Any] = client.CustomObjectsApi(api).get_cluster_custom_object(
+                    "fabricdra.io", "v1alpha1", "nodedevices", self.name
+                )
+            except ApiException as e:
+                if e.status == 404:
+                    return None
+                raise
+            return obj
+
+    def labels(self) -> dict[str, str]:
+        with self.cp.api_client() as api:
+            return dict(client.CoreV1Api(api).read_node(self.name).metadata.labels or {})
+
+    def set_labels(self, labels: dict[str, str | None]) -> None:
+        with self.cp.api_client() as api:
+            client.CoreV1Api(api).patch_node(self.name, {"metadata": {"labels": labels}})
+
+
+@pytest.fixture
+def node(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Node]:
+    n = Node(control_plane, tmp_path)
+    yield n
+    n.api.close()
+
+
+def _inventory(d: Discovery, **kw: Any) -> DeviceInventory:
+    assert d.interfaces is not None
+    assert d.accelerators is not None
+    return build_devices(d.interfaces, d.accelerators, **kw)
+
+
+def test_publish_then_unchanged_passes_write_nothing(node: Node) -> None:
+    d = node.discover()
+    first = node.publisher.sync(d, _inventory(d))
+    assert first.ok, first.errors
+    assert first.writes == {"ResourceSlice": 1, "NodeDevices": 1, "Node": 1}
+    (s,) = node.slices()
+    assert s.spec.driver == DRIVER
+    assert s.spec.pool.name == node.name
+    assert s.spec.pool.resource_slice_count == 1
+    assert len(s.spec.devices) == 16
+    assert s.metadata.owner_references[0].kind == "Node"
+    writes = len(node.writes())
+    assert writes == 3
+
+    # Second pass over the unchanged node (a fresh discovery, not the same objects).
+    d2 = node.discover(previous=d)
+    second = node.publisher.sync(d2, _inventory(d2))
+    assert second.ok, second.errors
+    assert second.writes == {}
+    assert len(node.writes()) == writes
+
+    # A restarted plugin (new publisher, new client) finds everything as it left it.
+    node.new_publisher()
+    third = node.publisher.sync(d2, _inventory(d2))
+    assert third.ok, third.errors
+    assert third.writes == {}
+    assert node.writes() == []
+    # ...and it did read the live objects (the comparison is against the server).
+    assert node.cp.audit_events(user_agent=node.agent, verbs=("get", "list"))
+
+
+def test_slices_deleted_by_kubelet_are_recreated(node: Node) -> None:
+    d = node.discover()
+    inv = _inventory(d, config=DeviceConfig(rdma_mode="shared"))
+    node.publisher.sync(d, inv)
+    (before,) = node.slices()
+    with node.cp.api_client() as api:  # what kubelet does at start-up
+        client.ResourceV1Api(api).delete_collection_resource_slice(
+            field_selector=f"spec.nodeName={node.name}"
+        )
+    assert node.slices() == []
+    result = node.publisher.sync(d, inv)
+    assert result.ok, result.errors
+    assert result.writes == {"ResourceSlice": 1}
+    (after,) = node.slices()
+    assert after.metadata.name == before.metadata.name
+    assert [x.name for x in after.spec.devices] == [x.name for x in before.spec.devices]
+    shared = next(x for x in after.spec.devices if x.name.startswith("rdma-"))
+    assert shared.allow_multiple_allocations is True
+    assert shared.capacity["holders"].value == "64"
+    assert node.publisher.sync(d, inv).writes == {}
+
+
+def test_a_failed_link_taints_its_device_and_the_taint_is_stable(node: Node) -> None:
+    d = node.discover()
+    node.publisher.sync(d, _inventory(d))
+    (s0,) = node.slices()
+    # The NIC of GPU 2 loses its link: rewrite its port state files as the kernel would.
+    port = node.sys / "class" / "infiniband" / "mlx5_2" / "ports" / "1"
+    (port / "state").write_text("1: DOWN\n")
+    (port / "phys_state").write_text("3: Disabled\n")
+    d2 = node.discover(previous=d)
+    r = node.publisher.sync(d2, _inventory(d2))
+    assert r.ok, r.errors
+    assert r.writes == {"ResourceSlice": 1, "NodeDevices": 1}
+    (s1,) = node.slices()
+    assert s1.spec.pool.generation == s0.spec.pool.generation + 1
+    nic = next(
+        x
+        for x in s1.spec.devices
+        if "rdmaDevice" in x.attributes and x.attributes["rdmaDevice"].string == "mlx5_2"
+    )
+    (taint,) = nic.taints
+    assert (taint.key, taint.effect) == ("fabricdra.io/unhealthy", "NoSchedule")
+    assert taint.time_added is not None
+    assert sum(1 for x in s1.spec.devices if x.taints) == 1
+    # The record carries the Failed verdict, so the seed's inspection sees which NIC broke.
+    nd = node.node_devices()
+    assert nd is not None
+    broken = [
+        i for i in nd["spec"]["interfaces"] if i.get("link") and i["link"]["verdict"] == "Failed"
+    ]
+    assert [i["rdmaDevice"] for i in broken] == ["mlx5_2"]
+    # Unchanged failure on the next pass: no write (the first-seen time is kept).
+    d3 = node.discover(previous=d2)
+    assert node.publisher.sync(d3, _inventory(d3)).writes == {}
+    # The link heals: the taint goes away.
+    (port / "state").write_text("4: ACTIVE\n")
+    (port / "phys_state").write_text("5: LinkUp\n")
+    d4 = node.discover(previous=d3)
+    assert node.publisher.sync(d4, _inventory(d4)).ok
+    (s2,) = node.slices()
+    assert not any(x.taints for x in s2.spec.devices)
+
+
+def test_node_devices_record_written_only_on_change(node: Node) -> None:
+    d = node.discover()
+    node.publisher.sync(d, _inventory(d))
+    nd = node.node_devices()
+    assert nd is not None
+    assert nd["metadata"]["ownerReferences"][0]["name"] == node.name
+    spec = NodeDevicesSpec.model_validate(nd["spec"])
+    assert spec.interfaces == d.interfaces
+    assert [a for g in spec.groups for a in g.accelerators] == d.accelerators
+    # The seed's inspection, rewritten for NodeDevices (docs/node-devices.md).
+    endpoints = [
+        {"name": e["name"], "rdmaDevice": e["rdmaDevice"], "link": e["link"]}
+        for i in nd["spec"]["interfaces"]
+        for e in [i, *(i.get("virtualFunctions") or [])]
+        if e["rdma"] or e["link"]
+    ]
+    assert len(endpoints) == 8
+    version = nd["metadata"]["resourceVersion"]
+    node.new_publisher()
+    d2 = node.discover(previous=d)
+    assert node.publisher.sync(d2, _inventory(d2)).writes == {}
+    after = node.node_devices()
+    assert after is not None
+    assert after["metadata"]["resourceVersion"] == version
+
+
+def test_label_removal_rules(node: Node) -> None:
+    node.set_labels(
+        {
+            "fabricdra.io/rdma.stale": "true",  # no longer reported: removed
+            "fabricdra.io/fabric.members": "9",  # no longer reported: removed
+            "fabricdra.io/other": "keep",  # ours, but not a managed family: untouched
+            "example.com/foreign": "keep",  # not ours: untouched
+        }
+    )
+    d = node.discover()
+    r = node.publisher.sync(d, _inventory(d))
+    assert r.ok, r.errors
+    labels = node.labels()
+    for key, value in d.labels.desired.items():
+        assert labels[key] == value
+    assert labels["fabricdra.io/rdma.capable"] == "true"
+    assert "fabricdra.io/rdma.stale" not in labels
+    assert "fabricdra.io/fabric.members" not in labels
+    assert labels["fabricdra.io/other"] == "keep"
+    assert labels["example.com/foreign"] == "keep"
+    assert [e["verb"] for e in node.writes() if e["objectRef"]["resource"] == "nodes"] == ["patch"]
+
+    # Enumeration fails (the interface list cannot be read): nothing is removed, not even a
+    # stale key, and nothing is written for the record whose part could not be read.
+    node.set_labels({"fabricdra.io/rdma.stale": "true"})
+    shutil.move(str(node.sys / "class" / "net"), str(node.root / "net-away"))
+    failed = node.discover()
+    assert failed.failures
+    assert failed.interfaces is None
+    node.new_publisher()
+    r2 = node.publisher.sync(failed, build_devices([], failed.accelerators or []))
+    labels = node.labels()
+    assert labels["fabricdra.io/rdma.stale"] == "true"
+    assert labels["fabricdra.io/rdma.capable"] == "true"
+    assert "Node" not in r2.writes
+    assert "NodeDevices" not in r2.writes  # the live record's interfaces are kept
+    assert "ResourceSlice" not in r2.writes  # the published slices too
+    assert len(node.slices()[0].spec.devices) == 16
+
+
+def test_device_classes_select_by_type_and_mode(control_plane: ControlPlane) -> None:
+    with control_plane.api_client() as api:
+        names = {c.metadata.name for c in client.ResourceV1Api(api).list_device_class().items}
+    assert {
+        "gpu.fabricdra.io",
+        "mig.fabricdra.io",
+        "rdma.fabricdra.io",
+        "rdma-shared.fabricdra.io",
+        "rdma-vf.fabricdra.io",
+    } <= names
+
+
+def test_checked_in_crd_is_what_the_server_accepted(control_plane: ControlPlane) -> None:
+    with control_plane.api_client() as api:
+        crd = client.ApiextensionsV1Api(api).read_custom_resource_definition(
+            "nodedevices.fabricdra.io"
+        )
+    assert crd.spec.scope == "Cluster"
+    assert (crdgen.CRD_DIR / CRD.filename).read_text() == crdgen.render(CRD.crd())
+
+
+def test_basic_model_multi_slice_pool(node: Node) -> None:
+    """The 1.34/1.35 fallback on a real server: 8 shared endpoints as 64 holders each, 5 slices
+    in one pool; unchanged passes write nothing; a change rewrites the pool at a new
+    generation; a dropped slice is recreated at the current one."""
+    from fabricdra.kubeletplugin.resourceslices import ApiFeatures
+
+    node.publisher = NodePublisher(node.api, node.name, features=ApiFeatures("basic"))
+    d = node.discover()
+    inv = _inventory(d, config=DeviceConfig(rdma_mode="shared"))
+    first = node.publisher.sync(d, inv)
+    assert first.ok, first.errors
+    assert first.writes["ResourceSlice"] == 5
+    slices = node.slices()
+    assert len(slices) == 5
+    assert {(s.spec.pool.generation, s.spec.pool.resource_slice_count) for s in slices} == {(0, 5)}
+    names = [x.name for s in slices for x in s.spec.devices]
+    assert len(names) == len(set(names)) == 8 + 8 * 64
+    assert all(inv.get(n) is not None for n in names)
+    assert node.publisher.sync(d, inv).writes == {}
+
+    # One slice disappears: only it is recreated, into the same generation.
+    victim = sorted(s.metadata.name for s in slices)[2]
+    with node.cp.api_client() as api:
+        client.ResourceV1Api(api).delete_resource_slice(victim)
+    again = node.publisher.sync(d, inv)
+    assert again.writes == {"ResourceSlice": 1}
+    assert {s.spec.pool.generation for s in node.slices()} == {0}
+
+    # Fewer holders: every slice moves to generation 1 and the surplus slice goes.
+    fewer = _inventory(d, config=DeviceConfig(rdma_mode="shared", rdma_shared_holders=16))
+    changed = node.publisher.sync(d, fewer)
+    assert changed.ok, changed.errors
+    slices = node.slices()
+    assert len(slices) == 2  # 8 GPUs + 128 holders = 136 devices
+    assert {(s.spec.pool.generation, s.spec.pool.resource_slice_count) for s in slices} == {(1, 2)}
+    assert node.publisher.sync(d, fewer).writes == {}

@@ -1,0 +1,221 @@
+"""The device inventory built from real discovery over kernel-shaped sysfs trees."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fabricdra.api.inventory import Interface, LinkRecord
+from fabricdra.kubeletplugin.devices import (
+    DeviceConfig,
+    DeviceInventory,
+    GpuHealth,
+    build_devices,
+    dns_label,
+)
+from fabricdra.kubeletplugin.discovery.node import Discovery, discover
+from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
+from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
+from tests.sysfs.builder import SysfsBuilder
+from tests.sysfs.nodes import Hgx, h100_snapshot, hgx_h100, write_json
+
+
+def _discover(
+    tmp_path: Path, snapshot: dict[str, object] | None = None, **kw: object
+) -> tuple[Discovery, Hgx]:
+    b = SysfsBuilder(tmp_path / "sys")
+    hgx = hgx_h100(b, **kw)  # type: ignore[arg-type]
+    snap = write_json(tmp_path / "nvml.json", snapshot or h100_snapshot(hgx.gpus))
+    readings = load_snapshot(snap)
+    d = discover(SysfsTree(str(b.root)), nvml_source=lambda: readings)
+    assert d.interfaces is not None
+    assert d.accelerators is not None
+    return d, hgx
+
+
+def _build(d: Discovery, **kw: object) -> DeviceInventory:
+    assert d.interfaces is not None
+    assert d.accelerators is not None
+    return build_devices(d.interfaces, d.accelerators, **kw)  # type: ignore[arg-type]
+
+
+def test_hgx_offers_every_gpu_and_every_rdma_nic_exclusive(tmp_path: Path) -> None:
+    d, hgx = _discover(tmp_path)
+    inv = _build(d)
+    gpus = [x for x in inv.devices if x.type == "gpu"]
+    rdma = [x for x in inv.devices if x.type == "rdma"]
+    assert sorted(g.accelerator.pciBusId for g in gpus if g.accelerator) == sorted(hgx.gpus)
+    assert sorted(r.endpoint.pciBusId for r in rdma if r.endpoint) == sorted(hgx.nics)
+    assert {r.mode for r in rdma} == {"exclusive"}
+    # The management NIC (no RDMA device), loopback and docker0 are in no mode.
+    assert len(inv) == 16
+    assert inv.get("gpu-0000-18-00-0") is not None
+    assert inv.get("rdma-0000-19-00-0") is not None
+    assert inv.get("rdma-0000-19-00-0").interface.name == "enp25s0np0"  # type: ignore[union-attr]
+    assert [x.name for x in inv.devices] == sorted(x.name for x in inv.devices)
+
+
+def test_names_are_stable_dns_labels_from_bus_ids(tmp_path: Path) -> None:
+    d, _ = _discover(tmp_path)
+    a = _build(d)
+    # Enumeration order must not matter: reversed inputs give the same names.
+    assert d.interfaces is not None
+    assert d.accelerators is not None
+    b = build_devices(list(reversed(d.interfaces)), list(reversed(d.accelerators)))
+    assert [x.name for x in a.devices] == [x.name for x in b.devices]
+    for x in a.devices:
+        assert len(x.name) <= 63
+        assert x.name == dns_label(x.name)
+
+
+def test_shared_mode_offers_whole_functions_shared(tmp_path: Path) -> None:
+    d, _ = _discover(tmp_path)
+    inv = _build(d, config=DeviceConfig(rdma_mode="shared"))
+    assert {x.mode for x in inv.devices if x.type == "rdma"} == {"shared"}
+    assert len([x for x in inv.devices if x.type == "rdma"]) == 8
+
+
+def test_pf_with_vfs_offers_only_its_vfs(tmp_path: Path) -> None:
+    d, hgx = _discover(tmp_path, vf_nics=(0, 1), vfs_per_nic=3)
+    inv = _build(d, config=DeviceConfig(rdma_mode="shared"))
+    pf0 = hgx.nics[0]
+    assert inv.get(dns_label("rdma", pf0)) is None
+    vfs = [x for x in inv.devices if x.mode == "vf"]
+    assert sorted(v.endpoint.pciBusId for v in vfs if v.endpoint) == sorted(
+        hgx.vfs[hgx.nics[0]] + hgx.vfs[hgx.nics[1]]
+    )
+    for v in vfs:
+        assert v.interface is not None
+        assert v.interface.pciBusId in (hgx.nics[0], hgx.nics[1])
+        assert v.endpoint is not v.interface
+    # The other six PFs stay whole-function, in the node's mode.
+    assert len([x for x in inv.devices if x.mode == "shared"]) == 6
+
+
+def test_vfs_configured_flag_alone_sends_pf_to_vf_mode() -> None:
+    pf = Interface(
+        name="ens1",
+        bus="pci",
+        virtual=False,
+        pciBusId="0000:05:00.0",
+        rdma=True,
+        rdmaDevice="mlx5_0",
+        sriovPhysicalFunction=True,
+        sriovVfsConfigured=True,
+    )
+    assert len(build_devices([pf], [])) == 0
+    whole = pf.model_copy(update={"sriovVfsConfigured": False})
+    assert [x.mode for x in build_devices([whole], [])] == ["exclusive"]
+
+
+def test_endpoint_without_rdma_device_is_in_no_mode(tmp_path: Path) -> None:
+    d, _ = _discover(tmp_path, pf_rdma=False)
+    inv = _build(d)
+    assert [x for x in inv.devices if x.type == "rdma"] == []
+    # VFs without a bound RDMA device are not offered either.
+    vf_pf = Interface(
+        name="ens1",
+        bus="pci",
+        virtual=False,
+        pciBusId="0000:05:00.0",
+        sriovVfsConfigured=True,
+        virtualFunctions=[{"name": "ens1v0", "index": 0, "pciBusId": "0000:05:00.2"}],  # type: ignore[list-item]
+    )
+    assert len(build_devices([vf_pf], [])) == 0
+
+
+def test_failed_link_is_unhealthy_and_kept(tmp_path: Path) -> None:
+    d, hgx = _discover(tmp_path, broken_nics=(2,))
+    inv = _build(d)
+    broken = inv.get(dns_label("rdma", hgx.nics[2]))
+    assert broken is not None
+    assert broken.health == "Unhealthy"
+    assert broken.health_reason
+    assert broken.endpoint
+    assert broken.endpoint.link
+    assert broken.health_reason == broken.endpoint.link.reason
+    ok = inv.get(dns_label("rdma", hgx.nics[0]))
+    assert ok is not None
+    assert ok.health == "Healthy"
+    assert ok.health_reason is None
+
+
+def test_unverified_or_missing_verdict_is_unknown() -> None:
+    base = Interface(
+        name="ens1",
+        bus="pci",
+        virtual=False,
+        pciBusId="0000:05:00.0",
+        rdma=True,
+        rdmaDevice="mlx5_0",
+    )
+    unverified = base.model_copy(
+        update={"link": LinkRecord(verdict="Unverified", reason="port 1 state unreadable")}
+    )
+    (dev,) = build_devices([unverified], []).devices
+    assert (dev.health, dev.health_reason) == ("Unknown", "port 1 state unreadable")
+    (dev,) = build_devices([base], []).devices
+    assert dev.health == "Unknown"
+
+
+def test_gpu_health_from_readings(tmp_path: Path) -> None:
+    d, hgx = _discover(tmp_path)
+    health = {
+        hgx.gpus[0]: GpuHealth(healthy=False, reason="uncorrectable ECC errors: 3"),
+        hgx.gpus[1]: GpuHealth(healthy=True),
+        hgx.gpus[2]: GpuHealth(healthy=None),
+    }
+    inv = _build(d, gpu_health=health)
+    by_bus = {x.accelerator.pciBusId: x for x in inv.devices if x.accelerator}
+    assert by_bus[hgx.gpus[0]].health == "Unhealthy"
+    assert by_bus[hgx.gpus[0]].health_reason == "uncorrectable ECC errors: 3"
+    assert by_bus[hgx.gpus[1]].health == "Healthy"
+    assert by_bus[hgx.gpus[2]].health == "Unknown"
+    assert by_bus[hgx.gpus[3]].health == "Unknown"  # no reading at all
+
+
+def test_mig_gpu_offers_its_instances_not_itself(tmp_path: Path) -> None:
+    b = SysfsBuilder(tmp_path / "sys")
+    hgx = hgx_h100(b)
+    snap = h100_snapshot(hgx.gpus, mig_gpu=1)
+    d, _ = _discover(tmp_path / "again", snapshot=snap)
+    health = {hgx.gpus[1]: GpuHealth(healthy=False, reason="thermal violation")}
+    inv = _build(d, gpu_health=health)
+    migs = [x for x in inv.devices if x.type == "mig"]
+    assert [m.name for m in migs] == [
+        f"mig-{hgx.gpus[1].replace(':', '-').replace('.', '-')}-gi1-ci0",
+        f"mig-{hgx.gpus[1].replace(':', '-').replace('.', '-')}-gi2-ci0",
+    ]
+    assert all(m.accelerator and m.accelerator.pciBusId == hgx.gpus[1] for m in migs)
+    assert all(m.mig is not None for m in migs)
+    assert all(m.health == "Unhealthy" for m in migs)  # the parent's health
+    assert inv.get(dns_label("gpu", hgx.gpus[1])) is None
+    assert len([x for x in inv.devices if x.type == "gpu"]) == 7
+
+
+def test_bad_config_is_refused() -> None:
+    with pytest.raises(ValueError, match="holders"):
+        DeviceConfig(rdma_mode="shared", rdma_shared_holders=0)
+    with pytest.raises(ValueError, match="rdma mode"):
+        DeviceConfig(rdma_mode="partitioned")  # type: ignore[arg-type]
+
+
+def test_dns_label_refuses_what_it_cannot_name() -> None:
+    assert dns_label("rdma", "mlx5_4") == "rdma-mlx5-4"
+    with pytest.raises(ValueError, match="DNS label"):
+        dns_label("x" * 64)
+    with pytest.raises(ValueError, match="DNS label"):
+        dns_label("__")
+
+
+def test_holder_names_resolve_to_their_shared_endpoint(tmp_path: Path) -> None:
+    d, hgx = _discover(tmp_path)
+    name = dns_label("rdma", hgx.nics[0])
+    shared = _build(d, config=DeviceConfig(rdma_mode="shared", rdma_shared_holders=4))
+    assert shared.get(f"{name}-s0") is shared.get(name)
+    assert shared.get(f"{name}-s3") is shared.get(name)
+    assert shared.get(f"{name}-s4") is None  # beyond the holders offered
+    assert shared.get(f"{name}-s01") is None  # not a name we publish
+    exclusive = _build(d)
+    assert exclusive.get(f"{name}-s0") is None  # exclusive endpoints have no holders
