@@ -19,14 +19,19 @@ CLASS_ACCEL = 0x120000
 
 @dataclass(frozen=True)
 class Port:
-    state: str = "4: ACTIVE"
-    phys_state: str = "5: LinkUp"
+    state: str | None = "4: ACTIVE"
+    phys_state: str | None = "5: LinkUp"
     link_layer: str = "Ethernet"
     netdev: str | None = None
 
 
 UP = Port()
 DOWN = Port(state="1: DOWN", phys_state="3: Disabled")
+# A port that lost its link: the state is not ACTIVE, whatever its name starts with.
+ACTIVE_DEFER = Port(state="5: ACTIVE_DEFER", phys_state="5: LinkUp")
+# How a file can exist and still not be readable, for `SysfsBuilder.make_unreadable`. We run as
+# root, so permissions block nothing; these are the ways the reader itself must refuse.
+UNREADABLE_HOW = ("directory", "escaping-link", "oversize", "link-loop")
 
 
 class SysfsBuilder:
@@ -136,6 +141,7 @@ class SysfsBuilder:
         total_vfs: int | None = None,
         mtu: int = 9000,
         operstate: str = "up",
+        driver: str = "mlx5_core",
     ) -> str:
         path = self.pci(
             parent,
@@ -145,7 +151,7 @@ class SysfsBuilder:
             pci_class=CLASS_ETHERNET,
             numa=numa,
             cpus=cpus,
-            driver="mlx5_core",
+            driver=driver,
         )
         if total_vfs is not None:
             self.write(f"{path}/sriov_totalvfs", str(total_vfs))
@@ -221,12 +227,18 @@ class SysfsBuilder:
     def rdma(
         self, device: str, name: str, ports: list[Port] | None = None, verbs: bool = True
     ) -> str:
+        """An RDMA device on `device`. `ports=[]` gives a device that shows no ports; a port
+        whose state or phys_state is None has no such file (a reading that is absent)."""
         base = f"{device}/infiniband/{name}"
         self.link(f"{base}/device", device)
-        for i, port in enumerate(ports or [UP], start=1):
+        (self.root / base / "ports").mkdir(parents=True, exist_ok=True)
+        for i, port in enumerate([UP] if ports is None else ports, start=1):
             pb = f"{base}/ports/{i}"
-            self.write(f"{pb}/state", port.state)
-            self.write(f"{pb}/phys_state", port.phys_state)
+            (self.root / pb).mkdir(parents=True, exist_ok=True)
+            if port.state is not None:
+                self.write(f"{pb}/state", port.state)
+            if port.phys_state is not None:
+                self.write(f"{pb}/phys_state", port.phys_state)
             self.write(f"{pb}/link_layer", port.link_layer)
             if port.netdev:
                 self.write(f"{pb}/gid_attrs/ndevs/0", port.netdev)
@@ -240,7 +252,48 @@ class SysfsBuilder:
             self.link(f"class/infiniband_verbs/{uverbs}", vb)
         return base
 
+    # -- broken files --------------------------------------------------------------------------
+
+    def make_unreadable(self, rel: str, how: str = "directory") -> None:
+        """Replace the file at `rel` with something that exists but cannot be read as an
+        attribute: a directory (EISDIR), a link leaving the root, a file over the 64 KiB cap,
+        or a link that loops."""
+        p = self.root / rel
+        if p.is_symlink() or p.is_file():
+            p.unlink()
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if how == "directory":
+            p.mkdir()
+        elif how == "escaping-link":
+            os.symlink("/proc/version", p)
+        elif how == "oversize":
+            p.write_bytes(b"4: ACTIVE\n" + b" " * (64 * 1024))
+        elif how == "link-loop":
+            os.symlink(p.name, p)
+        else:
+            raise ValueError(f"unknown way to be unreadable: {how}")
+
+    def escape(self, rel: str, target: str = "/etc") -> None:
+        """Replace `rel` (a file, link or directory) with a link that leaves the root."""
+        p = self.root / rel
+        if p.is_symlink() or p.is_file():
+            p.unlink()
+        elif p.is_dir():
+            import shutil
+
+            shutil.rmtree(p)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(target, p)
+
     # -- AMD KFD -------------------------------------------------------------------------------
+
+    def kfd_cpu(self, node: int) -> None:
+        base = f"devices/virtual/kfd/kfd/topology/nodes/{node}"
+        self.write(
+            f"{base}/properties", "cpu_cores_count 56\nsimd_count 0\nlocation_id 0\nhive_id 0\n"
+        )
+        (self.root / base / "io_links").mkdir(parents=True, exist_ok=True)
+        self.link("class/kfd/kfd", "devices/virtual/kfd/kfd")
 
     def kfd_gpu(self, node: int, bdf: str, hive_id: int, xgmi_peers: list[int]) -> None:
         domain, bus, devfn = bdf.split(":")
@@ -252,6 +305,7 @@ class SysfsBuilder:
             f"cpu_cores_count 0\nsimd_count 304\ngpu_id {1000 + node}\n"
             f"location_id {location}\ndomain {int(domain, 16)}\nhive_id {hive_id}\n",
         )
+        (self.root / base / "io_links").mkdir(parents=True, exist_ok=True)
         for i, peer in enumerate(xgmi_peers):
             self.write(
                 f"{base}/io_links/{i}/properties", f"type 11\nnode_from {node}\nnode_to {peer}\n"

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from .builder import DOWN, INTEL, Port, SysfsBuilder
+from fabricdra.kubeletplugin.discovery.node import Discovery, Previous, discover
+from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
+from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
+
+from .builder import AMD, CLASS_ACCEL, DOWN, INTEL, Port, SysfsBuilder
 
 # An HGX H100 board as a 2-socket x86 server lays it out: eight host bridges, each with a root
 # port, a PCIe switch, and one GPU and one NIC on two of the switch's downstream ports.
@@ -76,7 +81,14 @@ def hgx_h100(
     rb0 = b.root_bus("pci0000:00")
     rp0 = b.bridge(rb0, "0000:00:1c.0", 0 if numa else -1)
     b.nic(
-        rp0, "0000:01:00.0", "eno1", vendor=INTEL, device="0x1572", numa=0 if numa else -1, mtu=1500
+        rp0,
+        "0000:01:00.0",
+        "eno1",
+        vendor=INTEL,
+        device="0x1572",
+        driver="i40e",
+        numa=0 if numa else -1,
+        mtu=1500,
     )
     b.loopback()
     b.netdev("docker0", None, operstate="down", flags=0x1003)
@@ -122,3 +134,161 @@ def h100_snapshot(
 def write_json(path: Path, doc: Any) -> Path:
     path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
     return path
+
+
+# -- smaller nodes, one shape each -----------------------------------------------------------
+
+
+@dataclass
+class Small:
+    gpus: list[str] = field(default_factory=list)
+    nics: list[str] = field(default_factory=list)
+    netdevs: list[str] = field(default_factory=list)
+    rdma: list[str] = field(default_factory=list)
+
+
+def rdma_node(
+    b: SysfsBuilder,
+    nic_ports: list[list[Port] | None],
+    *,
+    gpu: bool = True,
+    numa: int | None = 0,
+    rdma_numa: list[int | None] | None = None,
+) -> Small:
+    """One PCIe switch holding (optionally) a GPU and one NIC per entry of `nic_ports`; each
+    NIC's RDMA device has those ports (None: the NIC has no RDMA device). `rdma_numa` gives
+    each NIC its own NUMA node (default: `numa`)."""
+    out = Small()
+    rb = b.root_bus("pci0000:10")
+    rp = b.bridge(rb, "0000:10:01.0", numa)
+    ports = b.switch(rp, "0000:11:00.0", [f"0000:12:{i:02x}.0" for i in range(len(nic_ports) + 1)])
+    if gpu:
+        out.gpus.append("0000:20:00.0")
+        b.gpu(ports[0], "0000:20:00.0", numa=numa)
+    for i, nic_port in enumerate(nic_ports):
+        bdf = f"0000:{0x30 + i:02x}:00.0"
+        netdev = f"ens{i}np0"
+        node = numa if rdma_numa is None else rdma_numa[i]
+        pf = b.nic(ports[i + 1], bdf, netdev, numa=node)
+        if nic_port is not None:
+            named = [
+                Port(p.state, p.phys_state, p.link_layer, p.netdev or netdev) for p in nic_port
+            ]
+            b.rdma(pf, f"mlx5_{i}", named)
+            out.rdma.append(f"mlx5_{i}")
+        out.nics.append(bdf)
+        out.netdevs.append(netdev)
+    b.loopback()
+    return out
+
+
+def cpu_node(b: SysfsBuilder) -> Small:
+    """No accelerator at all: two RDMA NICs on two sockets and a management NIC."""
+    out = Small()
+    for socket, bus in enumerate((0x17, 0x85)):
+        rb = b.root_bus(f"pci0000:{bus:02x}")
+        rp = b.bridge(rb, f"0000:{bus:02x}:02.0", socket)
+        bdf = f"0000:{bus + 1:02x}:00.0"
+        netdev = f"ens{socket}f0np0"
+        pf = b.nic(rp, bdf, netdev, numa=socket, cpus=SOCKET_CPUS[socket])
+        b.rdma(pf, f"mlx5_{socket}", [Port(netdev=netdev)])
+        out.nics.append(bdf)
+        out.netdevs.append(netdev)
+        out.rdma.append(f"mlx5_{socket}")
+    b.nic(
+        b.bridge(b.root_bus("pci0000:00"), "0000:00:1c.0", 0),
+        "0000:01:00.0",
+        "eno1",
+        vendor=INTEL,
+        device="0x1572",
+        driver="i40e",
+        mtu=1500,
+    )
+    b.loopback()
+    return out
+
+
+def aux_rdma_node(b: SysfsBuilder) -> Small:
+    """A GPU whose RDMA-capable port is not a PCI function: the interface and its RDMA device
+    hang off a device on the auxiliary bus (as on accelerator platforms with on-package NICs)."""
+    out = Small()
+    rb = b.root_bus("pci0000:40")
+    rp = b.bridge(rb, "0000:40:01.0", 0)
+    b.gpu(rp, "0000:41:00.0", numa=0)
+    out.gpus.append("0000:41:00.0")
+    aux = b.bus_device(f"{rb}/0000:40:01.0/0000:41:00.0", "accel_eth.0", "auxiliary")
+    b.netdev("hbl0", aux, mtu=8192)
+    b.rdma(aux, "hbl_0", [Port(netdev="hbl0")])
+    out.netdevs.append("hbl0")
+    out.rdma.append("hbl_0")
+    b.loopback()
+    return out
+
+
+MI300X_HIVE = 0x5F3C2A1B00D7E9C1
+
+
+def amd_mi300x(b: SysfsBuilder, *, hive_id: int = MI300X_HIVE, gpus: int = 8) -> Small:
+    """An AMD MI300X node: each GPU behind its own switch with a NIC, all GPUs in one XGMI hive
+    (KFD nodes 0-1 are the CPUs, 2.. the GPUs, each GPU's io_links naming every other GPU)."""
+    out = Small()
+    for i, bus in enumerate(HGX_BUSES[:gpus]):
+        socket = 0 if i < gpus // 2 else 1
+        rb = b.root_bus(f"pci0000:{bus:02x}")
+        rp = b.bridge(rb, f"0000:{bus:02x}:01.0", socket)
+        dsp = b.switch(
+            rp,
+            f"0000:{bus + 1:02x}:00.0",
+            [f"0000:{bus + 2:02x}:00.0", f"0000:{bus + 2:02x}:01.0"],
+            socket,
+        )
+        gpu = f"0000:{bus + 3:02x}:00.0"
+        b.gpu(dsp[0], gpu, vendor=AMD, device="0x74a1", pci_class=CLASS_ACCEL, numa=socket)
+        nic = f"0000:{bus + 4:02x}:00.0"
+        netdev = f"enp{bus + 4}s0np0"
+        pf = b.nic(dsp[1], nic, netdev, numa=socket)
+        b.rdma(pf, f"mlx5_{i}", [Port(netdev=netdev)])
+        out.gpus.append(gpu)
+        out.nics.append(nic)
+        out.netdevs.append(netdev)
+    b.kfd_cpu(0)
+    b.kfd_cpu(1)
+    nodes = list(range(2, 2 + gpus))
+    for node, gpu in zip(nodes, out.gpus, strict=True):
+        b.kfd_gpu(node, gpu, hive_id, [n for n in nodes if n != node] if hive_id else [])
+    b.loopback()
+    return out
+
+
+def nvml_fabric(
+    state: str, status: str = "success", cluster: str | None = None, clique: int | None = 1
+) -> dict[str, Any]:
+    """One `fabric` answer as NVML gives it (see h100_snapshot's `fabric=`)."""
+    return {
+        "clusterUuid": cluster if cluster is not None else "5b0e1122-3344-5566-7788-99aabbccddef",
+        "cliqueId": clique,
+        "state": state,
+        "status": status,
+    }
+
+
+def discover_at(
+    root: Path,
+    snapshot: dict[str, Any] | None = None,
+    *,
+    previous: Previous | None = None,
+    now: datetime | None = None,
+) -> Discovery:
+    """One discovery pass over the tree at `root`, with `snapshot` (if any) as NVML's answers,
+    read through the same loader `--nvml-snapshot` uses."""
+    source = None
+    if snapshot is not None:
+        readings = load_snapshot(write_json(root.parent / f"{root.name}-nvml.json", snapshot))
+        source = lambda: readings  # noqa: E731
+    tree = SysfsTree(root)
+    try:
+        return discover(tree, nvml_source=source, previous=previous, now=now)
+    finally:
+        close = getattr(tree, "close", None)
+        if close is not None:
+            close()

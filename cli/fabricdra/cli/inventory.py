@@ -120,6 +120,8 @@ def _resource_slices(result: Discovery, node_name: str) -> list[dict[str, Any]]:
 
 
 def run_nvml_snapshot(args: argparse.Namespace) -> int:
+    from fabricdra.cli import UsageError
+
     readings = read_live()
     if not readings.available:
         print(f"fabricdra nvml-snapshot: NVML unavailable: {readings.reason}", file=sys.stderr)
@@ -128,7 +130,10 @@ def run_nvml_snapshot(args: argparse.Namespace) -> int:
         log.error("GPU not recorded", pciBusId=bus, error=error)
     text = dump_snapshot(readings)
     if args.output:
-        Path(args.output).write_text(text)
+        try:
+            Path(args.output).write_text(text)
+        except OSError as e:
+            raise UsageError(f"cannot write {args.output}: {e.strerror or e}") from e
     else:
         sys.stdout.write(text)
     return 0

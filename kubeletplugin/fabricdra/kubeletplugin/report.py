@@ -55,7 +55,7 @@ def load_previous(path: str | Path) -> Previous:
         doc = json.loads(p.read_text())
     except OSError as e:
         raise PreviousError(f"previous inventory {p}: cannot read: {e.strerror or e}") from e
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise PreviousError(f"previous inventory {p}: not JSON: {e}") from e
     if not isinstance(doc, dict):
         raise PreviousError(f"previous inventory {p}: expected a JSON object")

@@ -60,17 +60,29 @@ class Candidate:
     path: str
 
 
-def find_accelerators(tree: SysfsTree) -> list[Candidate]:
+@dataclass(frozen=True, slots=True)
+class PciScan:
+    candidates: list[Candidate]
+    # PCI functions whose vendor or class could not be read: any of them may be an accelerator,
+    # so the node-level answers that need every accelerator (fabric, distance) are unknown.
+    unreadable: list[str]
+
+
+def find_accelerators(tree: SysfsTree) -> PciScan:
     """Scan bus/pci/devices once. Raises EnumerationError when the list cannot be read."""
     entries = tree.listdir(PCI_DEVICES)
     if isinstance(entries, Absent | Unreadable):
         raise EnumerationError(str(entries))
     found: list[Candidate] = []
+    unreadable: list[str] = []
     for bus_id in entries:
         base = f"{PCI_DEVICES}/{bus_id}"
         vendor = tree.read(f"{base}/vendor")
         pci_class = tree.read_int(f"{base}/class", 16)
-        if isinstance(vendor, Absent | Unreadable) or isinstance(pci_class, Absent | Unreadable):
+        if isinstance(vendor, Unreadable) or isinstance(pci_class, Unreadable):
+            unreadable.append(bus_id)
+            continue
+        if isinstance(vendor, Absent) or isinstance(pci_class, Absent):
             continue
         if not _is_accelerator(vendor.lower(), pci_class):
             continue
@@ -88,7 +100,7 @@ def find_accelerators(tree: SysfsTree) -> list[Candidate]:
                 path=path,
             )
         )
-    return found
+    return PciScan(candidates=found, unreadable=unreadable)
 
 
 def describe_accelerators(

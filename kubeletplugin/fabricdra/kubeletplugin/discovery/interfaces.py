@@ -130,13 +130,15 @@ def _interface(
     rdma: RdmaIndex,
     by_device: dict[str, _Netdev],
 ) -> Interface:
-    pf = False
+    pf: bool | None = False
     vfs_configured: bool | None = None
     vfs: list[VirtualFunction] = []
     if fn is not None:
         total = tree.read_int(f"{fn.path}/sriov_totalvfs")
-        pf = not isinstance(total, Absent | Unreadable) and total > 0
-        if pf:
+        # Absent: not SR-IOV capable. Unreadable: unknown, and its VFs (which are skipped at
+        # top level) must still be looked for, or they would vanish from the inventory.
+        pf = None if isinstance(total, Unreadable) else not isinstance(total, Absent) and total > 0
+        if pf is not False:
             num = tree.read_int(f"{fn.path}/sriov_numvfs")
             vfs_configured = None if isinstance(num, Absent | Unreadable) else num > 0
             vfs = _virtual_functions(tree, fn, rdma, by_device)

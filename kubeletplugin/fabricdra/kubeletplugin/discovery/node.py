@@ -78,8 +78,11 @@ def discover(
     nvml: NvmlReadings | None = None
     kfd: KfdReadings | None = None
     fabric_readable, members_readable = True, True
+    complete = True  # every PCI function's vendor and class could be read
     try:
-        candidates = accel.find_accelerators(tree)
+        scan = accel.find_accelerators(tree)
+        candidates = scan.candidates
+        complete = not scan.unreadable
         vendors = {c.vendor_id for c in candidates}
         if accel.NVIDIA in vendors and nvml_source is not None:
             nvml = nvml_source()  # asked only where there is an NVIDIA device to ask about
@@ -94,7 +97,9 @@ def discover(
 
     labels = compute_labels(
         None if "interfaces" in failures else interfaces,
-        None if "accelerators" in failures else accelerators,
+        # An unread PCI function may be an accelerator: the answers about "every accelerator"
+        # and "the closest pair" are then unknown, though the ones read are recorded.
+        None if "accelerators" in failures or not complete else accelerators,
         fabric_readable=fabric_readable,
         members_readable=members_readable,
     )

@@ -111,7 +111,14 @@ def read_rdma_index(tree: SysfsTree, now: datetime) -> RdmaIndex:
     verbs = _read_verbs(tree)
     index = RdmaIndex()
     for name in names:
-        index.add(_read_device(tree, name, verbs.get(name), now))
+        dev = _read_device(tree, name, verbs.get(name), now)
+        index.add(dev)
+        where = tree.resolve(f"{IB_CLASS}/{name}/device")
+        if dev.device_path is None and not dev.netdevs and isinstance(where, Unreadable):
+            # A device nobody can bind to an endpoint: any endpoint without a device may be its
+            # own, so "no RDMA device here" is no longer an answer for them (see interfaces).
+            index.readable = False
+            index.unreadable_reason = f"RDMA device {name} could not be read: {where}"
     return index
 
 

@@ -275,6 +275,9 @@ class SysfsTree:
             try:
                 fd = self._beneath.open_dir(rel.strip("/").encode() or b".")
             except OSError as e:
+                if e.errno == errno.ENOTDIR:
+                    # Which component is not a directory decides Absent or Unreadable.
+                    return self._walk_listdir(rel)
                 return self._classify(rel, e, lambda: self._walk_listdir(rel))
             try:
                 return sorted(os.listdir(fd))
@@ -291,6 +294,9 @@ class SysfsTree:
         try:
             return sorted(os.listdir(os.path.join(self.root, target)))
         except OSError as e:
+            if e.errno == errno.ENOTDIR:
+                # It exists (the path resolved) but is a file: there, but not listable.
+                return Unreadable(rel, "not a directory")
             if e.errno in _ABSENT_ERRNOS:
                 return Absent(rel)
             return Unreadable(rel, e.strerror or str(e))
