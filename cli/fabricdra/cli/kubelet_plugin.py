@@ -1,9 +1,205 @@
-"""`fabricdra kubelet-plugin`: the devices.fabricdra.io node agent (kubelet DRA plugin)."""
+"""`fabricdra kubelet-plugin`: the devices.fabricdra.io node agent (kubelet DRA plugin).
+
+Every flag has an environment variable (`FABRICDRA_<FLAG>`, e.g. FABRICDRA_NODE_NAME); the
+flag wins. All of them are listed in docs/kubelet-plugin.md.
+"""
 
 from __future__ import annotations
 
+import argparse
+import os
+import signal
+import threading
+from pathlib import Path
 from typing import Any
+
+import structlog
+
+from fabricdra.cli import logs
+
+log = structlog.get_logger("fabricdra.kubelet-plugin")
+
+USER_AGENT = "fabricdra-kubelet-plugin/0.1.0"
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(f"FABRICDRA_{name}", default)
 
 
 def register(sub: Any) -> None:
-    """Add this module's subcommands to the `fabricdra` parser (filled in by its owner)."""
+    p: argparse.ArgumentParser = sub.add_parser(
+        "kubelet-plugin",
+        help="run the devices.fabricdra.io kubelet DRA plugin on this node",
+        description="Discover this node's GPUs and RDMA NICs, publish them as ResourceSlices, "
+        "a NodeDevices record and node labels, and prepare claims for kubelet over its DRA "
+        "gRPC API. Each flag can also be set by the environment variable in brackets.",
+    )
+    a = p.add_argument
+    a("--node-name", default=_env("NODE_NAME"), help="this node's name [FABRICDRA_NODE_NAME]")
+    a(
+        "--kubeconfig",
+        default=_env("KUBECONFIG"),
+        help="kubeconfig file; default: the in-cluster service account [FABRICDRA_KUBECONFIG]",
+    )
+    a("--sysfs-root", default=_env("SYSFS_ROOT", "/sys"), help="sysfs root [FABRICDRA_SYSFS_ROOT]")
+    a(
+        "--nvml-snapshot",
+        default=_env("NVML_SNAPSHOT"),
+        metavar="FILE",
+        help="recorded NVML answers instead of the library [FABRICDRA_NVML_SNAPSHOT]",
+    )
+    a(
+        "--cdi-dir",
+        default=_env("CDI_DIR", "/var/run/cdi"),
+        help="where claim CDI specs are written (default /var/run/cdi) [FABRICDRA_CDI_DIR]",
+    )
+    a(
+        "--toolkit-cdi-dirs",
+        default=_env("TOOLKIT_CDI_DIRS", "/etc/cdi,/var/run/cdi"),
+        help="comma-separated folders searched for the NVIDIA container toolkit's CDI spec "
+        "[FABRICDRA_TOOLKIT_CDI_DIRS]",
+    )
+    a(
+        "--plugin-dir",
+        default=_env("PLUGIN_DIR", "/var/lib/kubelet/plugins/devices.fabricdra.io"),
+        help="folder of the DRA socket dra.sock [FABRICDRA_PLUGIN_DIR]",
+    )
+    a(
+        "--registry-dir",
+        default=_env("REGISTRY_DIR", "/var/lib/kubelet/plugins_registry"),
+        help="kubelet's plugin registration folder [FABRICDRA_REGISTRY_DIR]",
+    )
+    a(
+        "--state-dir",
+        default=_env("STATE_DIR"),
+        help="folder of checkpoint.json; default: the plugin dir [FABRICDRA_STATE_DIR]",
+    )
+    a("--dev-root", default=_env("DEV_ROOT", "/dev"), help="host /dev [FABRICDRA_DEV_ROOT]")
+    a("--proc-root", default=_env("PROC_ROOT", "/proc"), help="host /proc [FABRICDRA_PROC_ROOT]")
+    a(
+        "--rdma-mode",
+        default=_env("RDMA_MODE", "exclusive"),
+        choices=["exclusive", "shared"],
+        help="how whole-function RDMA endpoints are offered [FABRICDRA_RDMA_MODE]",
+    )
+    a(
+        "--rdma-shared-holders",
+        type=int,
+        default=int(_env("RDMA_SHARED_HOLDERS", "64") or 64),
+        help="holders per endpoint in shared mode (default 64) [FABRICDRA_RDMA_SHARED_HOLDERS]",
+    )
+    a(
+        "--resource-model",
+        default=_env("RESOURCE_MODEL", "auto"),
+        choices=["auto", "current", "basic"],
+        help="ResourceSlice model: current (1.36+: consumable capacity, device taints), basic "
+        "(1.34/1.35 defaults), auto = from the API server's version [FABRICDRA_RESOURCE_MODEL]",
+    )
+    a(
+        "--discovery-interval",
+        type=float,
+        default=float(_env("DISCOVERY_INTERVAL", "30") or 30),
+        help="seconds between discovery passes (default 30) [FABRICDRA_DISCOVERY_INTERVAL]",
+    )
+    a(
+        "--metrics-port",
+        type=int,
+        default=int(_env("METRICS_PORT", "9478") or 0),
+        help="Prometheus metrics port, 0 to disable (default 9478) [FABRICDRA_METRICS_PORT]",
+    )
+    a(
+        "--dcgm-exporter-url",
+        default=_env("DCGM_EXPORTER_URL"),
+        help="dcgm-exporter metrics URL for GPU health, e.g. http://localhost:9400/metrics; "
+        "default: NVML only [FABRICDRA_DCGM_EXPORTER_URL]",
+    )
+    a(
+        "--plugin-log-level",
+        dest="plugin_log_level",
+        default=_env("LOG_LEVEL"),
+        choices=["debug", "info", "warning", "error"],
+        help="log level (overrides the global --log-level) [FABRICDRA_LOG_LEVEL]",
+    )
+    p.set_defaults(run=run)
+
+
+def _api_client(kubeconfig: str | None) -> Any:
+    from kubernetes import client
+    from kubernetes import config as kube_config
+
+    loader: Any = kube_config  # its loaders carry no type hints
+    if kubeconfig:
+        api = loader.new_client_from_config(config_file=kubeconfig)
+    else:
+        cfg = client.Configuration()
+        loader.load_incluster_config(client_configuration=cfg)
+        api = client.ApiClient(cfg)
+    api.user_agent = USER_AGENT
+    return api
+
+
+def build_config(args: argparse.Namespace) -> Any:
+    from fabricdra.cli import UsageError
+    from fabricdra.kubeletplugin.agent import AgentConfig
+    from fabricdra.kubeletplugin.devices import DeviceConfig
+
+    if not args.node_name:
+        raise UsageError("--node-name (or FABRICDRA_NODE_NAME) is required")
+    if args.discovery_interval <= 0:
+        raise UsageError(f"--discovery-interval must be positive, not {args.discovery_interval}")
+    try:
+        devices = DeviceConfig(args.rdma_mode, args.rdma_shared_holders)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    return AgentConfig(
+        node_name=args.node_name,
+        sysfs_root=Path(args.sysfs_root),
+        nvml_snapshot=Path(args.nvml_snapshot) if args.nvml_snapshot else None,
+        cdi_dir=Path(args.cdi_dir),
+        toolkit_cdi_dirs=tuple(Path(d) for d in args.toolkit_cdi_dirs.split(",") if d),
+        plugin_dir=Path(args.plugin_dir),
+        registry_dir=Path(args.registry_dir),
+        state_dir=Path(args.state_dir) if args.state_dir else None,
+        dev_root=Path(args.dev_root),
+        proc_root=Path(args.proc_root),
+        devices=devices,
+        discovery_interval=args.discovery_interval,
+        dcgm_url=args.dcgm_exporter_url or None,
+        metrics_port=args.metrics_port or None,
+        resource_model=args.resource_model,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from fabricdra.cli import UsageError
+    from fabricdra.kubeletplugin.agent import Agent
+    from fabricdra.kubeletplugin.discovery.sysfs import RootError
+    from fabricdra.kubeletplugin.kubelet.checkpoint import CheckpointError
+    from fabricdra.kubeletplugin.kubelet.server import PluginServerError
+
+    if args.plugin_log_level:
+        logs.configure(args.plugin_log_level)
+    config = build_config(args)
+    try:
+        api = _api_client(args.kubeconfig)
+        agent = Agent(config, api)
+    except (RootError, CheckpointError) as e:
+        raise UsageError(str(e)) from None
+    except Exception as e:  # kubeconfig missing/invalid, not in a cluster
+        raise UsageError(f"cannot reach the API server: {e}") from None
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("stopping", signal=signal.Signals(signum).name)
+        agent.stop_event_wakes(stop)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    log.info("starting", node=config.node_name, driver=agent.driver.driver_name)
+    try:
+        agent.run(stop)
+    except PluginServerError as e:
+        raise UsageError(str(e)) from None
+    finally:
+        api.close()
+    return 0

@@ -1,0 +1,206 @@
+"""The devices.fabricdra.io node agent: discovery passes, publishing, and kubelet's gRPC.
+
+    agent = Agent(AgentConfig(node_name="gpu-7"), api_client)
+    agent.run(stop_event)       # returns when stop_event is set (SIGTERM/SIGINT in the CLI)
+
+Each pass (every `discovery_interval` seconds, and at once when kubelet confirms a
+registration — kubelet deletes the node's slices when it starts):
+1. discovery over sysfs (+ NVML), `metrics.DISCOVERY_SECONDS`;
+2. GPU health (`health.gpu_health`, NVML or the DCGM exporter);
+3. `build_devices` → the new `DeviceInventory`, swapped in as one reference, so prepare
+   always resolves names against one complete pass;
+4. `NodePublisher.sync` (slices, NodeDevices, labels; it compares with the live objects, so
+   a pass that changes nothing writes nothing, and slices kubelet deleted come back);
+5. the health stream snapshot (Unhealthy/healed devices reach kubelet at once).
+The first pass runs before the sockets open, so kubelet never reaches a plugin without an
+inventory. Discovery or API failures are logged and the previous state kept; the loop goes on.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import structlog
+from prometheus_client import start_http_server
+
+from . import metrics
+from .devices import DeviceConfig, DeviceInventory, build_devices, holder_name
+from .discovery.node import Discovery, NvmlSource, Previous, discover
+from .discovery.nvml import load_snapshot, read_live
+from .discovery.sysfs import SysfsTree
+from .health import DcgmState, gpu_health
+from .hostdevices import HostLayout
+from .kubelet import DeviceHealth, HealthBroadcaster, PluginPaths, PluginServer
+from .kubelet.cdi import CdiWriter
+from .kubelet.checkpoint import Checkpoint
+from .nvidiacdi import DEFAULT_SPEC_DIRS, ToolkitSpecs
+from .prepare import CDI_KIND, DRIVER_NAME, ApiClaimReader, ClaimReader, DevicesDriver
+
+log = structlog.get_logger("fabricdra.agent")
+
+
+class Publisher(Protocol):
+    def sync(self, discovery: Discovery, devices: DeviceInventory) -> Any: ...
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    node_name: str
+    sysfs_root: Path = Path("/sys")
+    nvml_snapshot: Path | None = None  # recorded NVML answers instead of the library
+    cdi_dir: Path = Path("/var/run/cdi")
+    toolkit_cdi_dirs: tuple[Path, ...] = DEFAULT_SPEC_DIRS
+    plugin_dir: Path = Path("/var/lib/kubelet/plugins") / DRIVER_NAME
+    registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
+    state_dir: Path | None = None  # checkpoint folder; default: plugin_dir
+    dev_root: Path = Path("/dev")
+    proc_root: Path = Path("/proc")
+    devices: DeviceConfig = field(default_factory=DeviceConfig)
+    discovery_interval: float = 30.0
+    dcgm_url: str | None = None
+    metrics_port: int | None = None  # None or 0: no metrics HTTP server
+    metrics_address: str = "0.0.0.0"
+    health_resend_seconds: float = 10.0
+    # "auto": from the API server's version; "current"/"basic" override it (docs/attributes.md).
+    resource_model: Literal["auto", "current", "basic"] = "auto"
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return (self.state_dir or self.plugin_dir) / "checkpoint.json"
+
+
+class Agent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        api: Any,
+        *,
+        publisher: Publisher | None = None,
+        claims: ClaimReader | None = None,
+    ) -> None:
+        self.config = config
+        self.tree = SysfsTree(config.sysfs_root)
+        self.nvml_source: NvmlSource = read_live
+        if config.nvml_snapshot is not None:
+            snapshot = config.nvml_snapshot
+            self.nvml_source = lambda: load_snapshot(snapshot)
+        if publisher is None:
+            from .publisher import NodePublisher
+
+            from .resourceslices import ApiFeatures
+
+            features = (
+                None if config.resource_model == "auto" else ApiFeatures(config.resource_model)
+            )
+            publisher = NodePublisher(api, config.node_name, features=features)
+        self.publisher = publisher
+        self.health = HealthBroadcaster(resend_seconds=config.health_resend_seconds)
+        self.dcgm_state = DcgmState()
+        self.inventory = DeviceInventory(())
+        self.previous: Previous | None = None
+        self.wake = threading.Event()
+        self.driver = DevicesDriver(
+            node_name=config.node_name,
+            inventory=lambda: self.inventory,
+            claims=claims or ApiClaimReader(api),
+            cdi=CdiWriter(config.cdi_dir, CDI_KIND),
+            checkpoint=Checkpoint(config.checkpoint_path),
+            host=HostLayout(config.dev_root, config.proc_root, config.sysfs_root),
+            toolkit=ToolkitSpecs(config.toolkit_cdi_dirs),
+        )
+        self.server = PluginServer(
+            self.driver,
+            PluginPaths.for_driver(
+                DRIVER_NAME, registry_dir=config.registry_dir, plugin_dir=config.plugin_dir
+            ),
+            health=self.health,
+            on_registration=lambda status: self.wake.set() if status.registered else None,
+        )
+
+    def pass_once(self) -> DeviceInventory:
+        """One discovery + publish pass; returns the inventory it swapped in."""
+        start = time.perf_counter()
+        discovery = discover(self.tree, self.nvml_source, self.previous)
+        for part, reason in discovery.failures.items():
+            log.error("discovery failed; keeping the previous record", part=part, error=reason)
+        gpus = gpu_health(discovery.nvml, self.config.dcgm_url, state=self.dcgm_state)
+        inventory = build_devices(
+            discovery.interfaces or [], discovery.accelerators or [], self.config.devices, gpus
+        )
+        self.inventory = inventory
+        metrics.DISCOVERY_SECONDS.observe(time.perf_counter() - start)
+        self.previous = Previous(discovery.interfaces, discovery.accelerators)
+        self.health.publish(health_reports(self.config.node_name, inventory))
+        _count_devices(inventory)
+        try:
+            result = self.publisher.sync(discovery, inventory)
+        except Exception as e:  # the API may be down: keep serving, try again next pass
+            log.error("publishing failed; retrying next pass", error=str(e))
+        else:
+            writes = getattr(result, "writes", None)
+            if writes:
+                log.info("published", writes=writes)
+        return inventory
+
+    def run(self, stop: threading.Event) -> None:
+        http = None
+        if self.config.metrics_port:
+            http, _ = start_http_server(
+                self.config.metrics_port, self.config.metrics_address, registry=metrics.REGISTRY
+            )
+            log.info("metrics served", port=self.config.metrics_port)
+        try:
+            self._serve(stop)
+        finally:
+            if http is not None:
+                http.shutdown()
+                http.server_close()
+
+    def _serve(self, stop: threading.Event) -> None:
+        self.pass_once()
+        self.server.start()
+        try:
+            while not stop.is_set():
+                self.wake.wait(self.config.discovery_interval)
+                self.wake.clear()
+                if stop.is_set():
+                    break
+                try:
+                    self.pass_once()
+                except Exception:
+                    log.exception("discovery pass failed")
+        finally:
+            self.server.stop()
+
+    def stop_event_wakes(self, stop: threading.Event) -> None:
+        """Make `stop` also end the wait between passes (call from the signal handler)."""
+        stop.set()
+        self.wake.set()
+
+
+def health_reports(pool: str, inventory: DeviceInventory) -> list[DeviceHealth]:
+    """One entry per published device name (including a shared endpoint's holder names,
+    published as separate devices on 1.34/1.35 clusters), so kubelet hears about every
+    device it may have prepared."""
+    out = []
+    for d in inventory:
+        out.append(DeviceHealth(pool, d.name, d.health, d.health_reason))
+        if d.mode == "shared":
+            out.extend(
+                DeviceHealth(pool, holder_name(d.name, k), d.health, d.health_reason)
+                for k in range(inventory.shared_holders)
+            )
+    return out
+
+
+def _count_devices(inventory: DeviceInventory) -> None:
+    counts: dict[tuple[str, str], int] = {}
+    for d in inventory:
+        counts[(d.type, d.health)] = counts.get((d.type, d.health), 0) + 1
+    for type_ in ("gpu", "mig", "rdma"):
+        for health in ("Healthy", "Unhealthy", "Unknown"):
+            metrics.DEVICES.labels(type_, health).set(counts.get((type_, health), 0))

@@ -1,0 +1,50 @@
+"""A reusable kubelet DRA plugin: registration, DRA v1/v1beta1, health, CDI and checkpoint.
+
+Public surface (import from `fabricdra.kubeletplugin.kubelet`):
+
+- `DraDriver` (protocol): `driver_name`, `prepare(ClaimRef) -> Sequence[PreparedDevice]`,
+  `unprepare(ClaimRef) -> None`; `ClaimRef`, `PreparedDevice`, `DeviceHealth`,
+  `PrepareError` — see `driver.py`.
+- `PluginServer(driver, PluginPaths.for_driver(name, registry_dir=..., plugin_dir=...),
+  health=HealthBroadcaster())`: `start()`, `stop()`, context manager; `registered` is an
+  Event set when kubelet confirms the registration — see `server.py`.
+- `HealthBroadcaster.publish([DeviceHealth...])`: feeds kubelet's health stream — see
+  `healthstream.py`.
+- `cdi`: CDI spec model, lowest cdiVersion, atomic writes (`CdiWriter`) — see `cdi.py`.
+- `checkpoint`: per-claim records, written atomically, that survive restarts
+  (`Checkpoint`) — see `checkpoint.py`.
+
+Nothing here knows about a particular driver's devices: `fabricdra.kubeletplugin.prepare`
+(devices.fabricdra.io) and the ComputeDomain driver both plug into it.
+"""
+
+from .driver import ClaimRef, DeviceHealth, DraDriver, Health, PreparedDevice, PrepareError
+from .healthstream import HealthBroadcaster
+from .server import (
+    DRA_V1_SERVICE,
+    DRA_V1BETA1_SERVICE,
+    HEALTH_V1ALPHA1_SERVICE,
+    PLUGIN_TYPE,
+    PluginPaths,
+    PluginServer,
+    PluginServerError,
+    RegistrationStatus,
+)
+
+__all__ = [
+    "DRA_V1BETA1_SERVICE",
+    "DRA_V1_SERVICE",
+    "HEALTH_V1ALPHA1_SERVICE",
+    "PLUGIN_TYPE",
+    "ClaimRef",
+    "DeviceHealth",
+    "DraDriver",
+    "Health",
+    "HealthBroadcaster",
+    "PluginPaths",
+    "PluginServer",
+    "PluginServerError",
+    "PrepareError",
+    "PreparedDevice",
+    "RegistrationStatus",
+]

@@ -1,0 +1,370 @@
+"""`PluginServer`: serves kubelet's plugin registration, DRA v1 + v1beta1 and the DRA health
+stream for any `DraDriver`, over two unix sockets.
+
+    server = PluginServer(driver, PluginPaths.for_driver(driver.driver_name), health=broadcaster)
+    server.start()      # DRA socket first, then the registration socket kubelet watches
+    ...
+    server.stop()       # registration socket first (kubelet deregisters), then the DRA socket
+
+`on_registration(status)` is called for each NotifyRegistrationStatus (e.g. to republish at
+once: kubelet deletes the node's ResourceSlices when it starts, then registers the plugin).
+
+Kubelet's side of the contract, as this server meets it (kubelet v1.34-v1.36):
+- registration: `<registry_dir>/<driver>-reg.sock` answers `GetInfo` with type `DRAPlugin`,
+  the driver name, the absolute DRA socket path and the services in the order kubelet should
+  pick them: `v1.DRAPlugin`, `v1beta1.DRAPlugin` (1.32/1.33 kubelets know only the latter),
+  then `v1alpha1.DRAResourceHealth` when a health broadcaster is given.
+- `<plugin_dir>/dra.sock` serves `k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`,
+  `k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin` and `v1alpha1.DRAResourceHealth`.
+- every claim in a request gets exactly one entry in the response (kubelet fails the whole
+  batch otherwise); a driver exception becomes that claim's `error`.
+- driver calls are serialized by one lock, like the Go helper's default.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import structlog
+
+from fabricdra.kubeletplugin import metrics
+from fabricdra.proto.gen.dra_health_v1alpha1 import api_pb2 as health_pb2
+from fabricdra.proto.gen.dra_health_v1alpha1 import api_pb2_grpc as health_grpc
+from fabricdra.proto.gen.dra_v1 import api_pb2 as v1_pb2
+from fabricdra.proto.gen.dra_v1 import api_pb2_grpc as v1_grpc
+from fabricdra.proto.gen.dra_v1beta1 import api_pb2 as v1beta1_pb2
+from fabricdra.proto.gen.dra_v1beta1 import api_pb2_grpc as v1beta1_grpc
+from fabricdra.proto.gen.pluginregistration_v1 import api_pb2 as reg_pb2
+from fabricdra.proto.gen.pluginregistration_v1 import api_pb2_grpc as reg_grpc
+
+from .driver import ClaimRef, DraDriver, PreparedDevice
+from .healthstream import HealthBroadcaster
+
+log = structlog.get_logger("fabricdra.kubelet")
+
+PLUGIN_TYPE = "DRAPlugin"  # pluginregistration constants.go
+DRA_V1_SERVICE = "v1.DRAPlugin"
+DRA_V1BETA1_SERVICE = "v1beta1.DRAPlugin"
+HEALTH_V1ALPHA1_SERVICE = "v1alpha1.DRAResourceHealth"
+
+DEFAULT_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
+DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
+
+# sockaddr_un.sun_path is 108 bytes including the terminating NUL.
+MAX_SOCKET_PATH = 107
+
+_HEALTH_WIRE = {
+    "Healthy": health_pb2.HEALTHY,
+    "Unhealthy": health_pb2.UNHEALTHY,
+    "Unknown": health_pb2.UNKNOWN,
+}
+
+
+class PluginServerError(Exception):
+    """The server cannot start (bad socket path, address in use...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PluginPaths:
+    """Where the sockets go. Both paths must be the same inside and outside the container."""
+
+    registration_socket: Path
+    dra_socket: Path
+
+    @classmethod
+    def for_driver(
+        cls,
+        driver_name: str,
+        *,
+        registry_dir: str | os.PathLike[str] = DEFAULT_REGISTRY_DIR,
+        plugin_dir: str | os.PathLike[str] | None = None,
+    ) -> PluginPaths:
+        """kubelet's conventional layout: `<registry_dir>/<driver>-reg.sock` and
+        `<plugin_dir or /var/lib/kubelet/plugins/<driver>>/dra.sock`."""
+        plugin = Path(plugin_dir) if plugin_dir is not None else DEFAULT_PLUGINS_DIR / driver_name
+        return cls(
+            registration_socket=Path(registry_dir).absolute() / f"{driver_name}-reg.sock",
+            dra_socket=plugin.absolute() / "dra.sock",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RegistrationStatus:
+    registered: bool
+    error: str
+
+
+class _Claims:
+    """The claim-level logic both DRA API versions share (they differ only in `share_id`)."""
+
+    def __init__(self, driver: DraDriver, lock: threading.Lock) -> None:
+        self.driver = driver
+        self.lock = lock
+
+    def prepare(self, pb: Any, request: Any, with_share_id: bool) -> Any:
+        response = pb.NodePrepareResourcesResponse()
+        name = self.driver.driver_name
+        for c in request.claims:
+            claim = ClaimRef(namespace=c.namespace, name=c.name, uid=c.uid)
+            entry = response.claims[c.uid]
+            start = time.perf_counter()
+            try:
+                if not (c.uid and c.name and c.namespace):
+                    raise ValueError(f"claim {claim}: namespace, name and uid are all required")
+                with self.lock:
+                    devices = self.driver.prepare(claim)
+                entry.devices.extend(_device(pb, d, with_share_id) for d in devices)
+                log.info("claim prepared", claim=str(claim), devices=len(devices))
+            except Exception as e:
+                metrics.PREPARE_ERRORS.labels(name).inc()
+                log.warning("claim prepare failed", claim=str(claim), error=str(e))
+                entry.Clear()
+                entry.error = f"prepare {claim}: {e}"
+            finally:
+                metrics.PREPARE_SECONDS.labels(name).observe(time.perf_counter() - start)
+        return response
+
+    def unprepare(self, pb: Any, request: Any) -> Any:
+        response = pb.NodeUnprepareResourcesResponse()
+        name = self.driver.driver_name
+        for c in request.claims:
+            claim = ClaimRef(namespace=c.namespace, name=c.name, uid=c.uid)
+            entry = response.claims[c.uid]  # present (and empty) on success: kubelet needs it
+            start = time.perf_counter()
+            try:
+                if not c.uid:
+                    raise ValueError(f"claim {claim}: uid is required")
+                with self.lock:
+                    self.driver.unprepare(claim)
+                log.info("claim unprepared", claim=str(claim))
+            except Exception as e:
+                metrics.UNPREPARE_ERRORS.labels(name).inc()
+                log.warning("claim unprepare failed", claim=str(claim), error=str(e))
+                entry.error = f"unprepare {claim}: {e}"
+            finally:
+                metrics.UNPREPARE_SECONDS.labels(name).observe(time.perf_counter() - start)
+        return response
+
+
+def _device(pb: Any, d: PreparedDevice, with_share_id: bool) -> Any:
+    device = pb.Device(
+        request_names=list(d.request_names),
+        pool_name=d.pool_name,
+        device_name=d.device_name,
+        cdi_device_ids=list(d.cdi_device_ids),
+    )
+    if with_share_id and d.share_id is not None:
+        device.share_id = d.share_id
+    return device
+
+
+class _DraV1(v1_grpc.DRAPluginServicer):
+    def __init__(self, claims: _Claims) -> None:
+        self.claims = claims
+
+    def NodePrepareResources(self, request: Any, context: Any) -> Any:
+        return self.claims.prepare(v1_pb2, request, with_share_id=True)
+
+    def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
+        return self.claims.unprepare(v1_pb2, request)
+
+
+class _DraV1beta1(v1beta1_grpc.DRAPluginServicer):
+    def __init__(self, claims: _Claims) -> None:
+        self.claims = claims
+
+    def NodePrepareResources(self, request: Any, context: Any) -> Any:
+        return self.claims.prepare(v1beta1_pb2, request, with_share_id=False)
+
+    def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
+        return self.claims.unprepare(v1beta1_pb2, request)
+
+
+class _Health(health_grpc.DRAResourceHealthServicer):
+    def __init__(self, broadcaster: HealthBroadcaster) -> None:
+        self.broadcaster = broadcaster
+
+    def NodeWatchResources(self, request: Any, context: Any) -> Iterator[Any]:
+        # Wake the wait below when kubelet goes away, so the worker thread is freed.
+        context.add_callback(self.broadcaster.wake)
+        version, devices = self.broadcaster.snapshot()
+        log.info("health stream opened", devices=len(devices))
+        while context.is_active():
+            yield _health_response(devices)
+            # Next send: on a change, or after resend_seconds as a refresh.
+            update = self.broadcaster.wait(version, self.broadcaster.resend_seconds)
+            if update is None:
+                return
+            version, devices = update
+        log.info("health stream closed")
+
+
+def _health_response(devices: Sequence[Any]) -> Any:
+    now = int(time.time())
+    return health_pb2.NodeWatchResourcesResponse(
+        devices=[
+            health_pb2.DeviceHealth(
+                device=health_pb2.DeviceIdentifier(
+                    pool_name=d.pool_name, device_name=d.device_name
+                ),
+                health=_HEALTH_WIRE[d.health],
+                last_updated_time=now,
+                message=d.message or "",
+            )
+            for d in devices
+        ]
+    )
+
+
+class _Registration(reg_grpc.RegistrationServicer):
+    def __init__(self, server: PluginServer) -> None:
+        self.server = server
+
+    def GetInfo(self, request: Any, context: Any) -> Any:
+        return reg_pb2.PluginInfo(
+            type=PLUGIN_TYPE,
+            name=self.server.driver.driver_name,
+            endpoint=str(self.server.paths.dra_socket),
+            supported_versions=self.server.supported_versions,
+        )
+
+    def NotifyRegistrationStatus(self, request: Any, context: Any) -> Any:
+        status = RegistrationStatus(request.plugin_registered, request.error)
+        self.server._registration_status(status)
+        if not status.registered:
+            context.abort(grpc.StatusCode.UNKNOWN, f"failed registration process: {status.error}")
+        return reg_pb2.RegistrationStatusResponse()
+
+
+class PluginServer:
+    """Registration + DRA (v1, v1beta1) + health over unix sockets for one `DraDriver`."""
+
+    def __init__(
+        self,
+        driver: DraDriver,
+        paths: PluginPaths,
+        *,
+        health: HealthBroadcaster | None = None,
+        on_registration: Callable[[RegistrationStatus], None] | None = None,
+        max_workers: int = 8,
+    ) -> None:
+        self.driver = driver
+        self.on_registration = on_registration
+        self.paths = paths
+        self.health = health
+        self.max_workers = max_workers
+        self.supported_versions = [DRA_V1_SERVICE, DRA_V1BETA1_SERVICE]
+        if health is not None:
+            self.supported_versions.append(HEALTH_V1ALPHA1_SERVICE)
+        self.status: RegistrationStatus | None = None
+        self.registered = threading.Event()
+        self._dra: grpc.Server | None = None
+        self._registration: grpc.Server | None = None
+
+    def _registration_status(self, status: RegistrationStatus) -> None:
+        self.status = status
+        if status.registered:
+            log.info("registered with kubelet", driver=self.driver.driver_name)
+            self.registered.set()
+        else:
+            log.error("kubelet refused the registration", error=status.error)
+            self.registered.clear()
+        if self.on_registration is not None:
+            self.on_registration(status)
+
+    def start(self) -> None:
+        """DRA socket first (kubelet may call it the moment it sees the registration socket),
+        then the registration socket."""
+        if self._dra is not None:
+            raise PluginServerError("plugin server already started")
+        if self.health is not None:
+            self.health.reopen()
+        claims = _Claims(self.driver, threading.Lock())
+        dra = self._serve(self.paths.dra_socket)
+        # The generated add_* functions are untyped (protoc's grpc plugin emits no hints).
+        _add(v1_grpc.add_DRAPluginServicer_to_server, _DraV1(claims), dra)
+        _add(v1beta1_grpc.add_DRAPluginServicer_to_server, _DraV1beta1(claims), dra)
+        if self.health is not None:
+            _add(health_grpc.add_DRAResourceHealthServicer_to_server, _Health(self.health), dra)
+        dra.start()
+        self._dra = dra
+        try:
+            registration = self._serve(self.paths.registration_socket)
+            _add(reg_grpc.add_RegistrationServicer_to_server, _Registration(self), registration)
+            registration.start()
+        except BaseException:
+            self.stop()
+            raise
+        self._registration = registration
+        log.info(
+            "plugin server started",
+            driver=self.driver.driver_name,
+            dra_socket=str(self.paths.dra_socket),
+            registration_socket=str(self.paths.registration_socket),
+            services=self.supported_versions,
+        )
+
+    def _serve(self, socket_path: Path) -> grpc.Server:
+        if len(os.fsencode(socket_path)) > MAX_SOCKET_PATH:
+            raise PluginServerError(
+                f"socket path {socket_path} is longer than the {MAX_SOCKET_PATH} bytes "
+                "a unix socket address can hold"
+            )
+        socket_path.parent.mkdir(parents=True, exist_ok=True)
+        _remove_socket(socket_path)  # a stale socket of our own earlier run
+        server = grpc.server(
+            futures.ThreadPoolExecutor(
+                max_workers=self.max_workers, thread_name_prefix=socket_path.name
+            ),
+            options=[("grpc.so_reuseport", 0)],
+        )
+        try:
+            port = server.add_insecure_port(f"unix://{socket_path}")
+        except RuntimeError as e:
+            raise PluginServerError(f"cannot listen on {socket_path}: {e}") from e
+        if port == 0:
+            raise PluginServerError(f"cannot listen on {socket_path}")
+        return server
+
+    def stop(self, grace: float = 1.0) -> None:
+        """Registration socket first (kubelet stops routing to us), then DRA; both removed."""
+        if self.health is not None:
+            self.health.close()
+        for server, path in (
+            (self._registration, self.paths.registration_socket),
+            (self._dra, self.paths.dra_socket),
+        ):
+            if server is not None:
+                server.stop(grace).wait()
+                _remove_socket(path)
+        self._registration = self._dra = None
+        log.info("plugin server stopped", driver=self.driver.driver_name)
+
+    def __enter__(self) -> PluginServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _add(add: Callable[..., None], servicer: object, server: grpc.Server) -> None:
+    add(servicer, server)
+
+
+def _remove_socket(path: Path) -> None:
+    """Remove `path` only when it is a socket: never another file someone put there."""
+    try:
+        if stat.S_ISSOCK(path.lstat().st_mode):
+            path.unlink()
+    except FileNotFoundError:
+        pass

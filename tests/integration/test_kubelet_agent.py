@@ -1,0 +1,221 @@
+"""The node agent as a whole against the real API server: it publishes, serves kubelet,
+republishes when kubelet wiped the node's slices, reports health, serves metrics — and the
+`fabricdra kubelet-plugin` process stops cleanly on SIGTERM."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from e2e.harness.controlplane import ControlPlane
+from e2e.harness.process import free_port
+from fabricdra.kubeletplugin.agent import Agent, AgentConfig
+from fabricdra.proto.gen.dra_health_v1alpha1 import api_pb2 as health_pb2
+from fabricdra.proto.gen.dra_health_v1alpha1 import api_pb2_grpc as health_grpc
+from fabricdra.proto.gen.dra_v1 import api_pb2 as v1_pb2
+from fabricdra.proto.gen.dra_v1 import api_pb2_grpc as v1_grpc
+from fabricdra.proto.gen.pluginregistration_v1 import api_pb2 as reg_pb2
+from fabricdra.proto.gen.pluginregistration_v1 import api_pb2_grpc as reg_grpc
+from tests.integration.kubelethost import Host, build_host, create_claim
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+_ids = itertools.count()
+T = TypeVar("T")
+
+
+def eventually(check: Callable[[], T | None], what: str, timeout: float = 20.0) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def crds(control_plane: ControlPlane) -> None:
+    with control_plane.api_client() as api:
+        ext = client.ApiextensionsV1Api(api)
+        body = yaml.safe_load((ROOT / "api/crds/nodedevices.fabricdra.io.yaml").read_text())
+        with contextlib.suppress(ApiException):  # 409: another module installed it
+            ext.create_custom_resource_definition(body)
+
+
+def slice_devices(api: Any, node: str) -> list[str]:
+    slices = (
+        client.ResourceV1Api(api).list_resource_slice(field_selector=f"spec.nodeName={node}").items
+    )
+    return sorted(d.name for s in slices for d in (s.spec.devices or []))
+
+
+def agent_config(base: Path, host: Host, node: str, **kw: Any) -> AgentConfig:
+    return AgentConfig(
+        node_name=node,
+        sysfs_root=host.root / "sys",
+        nvml_snapshot=host.nvml_snapshot,
+        cdi_dir=base / "cdi",
+        toolkit_cdi_dirs=(),
+        plugin_dir=base / "plugin",
+        registry_dir=base / "registry",
+        state_dir=base / "state",
+        dev_root=host.layout.dev_root,
+        proc_root=host.layout.proc_root,
+        **kw,
+    )
+
+
+@pytest.fixture
+def node(control_plane: ControlPlane) -> str:
+    name = f"agent-{next(_ids)}-{os.getpid()}"
+    control_plane.create_node(name)
+    control_plane.create_namespace(name)
+    return name
+
+
+@pytest.fixture
+def running(
+    tmp_path_factory: pytest.TempPathFactory, control_plane: ControlPlane, crds: None, node: str
+) -> Iterator[tuple[Agent, AgentConfig, Any]]:
+    base = tmp_path_factory.mktemp("ag")
+    host = build_host(base / "host", vf_nics=(), broken_nics=(2,))
+    # One pass at start; later passes only when woken (registration) within the test.
+    config = agent_config(base, host, node, discovery_interval=3600, metrics_port=free_port())
+    with control_plane.api_client() as api:
+        api.user_agent = "fabricdra-kubelet-plugin-test/0"
+        agent = Agent(config, api)
+        stop = threading.Event()
+        thread = threading.Thread(target=agent.run, args=(stop,))
+        thread.start()
+        try:
+            eventually(agent.server.paths.registration_socket.exists, "the registration socket")
+            yield agent, config, api
+        finally:
+            agent.stop_event_wakes(stop)
+            thread.join(timeout=20)
+        assert not thread.is_alive()
+        assert not agent.server.paths.dra_socket.exists()
+        assert not agent.server.paths.registration_socket.exists()
+
+
+def test_agent_publishes_serves_and_republishes(
+    running: tuple[Agent, AgentConfig, Any], node: str
+) -> None:
+    agent, config, api = running
+    published = slice_devices(api, node)
+    assert "gpu-0000-18-00-0" in published
+    assert "rdma-0000-19-00-0" in published
+
+    # kubelet starts: it deletes the node's slices, then registers the plugin
+    resource = client.ResourceV1Api(api)
+    for s in resource.list_resource_slice(field_selector=f"spec.nodeName={node}").items:
+        resource.delete_resource_slice(s.metadata.name)
+    assert slice_devices(api, node) == []
+    with grpc.insecure_channel(f"unix://{agent.server.paths.registration_socket}") as ch:
+        stub = reg_grpc.RegistrationStub(ch)
+        assert stub.GetInfo(reg_pb2.InfoRequest(), timeout=1).name == "devices.fabricdra.io"
+        stub.NotifyRegistrationStatus(reg_pb2.RegistrationStatus(plugin_registered=True))
+    assert eventually(lambda: slice_devices(api, node), "republished slices") == published
+
+    # prepare resolves names against the agent's current inventory
+    uid = create_claim(
+        api, node, "pair",
+        [{"request": "gpu", "device": "gpu-0000-18-00-0", "pool": node},
+         {"request": "nic", "device": "rdma-0000-19-00-0", "pool": node}],
+    )  # fmt: skip
+    with grpc.insecure_channel(f"unix://{agent.server.paths.dra_socket}") as ch:
+        resp = v1_grpc.DRAPluginStub(ch).NodePrepareResources(
+            v1_pb2.NodePrepareResourcesRequest(
+                claims=[v1_pb2.Claim(namespace=node, name="pair", uid=uid)]
+            ),
+            timeout=45,
+        )
+        assert resp.claims[uid].error == ""
+        assert (config.cdi_dir / f"k8s.devices.fabricdra.io-device_{uid}.json").exists()
+        assert json.loads(config.checkpoint_path.read_text())["claims"][0]["uid"] == uid
+
+        stream = health_grpc.DRAResourceHealthStub(ch).NodeWatchResources(
+            health_pb2.NodeWatchResourcesRequest(), timeout=10
+        )
+        health = {d.device.device_name: d for d in next(stream).devices}
+        stream.cancel()
+    assert health["rdma-0000-4c-00-0"].health == health_pb2.UNHEALTHY
+    assert health["rdma-0000-4c-00-0"].device.pool_name == node
+    assert health["rdma-0000-19-00-0"].health == health_pb2.HEALTHY
+    assert health["gpu-0000-18-00-0"].health == health_pb2.HEALTHY  # NVML: no ECC, no throttle
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{config.metrics_port}/metrics") as r:
+        text = r.read().decode()
+    assert 'fabricdra_prepare_seconds_count{driver="devices.fabricdra.io"}' in text
+    assert 'fabricdra_devices{health="Unhealthy",type="rdma"} 1.0' in text
+    assert "fabricdra_discovery_pass_seconds_count" in text
+
+
+def test_the_cli_process_runs_and_stops_on_sigterm(
+    tmp_path_factory: pytest.TempPathFactory, control_plane: ControlPlane, crds: None, node: str
+) -> None:
+    base = tmp_path_factory.mktemp("cli")
+    host = build_host(base / "host", vf_nics=())
+    config = agent_config(base, host, node)
+    env = {
+        **os.environ,
+        "FABRICDRA_NODE_NAME": node,  # flags and env vars both work; this one by env
+        "FABRICDRA_CDI_DIR": str(config.cdi_dir),
+    }
+    argv = [
+        sys.executable, "-m", "fabricdra.cli", "kubelet-plugin",
+        "--kubeconfig", str(control_plane.kubeconfig),
+        "--sysfs-root", str(config.sysfs_root), "--nvml-snapshot", str(config.nvml_snapshot),
+        "--plugin-dir", str(config.plugin_dir), "--registry-dir", str(config.registry_dir),
+        "--state-dir", str(config.state_dir), "--dev-root", str(config.dev_root),
+        "--proc-root", str(config.proc_root), "--toolkit-cdi-dirs", "",
+        "--rdma-mode", "shared", "--rdma-shared-holders", "4", "--metrics-port", "0",
+    ]  # fmt: skip
+    proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        reg = config.registry_dir / "devices.fabricdra.io-reg.sock"
+        eventually(lambda: reg.exists() or proc.poll() is not None, "the registration socket")
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        with control_plane.api_client() as api:
+            devices = eventually(lambda: slice_devices(api, node), "published slices")
+        assert "rdma-0000-19-00-0" in devices or "rdma-0000-19-00-0-s0" in devices
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    logs = proc.stderr.read() if proc.stderr else ""
+    assert '"event": "stopping"' in logs
+    assert not reg.exists()
+    assert not (config.plugin_dir / "dra.sock").exists()
+
+
+def test_cli_refuses_bad_flags_in_one_line(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "fabricdra.cli", "kubelet-plugin", "--node-name", "n",
+         "--rdma-mode", "shared", "--rdma-shared-holders", "0"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 2
+    assert "holders per endpoint must be at least 1" in run.stderr

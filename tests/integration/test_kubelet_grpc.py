@@ -1,0 +1,464 @@
+"""kubelet's side of the DRA plugin, for real: gRPC over unix sockets with the generated stubs,
+claims in the real API server with their allocation written through the status subresource,
+real character devices in a test dev root, CDI specs on disk checked against the CDI schema."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import yaml
+
+from e2e.harness.controlplane import ControlPlane
+from fabricdra.kubeletplugin.agent import health_reports
+from fabricdra.kubeletplugin.devices import DeviceConfig, DeviceInventory
+from fabricdra.kubeletplugin.kubelet import HealthBroadcaster, PluginPaths, PluginServer
+from fabricdra.kubeletplugin.kubelet.cdi import CdiWriter
+from fabricdra.kubeletplugin.kubelet.checkpoint import Checkpoint
+from fabricdra.kubeletplugin.nvidiacdi import ToolkitSpecs
+from fabricdra.kubeletplugin.prepare import CDI_KIND, ApiClaimReader, DevicesDriver
+from fabricdra.proto.gen.dra_health_v1alpha1 import api_pb2 as health_pb2
+from fabricdra.proto.gen.dra_health_v1alpha1 import api_pb2_grpc as health_grpc
+from fabricdra.proto.gen.dra_v1 import api_pb2 as v1_pb2
+from fabricdra.proto.gen.dra_v1 import api_pb2_grpc as v1_grpc
+from fabricdra.proto.gen.dra_v1beta1 import api_pb2 as v1beta1_pb2
+from fabricdra.proto.gen.dra_v1beta1 import api_pb2_grpc as v1beta1_grpc
+from fabricdra.proto.gen.pluginregistration_v1 import api_pb2 as reg_pb2
+from fabricdra.proto.gen.pluginregistration_v1 import api_pb2_grpc as reg_grpc
+from tests.cdischema import validate
+from tests.integration.kubelethost import DRIVER, Host, build_host, create_claim
+
+pytestmark = pytest.mark.integration
+
+_ids = itertools.count()
+GPU0, GPU1 = "gpu-0000-18-00-0", "gpu-0000-3a-00-0"
+NIC0, NIC1, NIC2 = "rdma-0000-19-00-0", "rdma-0000-3b-00-0", "rdma-0000-4c-00-0"
+VF60 = "rdma-0000-bd-00-2"  # mlx5_6v0, uverbs7
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory: pytest.TempPathFactory) -> Host:
+    return build_host(tmp_path_factory.mktemp("host"), mig_gpu=7)
+
+
+@pytest.fixture
+def api(control_plane: ControlPlane) -> Iterator[Any]:
+    with control_plane.api_client() as client:
+        yield client
+
+
+@pytest.fixture
+def ns(control_plane: ControlPlane) -> str:
+    name = f"grpc-{next(_ids)}-{os.getpid()}"
+    control_plane.create_namespace(name)
+    return name
+
+
+class Plugin:
+    """The devices driver behind a real PluginServer, and kubelet's client stubs for it."""
+
+    def __init__(
+        self,
+        base: Path,
+        host: Host,
+        api: Any,
+        inventory: DeviceInventory,
+        *,
+        node: str = "node-a",
+        toolkit_dirs: tuple[Path, ...] = (),
+    ) -> None:
+        self.base, self.host, self.api, self.node = base, host, api, node
+        self.inventory = inventory
+        self.toolkit_dirs = toolkit_dirs
+        self.cdi_dir = base / "cdi"
+        self.checkpoint_path = base / "state" / "checkpoint.json"
+        self.paths = PluginPaths.for_driver(
+            DRIVER, registry_dir=base / "registry", plugin_dir=base / "plugin"
+        )
+        self.health = HealthBroadcaster(resend_seconds=0.2)
+        self.server: PluginServer | None = None
+
+    def start(self) -> None:
+        # A new driver, checkpoint and server each time: a restart keeps only what is on disk.
+        self.driver = DevicesDriver(
+            node_name=self.node,
+            inventory=lambda: self.inventory,
+            claims=ApiClaimReader(self.api),
+            cdi=CdiWriter(self.cdi_dir, CDI_KIND),
+            checkpoint=Checkpoint(self.checkpoint_path),
+            host=self.host.layout,
+            toolkit=ToolkitSpecs(self.toolkit_dirs),
+        )
+        self.server = PluginServer(self.driver, self.paths, health=self.health)
+        self.server.start()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def call(self, method: str, claims: list[tuple[str, str, str]], version: str = "v1") -> Any:
+        pb, stub_class = {
+            "v1": (v1_pb2, v1_grpc.DRAPluginStub),
+            "v1beta1": (v1beta1_pb2, v1beta1_grpc.DRAPluginStub),
+        }[version]
+        request_class = getattr(pb, f"{method}Request")
+        msg = request_class(claims=[pb.Claim(namespace=n, name=c, uid=u) for n, c, u in claims])
+        with grpc.insecure_channel(f"unix://{self.paths.dra_socket}") as ch:
+            return getattr(stub_class(ch), method)(msg, timeout=45)
+
+    def prepare(self, claims: list[tuple[str, str, str]], version: str = "v1") -> Any:
+        return self.call("NodePrepareResources", claims, version)
+
+    def unprepare(self, claims: list[tuple[str, str, str]], version: str = "v1") -> Any:
+        return self.call("NodeUnprepareResources", claims, version)
+
+    def spec(self, uid: str) -> dict[str, Any]:
+        doc: dict[str, Any] = json.loads((self.cdi_dir / f"{spec_file(uid)}").read_text())
+        validate(doc)
+        return doc
+
+    def specs(self) -> list[str]:
+        return sorted(os.listdir(self.cdi_dir)) if self.cdi_dir.exists() else []
+
+
+def spec_file(uid: str) -> str:
+    return f"k8s.devices.fabricdra.io-device_{uid}.json"
+
+
+@pytest.fixture
+def plugin(tmp_path_factory: pytest.TempPathFactory, host: Host, api: Any) -> Iterator[Plugin]:
+    p = Plugin(tmp_path_factory.mktemp("pl"), host, api, host.inventory())
+    p.start()
+    yield p
+    p.stop()
+
+
+def result(request: str, device: str, pool: str = "node-a", **extra: str) -> dict[str, str]:
+    return {"request": request, "device": device, "pool": pool, **extra}
+
+
+def edits_by_device(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {d["name"]: d["containerEdits"] for d in doc["devices"]}
+
+
+# -- registration ---------------------------------------------------------------------------
+
+
+def test_registration_answers_kubelet(plugin: Plugin) -> None:
+    assert plugin.paths.registration_socket.parent == plugin.base / "registry"
+    with grpc.insecure_channel(f"unix://{plugin.paths.registration_socket}") as ch:
+        stub = reg_grpc.RegistrationStub(ch)
+        info = stub.GetInfo(reg_pb2.InfoRequest(), timeout=1)
+        stub.NotifyRegistrationStatus(reg_pb2.RegistrationStatus(plugin_registered=True))
+    assert (info.type, info.name) == ("DRAPlugin", "devices.fabricdra.io")
+    assert info.endpoint == str(plugin.base / "plugin" / "dra.sock")
+    assert list(info.supported_versions) == [
+        "v1.DRAPlugin",
+        "v1beta1.DRAPlugin",
+        "v1alpha1.DRAResourceHealth",
+    ]
+    assert plugin.server is not None
+    assert plugin.server.registered.is_set()
+
+
+# -- prepare ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", ["v1", "v1beta1"])
+def test_prepare_gpus_and_their_nics(plugin: Plugin, api: Any, ns: str, version: str) -> None:
+    uid = create_claim(
+        api,
+        ns,
+        "pair",
+        [result("gpu", GPU0), result("gpu", GPU1), result("nic", NIC0), result("nic", NIC1)],
+    )
+    resp = plugin.prepare([(ns, "pair", uid)], version)
+    entry = resp.claims[uid]
+    assert entry.error == ""
+    kind = "k8s.devices.fabricdra.io/device"
+    common = f"{kind}=rdma-{uid}"
+    assert [(d.device_name, d.pool_name, list(d.request_names), list(d.cdi_device_ids))
+            for d in entry.devices] == [
+        (GPU0, "node-a", ["gpu"], [f"{kind}={GPU0}-{uid}"]),
+        (GPU1, "node-a", ["gpu"], [f"{kind}={GPU1}-{uid}"]),
+        (NIC0, "node-a", ["nic"], [f"{kind}={NIC0}-{uid}", common]),
+        (NIC1, "node-a", ["nic"], [f"{kind}={NIC1}-{uid}", common]),
+    ]  # fmt: skip
+
+    doc = plugin.spec(uid)
+    dev = plugin.host.layout.dev_root
+    # hostPath differs from the container path only because of the test dev root
+    assert doc["cdiVersion"] == "0.5.0"
+    assert doc["kind"] == kind
+    edits = edits_by_device(doc)
+    assert edits[f"{NIC0}-{uid}"] == {"deviceNodes": [{
+        "path": "/dev/infiniband/uverbs0", "hostPath": f"{dev}/infiniband/uverbs0",
+        "type": "c", "major": 231, "minor": 192}]}  # fmt: skip
+    assert edits[f"{NIC1}-{uid}"]["deviceNodes"][0]["path"] == "/dev/infiniband/uverbs1"
+    # rdma_cm and NCCL_IB_HCA once per claim
+    assert edits[f"rdma-{uid}"] == {
+        "env": ["NCCL_IB_HCA=mlx5_0,mlx5_1"],
+        "deviceNodes": [{"path": "/dev/infiniband/rdma_cm", "hostPath": f"{dev}/infiniband/rdma_cm",
+                         "type": "c", "major": 10, "minor": 58}],
+    }  # fmt: skip
+    gpu_paths = [n["path"] for n in edits[f"{GPU1}-{uid}"]["deviceNodes"]]
+    assert gpu_paths == ["/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm"]
+    assert edits[f"{GPU1}-{uid}"]["deviceNodes"][0]["minor"] == 1
+    every_path = [n["path"] for e in edits.values() for n in e.get("deviceNodes", [])]
+    assert "/dev/infiniband" not in every_path
+    assert every_path.count("/dev/infiniband/rdma_cm") == 1
+    assert not any("NCCL" in e for k, ed in edits.items() if k != f"rdma-{uid}"
+                   for e in ed.get("env", []))  # fmt: skip
+
+
+def test_prepare_a_virtual_function(plugin: Plugin, api: Any, ns: str) -> None:
+    uid = create_claim(api, ns, "vf", [result("nic", VF60)])
+    entry = plugin.prepare([(ns, "vf", uid)]).claims[uid]
+    assert entry.error == ""
+    edits = edits_by_device(plugin.spec(uid))
+    assert edits[f"{VF60}-{uid}"]["deviceNodes"][0]["path"] == "/dev/infiniband/uverbs7"
+    assert edits[f"rdma-{uid}"]["env"] == ["NCCL_IB_HCA=mlx5_6v0"]
+
+
+def test_a_pf_with_vfs_is_not_offered_whole(plugin: Plugin, api: Any, ns: str) -> None:
+    uid = create_claim(api, ns, "pf", [result("nic", "rdma-0000-bd-00-0")])
+    entry = plugin.prepare([(ns, "pf", uid)]).claims[uid]
+    assert "rdma-0000-bd-00-0" in entry.error
+    assert "not offered by this node" in entry.error
+    assert plugin.specs() == []
+
+
+@pytest.mark.parametrize("version", ["v1", "v1beta1"])
+def test_shared_endpoint_serves_several_claims(
+    tmp_path_factory: pytest.TempPathFactory, host: Host, api: Any, ns: str, version: str
+) -> None:
+    p = Plugin(tmp_path_factory.mktemp("sh"), host, api, host.inventory(DeviceConfig("shared")))
+    p.start()
+    try:
+        # 1.36 model: one device, allocated many times, told apart by shareID
+        a = create_claim(
+            api, ns, "a", [result("nic", NIC0, shareID="0f0e0d0c-1111-2222-3333-444455556666")]
+        )
+        b = create_claim(
+            api, ns, "b", [result("nic", NIC0, shareID="1f0e0d0c-1111-2222-3333-444455556666")]
+        )
+        # 1.34/1.35 model: holder devices <endpoint>-s<k>
+        c = create_claim(api, ns, "c", [result("nic", f"{NIC0}-s5")])
+        resp = p.prepare([(ns, "a", a), (ns, "b", b), (ns, "c", c)], version)
+        assert all(r.error == "" for r in resp.claims.values()), resp
+        da, db, dc = (resp.claims[u].devices[0] for u in (a, b, c))
+        assert da.device_name == db.device_name == NIC0
+        assert dc.device_name == f"{NIC0}-s5"
+        if version == "v1":
+            assert da.share_id == "0f0e0d0c-1111-2222-3333-444455556666"
+        assert len({da.cdi_device_ids[0], db.cdi_device_ids[0], dc.cdi_device_ids[0]}) == 3
+        for uid in (a, b, c):
+            nodes = [n["path"] for e in p.spec(uid)["devices"]
+                     for n in e["containerEdits"].get("deviceNodes", [])]  # fmt: skip
+            assert "/dev/infiniband/uverbs0" in nodes
+    finally:
+        p.stop()
+
+
+def test_prepare_is_idempotent(plugin: Plugin, api: Any, ns: str) -> None:
+    uid = create_claim(api, ns, "again", [result("gpu", GPU0), result("nic", NIC0)])
+    first = plugin.prepare([(ns, "again", uid)])
+    path = plugin.cdi_dir / spec_file(uid)
+    before = path.stat()
+    second = plugin.prepare([(ns, "again", uid)])
+    assert first == second
+    assert path.stat().st_ino == before.st_ino  # unchanged content is not rewritten
+    assert plugin.specs() == [spec_file(uid)]
+
+
+def test_restart_between_prepare_and_unprepare(plugin: Plugin, api: Any, ns: str) -> None:
+    uid = create_claim(api, ns, "restart", [result("nic", NIC1)])
+    first = plugin.prepare([(ns, "restart", uid)])
+    plugin.restart()
+    # kubelet restarted too: it asks again, and gets the same answer from the new process
+    assert plugin.prepare([(ns, "restart", uid)]) == first
+    plugin.restart()
+    resp = plugin.unprepare([(ns, "restart", uid)])
+    assert resp.claims[uid].error == ""
+    assert plugin.specs() == []
+    assert Checkpoint(plugin.checkpoint_path).get(uid) is None
+
+
+def test_unprepare_removes_only_its_own_claim(plugin: Plugin, api: Any, ns: str) -> None:
+    keep = create_claim(api, ns, "keep", [result("gpu", GPU0)])
+    drop = create_claim(api, ns, "drop", [result("gpu", GPU1)])
+    plugin.prepare([(ns, "keep", keep), (ns, "drop", drop)])
+    # the claim may already be gone from the API when kubelet unprepares it
+    from kubernetes import client
+
+    client.ResourceV1Api(api).delete_namespaced_resource_claim("drop", ns)
+    resp = plugin.unprepare([(ns, "drop", drop)], "v1beta1")
+    assert resp.claims[drop].error == ""
+    assert plugin.specs() == [spec_file(keep)]
+    assert Checkpoint(plugin.checkpoint_path).get(keep) is not None
+
+
+def test_unprepare_of_a_never_prepared_claim_succeeds(plugin: Plugin, ns: str) -> None:
+    resp = plugin.unprepare([(ns, "never", "3b0c8f3e-0000-0000-0000-000000000000")])
+    assert dict(resp.claims) == {
+        "3b0c8f3e-0000-0000-0000-000000000000": v1_pb2.NodeUnprepareResourceResponse()
+    }
+
+
+# -- bad requests ---------------------------------------------------------------------------
+
+
+def test_bad_claims_fail_alone_with_a_clear_error(plugin: Plugin, api: Any, ns: str) -> None:
+    good = create_claim(api, ns, "good", [result("gpu", GPU0)])
+    replaced = create_claim(api, ns, "replaced", [result("gpu", GPU1)])
+    unknown = create_claim(api, ns, "unknown", [result("gpu", "gpu-0000-ff-00-0")])
+    other_pool = create_claim(api, ns, "other-pool", [result("nic", NIC0, pool="node-b")])
+    other_driver = create_claim(
+        api, ns, "other-driver", [{"request": "x", "device": "d", "pool": "node-a",
+                                   "driver": "gpu.example.com"}])  # fmt: skip
+    # a shared-holder name in exclusive mode: parses to no endpoint
+    no_endpoint = create_claim(api, ns, "holder", [result("nic", f"{NIC0}-s3")])
+    claims = [
+        (ns, "good", good),
+        (ns, "replaced", "00000000-dead-beef-0000-000000000000"),
+        (ns, "unknown", unknown),
+        (ns, "other-pool", other_pool),
+        (ns, "other-driver", other_driver),
+        (ns, "holder", no_endpoint),
+        (ns, "missing", "11111111-0000-0000-0000-000000000000"),
+    ]
+    resp = plugin.prepare(claims)
+    errors = {name: resp.claims[uid].error for _, name, uid in claims}
+    assert errors["good"] == ""
+    assert f"has uid {replaced}" in errors["replaced"]
+    assert "gpu-0000-ff-00-0" in errors["unknown"]
+    assert "not offered by this node" in errors["unknown"]
+    assert "pool 'node-b'" in errors["other-pool"]
+    assert "no devices of driver devices.fabricdra.io" in errors["other-driver"]
+    assert f"{NIC0}-s3" in errors["holder"]
+    assert "not found" in errors["missing"].lower()
+    assert all(not resp.claims[uid].devices for _, n, uid in claims if n != "good")
+    assert plugin.specs() == [spec_file(good)]  # nothing written for the refused claims
+
+
+def test_missing_verbs_device_names_the_locations_checked(
+    tmp_path_factory: pytest.TempPathFactory, api: Any, ns: str
+) -> None:
+    host = build_host(tmp_path_factory.mktemp("nv"), vf_nics=())
+    (host.layout.dev_root / "infiniband" / "uverbs2").unlink()
+    p = Plugin(tmp_path_factory.mktemp("pv"), host, api, host.inventory())
+    p.start()
+    try:
+        uid = create_claim(api, ns, "noverbs", [result("nic", NIC2)])
+        error = p.prepare([(ns, "noverbs", uid)]).claims[uid].error
+    finally:
+        p.stop()
+    assert "mlx5_2" in error
+    assert f"{host.layout.dev_root}/infiniband/uverbs2" in error
+    assert f"{host.root}/sys/class/infiniband_verbs/uverbs2/ibdev" in error
+    assert p.specs() == []
+
+
+# -- GPUs: toolkit ids and MIG --------------------------------------------------------------
+
+
+def test_toolkit_ids_when_its_spec_is_on_the_host(
+    tmp_path_factory: pytest.TempPathFactory, host: Host, api: Any, ns: str
+) -> None:
+    base = tmp_path_factory.mktemp("tk")
+    etc_cdi = base / "etc-cdi"
+    etc_cdi.mkdir()
+    uuid0 = json.loads(host.nvml_snapshot.read_text())[host.hgx.gpus[0]]["uuid"]
+    # nvidia-ctk's default (index) naming: matched by device node; the MIG one by its caps
+    (etc_cdi / "nvidia.yaml").write_text(yaml.safe_dump({
+        "cdiVersion": "0.5.0", "kind": "nvidia.com/gpu",
+        "devices": [
+            {"name": "0", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"}]}},
+            {"name": "7:0", "containerEdits": {"deviceNodes": [
+                {"path": "/dev/nvidia7"}, {"path": "/dev/nvidia-caps/nvidia-cap1"},
+                {"path": "/dev/nvidia-caps/nvidia-cap2"}]}},
+            {"name": "all", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"},
+                                                               {"path": "/dev/nvidia1"}]}},
+        ],
+    }))  # fmt: skip
+    p = Plugin(base, host, api, host.inventory(), toolkit_dirs=(etc_cdi,))
+    p.start()
+    try:
+        uid = create_claim(
+            api, ns, "tk",
+            [result("gpu", GPU0), result("mig", "mig-0000-cd-00-0-gi1-ci0"), result("nic", NIC0)],
+        )  # fmt: skip
+        resp = p.prepare([(ns, "tk", uid)]).claims[uid]
+        assert resp.error == ""
+        ids = [list(d.cdi_device_ids) for d in resp.devices]
+        assert ids[0] == ["nvidia.com/gpu=0"]
+        assert ids[1] == ["nvidia.com/gpu=7:0"]
+        assert [d["name"] for d in p.spec(uid)["devices"]] == [f"{NIC0}-{uid}", f"rdma-{uid}"]
+        # the uuid naming strategy wins when present
+        (etc_cdi / "nvidia.yaml").write_text(yaml.safe_dump({
+            "cdiVersion": "0.5.0", "kind": "nvidia.com/gpu",
+            "devices": [{"name": uuid0, "containerEdits": {"deviceNodes": [
+                {"path": "/dev/nvidia0"}]}}]}))  # fmt: skip
+        uid2 = create_claim(api, ns, "tk2", [result("gpu", GPU0)])
+        resp2 = p.prepare([(ns, "tk2", uid2)]).claims[uid2]
+        assert list(resp2.devices[0].cdi_device_ids) == [f"nvidia.com/gpu={uuid0}"]
+        assert spec_file(uid2) not in p.specs()  # nothing of ours to write
+    finally:
+        p.stop()
+
+
+def test_mig_without_toolkit_gets_its_capability_nodes(plugin: Plugin, api: Any, ns: str) -> None:
+    uid = create_claim(api, ns, "mig", [result("mig", "mig-0000-cd-00-0-gi2-ci0")])
+    entry = plugin.prepare([(ns, "mig", uid)]).claims[uid]
+    assert entry.error == ""
+    (dev,) = plugin.spec(uid)["devices"]
+    assert [n["path"] for n in dev["containerEdits"]["deviceNodes"]] == [
+        "/dev/nvidia7", "/dev/nvidiactl", "/dev/nvidia-uvm",
+        "/dev/nvidia-caps/nvidia-cap11", "/dev/nvidia-caps/nvidia-cap12",
+    ]  # fmt: skip
+    assert "env" not in dev["containerEdits"]  # no NUMA/CPU claims for a MIG slice
+
+
+# -- health -----------------------------------------------------------------------------------
+
+
+def test_health_stream_reports_a_failed_link_unhealthy(
+    tmp_path_factory: pytest.TempPathFactory, api: Any
+) -> None:
+    host = build_host(tmp_path_factory.mktemp("hb"), vf_nics=(), broken_nics=(2,))
+    p = Plugin(tmp_path_factory.mktemp("ph"), host, api, host.inventory())
+    p.health.publish(health_reports("node-a", p.inventory))
+    p.start()
+    try:
+        with grpc.insecure_channel(f"unix://{p.paths.dra_socket}") as ch:
+            stream = health_grpc.DRAResourceHealthStub(ch).NodeWatchResources(
+                health_pb2.NodeWatchResourcesRequest(), timeout=10
+            )
+            first = {d.device.device_name: d for d in next(stream).devices}
+            assert first[NIC2].health == health_pb2.UNHEALTHY
+            assert first[NIC2].message  # the link's reason
+            assert first[NIC2].device.pool_name == "node-a"
+            assert first[NIC1].health == health_pb2.HEALTHY
+            assert first[GPU0].health == health_pb2.UNKNOWN  # no GPU health reading given
+            # the link heals: the next discovery pass publishes, the stream says so
+            healed = build_host(tmp_path_factory.mktemp("hh"), vf_nics=())
+            p.health.publish(health_reports("node-a", healed.inventory()))
+            update = next(stream)
+            while {d.device.device_name: d.health for d in update.devices}[
+                NIC2
+            ] != health_pb2.HEALTHY:
+                update = next(stream)
+            stream.cancel()
+    finally:
+        p.stop()

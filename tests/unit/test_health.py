@@ -1,0 +1,169 @@
+"""GPU health from NVML readings and from a real DCGM exporter endpoint (an HTTP server in the
+test serving dcgm-exporter's text format)."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import stat
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fabricdra.kubeletplugin.devices import GpuHealth
+from fabricdra.kubeletplugin.discovery.nvml import NvmlReadings, SnapshotGpu
+from fabricdra.kubeletplugin.health import DcgmState, gpu_health, parse_dcgm
+from fabricdra.kubeletplugin.hostdevices import DeviceNodeError, HostLayout
+
+LABELS = 'gpu="{i}",UUID="GPU-{i}",pci_bus_id="00000000:{bus}:00.0",device="nvidia{i}"'
+
+
+def dcgm_text(ecc: dict[str, int], thermal: dict[str, int]) -> str:
+    lines = ["# HELP DCGM_FI_DEV_ECC_DBE_VOL_TOTAL Total number of double-bit volatile ECC errors.",
+             "# TYPE DCGM_FI_DEV_ECC_DBE_VOL_TOTAL counter"]  # fmt: skip
+    lines += [
+        f"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{{{LABELS.format(i=i, bus=bus)}}} {v}"
+        for i, (bus, v) in enumerate(ecc.items())
+    ]
+    lines += ["# HELP DCGM_FI_DEV_THERMAL_VIOLATION Throttling duration (in us).",
+              "# TYPE DCGM_FI_DEV_THERMAL_VIOLATION counter"]  # fmt: skip
+    lines += [
+        f"DCGM_FI_DEV_THERMAL_VIOLATION{{{LABELS.format(i=i, bus=bus)}}} {v}"
+        for i, (bus, v) in enumerate(thermal.items())
+    ]
+    # a MIG-level series is not the GPU's own
+    lines.append(
+        'DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{gpu="0",GPU_I_ID="1",pci_bus_id="00000000:1B:00.0"} 9'
+    )
+    return "\n".join(lines) + "\n"
+
+
+class Exporter:
+    def __init__(self) -> None:
+        self.body = ""
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                data = outer.body.encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/metrics"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+@pytest.fixture
+def exporter() -> Iterator[Exporter]:
+    e = Exporter()
+    yield e
+    e.close()
+
+
+def gpu(ecc: int | None, thermal: bool | None) -> SnapshotGpu:
+    return SnapshotGpu(uuid="GPU-x", name="H100", memoryTotalMiB=1, migMode=False,
+                       eccUncorrectable=ecc, thermalViolation=thermal)  # fmt: skip
+
+
+def test_nvml_readings() -> None:
+    readings = NvmlReadings(
+        source="snapshot",
+        available=True,
+        gpus={
+            "0000:1b:00.0": gpu(0, False),
+            "0000:2b:00.0": gpu(3, False),
+            "0000:3b:00.0": gpu(0, True),
+            "0000:4b:00.0": gpu(None, None),
+        },
+        errors={"0000:5b:00.0": "NVML: GPU is lost"},
+    )
+    out = gpu_health(readings, None)
+    assert out["0000:1b:00.0"] == GpuHealth(True)
+    assert out["0000:2b:00.0"] == GpuHealth(False, "uncorrectable ECC errors: 3")
+    assert out["0000:3b:00.0"] == GpuHealth(False, "thermal throttling active")
+    assert out["0000:4b:00.0"].healthy is None
+    assert out["0000:5b:00.0"] == GpuHealth(None, "NVML: GPU is lost")
+    assert gpu_health(None, None) == {}
+
+
+def test_dcgm_exporter_ecc_and_active_throttling(exporter: Exporter) -> None:
+    state = DcgmState()
+    exporter.body = dcgm_text({"1B": 0, "2B": 2}, {"1B": 1000, "2B": 0})
+    first = gpu_health(None, exporter.url, state=state)
+    assert first["0000:1b:00.0"] == GpuHealth(True)  # throttled once, long ago: not active
+    assert first["0000:2b:00.0"] == GpuHealth(False, "uncorrectable ECC errors: 2")
+    exporter.body = dcgm_text({"1B": 0, "2B": 2}, {"1B": 5000, "2B": 0})
+    second = gpu_health(None, exporter.url, state=state)
+    assert second["0000:1b:00.0"] == GpuHealth(False, "thermal throttling active")
+    exporter.body = dcgm_text({"1B": 0, "2B": 2}, {"1B": 5000, "2B": 0})
+    assert gpu_health(None, exporter.url, state=state)["0000:1b:00.0"] == GpuHealth(True)
+
+
+def test_dcgm_wins_and_nvml_covers_the_rest_and_failures(exporter: Exporter) -> None:
+    gpus = {"0000:1b:00.0": gpu(5, False), "0000:9b:00.0": gpu(0, False)}
+    nvml = NvmlReadings(source="snapshot", available=True, gpus=gpus)
+    exporter.body = dcgm_text({"1B": 0}, {})
+    out = gpu_health(nvml, exporter.url, state=DcgmState())
+    assert out["0000:1b:00.0"] == GpuHealth(True)  # DCGM's word for the GPU it reports
+    assert out["0000:9b:00.0"] == GpuHealth(True)  # NVML for the one it does not
+    down = gpu_health(nvml, "http://127.0.0.1:9/metrics", state=DcgmState())
+    assert down["0000:1b:00.0"] == GpuHealth(False, "uncorrectable ECC errors: 5")
+
+
+def test_parse_dcgm_skips_mig_series() -> None:
+    readings = parse_dcgm(dcgm_text({"1B": 1}, {}))
+    assert list(readings) == ["0000:1b:00.0"]
+    assert readings["0000:1b:00.0"].ecc_uncorrectable == 1
+
+
+def test_verbs_device_errors_name_the_locations(tmp_path: Path) -> None:
+    layout = HostLayout(tmp_path / "dev", tmp_path / "proc", tmp_path / "sys")
+    with pytest.raises(DeviceNodeError) as e:
+        layout.verbs_device("mlx5_3", None)
+    assert f"{tmp_path}/sys/class/infiniband_verbs/*/ibdev" in str(e.value)
+    assert f"{tmp_path}/dev/infiniband" in str(e.value)
+    (tmp_path / "dev" / "infiniband").mkdir(parents=True)
+    (tmp_path / "dev" / "infiniband" / "uverbs3").write_text("a regular file")
+    with pytest.raises(DeviceNodeError, match="is not a character device"):
+        layout.verbs_device("mlx5_3", "uverbs3")
+
+
+def test_gpu_minor_from_the_driver_proc_file(tmp_path: Path) -> None:
+    layout = HostLayout(tmp_path / "dev", tmp_path / "proc", tmp_path / "sys")
+    with pytest.raises(DeviceNodeError, match="file missing"):
+        layout.nvidia_minor("0000:1b:00.0")
+    info = tmp_path / "proc/driver/nvidia/gpus/0000:1b:00.0/information"
+    info.parent.mkdir(parents=True)
+    info.write_text("Model: \t H100\nDevice Minor: \t 6\nGPU UUID: \t GPU-x\n")
+    assert layout.nvidia_minor("0000:1B:00.0") == 6
+
+
+def test_amd_gpu_nodes_from_its_drm_folder(tmp_path: Path) -> None:
+    layout = HostLayout(tmp_path / "dev", tmp_path / "proc", tmp_path / "sys")
+    drm = tmp_path / "sys/bus/pci/devices/0000:c1:00.0/drm"
+    with pytest.raises(DeviceNodeError, match=r"no renderD\* entry in .*0000:c1:00.0/drm"):
+        layout.amd_gpu_nodes("0000:c1:00.0")
+    (drm / "card1").mkdir(parents=True)
+    (drm / "renderD129").mkdir()
+    (tmp_path / "dev/dri").mkdir(parents=True)
+    os.mknod(tmp_path / "dev/kfd", 0o666 | stat.S_IFCHR, os.makedev(235, 0))
+    os.mknod(tmp_path / "dev/dri/renderD129", 0o666 | stat.S_IFCHR, os.makedev(226, 129))
+    kfd, render = layout.amd_gpu_nodes("0000:C1:00.0")
+    assert (kfd.path, kfd.major, kfd.minor) == ("/dev/kfd", 235, 0)
+    assert (render.path, render.major, render.minor) == ("/dev/dri/renderD129", 226, 129)
+    assert render.host_path == str(tmp_path / "dev/dri/renderD129")

@@ -1,0 +1,236 @@
+"""The reusable plugin server over real unix sockets, acting as kubelet with the generated
+stubs, with a small in-test driver (the devices driver is tested in
+tests/integration/test_kubelet_grpc.py)."""
+
+from __future__ import annotations
+
+import stat
+import threading
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import grpc
+import pytest
+
+from fabricdra.kubeletplugin.kubelet import (
+    ClaimRef,
+    DeviceHealth,
+    HealthBroadcaster,
+    PluginPaths,
+    PluginServer,
+    PluginServerError,
+    PreparedDevice,
+    PrepareError,
+)
+from fabricdra.proto.gen.dra_health_v1alpha1 import api_pb2 as health_pb2
+from fabricdra.proto.gen.dra_health_v1alpha1 import api_pb2_grpc as health_grpc
+from fabricdra.proto.gen.dra_v1 import api_pb2 as v1_pb2
+from fabricdra.proto.gen.dra_v1 import api_pb2_grpc as v1_grpc
+from fabricdra.proto.gen.dra_v1beta1 import api_pb2 as v1beta1_pb2
+from fabricdra.proto.gen.dra_v1beta1 import api_pb2_grpc as v1beta1_grpc
+from fabricdra.proto.gen.pluginregistration_v1 import api_pb2 as reg_pb2
+from fabricdra.proto.gen.pluginregistration_v1 import api_pb2_grpc as reg_grpc
+
+
+class RecordingDriver:
+    driver_name = "test.fabricdra.io"
+
+    def __init__(self) -> None:
+        self.prepared: list[ClaimRef] = []
+        self.unprepared: list[ClaimRef] = []
+
+    def prepare(self, claim: ClaimRef) -> Sequence[PreparedDevice]:
+        if claim.name == "bad":
+            raise PrepareError("device gpu-9 is not on this node")
+        self.prepared.append(claim)
+        return [
+            PreparedDevice(
+                pool_name="node-a",
+                device_name="gpu-0",
+                cdi_device_ids=(f"k8s.test.fabricdra.io/claim={claim.uid}-gpu-0",),
+                request_names=("gpu",),
+                share_id="s1",
+            )
+        ]
+
+    def unprepare(self, claim: ClaimRef) -> None:
+        self.unprepared.append(claim)
+
+
+@pytest.fixture
+def sockets(tmp_path_factory: pytest.TempPathFactory) -> PluginPaths:
+    base = tmp_path_factory.mktemp("ks")
+    return PluginPaths.for_driver(
+        RecordingDriver.driver_name, registry_dir=base / "reg", plugin_dir=base / "plugin"
+    )
+
+
+@pytest.fixture
+def server(sockets: PluginPaths) -> Iterator[tuple[PluginServer, RecordingDriver]]:
+    driver = RecordingDriver()
+    srv = PluginServer(driver, sockets, health=HealthBroadcaster(resend_seconds=0.2))
+    srv.start()
+    yield srv, driver
+    srv.stop()
+
+
+def channel(path: Path) -> grpc.Channel:
+    return grpc.insecure_channel(f"unix://{path}")
+
+
+def test_sockets_and_registration(server: tuple[PluginServer, RecordingDriver]) -> None:
+    srv, _ = server
+    for path in (srv.paths.dra_socket, srv.paths.registration_socket):
+        assert stat.S_ISSOCK(path.stat().st_mode)
+    assert srv.paths.registration_socket.name == "test.fabricdra.io-reg.sock"
+    with channel(srv.paths.registration_socket) as ch:
+        stub = reg_grpc.RegistrationStub(ch)
+        info = stub.GetInfo(reg_pb2.InfoRequest(), timeout=1)
+        assert info.type == "DRAPlugin"
+        assert info.name == "test.fabricdra.io"
+        assert info.endpoint == str(srv.paths.dra_socket)
+        assert list(info.supported_versions) == [
+            "v1.DRAPlugin",
+            "v1beta1.DRAPlugin",
+            "v1alpha1.DRAResourceHealth",
+        ]
+        stub.NotifyRegistrationStatus(reg_pb2.RegistrationStatus(plugin_registered=True))
+        assert srv.registered.is_set()
+        with pytest.raises(grpc.RpcError) as e:
+            stub.NotifyRegistrationStatus(
+                reg_pb2.RegistrationStatus(plugin_registered=False, error="no such version")
+            )
+        assert "no such version" in str(e.value.details())
+        assert not srv.registered.is_set()
+
+
+def test_stop_removes_both_sockets(sockets: PluginPaths) -> None:
+    srv = PluginServer(RecordingDriver(), sockets)
+    with srv:
+        assert sockets.dra_socket.exists()
+    assert not sockets.dra_socket.exists()
+    assert not sockets.registration_socket.exists()
+
+
+def test_no_health_service_advertised_without_a_broadcaster(sockets: PluginPaths) -> None:
+    with PluginServer(RecordingDriver(), sockets):
+        with channel(sockets.registration_socket) as ch:
+            info = reg_grpc.RegistrationStub(ch).GetInfo(reg_pb2.InfoRequest(), timeout=1)
+        assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+        with channel(sockets.dra_socket) as dra:
+            stream = health_grpc.DRAResourceHealthStub(dra).NodeWatchResources(
+                health_pb2.NodeWatchResourcesRequest(), timeout=2
+            )
+            with pytest.raises(grpc.RpcError) as e:
+                next(iter(stream))
+        assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+@pytest.mark.parametrize(
+    ("pb", "stub_class"),
+    [(v1_pb2, v1_grpc.DRAPluginStub), (v1beta1_pb2, v1beta1_grpc.DRAPluginStub)],
+)
+def test_prepare_and_unprepare_both_versions(
+    server: tuple[PluginServer, RecordingDriver], pb: object, stub_class: type
+) -> None:
+    srv, driver = server
+    with channel(srv.paths.dra_socket) as ch:
+        stub = stub_class(ch)
+        good = pb.Claim(namespace="ns", name="good", uid="u-1")  # type: ignore[attr-defined]
+        bad = pb.Claim(namespace="ns", name="bad", uid="u-2")  # type: ignore[attr-defined]
+        resp = stub.NodePrepareResources(
+            pb.NodePrepareResourcesRequest(claims=[good, bad]),  # type: ignore[attr-defined]
+            timeout=45,
+        )
+        assert set(resp.claims) == {"u-1", "u-2"}
+        (device,) = resp.claims["u-1"].devices
+        assert device.pool_name == "node-a"
+        assert device.device_name == "gpu-0"
+        assert list(device.cdi_device_ids) == ["k8s.test.fabricdra.io/claim=u-1-gpu-0"]
+        assert list(device.request_names) == ["gpu"]
+        if pb is v1_pb2:
+            assert device.share_id == "s1"
+        assert resp.claims["u-1"].error == ""
+        assert "gpu-9 is not on this node" in resp.claims["u-2"].error
+        assert "ns/bad" in resp.claims["u-2"].error
+        assert not resp.claims["u-2"].devices
+        assert driver.prepared == [ClaimRef("ns", "good", "u-1")]
+
+        resp = stub.NodeUnprepareResources(
+            pb.NodeUnprepareResourcesRequest(claims=[good, bad]),  # type: ignore[attr-defined]
+            timeout=45,
+        )
+        assert set(resp.claims) == {"u-1", "u-2"}  # an entry for every claim, even on success
+        assert all(r.error == "" for r in resp.claims.values())
+        assert [c.uid for c in driver.unprepared] == ["u-1", "u-2"]
+
+
+def test_claim_without_uid_is_refused(server: tuple[PluginServer, RecordingDriver]) -> None:
+    srv, driver = server
+    with channel(srv.paths.dra_socket) as ch:
+        resp = v1_grpc.DRAPluginStub(ch).NodePrepareResources(
+            v1_pb2.NodePrepareResourcesRequest(claims=[v1_pb2.Claim(namespace="ns", name="x")])
+        )
+    assert "uid are all required" in resp.claims[""].error
+    assert driver.prepared == []
+
+
+def test_health_stream_sends_snapshot_changes_and_refreshes(
+    server: tuple[PluginServer, RecordingDriver],
+) -> None:
+    srv, _ = server
+    assert srv.health is not None
+    srv.health.publish([DeviceHealth("node-a", "rdma-0", "Healthy")])
+    with channel(srv.paths.dra_socket) as ch:
+        stream = health_grpc.DRAResourceHealthStub(ch).NodeWatchResources(
+            health_pb2.NodeWatchResourcesRequest(), timeout=10
+        )
+        first = next(stream)
+        assert [(d.device.device_name, d.health) for d in first.devices] == [
+            ("rdma-0", health_pb2.HEALTHY)
+        ]
+        assert first.devices[0].last_updated_time > 0
+        changed = threading.Timer(
+            0.05,
+            srv.health.publish,
+            [[DeviceHealth("node-a", "rdma-0", "Unhealthy", "link down: port 1 Disabled")]],
+        )
+        changed.start()
+        second = next(stream)
+        while second.devices[0].health == health_pb2.HEALTHY:  # a refresh may come first
+            second = next(stream)
+        assert second.devices[0].health == health_pb2.UNHEALTHY
+        assert second.devices[0].message == "link down: port 1 Disabled"
+        refresh = next(stream)  # nothing changed: resent after resend_seconds
+        assert refresh.devices == second.devices
+        stream.cancel()
+
+
+def test_unchanged_publish_is_not_a_change() -> None:
+    b = HealthBroadcaster()
+    assert b.publish([DeviceHealth("p", "d", "Healthy")])
+    assert not b.publish([DeviceHealth("p", "d", "Healthy")])
+    assert b.publish([DeviceHealth("p", "d", "Unknown", "x" * 2000)])
+    _, (dev,) = b.snapshot()
+    assert dev.message is not None
+    assert len(dev.message) == 1024
+    assert dev.message.endswith("...")
+
+
+def test_too_long_socket_path_is_a_clear_error(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 120)
+    paths = PluginPaths.for_driver("test.fabricdra.io", registry_dir=deep, plugin_dir=deep)
+    with pytest.raises(PluginServerError, match="longer than"):
+        PluginServer(RecordingDriver(), paths).start()
+
+
+def test_a_stale_socket_is_replaced_but_a_regular_file_is_not_removed(
+    sockets: PluginPaths,
+) -> None:
+    with PluginServer(RecordingDriver(), sockets):
+        pass
+    sockets.dra_socket.parent.mkdir(parents=True, exist_ok=True)
+    sockets.dra_socket.write_text("not ours")
+    with pytest.raises(PluginServerError):
+        PluginServer(RecordingDriver(), sockets).start()
+    assert sockets.dra_socket.read_text() == "not ours"
