@@ -1,1 +1,126 @@
-"""pytest plugin: session fixtures for the real control plane (being written; see issue 3)."""
+"""pytest plugin: session fixtures for a real control plane (registered by tests/conftest.py).
+
+- `control_plane`: etcd + kube-apiserver (e2e.harness.controlplane.ControlPlane)
+- `kube_scheduler`, `kube_controller_manager`: the real components against it
+- `node_cluster` (alias `cluster`): a one-node cluster with kubelet + containerd
+  (e2e.harness.nodecluster.NodeCluster), or the existing cluster that
+  FABRICDRA_E2E_KUBECONFIG names (e2e.harness.existing.ExistingCluster)
+
+If the binaries are missing they are built with e2e/cluster/build.sh; if that fails, the tests
+using these fixtures fail with the reason (they never skip). When such a test fails, its report
+names the folder holding every component's log.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Generator, Iterator
+from pathlib import Path
+
+import pytest
+
+from e2e.harness.controlplane import ControlPlane, KubeControllerManager, KubeScheduler
+from e2e.harness.errors import HarnessError
+from e2e.harness.existing import KUBECONFIG_ENV, ExistingCluster
+from e2e.harness.nodecluster import NodeCluster
+
+_LOGS_KEY = pytest.StashKey[list[str]]()
+
+
+@pytest.fixture(scope="session")
+def control_plane(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[ControlPlane]:
+    cp = ControlPlane(tmp_path_factory.mktemp("control-plane"))
+    try:
+        cp.start()
+    except HarnessError as e:
+        pytest.fail(f"real control plane unavailable: {e}", pytrace=False)
+    request.config.stash.setdefault(_LOGS_KEY, []).append(str(cp.logs_dir))
+    try:
+        yield cp
+    finally:
+        cp.stop()
+
+
+@pytest.fixture(scope="session")
+def kube_scheduler(control_plane: ControlPlane) -> Iterator[KubeScheduler]:
+    scheduler = KubeScheduler(control_plane)
+    try:
+        scheduler.start()
+    except HarnessError as e:
+        pytest.fail(f"kube-scheduler did not start: {e}", pytrace=False)
+    try:
+        yield scheduler
+    finally:
+        scheduler.stop()
+
+
+@pytest.fixture(scope="session")
+def kube_controller_manager(control_plane: ControlPlane) -> Iterator[KubeControllerManager]:
+    # Fake nodes never heartbeat: keep the node-lifecycle controller from tainting them.
+    kcm = KubeControllerManager(control_plane, node_monitor_grace_period="8760h")
+    try:
+        kcm.start()
+    except HarnessError as e:
+        pytest.fail(f"kube-controller-manager did not start: {e}", pytrace=False)
+    try:
+        yield kcm
+    finally:
+        kcm.stop()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, None]:
+    outcome = yield
+    report = outcome.get_result()
+    logs = item.config.stash.get(_LOGS_KEY, [])
+    if report.failed and logs:
+        report.sections.append(
+            ("real Kubernetes logs", "component logs (etcd, kube-apiserver, ...) are in:\n"
+             + "\n".join(logs))
+        )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def node_cluster(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[NodeCluster | ExistingCluster]:
+    """A one-node cluster with a real kubelet and containerd (e2e tests, marked `e2e`).
+
+    With FABRICDRA_E2E_KUBECONFIG set, the cluster it names (kind, or up.sh's) is used as is.
+    """
+    existing = os.environ.get(KUBECONFIG_ENV)
+    if existing:
+        try:
+            named = ExistingCluster(Path(existing))
+        except HarnessError as e:
+            pytest.fail(f"{KUBECONFIG_ENV}: {e}", pytrace=False)
+        yield named
+        return
+    cluster = NodeCluster(tmp_path_factory.mktemp("node-cluster"))
+    try:
+        cluster.start()
+    except HarnessError as e:
+        pytest.fail(f"single-node cluster unavailable: {e}", pytrace=False)
+    request.config.stash.setdefault(_LOGS_KEY, []).append(str(cluster.logs_dir))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster(node_cluster: NodeCluster | ExistingCluster) -> NodeCluster | ExistingCluster:
+    """Alias of `node_cluster`."""
+    return node_cluster
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that use the node cluster are e2e tests, whether or not they say so."""
+    for item in items:
+        if {"node_cluster", "cluster"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.e2e)

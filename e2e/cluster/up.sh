@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Brings up a one-node Kubernetes cluster on this machine in the background: etcd,
+# kube-apiserver, kube-scheduler, kube-controller-manager, containerd and a kubelet, on
+# loopback. Builds whatever binaries are missing first. Waits until the node is Ready; the
+# last line printed is the cluster-admin kubeconfig. Stop it with down.sh.
+#
+#   up.sh [--base DIR]    (default /var/lib/fabricdra-e2e; logs in DIR/control-plane/logs)
+#
+# The node is called 127.0.0.1; the image localhost/busybox:e2e is preloaded (use
+# imagePullPolicy: Never). Needs root.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+"$here/install-deps.sh"
+"$here/build.sh" --node >&2
+py="$repo/.venv/bin/python"; [ -x "$py" ] || py=python3
+cd "$repo" && exec "$py" -m e2e.harness.nodecluster up "$@"
