@@ -202,7 +202,12 @@ def test_health_stream_sends_snapshot_changes_and_refreshes(
         assert second.devices[0].health == health_pb2.UNHEALTHY
         assert second.devices[0].message == "link down: port 1 Disabled"
         refresh = next(stream)  # nothing changed: resent after resend_seconds
-        assert refresh.devices == second.devices
+        # The same readings, stamped with the time they were sent (a resend is a fresh reading
+        # to kubelet's per-device timeout), so only the stamp may move forward.
+        assert [(d.device, d.health, d.message) for d in refresh.devices] == [
+            (d.device, d.health, d.message) for d in second.devices
+        ]
+        assert refresh.devices[0].last_updated_time >= second.devices[0].last_updated_time
         stream.cancel()
 
 

@@ -1,9 +1,185 @@
-"""The compute-domain node side: `fabricdra compute-domain-plugin` and `fabricdra imex-daemon`."""
+"""The compute-domain node side: `fabricdra compute-domain-plugin` and `fabricdra imex-daemon`.
+
+Every flag has an environment variable (`FABRICDRA_<FLAG>`); the flag wins. All of them are
+listed in docs/compute-domains.md.
+"""
 
 from __future__ import annotations
 
+import argparse
+import os
+import signal
+import threading
+from pathlib import Path
 from typing import Any
 
 
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(f"FABRICDRA_{name}", default)
+
+
 def register(sub: Any) -> None:
-    """Add this module's subcommands to the `fabricdra` parser (filled in by its owner)."""
+    p: argparse.ArgumentParser = sub.add_parser(
+        "compute-domain-plugin",
+        help="run the compute-domain.fabricdra.io kubelet DRA plugin on this node",
+        description="Serve kubelet's DRA API for compute-domain.fabricdra.io: inject a "
+        "ComputeDomain's IMEX channel into its workloads. Labels the node so the controller "
+        "publishes its devices. Each flag can also be set by the environment variable in "
+        "brackets.",
+    )
+    a = p.add_argument
+    a("--node-name", default=_env("NODE_NAME"), help="this node's name [FABRICDRA_NODE_NAME]")
+    a(
+        "--kubeconfig",
+        default=_env("KUBECONFIG"),
+        help="kubeconfig file; default: the in-cluster service account [FABRICDRA_KUBECONFIG]",
+    )
+    a(
+        "--cdi-dir",
+        default=_env("CDI_DIR", "/var/run/cdi"),
+        help="where claim CDI specs are written (default /var/run/cdi) [FABRICDRA_CDI_DIR]",
+    )
+    a(
+        "--plugin-dir",
+        default=_env("PLUGIN_DIR", "/var/lib/kubelet/plugins/compute-domain.fabricdra.io"),
+        help="socket, checkpoint and per-domain folders [FABRICDRA_PLUGIN_DIR]",
+    )
+    a(
+        "--registry-dir",
+        default=_env("REGISTRY_DIR", "/var/lib/kubelet/plugins_registry"),
+        help="kubelet's plugin registration folder [FABRICDRA_REGISTRY_DIR]",
+    )
+    a(
+        "--proc-root",
+        default=_env("PROC_ROOT", "/proc"),
+        help="procfs root, for devices (default /proc) [FABRICDRA_PROC_ROOT]",
+    )
+    a(
+        "--dev-root",
+        default=_env("DEV_ROOT", "/dev"),
+        help="device root where channel nodes are created (default /dev) [FABRICDRA_DEV_ROOT]",
+    )
+    a(
+        "--imex-ctl",
+        default=_env("IMEX_CTL", "nvidia-imex-ctl"),
+        help="host IMEX mode: the host service's control tool [FABRICDRA_IMEX_CTL]",
+    )
+    p.set_defaults(run=run_plugin)
+
+    d: argparse.ArgumentParser = sub.add_parser(
+        "imex-daemon",
+        help="run IMEX for one ComputeDomain on this node (started by the controller)",
+        description="Write the IMEX config from the ComputeDomain's peers, run nvidia-imex, "
+        "report its readiness. --check answers a readiness probe instead.",
+    )
+    b = d.add_argument
+    b("--check", action="store_true", help="exit 0 if the local IMEX daemon is READY, else 1")
+    b("--kubeconfig", default=_env("KUBECONFIG"), help="[FABRICDRA_KUBECONFIG]")
+    b("--node-name", default=os.environ.get("NODE_NAME"), help="[NODE_NAME]")
+    b("--pod-ip", default=os.environ.get("POD_IP", ""), help="[POD_IP]")
+    b("--domain-name", default=_env("DOMAIN_NAME"), help="[FABRICDRA_DOMAIN_NAME]")
+    b("--domain-namespace", default=_env("DOMAIN_NAMESPACE"), help="[FABRICDRA_DOMAIN_NAMESPACE]")
+    b("--domain-uid", default=_env("DOMAIN_UID"), help="[FABRICDRA_DOMAIN_UID]")
+    b(
+        "--report-namespace",
+        default=_env("REPORT_NAMESPACE", "fabricdra-system"),
+        help="where the report Lease goes [FABRICDRA_REPORT_NAMESPACE]",
+    )
+    b(
+        "--config-dir",
+        default=_env("IMEX_CONFIG_DIR", "/imexd"),
+        help="IMEX config folder (default /imexd) [FABRICDRA_IMEX_CONFIG_DIR]",
+    )
+    b("--imex-bin", default=_env("IMEX_BIN", "nvidia-imex"), help="[FABRICDRA_IMEX_BIN]")
+    b("--imex-ctl", default=_env("IMEX_CTL", "nvidia-imex-ctl"), help="[FABRICDRA_IMEX_CTL]")
+    b(
+        "--interval",
+        type=float,
+        default=float(_env("IMEX_INTERVAL", "2") or 2),
+        help="seconds between passes (default 2) [FABRICDRA_IMEX_INTERVAL]",
+    )
+    d.set_defaults(run=run_daemon)
+
+
+def api_client(kubeconfig: str | None) -> Any:
+    """A kubernetes ApiClient from a kubeconfig file, else from the in-cluster account."""
+    from kubernetes import client
+    from kubernetes import config as kube_config
+
+    from fabricdra.cli import UsageError
+
+    loader: Any = kube_config  # its loaders carry no type hints
+    try:
+        if kubeconfig:
+            return loader.new_client_from_config(config_file=kubeconfig)
+        cfg = client.Configuration()
+        loader.load_incluster_config(client_configuration=cfg)
+        return client.ApiClient(cfg)
+    except Exception as e:
+        raise UsageError(f"cannot load Kubernetes credentials: {e}") from None
+
+
+def _wait_for_signal() -> threading.Event:
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    return stop
+
+
+def run_plugin(args: argparse.Namespace) -> int:
+    from fabricdra.api import computedomain as cd
+    from fabricdra.api import labels
+    from fabricdra.cli import UsageError
+    from fabricdra.controller.rest import NODES, Rest
+    from fabricdra.kubeletplugin.computedomain.driver import ComputeDomainDriver, NodeConfig
+    from fabricdra.kubeletplugin.kubelet import PluginPaths, PluginServer
+
+    if not args.node_name:
+        raise UsageError("--node-name (or FABRICDRA_NODE_NAME) is required")
+    api = api_client(args.kubeconfig)
+    api.user_agent = "fabricdra-compute-domain-plugin/0.1.0"
+    rest = Rest(api)
+    node = rest.get(NODES, args.node_name)
+    fabric = node["metadata"].get("labels", {}).get(labels.FABRIC_DOMAIN, "")
+    driver = ComputeDomainDriver(rest, NodeConfig(
+        node_name=args.node_name, cdi_dir=Path(args.cdi_dir), plugin_dir=Path(args.plugin_dir),
+        proc_root=Path(args.proc_root), dev_root=Path(args.dev_root), fabric_domain=fabric,
+        imex_ctl=args.imex_ctl,
+    ))  # fmt: skip
+    paths = PluginPaths.for_driver(cd.DRIVER, registry_dir=args.registry_dir,
+                                   plugin_dir=args.plugin_dir)  # fmt: skip
+    stop = _wait_for_signal()
+    with PluginServer(driver, paths):
+        if node["metadata"].get("labels", {}).get(cd.PLUGIN_NODE_LABEL) != "true":
+            rest.patch(
+                NODES, args.node_name, {"metadata": {"labels": {cd.PLUGIN_NODE_LABEL: "true"}}}
+            )
+        stop.wait()
+    return 0
+
+
+def run_daemon(args: argparse.Namespace) -> int:
+    from fabricdra.cli import UsageError
+    from fabricdra.controller.rest import Rest
+    from fabricdra.kubeletplugin.computedomain.daemon import DaemonIdentity, ImexDaemon
+    from fabricdra.kubeletplugin.computedomain.imex import ImexSettings, ImexSupervisor
+
+    settings = ImexSettings(config_dir=Path(args.config_dir), imex_bin=args.imex_bin,
+                            imex_ctl=args.imex_ctl, bind_ip=args.pod_ip)  # fmt: skip
+    supervisor = ImexSupervisor(settings)
+    if args.check:
+        state = supervisor.query()
+        print(state.message)
+        return 0 if state.ready else 1
+    missing = [
+        f
+        for f in ("node_name", "domain_name", "domain_namespace", "domain_uid")
+        if not getattr(args, f)
+    ]
+    if missing:
+        raise UsageError("missing " + ", ".join("--" + m.replace("_", "-") for m in missing))
+    who = DaemonIdentity(args.node_name, args.pod_ip, args.domain_namespace, args.domain_name,
+                         args.domain_uid, args.report_namespace)  # fmt: skip
+    daemon = ImexDaemon(Rest(api_client(args.kubeconfig)), who, supervisor)
+    daemon.run(_wait_for_signal(), args.interval)
+    return 0

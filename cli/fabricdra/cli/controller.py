@@ -1,9 +1,117 @@
-"""`fabricdra controller`: the ComputeDomain controller."""
+"""`fabricdra controller`: the ComputeDomain controller.
+
+Every flag has an environment variable (`FABRICDRA_<FLAG>`); the flag wins. All of them are
+listed in docs/compute-domains.md.
+"""
 
 from __future__ import annotations
 
+import argparse
+import os
+import signal
+import threading
 from typing import Any
 
 
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(f"FABRICDRA_{name}", default)
+
+
 def register(sub: Any) -> None:
-    """Add this module's subcommands to the `fabricdra` parser (filled in by its owner)."""
+    p: argparse.ArgumentParser = sub.add_parser(
+        "controller",
+        help="run the ComputeDomain controller",
+        description="Watch ComputeDomains; create their claim templates and IMEX DaemonSets, "
+        "allocate IMEX channels, hold each node for one domain, and write their status. Each "
+        "flag can also be set by the environment variable in brackets.",
+    )
+    a = p.add_argument
+    a(
+        "--kubeconfig",
+        default=_env("KUBECONFIG"),
+        help="kubeconfig file; default: the in-cluster service account [FABRICDRA_KUBECONFIG]",
+    )
+    a(
+        "--namespace",
+        default=_env("NAMESPACE", "fabricdra-system"),
+        help="the driver's namespace: IMEX DaemonSets, daemon reports, the leader lease "
+        "(default fabricdra-system) [FABRICDRA_NAMESPACE]",
+    )
+    a(
+        "--image",
+        default=_env("IMAGE", "ghcr.io/fabricdra/fabricdra:latest"),
+        help="image of the IMEX daemon pods [FABRICDRA_IMAGE]",
+    )
+    a(
+        "--workers",
+        type=int,
+        default=int(_env("WORKERS", "4") or 4),
+        help="parallel domain reconcilers (default 4) [FABRICDRA_WORKERS]",
+    )
+    a(
+        "--resync-seconds",
+        type=float,
+        default=float(_env("RESYNC_SECONDS", "300") or 300),
+        help="how often every object is re-checked even without events (default 300) "
+        "[FABRICDRA_RESYNC_SECONDS]",
+    )
+    a(
+        "--leader-elect",
+        default=_env("LEADER_ELECT", "true"),
+        choices=["true", "false"],
+        help="take a Lease before working, so replicas are safe (default true) "
+        "[FABRICDRA_LEADER_ELECT]",
+    )
+    a(
+        "--identity",
+        default=_env("IDENTITY"),
+        help="this replica's name in the leader Lease (default hostname-pid) [FABRICDRA_IDENTITY]",
+    )
+    a(
+        "--metrics-port",
+        type=int,
+        default=int(_env("METRICS_PORT", "8080") or 0),
+        help="Prometheus /metrics port, 0 to disable (default 8080) [FABRICDRA_METRICS_PORT]",
+    )
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from prometheus_client import start_http_server
+
+    from fabricdra.cli import UsageError
+    from fabricdra.cli.compute_domain import api_client
+    from fabricdra.controller import metrics
+    from fabricdra.controller.manager import Controller, ControllerConfig
+    from fabricdra.controller.objects import DaemonSettings
+
+    if args.workers < 1:
+        raise UsageError(f"--workers must be at least 1, got {args.workers}")
+    if args.resync_seconds <= 0:
+        raise UsageError(f"--resync-seconds must be positive, got {args.resync_seconds}")
+    api = api_client(args.kubeconfig)
+    cfg = ControllerConfig(
+        namespace=args.namespace,
+        daemon=DaemonSettings(namespace=args.namespace, image=args.image),
+        domain_workers=args.workers,
+        resync_seconds=args.resync_seconds,
+        leader_election=args.leader_elect == "true",
+        **({"identity": args.identity} if args.identity else {}),
+    )
+    if args.metrics_port:
+        start_http_server(args.metrics_port, registry=metrics.REGISTRY)
+    controller = Controller(api, cfg)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    controller.start()
+    while not stop.wait(0.5):
+        if controller.elector is not None and controller.elector.lost.is_set():
+            controller.stop()
+            return 1
+    controller.stop()
+    return 0
