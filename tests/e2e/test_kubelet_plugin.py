@@ -92,7 +92,7 @@ def test_pod_gets_its_gpu_and_nic(
                         "name": "c", "image": TEST_IMAGE, "imagePullPolicy": "Never",
                         "command": ["sh", "-c",
                                     "ls /dev/infiniband; ls /dev | grep nvidia; "
-                                    "echo HCA=$NCCL_IB_HCA"],
+                                    "echo HCA=$NCCL_IB_HCA; sleep 5"],  # hold the claim
                         "resources": {"claims": [{"name": "devs"}]},
                     }],
                 },
