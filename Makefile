@@ -43,8 +43,10 @@ unit: venv
 test: lint typecheck cluster-binaries
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-bench: venv
+bench: venv cluster-binaries
 	$(BIN)/python -m bench.discovery
+	$(BIN)/python -m bench.prepare
+	$(BIN)/python -m bench.controller
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

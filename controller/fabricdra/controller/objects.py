@@ -1,0 +1,254 @@
+"""The objects a ComputeDomain needs, built as plain dicts (pure; no API calls).
+
+- the workload ResourceClaimTemplate, in the domain's namespace, owned by the domain;
+- managed IMEX mode: the daemon ResourceClaimTemplate and the IMEX DaemonSet, in the driver's
+  namespace (owner references cannot cross namespaces, so these carry the domain label and are
+  removed by the controller before it drops the domain's finalizer);
+- per node: the `compute-domain.fabricdra.io` ResourceSlice with the node's channel and daemon
+  devices, whose `owner` attribute is how the scheduler sees which domain holds the node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fabricdra.api import computedomain as cd
+from fabricdra.api.computedomain import ComputeDomain
+
+JSON = dict[str, Any]
+OPAQUE_KIND = "ComputeDomainChannelConfig"
+DAEMON_OPAQUE_KIND = "ComputeDomainDaemonConfig"
+
+
+@dataclass(frozen=True)
+class DaemonSettings:
+    """How the per-domain IMEX DaemonSet is run (controller flags)."""
+
+    namespace: str = "fabricdra-system"
+    image: str = "ghcr.io/fabricdra/fabricdra:latest"
+    service_account: str = "fabricdra-imex-daemon"
+    priority_class: str = "system-node-critical"
+
+
+def owner_reference(domain: ComputeDomain) -> JSON:
+    return {
+        "apiVersion": cd.API_VERSION, "kind": cd.KIND, "name": domain.name,
+        "uid": domain.uid, "controller": True, "blockOwnerDeletion": True,
+    }  # fmt: skip
+
+
+def _sorted(doc: JSON) -> JSON:
+    """Opaque parameters with their keys in sorted order. The API server stores them as raw
+    bytes; any later patch of the claim's status round-trips the object through a map, which
+    sorts the keys, and an allocation whose bytes changed is refused as "immutable"."""
+    return dict(sorted(doc.items()))
+
+
+def channel_config(domain: ComputeDomain, channel: int) -> JSON:
+    """The opaque parameters the node plugin reads at prepare: which domain, which channel."""
+    return _sorted({
+        "apiVersion": cd.API_VERSION, "kind": OPAQUE_KIND,
+        "domainUID": domain.uid, "domainName": domain.name, "namespace": domain.namespace,
+        "channel": channel, "allocationMode": domain.spec.channel.allocationMode,
+        "imexMode": domain.spec.imexMode,
+    })  # fmt: skip
+
+
+def _channel_selector(uid: str) -> str:
+    attrs = f"device.attributes['{cd.DRIVER}']"
+    return f"{attrs}.type == 'channel' && {attrs}.{cd.ATTR_OWNER} in ['{cd.FREE_OWNER}', '{uid}']"
+
+
+def workload_claim_template(domain: ComputeDomain, channel: int) -> JSON:
+    labels = {cd.DOMAIN_LABEL: domain.uid, cd.TARGET_LABEL: "workload"}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {
+            "name": domain.spec.channel.resourceClaimTemplate.name,
+            "namespace": domain.namespace,
+            "labels": labels,
+            "ownerReferences": [owner_reference(domain)],
+        },
+        "spec": {
+            # Claims made from the template carry the domain label: the controller finds a
+            # claim's domain from it when it admits the claim's node.
+            "metadata": {"labels": labels},
+            "spec": {
+                "devices": {
+                    "requests": [{
+                        "name": "channel",
+                        "exactly": {
+                            "deviceClassName": cd.CHANNEL_CLASS,
+                            "selectors": [{"cel": {"expression": _channel_selector(domain.uid)}}],
+                        },
+                    }],
+                    "config": [{
+                        "requests": ["channel"],
+                        "opaque": {"driver": cd.DRIVER,
+                                   "parameters": channel_config(domain, channel)},
+                    }],
+                },
+            },
+        },
+    }  # fmt: skip
+
+
+def daemon_name(domain: ComputeDomain) -> str:
+    return f"imex-{domain.uid}"
+
+
+def daemon_claim_template(domain: ComputeDomain, settings: DaemonSettings) -> JSON:
+    labels = {cd.DOMAIN_LABEL: domain.uid, cd.TARGET_LABEL: "daemon"}
+    attrs = f"device.attributes['{cd.DRIVER}']"
+    selector = f"{attrs}.type == 'daemon' && {attrs}.{cd.ATTR_OWNER} == '{domain.uid}'"
+    params = {
+        "apiVersion": cd.API_VERSION, "kind": DAEMON_OPAQUE_KIND, "domainUID": domain.uid,
+        "domainName": domain.name, "namespace": domain.namespace,
+    }  # fmt: skip
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": daemon_name(domain), "namespace": settings.namespace,
+                     "labels": labels},
+        "spec": {
+            "metadata": {"labels": labels},
+            "spec": {"devices": {
+                "requests": [{"name": "daemon", "exactly": {
+                    "deviceClassName": cd.DAEMON_CLASS,
+                    "selectors": [{"cel": {"expression": selector}}]}}],
+                "config": [{"requests": ["daemon"],
+                            "opaque": {"driver": cd.DRIVER, "parameters": _sorted(params)}}],
+            }},
+        },
+    }  # fmt: skip
+
+
+def daemon_set(domain: ComputeDomain, settings: DaemonSettings) -> JSON:
+    """One IMEX daemon per node the domain holds. The node selector is the node label the
+    controller sets when it admits a node for the domain, so daemons start exactly where the
+    domain's workloads were scheduled, and stop when the node is released."""
+    name = daemon_name(domain)
+    labels = {cd.DOMAIN_LABEL: domain.uid, cd.TARGET_LABEL: "daemon"}
+    env = [
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "FABRICDRA_DOMAIN_NAME", "value": domain.name},
+        {"name": "FABRICDRA_DOMAIN_NAMESPACE", "value": domain.namespace},
+        {"name": "FABRICDRA_DOMAIN_UID", "value": domain.uid},
+        {"name": "FABRICDRA_REPORT_NAMESPACE", "value": settings.namespace},
+    ]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": name, "namespace": settings.namespace, "labels": labels},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "nodeSelector": {cd.DOMAIN_LABEL: domain.uid},
+                    "serviceAccountName": settings.service_account,
+                    # The daemon gates the domain's workloads: it must not be preempted or
+                    # wait behind them in the scheduling queue.
+                    "priorityClassName": settings.priority_class,
+                    "hostNetwork": True,
+                    "tolerations": [{"operator": "Exists"}],
+                    "resourceClaims": [{"name": "imex",
+                                        "resourceClaimTemplateName": name}],
+                    "containers": [{
+                        "name": "imex",
+                        "image": settings.image,
+                        "args": ["imex-daemon"],
+                        "env": env,
+                        "resources": {
+                            "requests": {"cpu": "100m", "memory": "128Mi"},
+                            "limits": {"cpu": "100m", "memory": "128Mi"},
+                            "claims": [{"name": "imex"}],
+                        },
+                        "readinessProbe": {
+                            "exec": {"command": ["fabricdra", "imex-daemon", "--check"]},
+                            "periodSeconds": 5,
+                        },
+                    }],
+                },
+            },
+        },
+    }  # fmt: skip
+
+
+def slice_name(node: str) -> str:
+    return f"{node}-compute-domain"
+
+
+def node_devices(owner: str, fabric_domain: str) -> list[JSON]:
+    attrs = {cd.ATTR_OWNER: {"string": owner}, cd.ATTR_FABRIC: {"string": fabric_domain}}
+    return [
+        {
+            "name": cd.CHANNEL_DEVICE,
+            "attributes": {"type": {"string": "channel"}, **attrs},
+            # Every claim of the owning domain on this node shares the one channel device, so
+            # several pods of one domain need no hand-shared ResourceClaim.
+            "allowMultipleAllocations": True,
+            "bindsToNode": True,
+            "bindingConditions": [cd.ADMITTED_CONDITION],
+            "bindingFailureConditions": [cd.CONFLICT_CONDITION],
+        },
+        {
+            "name": cd.DAEMON_DEVICE,
+            "attributes": {"type": {"string": "daemon"}, **attrs},
+            "allowMultipleAllocations": True,
+        },
+    ]
+
+
+def node_slice(node: str, node_uid: str, owner: str, fabric_domain: str, generation: int) -> JSON:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {
+            "name": slice_name(node),
+            "labels": {cd.TARGET_LABEL: "node"},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node,
+                                 "uid": node_uid, "controller": True}],
+        },
+        "spec": {
+            "driver": cd.DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
+            "devices": node_devices(owner, fabric_domain),
+        },
+    }  # fmt: skip
+
+
+def device_classes() -> list[JSON]:
+    """The two DeviceClasses of the compute-domain driver (installed with the controller)."""
+    out = []
+    for name, kind in ((cd.CHANNEL_CLASS, "channel"), (cd.DAEMON_CLASS, "daemon")):
+        expr = (
+            f"device.driver == '{cd.DRIVER}' && device.attributes['{cd.DRIVER}'].type == '{kind}'"
+        )
+        out.append(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "DeviceClass",
+                "metadata": {"name": name},
+                "spec": {"selectors": [{"cel": {"expression": expr}}]},
+            }
+        )
+    return out
+
+
+def differs(desired: Any, live: Any) -> bool:
+    """True when some field we set in `desired` has another value in `live` (fields the
+    server adds are ignored)."""
+    if isinstance(desired, dict):
+        if not isinstance(live, dict):
+            return True
+        return any(differs(v, live.get(k)) for k, v in desired.items())
+    if isinstance(desired, list):
+        if not isinstance(live, list) or len(desired) != len(live):
+            return True
+        return any(differs(d, x) for d, x in zip(desired, live, strict=True))
+    return bool(desired != live)

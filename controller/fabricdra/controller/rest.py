@@ -1,0 +1,202 @@
+"""A thin JSON layer over `kubernetes.client.ApiClient`: plain dicts in, plain dicts out.
+
+The controller handles a few kinds (a CRD, claim templates, slices, claims, DaemonSets,
+Leases, Nodes, Events) in the same way; going through the client's raw `call_api` keeps one
+code path for all of them, skips the typed models' (de)serialisation cost on every watch
+event, and sends exactly the patch documents we build.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import urllib3
+
+JSON = dict[str, Any]
+
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+STRATEGIC_PATCH = "application/strategic-merge-patch+json"
+
+
+@dataclass(frozen=True)
+class Kind:
+    """Where a kind lives in the REST tree."""
+
+    group: str
+    version: str
+    plural: str
+    namespaced: bool
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(self, namespace: str | None = None, name: str | None = None, sub: str = "") -> str:
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if self.namespaced and namespace:
+            base += f"/namespaces/{quote(namespace)}"
+        base += f"/{self.plural}"
+        if name:
+            base += f"/{quote(name)}"
+        if sub:
+            base += f"/{sub}"
+        return base
+
+
+COMPUTE_DOMAINS = Kind("fabricdra.io", "v1beta1", "computedomains", True)
+CLAIM_TEMPLATES = Kind("resource.k8s.io", "v1", "resourceclaimtemplates", True)
+CLAIMS = Kind("resource.k8s.io", "v1", "resourceclaims", True)
+SLICES = Kind("resource.k8s.io", "v1", "resourceslices", False)
+DAEMON_SETS = Kind("apps", "v1", "daemonsets", True)
+LEASES = Kind("coordination.k8s.io", "v1", "leases", True)
+NODES = Kind("", "v1", "nodes", False)
+EVENTS = Kind("", "v1", "events", True)
+PODS = Kind("", "v1", "pods", True)
+NAMESPACES = Kind("", "v1", "namespaces", False)
+DEVICE_CLASSES = Kind("resource.k8s.io", "v1", "deviceclasses", False)
+
+
+class ApiError(Exception):
+    """A failed API call, with the HTTP status (0 = no response) and the server's message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+        self.message = message
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+    @property
+    def gone(self) -> bool:
+        return self.status == 410
+
+
+class Rest:
+    def __init__(self, api_client: Any) -> None:
+        self.api = api_client
+
+    def _send(
+        self, method: str, path: str, query: Mapping[str, Any] | None, body: Any,
+        content_type: str, timeout: Any,
+    ) -> Any:  # fmt: skip
+        q = [(k, v) for k, v in (query or {}).items() if v is not None]
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        _, url, headers, _, _ = self.api.param_serialize(
+            method, path, query_params=q or None, header_params=headers,
+            auth_settings=["BearerToken"],
+        )  # fmt: skip
+        # Compact JSON with sorted keys, sent as bytes: opaque parameters inside a claim are
+        # stored verbatim, and a later status patch (which re-encodes them compactly and
+        # sorted) must reproduce them byte for byte or the allocation counts as changed.
+        data = None if body is None else json.dumps(body, separators=(",", ":"), sort_keys=True)
+        if isinstance(timeout, tuple):
+            limit = urllib3.Timeout(connect=timeout[0], read=timeout[1])
+        else:
+            limit = urllib3.Timeout(total=timeout)
+        try:
+            resp = self.api.rest_client.pool_manager.request(
+                method, url, body=data, headers=headers, preload_content=False, timeout=limit,
+            )  # fmt: skip
+        except (urllib3.exceptions.HTTPError, OSError) as e:  # refused, reset, timeouts
+            raise ApiError(0, str(e)) from None
+        if not 200 <= resp.status < 300:
+            raise ApiError(resp.status, _message(resp.data))
+        return resp
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: float | None = 30.0,
+    ) -> JSON:
+        resp = self._send(method, path, query, body, content_type, timeout)
+        raw = resp.data
+        doc: JSON = json.loads(raw) if raw else {}
+        return doc
+
+    # -- verbs ---------------------------------------------------------------------------
+    def get(self, kind: Kind, name: str, namespace: str | None = None) -> JSON:
+        return self.call("GET", kind.path(namespace, name))
+
+    def list(
+        self, kind: Kind, namespace: str | None = None, *, label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> JSON:  # fmt: skip
+        query = {"labelSelector": label_selector, "fieldSelector": field_selector}
+        return self.call("GET", kind.path(namespace), query=query)
+
+    def create(self, kind: Kind, body: JSON, namespace: str | None = None) -> JSON:
+        return self.call("POST", kind.path(namespace), body=body)
+
+    def patch(
+        self, kind: Kind, name: str, patch: Any, namespace: str | None = None, *,
+        sub: str = "", content_type: str = MERGE_PATCH,
+    ) -> JSON:  # fmt: skip
+        return self.call(
+            "PATCH", kind.path(namespace, name, sub), body=patch, content_type=content_type
+        )
+
+    def replace(self, kind: Kind, name: str, body: JSON, namespace: str | None = None) -> JSON:
+        return self.call("PUT", kind.path(namespace, name), body=body)
+
+    def delete(self, kind: Kind, name: str, namespace: str | None = None) -> bool:
+        """Delete; False if it was already gone."""
+        try:
+            self.call("DELETE", kind.path(namespace, name),
+                      body={"propagationPolicy": "Background"})  # fmt: skip
+        except ApiError as e:
+            if e.not_found:
+                return False
+            raise
+        return True
+
+    def watch(
+        self, kind: Kind, resource_version: str, *, namespace: str | None = None,
+        label_selector: str | None = None, timeout_seconds: int = 300,
+    ) -> Iterator[JSON]:  # fmt: skip
+        """Events after `resource_version` until the server closes the stream."""
+        query = {
+            "watch": "true", "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true", "timeoutSeconds": timeout_seconds,
+            "labelSelector": label_selector,
+        }  # fmt: skip
+        resp = self._send("GET", kind.path(namespace), query, None, "application/json",
+                          (10, timeout_seconds + 30))  # fmt: skip
+        raw = resp
+        buffer = b""
+        try:
+            for chunk in raw.stream(65536, decode_content=True):
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    if line.strip():
+                        yield json.loads(line)
+        except (urllib3.exceptions.HTTPError, OSError) as e:  # the server went away
+            raise ApiError(0, str(e)) from None
+        finally:
+            raw.release_conn()
+
+
+def _message(body: Any) -> str:
+    if not body:
+        return ""
+    try:
+        doc = json.loads(body)
+    except (TypeError, ValueError):
+        return str(body)[:500]
+    return str(doc.get("message", doc))[:1000]

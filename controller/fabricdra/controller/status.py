@@ -1,0 +1,191 @@
+"""A ComputeDomain's status, computed from what the controller observes (pure).
+
+The controller is the only writer of `status`: daemons report into their own Lease objects and
+the controller folds those reports in here, so there is one writer per object and no write
+conflicts however many nodes join (NVIDIA's design has every daemon write the shared status,
+which produced 409 storms on large jobs). Node indices are assigned here too: a node keeps its
+index while it stays, and a newcomer takes the lowest free one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from fabricdra.api import computedomain as cd
+from fabricdra.api.computedomain import ComputeDomain, ComputeDomainStatus, Condition, NodeStatus
+
+
+@dataclass(frozen=True)
+class HeldNode:
+    """A node admitted for the domain (it has the domain's claims allocated on it)."""
+
+    name: str
+    ip: str
+    fabric_domain: str
+
+
+@dataclass(frozen=True)
+class DaemonReport:
+    """What a node's IMEX daemon last reported (its Lease)."""
+
+    ready: bool
+    message: str = ""
+    ip: str = ""
+
+
+@dataclass(frozen=True)
+class Observed:
+    objects_ready: bool  # the claim templates (and DaemonSet) exist
+    objects_message: str
+    held: Sequence[HeldNode]
+    reports: Mapping[str, DaemonReport]
+    fabric_conflicts: Sequence[str] = ()
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+def node_rows(domain: ComputeDomain, obs: Observed) -> list[NodeStatus]:
+    previous = {n.name: n for n in domain.status.nodes}
+    host_mode = domain.spec.imexMode == "host"
+    taken = {previous[h.name].index for h in obs.held if h.name in previous}
+    rows = []
+    for held in sorted(obs.held, key=lambda h: h.name):
+        old = previous.get(held.name)
+        if old is not None:
+            index = old.index
+        else:
+            index = next(i for i in range(len(taken) + 1) if i not in taken)
+            taken.add(index)
+        report = obs.reports.get(held.name)
+        if host_mode and report is None:
+            # No report from the node plugin (yet): prepare still checks the host service.
+            ready, message = True, "IMEX is run by the host (no report from the node plugin)"
+        elif report is None:
+            ready, message = False, "waiting for the IMEX daemon to report"
+        else:
+            ready, message = report.ready, report.message
+        ip = (report.ip if report is not None and report.ip else "") or held.ip
+        rows.append(NodeStatus(name=held.name, ipAddress=ip, fabricDomain=held.fabric_domain,
+                               index=index, ready=ready, message=message))  # fmt: skip
+    return sorted(rows, key=lambda r: r.index)
+
+
+def _condition(
+    previous: Mapping[str, Condition], type_: str, status: bool, reason: str, message: str,
+    now: str, generation: int,
+) -> Condition:  # fmt: skip
+    value: Literal["True", "False"] = "True" if status else "False"
+    old = previous.get(type_)
+    since = old.lastTransitionTime if old is not None and old.status == value else now
+    return Condition(type=type_, status=value, reason=reason, message=message[:32768],
+                     lastTransitionTime=since, observedGeneration=generation)  # fmt: skip
+
+
+def compute(
+    domain: ComputeDomain, obs: Observed, now: str
+) -> tuple[ComputeDomainStatus, list[Event]]:
+    rows = node_rows(domain, obs)
+    previous = {c.type: c for c in domain.status.conditions}
+    gen = domain.generation
+    want = domain.spec.numNodes
+    ready_rows = [r for r in rows if r.ready]
+    not_ready = [r for r in rows if not r.ready]
+
+    if domain.spec.imexMode == "host" and not not_ready:
+        daemons = (
+            True,
+            "HostManaged",
+            "IMEX runs on the hosts; each node's IMEX service is "
+            "checked when a workload's channel is prepared",
+        )
+    elif not_ready:
+        failing = [r for r in not_ready if r.message and not r.message.startswith("waiting")]
+        reason = "ImexNotReady" if failing else "WaitingForDaemons"
+        detail = "; ".join(f"{r.name}: {r.message}" for r in not_ready[:10])
+        daemons = (False, reason, f"{len(ready_rows)}/{len(rows)} IMEX daemons ready; {detail}")
+    elif want is not None and len(rows) < want:
+        daemons = (False, "WaitingForNodes", f"{len(rows)}/{want} nodes joined")
+    else:
+        daemons = (True, "AllDaemonsReady", f"{len(rows)} IMEX daemon(s) ready")
+
+    if not obs.objects_ready:
+        ready = (False, "CreatingObjects", obs.objects_message)
+    elif not daemons[0]:
+        ready = (False, daemons[1], daemons[2])
+    elif want is not None and len(ready_rows) < want:
+        ready = (False, "WaitingForNodes", f"{len(ready_rows)}/{want} nodes ready")
+    else:
+        ready = (
+            True,
+            "Ready",
+            f"{len(rows)} node(s) ready; channel "
+            f"{domain.status.channels[0] if domain.status.channels else '-'}",
+        )
+
+    errors = [
+        f"{r.name}: {r.message}"
+        for r in not_ready
+        if r.message and not r.message.startswith("waiting")
+    ]
+    if obs.fabric_conflicts:
+        degraded = (True, "FabricConflict", "; ".join(obs.fabric_conflicts))
+    elif errors:
+        degraded = (True, "ImexError", "; ".join(errors[:10]))
+    else:
+        degraded = (False, "AsExpected", "")
+
+    conditions = [
+        _condition(previous, cd.READY, *ready, now, gen),
+        _condition(previous, cd.DAEMONS_READY, *daemons, now, gen),
+        _condition(previous, cd.DEGRADED, *degraded, now, gen),
+    ]
+    status = domain.status.model_copy(update={
+        "conditions": conditions, "nodes": rows, "observedGeneration": gen,
+        "fabricDomain": domain.status.fabricDomain or next(
+            (r.fabricDomain for r in rows if r.fabricDomain), ""),
+    })  # fmt: skip
+    return status, transitions(domain, status)
+
+
+def transitions(domain: ComputeDomain, new: ComputeDomainStatus) -> list[Event]:
+    """Events a user wants to see: nodes joining/leaving, conditions changing."""
+    events = []
+    old_nodes = {n.name for n in domain.status.nodes}
+    new_nodes = {n.name for n in new.nodes}
+    for name in sorted(new_nodes - old_nodes):
+        events.append(Event("Normal", "NodeJoined", f"node {name} joined the domain"))
+    for name in sorted(old_nodes - new_nodes):
+        events.append(Event("Normal", "NodeLeft", f"node {name} left the domain"))
+    old = {c.type: c for c in domain.status.conditions}
+    ready_changed = any(
+        c.type == cd.READY and (old.get(c.type) is None or old[c.type].status != c.status)
+        for c in new.conditions
+    )
+    for c in new.conditions:
+        if c.type == cd.DAEMONS_READY and ready_changed:
+            continue  # said by the Ready event already
+        before = old.get(c.type)
+        if before is not None and before.status == c.status and before.reason == c.reason:
+            continue
+        if before is None and c.status == "False" and c.type == cd.DEGRADED:
+            continue  # "not degraded" at birth is not news
+        warn = (c.type == cd.DEGRADED) == (c.status == "True")
+        events.append(Event("Warning" if warn and c.type == cd.DEGRADED else "Normal",
+                            f"{c.type}{c.status}" if c.type != cd.DEGRADED or c.status == "True"
+                            else "Recovered", c.message or c.reason))  # fmt: skip
+    return events
+
+
+def status_patch(old: ComputeDomainStatus, new: ComputeDomainStatus) -> dict[str, object] | None:
+    """The merge patch turning `old` into `new`, or None when nothing changed (no write)."""
+    before = old.model_dump(mode="json")
+    after = new.model_dump(mode="json")
+    changed = {k: v for k, v in after.items() if before.get(k) != v}
+    return {"status": changed} if changed else None

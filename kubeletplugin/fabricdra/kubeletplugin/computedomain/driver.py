@@ -1,0 +1,236 @@
+"""The `compute-domain.fabricdra.io` kubelet driver (a `DraDriver` for the shared plugin server).
+
+prepare(claim):
+1. reads the claim and finds its results on this node (`channel` or `daemon` device) and the
+   opaque configuration the controller put in the claim template (domain, channel);
+2. checks, before touching anything: the claim's namespace is the domain's (workload claims),
+   the domain exists with that UID, the channel in the claim is the one the domain holds, the
+   host can provide the channel (major in /proc/devices), and in host mode that the host's
+   IMEX service answers READY;
+3. creates the host channel device node if missing, writes the claim's CDI spec (atomic), then
+   records the claim in the checkpoint; if the checkpoint write fails the spec is removed, so a
+   claim is never left half-prepared.
+
+Prepare is idempotent: the same claim gives the same devices and CDI ids every time.
+unprepare(claim) removes exactly what the checkpoint says the claim created.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fabricdra.api import computedomain as cd
+from fabricdra.controller.objects import DAEMON_OPAQUE_KIND, OPAQUE_KIND
+from fabricdra.controller.rest import CLAIMS, COMPUTE_DOMAINS, ApiError, Rest
+from fabricdra.kubeletplugin.kubelet import ClaimRef, PreparedDevice, PrepareError
+from fabricdra.kubeletplugin.kubelet.cdi import (
+    CdiDevice,
+    CdiSpec,
+    CdiWriter,
+    ContainerEdits,
+    DeviceNode,
+    Mount,
+)
+from fabricdra.kubeletplugin.kubelet.checkpoint import Checkpoint, ClaimEntry
+
+from .channels import ChannelError, ChannelNode, ensure_host_node, imex_major
+
+CDI_KIND = "fabricdra.io/compute-domain"
+JSON = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    node_name: str
+    cdi_dir: Path
+    plugin_dir: Path  # checkpoint and per-domain daemon folders live here
+    proc_root: Path = Path("/proc")
+    dev_root: Path = Path("/dev")
+    fabric_domain: str = ""  # this node's fabricdra.io/fabric.domain ("" = no NVLink fabric)
+    imex_ctl: str = "nvidia-imex-ctl"  # host mode: the host IMEX service's control tool
+    imex_ctl_args: tuple[str, ...] = field(default=("-q",))
+
+
+class ComputeDomainDriver:
+    def __init__(self, rest: Rest, config: NodeConfig) -> None:
+        self.rest = rest
+        self.config = config
+        self.cdi = CdiWriter(config.cdi_dir, CDI_KIND)
+        config.plugin_dir.mkdir(parents=True, exist_ok=True)
+        self.checkpoint = Checkpoint(config.plugin_dir / "checkpoint.json")
+        self._lock = threading.Lock()
+
+    @property
+    def driver_name(self) -> str:
+        return cd.DRIVER
+
+    # -- prepare -------------------------------------------------------------------------
+    def prepare(self, claim: ClaimRef) -> Sequence[PreparedDevice]:
+        with self._lock:
+            obj = self._claim(claim)
+            results = self._results(obj)
+            if not results:
+                raise PrepareError(f"claim {claim} has no {cd.DRIVER} device on node "
+                                   f"{self.config.node_name}")  # fmt: skip
+            devices: list[CdiDevice] = []
+            prepared: list[PreparedDevice] = []
+            for result in results:
+                params = self._params(obj, result)
+                domain = self._domain(claim, params)
+                if result["device"] == cd.CHANNEL_DEVICE:
+                    edits = self._channel_edits(claim, params, domain)
+                elif result["device"] == cd.DAEMON_DEVICE:
+                    edits = self._daemon_edits(params)
+                else:
+                    raise PrepareError(f"claim {claim}: unknown device {result['device']!r}")
+                name = f"{claim.uid}-{result['device']}"
+                devices.append(CdiDevice(name=name, edits=edits))
+                prepared.append(PreparedDevice(
+                    pool_name=result["pool"], device_name=result["device"],
+                    cdi_device_ids=(self.cdi.device_id(name),),
+                    request_names=(str(result["request"]).split("/")[0],),
+                    share_id=result.get("shareID"),
+                ))  # fmt: skip
+            path = self.cdi.write(claim.uid, CdiSpec(kind=CDI_KIND, devices=tuple(devices)))
+            try:
+                self.checkpoint.put(ClaimEntry(claim.uid, claim.namespace, claim.name,
+                                               (str(path),)))  # fmt: skip
+            except Exception:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                raise
+            return prepared
+
+    def _claim(self, claim: ClaimRef) -> JSON:
+        try:
+            obj = self.rest.get(CLAIMS, claim.name, claim.namespace)
+        except ApiError as e:
+            raise PrepareError(f"cannot read claim {claim}: {e}") from None
+        if obj["metadata"].get("uid") != claim.uid:
+            raise PrepareError(f"claim {claim} was replaced (the API has uid "
+                               f"{obj['metadata'].get('uid')})")  # fmt: skip
+        return obj
+
+    def _results(self, obj: JSON) -> list[JSON]:
+        allocation = (obj.get("status") or {}).get("allocation") or {}
+        results = (allocation.get("devices") or {}).get("results") or []
+        return [
+            r
+            for r in results
+            if r.get("driver") == cd.DRIVER and r.get("pool") == self.config.node_name
+        ]
+
+    def _params(self, obj: JSON, result: JSON) -> JSON:
+        base = str(result["request"]).split("/")[0]
+        allocation = obj["status"]["allocation"]
+        found: JSON | None = None
+        for entry in allocation.get("devices", {}).get("config", []) or []:
+            opaque = entry.get("opaque") or {}
+            requests = entry.get("requests") or []
+            if opaque.get("driver") == cd.DRIVER and (not requests or base in requests):
+                found = opaque.get("parameters")
+        want = OPAQUE_KIND if result["device"] == cd.CHANNEL_DEVICE else DAEMON_OPAQUE_KIND
+        if not isinstance(found, dict) or found.get("kind") != want:
+            raise PrepareError(f"claim {obj['metadata']['name']}: no {want} configuration for "
+                               f"request {base!r}; use the claim template the ComputeDomain "
+                               "controller created")  # fmt: skip
+        return found
+
+    def _domain(self, claim: ClaimRef, params: JSON) -> JSON:
+        ns, name, uid = params.get("namespace"), params.get("domainName"), params.get("domainUID")
+        if params["kind"] == OPAQUE_KIND and ns != claim.namespace:
+            raise PrepareError(f"claim {claim} is in namespace {claim.namespace} but its "
+                               f"ComputeDomain {name} is in {ns}")  # fmt: skip
+        try:
+            domain = self.rest.get(COMPUTE_DOMAINS, str(name), str(ns))
+        except ApiError as e:
+            raise PrepareError(f"ComputeDomain {ns}/{name} of claim {claim}: {e}") from None
+        if domain["metadata"].get("uid") != uid or domain["metadata"].get("deletionTimestamp"):
+            raise PrepareError(f"ComputeDomain {ns}/{name} of claim {claim} is not the one the "
+                               "claim was made for (deleted or recreated)")  # fmt: skip
+        return domain
+
+    def _channel_edits(self, claim: ClaimRef, params: JSON, domain: JSON) -> ContainerEdits:
+        channel = int(params.get("channel", -1))
+        held = domain.get("status", {}).get("channels") or []
+        if channel not in held:
+            raise PrepareError(f"claim {claim} names IMEX channel {channel} but its "
+                               f"ComputeDomain holds {held}")  # fmt: skip
+        if params.get("imexMode") == "host":
+            self._check_host_imex()
+        env = (f"FABRICDRA_COMPUTE_DOMAIN={params['domainName']}",
+               f"FABRICDRA_COMPUTE_DOMAIN_UID={params['domainUID']}",
+               f"FABRICDRA_IMEX_CHANNEL={channel}")  # fmt: skip
+        try:
+            major = imex_major(self.config.proc_root)
+        except ChannelError as e:
+            raise PrepareError(str(e)) from None
+        if major is None:
+            if self.config.fabric_domain:
+                raise PrepareError(
+                    f"node {self.config.node_name} is in NVLink fabric domain "
+                    f"{self.config.fabric_domain} but "
+                    f"{self.config.proc_root / 'devices'} lists no "
+                    "nvidia-caps-imex-channels: is the NVIDIA driver loaded?"
+                )
+            return ContainerEdits(env=env)  # no multi-node fabric: nothing to import/export
+        if params.get("allocationMode") == "All":
+            nodes = [ChannelNode(c, major) for c in range(cd.CHANNEL_COUNT)]
+        else:
+            nodes = [ChannelNode(channel, major)]
+            try:
+                ensure_host_node(self.config.dev_root, nodes[0])
+            except ChannelError as e:
+                raise PrepareError(str(e)) from None
+        return ContainerEdits(env=env, device_nodes=tuple(
+            DeviceNode(path=n.container_path, type="c", major=n.major, minor=n.channel,
+                       permissions="rw") for n in nodes))  # fmt: skip
+
+    def _daemon_edits(self, params: JSON) -> ContainerEdits:
+        folder = self.config.plugin_dir / "domains" / str(params["domainUID"])
+        folder.mkdir(parents=True, exist_ok=True)
+        env = (f"FABRICDRA_DOMAIN_UID={params['domainUID']}",
+               f"FABRICDRA_DOMAIN_NAME={params['domainName']}",
+               f"FABRICDRA_DOMAIN_NAMESPACE={params['namespace']}",
+               f"FABRICDRA_FABRIC_DOMAIN={self.config.fabric_domain}")  # fmt: skip
+        return ContainerEdits(
+            env=env, mounts=(Mount(str(folder), "/imexd", ("rw", "nosuid", "nodev", "bind")),)
+        )
+
+    def host_imex(self) -> tuple[bool, str]:
+        """Whether this host's IMEX service answers READY (host mode), and what it said."""
+        cmd = [self.config.imex_ctl, *self.config.imex_ctl_args]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=False)
+        except FileNotFoundError:
+            return False, (f"host IMEX mode: {self.config.imex_ctl} not found on this node; "
+                           "is the host's nvidia-imex service installed?")  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return False, f"host IMEX mode: {' '.join(cmd)} did not answer in 10 s"
+        answer = done.stdout.strip()
+        if answer != "READY":
+            said = answer or done.stderr.strip() or f"exit status {done.returncode}"
+            return False, f"host IMEX service not ready: {' '.join(cmd)} answered {said}"
+        return True, "host IMEX service READY"
+
+    def _check_host_imex(self) -> None:
+        ready, message = self.host_imex()
+        if not ready:
+            raise PrepareError(message)
+
+    # -- unprepare -----------------------------------------------------------------------
+    def unprepare(self, claim: ClaimRef) -> None:
+        with self._lock:
+            entry = self.checkpoint.get(claim.uid)
+            if entry is None:
+                return
+            for spec in entry.cdi_specs:
+                with contextlib.suppress(FileNotFoundError):
+                    Path(spec).unlink()
+            self.checkpoint.remove(claim.uid)

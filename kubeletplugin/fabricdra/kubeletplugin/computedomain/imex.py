@@ -1,0 +1,158 @@
+"""Running NVIDIA IMEX for one ComputeDomain on one node (no API calls here).
+
+`ImexSupervisor.step(peers)` is one pass of the daemon loop: it writes the IMEX config and
+the nodes config (the domain's peer IPs, one per line, in index order) atomically, starts the
+`nvidia-imex` process or restarts it when the peer list changed (IMEX reads its nodes file at
+start), restarts it with a backoff when it died, and asks `nvidia-imex-ctl -q` whether the local
+daemon is READY. It returns a `State` the caller reports; on a host without the IMEX binary the
+state says so instead of failing silently.
+
+The interface used is IMEX's documented one: `nvidia-imex -c <config>` with
+`IMEX_NODE_CONFIG_FILE`, `SERVER_PORT`, `IMEX_CMD_ENABLED`/`IMEX_CMD_PORT` in the config, and
+`nvidia-imex-ctl -c <config> -q` printing `READY` once the local daemon serves.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fabricdra.kubeletplugin.kubelet.cdi import write_atomic
+
+
+@dataclass(frozen=True)
+class State:
+    ready: bool
+    message: str
+
+
+@dataclass
+class ImexSettings:
+    config_dir: Path  # /imexd in the daemon pod (a per-domain host folder)
+    imex_bin: str = "nvidia-imex"
+    imex_ctl: str = "nvidia-imex-ctl"
+    bind_ip: str = ""
+    server_port: int = 50000
+    cmd_port: int = 50005
+    restart_backoff: tuple[float, ...] = field(default=(0.5, 1.0, 2.0, 5.0, 10.0))
+
+
+def render_config(settings: ImexSettings) -> str:
+    nodes = settings.config_dir / "nodes.cfg"
+    lines = [
+        "# Written by fabricdra imex-daemon; rewritten on every change.",
+        "LOG_FILE_NAME=",  # stderr: the pod's log
+        "LOG_LEVEL=4",
+        "DAEMONIZE=0",
+        f"BIND_INTERFACE_IP={settings.bind_ip}",
+        f"SERVER_PORT={settings.server_port}",
+        "IMEX_CMD_ENABLED=1",
+        f"IMEX_CMD_PORT={settings.cmd_port}",
+        f"IMEX_NODE_CONFIG_FILE={nodes}",
+        "IMEX_WAIT_FOR_QUORUM=RECOVERY",
+        "IMEX_NODE_DISCONNECTED_GRACE_TIME=-1",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def render_nodes(peers: Sequence[str]) -> str:
+    return "".join(f"{ip}\n" for ip in peers)
+
+
+class ImexSupervisor:
+    def __init__(self, settings: ImexSettings) -> None:
+        self.settings = settings
+        self.config_path = settings.config_dir / "imexd.cfg"
+        self.nodes_path = settings.config_dir / "nodes.cfg"
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._peers: tuple[str, ...] | None = None
+        self._failures = 0
+        self._next_start = 0.0
+        self._last_exit = ""
+
+    def _find(self, name: str) -> str | None:
+        if os.sep in name:
+            return name if os.access(name, os.X_OK) else None
+        return shutil.which(name)
+
+    def step(self, peers: Sequence[str]) -> State:
+        """One pass; `peers` are the domain's node IPs (this node included), in index order."""
+        binary = self._find(self.settings.imex_bin)
+        if binary is None:
+            self.stop()
+            return State(
+                False,
+                f"{self.settings.imex_bin} not found: this host has no IMEX "
+                "binary (install the NVIDIA IMEX package or use imexMode: host)",
+            )
+        if not peers:
+            self.stop()
+            return State(False, "waiting for the controller to list this node's peers")
+        peers = tuple(peers)
+        self.settings.config_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.config_path, render_config(self.settings).encode())
+        if peers != self._peers:
+            write_atomic(self.nodes_path, render_nodes(peers).encode())
+            if self._proc is not None:
+                self.stop()  # IMEX reads its nodes file at start
+                self._next_start = 0.0
+            self._peers = peers
+        if self._proc is not None and self._proc.poll() is not None:
+            code = self._proc.returncode
+            err = (self._proc.stderr.read().decode(errors="replace") if self._proc.stderr
+                   else "").strip().splitlines()  # fmt: skip
+            self._last_exit = f"nvidia-imex exited with status {code}" + (
+                f": {err[-1]}" if err else ""
+            )
+            self._proc = None
+            backoff = self.settings.restart_backoff
+            self._next_start = time.monotonic() + backoff[min(self._failures, len(backoff) - 1)]
+            self._failures += 1
+        if self._proc is None:
+            if time.monotonic() < self._next_start:
+                return State(False, self._last_exit + "; restarting")
+            self._proc = subprocess.Popen([binary, "-c", str(self.config_path)],
+                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.PIPE)  # fmt: skip
+        ready = self.query()
+        if ready.ready:
+            self._failures = 0
+            self._last_exit = ""
+        elif self._last_exit:
+            return State(False, f"{self._last_exit}; now: {ready.message}")
+        return ready
+
+    def query(self) -> State:
+        """`nvidia-imex-ctl -c <config> -q`: READY or what it said instead."""
+        ctl = self._find(self.settings.imex_ctl)
+        if ctl is None:
+            return State(False, f"{self.settings.imex_ctl} not found")
+        try:
+            done = subprocess.run([ctl, "-c", str(self.config_path), "-q"], capture_output=True,
+                                  text=True, timeout=5, check=False)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return State(False, "nvidia-imex-ctl -q did not answer within 5 s")
+        answer = done.stdout.strip()
+        if answer == "READY":
+            return State(True, "READY")
+        return State(False, f"IMEX not ready: {answer or done.stderr.strip() or done.returncode}")
+
+    def stop(self) -> None:
+        if self._proc is None:
+            return
+        if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        if self._proc.stderr is not None:
+            self._proc.stderr.close()
+        self._proc = None

@@ -1,0 +1,1 @@
+"""Stand-in IMEX executables for tests (see nvidia-imex / nvidia-imex-ctl here)."""

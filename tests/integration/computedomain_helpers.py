@@ -1,0 +1,137 @@
+"""Helpers shared by the ComputeDomain integration tests and bench/controller.py."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from e2e.harness.controlplane import ControlPlane, wait_for
+from fabricdra.api import computedomain as cd
+from fabricdra.controller.manager import Controller, ControllerConfig
+from fabricdra.controller.objects import DaemonSettings
+from fabricdra.controller.rest import CLAIMS, COMPUTE_DOMAINS, STRATEGIC_PATCH, ApiError, Kind, Rest
+from fabricdra.kubeletplugin.kubelet import ClaimRef
+
+CRD_FILE = Path(__file__).resolve().parents[2] / "api" / "crds" / "computedomains.fabricdra.io.yaml"
+CRDS = Kind("apiextensions.k8s.io", "v1", "customresourcedefinitions", False)
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def install_crd(rest: Rest) -> None:
+    body = yaml.safe_load(CRD_FILE.read_text())
+    try:
+        rest.create(CRDS, body)
+    except ApiError as e:
+        if not e.conflict:
+            raise
+
+    def established() -> bool:
+        crd = rest.get(CRDS, body["metadata"]["name"])
+        conds = crd.get("status", {}).get("conditions", [])
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conds)
+
+    wait_for(established, what="ComputeDomain CRD established", timeout=30)
+    # The CRD's REST endpoint needs a moment after Established on a busy machine.
+    wait_for(lambda: rest.list(COMPUTE_DOMAINS, "default") is not None, what="CRD served")
+
+
+def domain_body(name: str, *, rct: str | None = None, mode: str = "managed",
+                num_nodes: int | None = None) -> dict[str, Any]:  # fmt: skip
+    template = {"name": rct or f"{name}-channel"}
+    spec: dict[str, Any] = {"channel": {"resourceClaimTemplate": template}, "imexMode": mode}
+    if num_nodes is not None:
+        spec["numNodes"] = num_nodes
+    return {"apiVersion": cd.API_VERSION, "kind": cd.KIND, "metadata": {"name": name},
+            "spec": spec}  # fmt: skip
+
+
+@contextmanager
+def running_controller(cp: ControlPlane, namespace: str, **kw: Any) -> Iterator[Controller]:
+    cfg = ControllerConfig(
+        namespace=namespace, daemon=DaemonSettings(namespace=namespace),
+        resync_seconds=kw.pop("resync_seconds", 5.0), lease_name=unique("cd-controller"), **kw,
+    )  # fmt: skip
+    controller = Controller(cp.api_client(), cfg)
+    controller.start()
+    try:
+        if controller.elector is not None:
+            assert controller.elector.leading.wait(30), "the controller never became leader"
+        yield controller
+    finally:
+        controller.stop()
+
+
+def get_or_none(rest: Rest, kind: Kind, name: str, namespace: str | None = None) -> Any:
+    try:
+        return rest.get(kind, name, namespace)
+    except ApiError as e:
+        if e.not_found:
+            return None
+        raise
+
+
+def condition(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:
+    for c in obj.get("status", {}).get("conditions", []) or []:
+        if c["type"] == type_:
+            return dict(c)
+    return None
+
+
+def wait_gone(check: Callable[[], Any], what: str, timeout: float = 30) -> None:
+    wait_for(lambda: check() is None, what=what, timeout=timeout)
+
+
+def create_plugin_node(cp: ControlPlane, name: str, fabric: str | None = None) -> None:
+    labels = {cd.PLUGIN_NODE_LABEL: "true"}
+    if fabric is not None:
+        labels["fabricdra.io/fabric.domain"] = fabric
+    cp.create_node(name, labels)
+
+
+def report_daemon(rest: Rest, namespace: str, domain_uid: str, node: str, *, ready: bool,
+                  message: str = "", ip: str = "") -> None:  # fmt: skip
+    """What `fabricdra imex-daemon` writes: its report Lease (used by tests and the bench)."""
+    from fabricdra.kubeletplugin.computedomain.report import write_report
+
+    write_report(rest, namespace, domain_uid, node, ready=ready, message=message, ip=ip)
+
+
+def settle(seconds: float = 0.5) -> None:
+    time.sleep(seconds)
+
+
+def allocate_claim(
+    rest: Rest, ns: str, template: dict[str, Any], node: str, name: str, *,
+    binding_conditions: bool = False,
+) -> ClaimRef:  # fmt: skip
+    """A claim made from `template` and allocated on `node`, as the KCM's claim controller and
+    kube-scheduler would make it (for tests that run without them)."""
+    body = {"metadata": {"name": name, "labels": template["spec"]["metadata"]["labels"]},
+            "spec": template["spec"]["spec"]}  # fmt: skip
+    created = rest.create(CLAIMS, body, ns)
+    request = body["spec"]["devices"]["requests"][0]
+    device = cd.CHANNEL_DEVICE if request["name"] == "channel" else cd.DAEMON_DEVICE
+    config = [{"source": "FromClaim", **c} for c in body["spec"]["devices"]["config"]]
+    result: dict[str, Any] = {"request": request["name"], "driver": cd.DRIVER, "pool": node,
+                              "device": device, "shareID": str(uuid.uuid4())}  # fmt: skip
+    if binding_conditions:
+        result["bindingConditions"] = [cd.ADMITTED_CONDITION]
+        result["bindingFailureConditions"] = [cd.CONFLICT_CONDITION]
+    allocation = {
+        "devices": {"results": [result], "config": config},
+        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+            {"key": "metadata.name", "operator": "In", "values": [node]}]}]},
+        "allocationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }  # fmt: skip
+    rest.patch(CLAIMS, name, {"status": {"allocation": allocation}}, ns, sub="status",
+               content_type=STRATEGIC_PATCH)  # fmt: skip
+    return ClaimRef(ns, name, created["metadata"]["uid"])

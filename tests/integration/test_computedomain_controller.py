@@ -1,0 +1,317 @@
+"""The ComputeDomain controller against a real kube-apiserver: objects, owners, status,
+channels, cleanup, restart safety."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from e2e.harness.controlplane import ControlPlane, wait_for
+from fabricdra.api import computedomain as cd
+from fabricdra.controller import rbac
+from fabricdra.controller.manager import Controller, ControllerConfig
+from fabricdra.controller.objects import DaemonSettings, slice_name
+from fabricdra.controller.rest import (
+    CLAIM_TEMPLATES,
+    CLAIMS,
+    COMPUTE_DOMAINS,
+    DAEMON_SETS,
+    EVENTS,
+    SLICES,
+    Kind,
+    Rest,
+)
+
+from .computedomain_helpers import (
+    allocate_claim,
+    condition,
+    create_plugin_node,
+    domain_body,
+    get_or_none,
+    install_crd,
+    report_daemon,
+    running_controller,
+    unique,
+    wait_gone,
+)
+
+pytestmark = pytest.mark.integration
+RBAC_ROLES = Kind("rbac.authorization.k8s.io", "v1", "clusterroles", False)
+RBAC_BINDINGS = Kind("rbac.authorization.k8s.io", "v1", "clusterrolebindings", False)
+
+
+@pytest.fixture(scope="module")
+def rest(control_plane: ControlPlane) -> Rest:
+    r = Rest(control_plane.api_client())
+    install_crd(r)
+    return r
+
+
+def _ns(cp: ControlPlane, prefix: str) -> str:
+    name = unique(prefix)
+    cp.create_namespace(name)
+    return name
+
+
+def _delete_and_wait(rest: Rest, ns: str, name: str) -> None:
+    rest.delete(COMPUTE_DOMAINS, name, ns)
+    wait_gone(lambda: get_or_none(rest, COMPUTE_DOMAINS, name, ns), f"domain {name} deleted")
+
+
+def test_create_makes_owned_objects_and_status(control_plane: ControlPlane, rest: Rest) -> None:
+    ns, driver_ns = _ns(control_plane, "cd-user"), unique("cd-system")
+    with running_controller(control_plane, driver_ns):
+        rest.create(COMPUTE_DOMAINS, domain_body("job", rct="job-imex", num_nodes=2), ns)
+        obj = wait_for(lambda: (o := rest.get(COMPUTE_DOMAINS, "job", ns)).get("status", {})
+                       .get("conditions") and o, what="status written")  # fmt: skip
+        uid = obj["metadata"]["uid"]
+        assert cd.FINALIZER in obj["metadata"]["finalizers"]
+        assert len(obj["status"]["channels"]) == 1
+
+        rct = wait_for(lambda: get_or_none(rest, CLAIM_TEMPLATES, "job-imex", ns), what="RCT")
+        assert rct["metadata"]["ownerReferences"][0]["uid"] == uid
+        assert rct["spec"]["metadata"]["labels"][cd.DOMAIN_LABEL] == uid
+        params = rct["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]
+        assert params["channel"] == obj["status"]["channels"][0]
+        assert params["domainUID"] == uid
+
+        sel = f"{cd.DOMAIN_LABEL}={uid}"
+        ds = wait_for(lambda: rest.list(DAEMON_SETS, driver_ns, label_selector=sel)["items"],
+                      what="DaemonSet")  # fmt: skip
+        assert len(ds) == 1
+        assert ds[0]["spec"]["template"]["spec"]["nodeSelector"] == {cd.DOMAIN_LABEL: uid}
+        daemon_rcts = rest.list(CLAIM_TEMPLATES, driver_ns, label_selector=sel)["items"]
+        assert len(daemon_rcts) == 1
+
+        # numNodes=2 and no node has joined: not Ready, and it says why.
+        ready = condition(obj, cd.READY)
+        assert ready is not None
+        assert ready["status"] == "False"
+        assert condition(obj, cd.DEGRADED)["status"] == "False"  # type: ignore[index]
+        reasons = {e["reason"] for e in rest.list(EVENTS, ns)["items"]
+                   if e["involvedObject"]["uid"] == uid}  # fmt: skip
+        assert "ReadyFalse" in reasons
+
+        # Delete: the claim templates and the DaemonSet go first, then the domain itself.
+        _delete_and_wait(rest, ns, "job")
+        assert get_or_none(rest, CLAIM_TEMPLATES, "job-imex", ns) is None
+        assert rest.list(DAEMON_SETS, driver_ns, label_selector=sel)["items"] == []
+        assert rest.list(CLAIM_TEMPLATES, driver_ns, label_selector=sel)["items"] == []
+
+
+def test_host_mode_creates_no_daemons(control_plane: ControlPlane, rest: Rest) -> None:
+    ns, driver_ns = _ns(control_plane, "cd-host"), unique("cd-system")
+    with running_controller(control_plane, driver_ns):
+        rest.create(COMPUTE_DOMAINS, domain_body("hostjob", mode="host"), ns)
+        obj = wait_for(lambda: (o := rest.get(COMPUTE_DOMAINS, "hostjob", ns)) and
+                       (condition(o, cd.READY) or {}).get("status") == "True" and o,
+                       what="host-mode domain Ready")  # fmt: skip
+        assert condition(obj, cd.DAEMONS_READY)["reason"] == "HostManaged"  # type: ignore[index]
+        assert get_or_none(rest, CLAIM_TEMPLATES, "hostjob-channel", ns) is not None
+        assert rest.list(DAEMON_SETS, driver_ns)["items"] == []
+        _delete_and_wait(rest, ns, "hostjob")
+
+
+def test_channels_unique_and_reused_after_delete(control_plane: ControlPlane, rest: Rest) -> None:
+    ns, driver_ns = _ns(control_plane, "cd-chan"), unique("cd-system")
+    names = [f"d{i}" for i in range(6)]
+    with running_controller(control_plane, driver_ns):
+        for n in names:
+            rest.create(COMPUTE_DOMAINS, domain_body(n, mode="host"), ns)
+
+        def channels() -> dict[str, int] | None:
+            out = {}
+            for o in rest.list(COMPUTE_DOMAINS, ns)["items"]:
+                ch = o.get("status", {}).get("channels")
+                if not ch:
+                    return None
+                out[o["metadata"]["name"]] = ch[0]
+            return out if len(out) == len(names) else None
+
+        first = wait_for(channels, what="channels for all domains")
+        assert len(set(first.values())) == len(names)
+        # Domains of other tests may hold channels too: compare against the whole cluster.
+        every = [c for o in rest.list(COMPUTE_DOMAINS)["items"]
+                 for c in o.get("status", {}).get("channels", [])]  # fmt: skip
+        assert len(every) == len(set(every))
+
+        freed = first["d2"]
+        _delete_and_wait(rest, ns, "d2")
+        rest.create(COMPUTE_DOMAINS, domain_body("late", mode="host"), ns)
+        late = wait_for(lambda: rest.get(COMPUTE_DOMAINS, "late", ns).get("status", {})
+                        .get("channels"), what="late channel")  # fmt: skip
+        assert late == [freed]
+        for n in [*names, "late"]:
+            if n != "d2":
+                rest.delete(COMPUTE_DOMAINS, n, ns)
+        for n in [*names, "late"]:
+            wait_gone(lambda n=n: get_or_none(rest, COMPUTE_DOMAINS, n, ns), f"{n} deleted")
+
+
+def test_recreates_a_deleted_claim_template(control_plane: ControlPlane, rest: Rest) -> None:
+    ns, driver_ns = _ns(control_plane, "cd-heal"), unique("cd-system")
+    with running_controller(control_plane, driver_ns):
+        rest.create(COMPUTE_DOMAINS, domain_body("heal", mode="host"), ns)
+        first = wait_for(lambda: get_or_none(rest, CLAIM_TEMPLATES, "heal-channel", ns), what="RCT")
+        rest.delete(CLAIM_TEMPLATES, "heal-channel", ns)
+        again = wait_for(
+            lambda: (
+                (o := get_or_none(rest, CLAIM_TEMPLATES, "heal-channel", ns)) is not None
+                and o["metadata"]["uid"] != first["metadata"]["uid"]
+                and o
+            ),
+            what="RCT recreated",
+        )
+        assert (
+            again["metadata"]["labels"][cd.DOMAIN_LABEL]
+            == first["metadata"]["labels"][cd.DOMAIN_LABEL]
+        )
+        _delete_and_wait(rest, ns, "heal")
+
+
+def _controller_process(cp: ControlPlane, driver_ns: str, lease: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "FABRICDRA_METRICS_PORT": "0"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "fabricdra.cli", "controller", "--kubeconfig", str(cp.kubeconfig),
+         "--namespace", driver_ns, "--identity", lease, "--resync-seconds", "5"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def test_killed_mid_reconcile_resumes_without_duplicates(
+    control_plane: ControlPlane, rest: Rest
+) -> None:
+    """SIGKILL the controller process at several points of a domain's creation; a fresh
+    process must finish the job with exactly one of everything and the same channel."""
+    ns, driver_ns = _ns(control_plane, "cd-crash"), unique("cd-system")
+    for i, delay in enumerate((0.3, 0.8, 1.5, 2.5)):
+        name = f"crash{i}"
+        proc = _controller_process(control_plane, driver_ns, f"crash-{i}-a")
+        try:
+            rest.create(COMPUTE_DOMAINS, domain_body(name), ns)
+            time.sleep(delay)
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        seen = rest.get(COMPUTE_DOMAINS, name, ns)
+        channel_before = seen.get("status", {}).get("channels")
+        # The killed process still holds the leader lease: the new one waits it out (15 s);
+        # a second replica started meanwhile must not act before then either.
+        proc = _controller_process(control_plane, driver_ns, f"crash-{i}-b")
+        try:
+            obj = wait_for(lambda name=name: (o := rest.get(COMPUTE_DOMAINS, name, ns)) and
+                           condition(o, cd.READY) and o.get("status", {}).get("channels") and o,
+                           what="resumed", timeout=60)  # fmt: skip
+            if channel_before:
+                assert obj["status"]["channels"] == channel_before
+            uid = obj["metadata"]["uid"]
+            sel = f"{cd.DOMAIN_LABEL}={uid}"
+            wait_for(lambda sel=sel: len(rest.list(DAEMON_SETS, driver_ns, label_selector=sel)
+                                         ["items"]) == 1, what="one DaemonSet")  # fmt: skip
+            assert len(rest.list(CLAIM_TEMPLATES, driver_ns, label_selector=sel)["items"]) == 1
+            assert len(rest.list(CLAIM_TEMPLATES, ns, label_selector=sel)["items"]) == 1
+            assert obj["metadata"]["finalizers"].count(cd.FINALIZER) == 1
+            _delete_and_wait(rest, ns, name)
+            assert rest.list(DAEMON_SETS, driver_ns, label_selector=sel)["items"] == []
+            assert rest.list(CLAIM_TEMPLATES, driver_ns, label_selector=sel)["items"] == []
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=30)
+    every = [c for o in rest.list(COMPUTE_DOMAINS)["items"]
+             for c in o.get("status", {}).get("channels", [])]  # fmt: skip
+    assert len(every) == len(set(every))
+
+
+def test_two_replicas_one_leader_and_failover(control_plane: ControlPlane, rest: Rest) -> None:
+    ns, driver_ns = _ns(control_plane, "cd-ha"), unique("cd-system")
+    lease = unique("cd-lease")
+    cfg = {"namespace": driver_ns, "daemon": DaemonSettings(namespace=driver_ns),
+           "resync_seconds": 5.0, "lease_name": lease}  # fmt: skip
+    first = Controller(control_plane.api_client(), ControllerConfig(identity="one", **cfg))
+    second = Controller(control_plane.api_client(), ControllerConfig(identity="two", **cfg))
+    first.start()
+    assert first.elector is not None
+    assert first.elector.leading.wait(30)
+    second.start()
+    try:
+        assert second.elector is not None
+        time.sleep(3)  # several renew periods: the standby must stay standby
+        assert not second.elector.leading.is_set()
+        rest.create(COMPUTE_DOMAINS, domain_body("ha", mode="host"), ns)
+        wait_for(lambda: get_or_none(rest, CLAIM_TEMPLATES, "ha-channel", ns), what="RCT")
+        first.stop()  # releases the lease: the standby takes over at once
+        assert second.elector.leading.wait(20)
+        rest.delete(CLAIM_TEMPLATES, "ha-channel", ns)
+        wait_for(lambda: get_or_none(rest, CLAIM_TEMPLATES, "ha-channel", ns), what="healed")
+        _delete_and_wait(rest, ns, "ha")
+    finally:
+        first.stop()
+        second.stop()
+
+
+def test_controller_needs_only_its_documented_permissions(
+    control_plane: ControlPlane, rest: Rest
+) -> None:
+    """The whole controller path (objects, channel, node slice, claim admission, status,
+    cleanup) as a non-admin user bound to rbac.CONTROLLER only."""
+    user = unique("fabricdra-controller")
+    rest.create(RBAC_ROLES, rbac.cluster_role(user, rbac.CONTROLLER))
+    rest.create(RBAC_BINDINGS, rbac.binding_for_user(user, user, user))
+    kubeconfig = control_plane.kubeconfig_for(user, user)
+    ns, driver_ns = _ns(control_plane, "cd-rbac"), unique("cd-system")
+    node = unique("rbac-node")
+    create_plugin_node(control_plane, node, fabric="rack-r")
+    cfg = ControllerConfig(namespace=driver_ns, daemon=DaemonSettings(namespace=driver_ns),
+                           resync_seconds=5.0, lease_name=unique("cd-rbac"))  # fmt: skip
+    from kubernetes import config as kube_config
+
+    controller = Controller(kube_config.new_client_from_config(config_file=str(kubeconfig)), cfg)
+    controller.start()
+    try:
+        assert controller.elector is not None
+        assert controller.elector.leading.wait(30)
+        wait_for(lambda: get_or_none(rest, SLICES, slice_name(node)), what="node slice")
+        rest.create(COMPUTE_DOMAINS, domain_body("r", rct="r-imex"), ns)
+        template = wait_for(lambda: get_or_none(rest, CLAIM_TEMPLATES, "r-imex", ns), what="rct")
+        uid = template["metadata"]["labels"][cd.DOMAIN_LABEL]
+        claim = allocate_claim(rest, ns, template, node, "r-0", binding_conditions=True)
+        admitted = wait_for(
+            lambda: [c for d in rest.get(CLAIMS, "r-0", ns).get("status", {}).get("devices", [])
+                     for c in d.get("conditions", []) if c["type"] == cd.ADMITTED_CONDITION],
+            what="claim admitted",
+        )  # fmt: skip
+        assert admitted[0]["status"] == "True"
+        assert claim
+        report_daemon(rest, driver_ns, uid, node, ready=True, ip="10.2.0.1")
+        wait_for(lambda: (condition(rest.get(COMPUTE_DOMAINS, "r", ns), cd.READY) or {})
+                 .get("status") == "True", what="Ready")  # fmt: skip
+        _delete_and_wait(rest, ns, "r")
+    finally:
+        controller.stop()
+
+
+def test_never_takes_over_a_template_it_did_not_create(
+    control_plane: ControlPlane, rest: Rest
+) -> None:
+    ns, driver_ns = _ns(control_plane, "cd-theirs"), unique("cd-system")
+    theirs = {
+        "metadata": {"name": "shared-name"},
+        "spec": {"spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com"}}]}}},
+    }  # fmt: skip
+    before = rest.create(CLAIM_TEMPLATES, theirs, ns)
+    with running_controller(control_plane, driver_ns):
+        rest.create(COMPUTE_DOMAINS, domain_body("clash", rct="shared-name", mode="host"), ns)
+        ready = wait_for(lambda: condition(rest.get(COMPUTE_DOMAINS, "clash", ns), cd.READY),
+                         what="Ready condition")  # fmt: skip
+        assert (ready["status"], ready["reason"]) == ("False", "CreatingObjects")
+        assert "belongs to something else" in ready["message"]
+        _delete_and_wait(rest, ns, "clash")
+    after = rest.get(CLAIM_TEMPLATES, "shared-name", ns)
+    assert after["metadata"]["uid"] == before["metadata"]["uid"]
+    assert after["spec"] == before["spec"]

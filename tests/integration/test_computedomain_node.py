@@ -1,0 +1,268 @@
+"""The compute-domain node side against a real kube-apiserver: the kubelet driver's prepare /
+unprepare (real files, real device nodes under tmp roots) and the IMEX daemon with the
+stand-in IMEX executables, reporting through the controller into the domain's status."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+from pathlib import Path
+
+import grpc
+import pytest
+
+from e2e.harness.controlplane import ControlPlane, wait_for
+from fabricdra.api import computedomain as cd
+from fabricdra.controller.rest import (
+    CLAIM_TEMPLATES,
+    CLAIMS,
+    COMPUTE_DOMAINS,
+    Rest,
+)
+from fabricdra.kubeletplugin.computedomain.daemon import DaemonIdentity, ImexDaemon
+from fabricdra.kubeletplugin.computedomain.driver import ComputeDomainDriver, NodeConfig
+from fabricdra.kubeletplugin.computedomain.imex import ImexSettings, ImexSupervisor
+from fabricdra.kubeletplugin.computedomain.report import write_host_report
+from fabricdra.kubeletplugin.kubelet import PluginPaths, PluginServer, PrepareError
+from fabricdra.proto.gen.dra_v1 import api_pb2 as v1_pb2
+from fabricdra.proto.gen.dra_v1 import api_pb2_grpc as v1_grpc
+
+from .computedomain_helpers import (
+    allocate_claim,
+    condition,
+    create_plugin_node,
+    domain_body,
+    get_or_none,
+    install_crd,
+    running_controller,
+    unique,
+    wait_gone,
+)
+
+pytestmark = pytest.mark.integration
+STAND_INS = Path(__file__).resolve().parents[1] / "imex"
+MAJOR = 234
+
+
+@pytest.fixture
+def roots(tmp_path: Path) -> dict[str, Path]:
+    proc, dev = tmp_path / "proc", tmp_path / "dev"
+    proc.mkdir()
+    (proc / "devices").write_text(
+        f"Character devices:\n195 nvidia\n{MAJOR} nvidia-caps-imex-channels\n\nBlock devices:\n"
+    )
+    return {"proc": proc, "dev": dev, "cdi": tmp_path / "cdi", "plugin": tmp_path / "plugin"}
+
+
+def test_prepare_injects_exactly_the_domains_channel(
+    control_plane: ControlPlane, roots: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    rest = Rest(control_plane.api_client())
+    install_crd(rest)
+    ns, other_ns, driver_ns = unique("cd-node"), unique("cd-other"), unique("cd-system")
+    control_plane.create_namespace(ns)
+    control_plane.create_namespace(other_ns)
+    node = unique("gb300")
+    create_plugin_node(control_plane, node, fabric="rack-7")
+    with running_controller(control_plane, driver_ns):
+        rest.create(COMPUTE_DOMAINS, domain_body("other", mode="host"), ns)
+        rest.create(COMPUTE_DOMAINS, domain_body("train", rct="train-imex"), ns)
+        domain = wait_for(lambda: (o := rest.get(COMPUTE_DOMAINS, "train", ns))
+                          .get("status", {}).get("channels") and o, what="channel")  # fmt: skip
+        channel = domain["status"]["channels"][0]
+        template = wait_for(lambda: get_or_none(rest, CLAIM_TEMPLATES, "train-imex", ns),
+                            what="template")  # fmt: skip
+        driver = ComputeDomainDriver(rest, NodeConfig(
+            node_name=node, cdi_dir=roots["cdi"], plugin_dir=roots["plugin"],
+            proc_root=roots["proc"], dev_root=roots["dev"], fabric_domain="rack-7",
+        ))  # fmt: skip
+
+        ref = allocate_claim(rest, ns, template, node, "train-0")
+        prepared = driver.prepare(ref)
+        assert [(p.pool_name, p.device_name) for p in prepared] == [(node, cd.CHANNEL_DEVICE)]
+        spec_file = roots["cdi"] / f"fabricdra.io-compute-domain_{ref.uid}.json"
+        spec = json.loads(spec_file.read_text())
+        edits = spec["devices"][0]["containerEdits"]
+        assert edits["deviceNodes"] == [{
+            "path": f"/dev/nvidia-caps-imex-channels/channel{channel}", "type": "c",
+            "major": MAJOR, "minor": channel, "permissions": "rw"}]  # fmt: skip
+        assert f"FABRICDRA_IMEX_CHANNEL={channel}" in edits["env"]
+        assert prepared[0].cdi_device_ids == (f"fabricdra.io/compute-domain={ref.uid}-channel",)
+        host = roots["dev"] / "nvidia-caps-imex-channels" / f"channel{channel}"
+        assert stat.S_ISCHR(host.lstat().st_mode)
+        assert host.lstat().st_rdev == os.makedev(MAJOR, channel)
+
+        # Idempotent; a second pod of the domain gets its own claim with the same channel.
+        assert driver.prepare(ref) == prepared
+        second = driver.prepare(allocate_claim(rest, ns, template, node, "train-1"))
+        assert second[0].device_name == cd.CHANNEL_DEVICE
+
+        # The claim's configuration used from another namespace is refused, and nothing is
+        # written for it.
+        stolen = allocate_claim(rest, other_ns, template, node, "stolen")
+        with pytest.raises(PrepareError, match="namespace"):
+            driver.prepare(stolen)
+        assert not (roots["cdi"] / f"fabricdra.io-compute-domain_{stolen.uid}.json").exists()
+        assert driver.checkpoint.get(stolen.uid) is None
+
+        # A channel the domain does not hold is refused (e.g. a hand-written claim).
+        forged = json.loads(json.dumps(template))
+        forged["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]["channel"] = 2047
+        bad = allocate_claim(rest, ns, forged, node, "forged")
+        with pytest.raises(PrepareError, match="holds"):
+            driver.prepare(bad)
+
+        # The same driver behind the shared kubelet plugin server, over its real socket.
+        paths = PluginPaths.for_driver(cd.DRIVER, registry_dir=tmp_path_factory.mktemp("reg"),
+                                       plugin_dir=tmp_path_factory.mktemp("cdp"))  # fmt: skip
+        with PluginServer(driver, paths), grpc.insecure_channel(f"unix://{paths.dra_socket}") as ch:
+            claim = v1_pb2.Claim(namespace=ns, name="train-1", uid=_uid(rest, ns, "train-1"))
+            resp = v1_grpc.DRAPluginStub(ch).NodePrepareResources(
+                v1_pb2.NodePrepareResourcesRequest(claims=[claim]), timeout=30
+            )
+        answer = resp.claims[claim.uid]
+        assert answer.error == ""
+        assert [d.device_name for d in answer.devices] == [cd.CHANNEL_DEVICE]
+        assert answer.devices[0].cdi_device_ids == [
+            f"fabricdra.io/compute-domain={claim.uid}-channel"
+        ]
+
+        # Unprepare removes exactly what prepare wrote; twice is fine.
+        driver.unprepare(ref)
+        assert not spec_file.exists()
+        assert driver.checkpoint.get(ref.uid) is None
+        driver.unprepare(ref)
+        # A restarted driver still knows the other claim (checkpoint on disk).
+        again = ComputeDomainDriver(rest, driver.config)
+        assert again.checkpoint.get(_uid(rest, ns, "train-1")) is not None
+
+        for name in ("train", "other"):
+            rest.delete(COMPUTE_DOMAINS, name, ns)
+        for name in ("train", "other"):
+            wait_gone(lambda name=name: get_or_none(rest, COMPUTE_DOMAINS, name, ns), name)
+
+
+def _uid(rest: Rest, ns: str, name: str) -> str:
+    return str(rest.get(CLAIMS, name, ns)["metadata"]["uid"])
+
+
+def test_host_mode_prepare_checks_the_host_imex_service(
+    control_plane: ControlPlane, roots: dict[str, Path]
+) -> None:
+    rest = Rest(control_plane.api_client())
+    install_crd(rest)
+    ns, driver_ns = unique("cd-hostnode"), unique("cd-system")
+    control_plane.create_namespace(ns)
+    node = unique("hgx")
+    create_plugin_node(control_plane, node)
+    with running_controller(control_plane, driver_ns):
+        rest.create(COMPUTE_DOMAINS, domain_body("h", rct="h-imex", mode="host"), ns)
+        wait_for(lambda: rest.get(COMPUTE_DOMAINS, "h", ns).get("status", {}).get("channels"),
+                 what="channel")  # fmt: skip
+        template = wait_for(lambda: get_or_none(rest, CLAIM_TEMPLATES, "h-imex", ns), what="rct")
+        config = NodeConfig(
+            node_name=node,
+            cdi_dir=roots["cdi"],
+            plugin_dir=roots["plugin"],
+            proc_root=roots["proc"],
+            dev_root=roots["dev"],
+            imex_ctl=str(STAND_INS / "nvidia-imex-ctl"),
+            imex_ctl_args=("-c", str(roots["plugin"] / "host.cfg"), "-q"),
+        )
+        port = _free_port()
+        roots["plugin"].mkdir(parents=True, exist_ok=True)
+        (roots["plugin"] / "host.cfg").write_text(f"IMEX_CMD_ENABLED=1\nIMEX_CMD_PORT={port}\n")
+        driver = ComputeDomainDriver(rest, config)
+        ref = allocate_claim(rest, ns, template, node, "h-0")
+        with pytest.raises(PrepareError, match=r"not ready.*UNAVAILABLE"):
+            driver.prepare(ref)
+        assert driver.checkpoint.get(ref.uid) is None
+        # The node plugin's host report makes the host's state visible on the domain.
+        write_host_report(rest, driver_ns, node, ready=False, message=driver.host_imex()[1])
+        wait_for(lambda: (condition(rest.get(COMPUTE_DOMAINS, "h", ns), cd.DEGRADED) or {})
+                 .get("status") == "True", what="host IMEX down shows as Degraded")  # fmt: skip
+        # The host service comes up: the same claim now prepares.
+        sup = ImexSupervisor(ImexSettings(config_dir=roots["plugin"] / "hostimex",
+                                          imex_bin=str(STAND_INS / "nvidia-imex"),
+                                          imex_ctl=str(STAND_INS / "nvidia-imex-ctl"),
+                                          cmd_port=port))  # fmt: skip
+        try:
+            wait_for(lambda: sup.step(["10.1.1.1"]).ready, what="host IMEX up", timeout=20)
+            assert driver.prepare(ref)[0].device_name == cd.CHANNEL_DEVICE
+            write_host_report(rest, driver_ns, node, ready=True, message=driver.host_imex()[1])
+            wait_for(lambda: (condition(rest.get(COMPUTE_DOMAINS, "h", ns), cd.READY) or {})
+                     .get("status") == "True", what="Ready again")  # fmt: skip
+        finally:
+            sup.stop()
+        rest.delete(COMPUTE_DOMAINS, "h", ns)
+        wait_gone(lambda: get_or_none(rest, COMPUTE_DOMAINS, "h", ns), "h deleted")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_imex_daemon_reports_through_the_controller(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    rest = Rest(control_plane.api_client())
+    install_crd(rest)
+    ns, driver_ns = unique("cd-daemon"), unique("cd-system")
+    control_plane.create_namespace(ns)
+    node = unique("gb200")
+    create_plugin_node(control_plane, node, fabric="rack-9")
+    with running_controller(control_plane, driver_ns):
+        rest.create(COMPUTE_DOMAINS, domain_body("sim", rct="sim-imex", num_nodes=1), ns)
+        template = wait_for(lambda: get_or_none(rest, CLAIM_TEMPLATES, "sim-imex", ns),
+                            what="template")  # fmt: skip
+        uid = template["metadata"]["labels"][cd.DOMAIN_LABEL]
+        allocate_claim(rest, ns, template, node, "sim-0")  # the node joins
+        wait_for(lambda: rest.get(COMPUTE_DOMAINS, "sim", ns).get("status", {}).get("nodes"),
+                 what="node row")  # fmt: skip
+
+        who = DaemonIdentity(node, "127.0.0.1", ns, "sim", uid, driver_ns)
+
+        def daemon(imex_bin: str) -> ImexDaemon:
+            return ImexDaemon(
+                rest,
+                who,
+                ImexSupervisor(
+                    ImexSettings(
+                        config_dir=tmp_path / "imexd",
+                        imex_bin=imex_bin,
+                        imex_ctl=str(STAND_INS / "nvidia-imex-ctl"),
+                        cmd_port=_free_port(),
+                    )
+                ),
+            )
+
+        # No IMEX binary on this host: said clearly, as Degraded with the reason.
+        missing = daemon("/nonexistent/nvidia-imex")
+        missing.run_once()
+        degraded = wait_for(lambda: (c := condition(rest.get(COMPUTE_DOMAINS, "sim", ns),
+                                                    cd.DEGRADED)) and c["status"] == "True" and c,
+                            what="Degraded")  # fmt: skip
+        assert "not found" in degraded["message"]
+
+        # With IMEX: the daemon's IP reaches status, IMEX starts with it, the domain is Ready.
+        good = daemon(str(STAND_INS / "nvidia-imex"))
+        try:
+
+            def ready() -> bool:
+                good.run_once()
+                obj = rest.get(COMPUTE_DOMAINS, "sim", ns)
+                return (condition(obj, cd.READY) or {}).get("status") == "True"
+
+            wait_for(ready, what="Ready=True", timeout=30)
+            obj = rest.get(COMPUTE_DOMAINS, "sim", ns)
+            assert obj["status"]["nodes"][0]["ipAddress"] == "127.0.0.1"
+            assert (tmp_path / "imexd" / "nodes.cfg").read_text() == "127.0.0.1\n"
+            assert condition(obj, cd.DEGRADED)["status"] == "False"  # type: ignore[index]
+        finally:
+            good.supervisor.stop()
+        rest.delete(COMPUTE_DOMAINS, "sim", ns)
+        wait_gone(lambda: get_or_none(rest, COMPUTE_DOMAINS, "sim", ns), "sim deleted")

@@ -1,0 +1,208 @@
+"""One ComputeDomain per node, as the real kube-scheduler sees it (fake Nodes; the controller
+publishes their compute-domain ResourceSlices)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from e2e.harness.controlplane import ControlPlane, wait_for
+from fabricdra.api import computedomain as cd
+from fabricdra.controller.objects import slice_name
+from fabricdra.controller.rest import (
+    CLAIM_TEMPLATES,
+    COMPUTE_DOMAINS,
+    EVENTS,
+    NODES,
+    PODS,
+    SLICES,
+    Rest,
+)
+
+from .computedomain_helpers import (
+    condition,
+    create_plugin_node,
+    domain_body,
+    get_or_none,
+    install_crd,
+    report_daemon,
+    running_controller,
+    unique,
+    wait_gone,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def _pod(name: str, template: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": {"app": "cd-test"}},
+        "spec": {
+            "containers": [{"name": "c", "image": "registry.invalid/none",
+                            "resources": {"claims": [{"name": "imex"}]}}],
+            "resourceClaims": [{"name": "imex", "resourceClaimTemplateName": template}],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }  # fmt: skip
+
+
+def _node_of(rest: Rest, ns: str, pod: str) -> str | None:
+    return rest.get(PODS, pod, ns).get("spec", {}).get("nodeName")
+
+
+def _unschedulable(rest: Rest, ns: str, pod: str) -> str | None:
+    for c in rest.get(PODS, pod, ns).get("status", {}).get("conditions", []) or []:
+        if c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable":
+            return str(c.get("message", ""))
+    return None
+
+
+def test_one_domain_per_node(
+    control_plane: ControlPlane, kube_scheduler: Any, kube_controller_manager: Any
+) -> None:
+    rest = Rest(control_plane.api_client())
+    install_crd(rest)
+    ns, driver_ns = unique("cd-sched"), unique("cd-system")
+    control_plane.create_namespace(ns)
+    node = unique("nvl-node")
+    create_plugin_node(control_plane, node, fabric="clique-a")
+    with running_controller(control_plane, driver_ns):
+        wait_for(lambda: get_or_none(rest, SLICES, slice_name(node)), what="node slice")
+        rest.create(COMPUTE_DOMAINS, domain_body("alpha", rct="alpha-imex"), ns)
+        rest.create(COMPUTE_DOMAINS, domain_body("beta", rct="beta-imex"), ns)
+        alpha = wait_for(lambda: (o := rest.get(COMPUTE_DOMAINS, "alpha", ns))
+                         .get("status", {}).get("channels") and o, what="alpha")  # fmt: skip
+        beta = wait_for(lambda: (o := rest.get(COMPUTE_DOMAINS, "beta", ns))
+                        .get("status", {}).get("channels") and o, what="beta")  # fmt: skip
+        assert alpha["status"]["channels"] != beta["status"]["channels"]
+
+        # Two pods of one domain share the node, each with its own claim from the template.
+        rest.create(PODS, _pod("alpha-0", "alpha-imex"), ns)
+        rest.create(PODS, _pod("alpha-1", "alpha-imex"), ns)
+        wait_for(lambda: _node_of(rest, ns, "alpha-0") == node, what="alpha-0 bound", timeout=60)
+        wait_for(lambda: _node_of(rest, ns, "alpha-1") == node, what="alpha-1 bound", timeout=60)
+
+        # The node now says who holds it, to the scheduler (slice) and to people (label).
+        uid = alpha["metadata"]["uid"]
+        sl = rest.get(SLICES, slice_name(node))
+        channel = next(d for d in sl["spec"]["devices"] if d["name"] == cd.CHANNEL_DEVICE)
+        assert channel["attributes"][cd.ATTR_OWNER] == {"string": uid}
+        assert rest.get(NODES, node)["metadata"]["labels"][cd.DOMAIN_LABEL] == uid
+
+        # A pod of the second domain stays Pending, unschedulable: never ContainerCreating.
+        rest.create(PODS, _pod("beta-0", "beta-imex"), ns)
+        message = wait_for(lambda: _unschedulable(rest, ns, "beta-0"), what="beta-0 unschedulable",
+                           timeout=60)  # fmt: skip
+        assert "cannot allocate all claims" in message
+        assert _node_of(rest, ns, "beta-0") is None
+
+        # alpha's status lists the node; its daemon's report makes it Ready.
+        row = wait_for(lambda: (rest.get(COMPUTE_DOMAINS, "alpha", ns).get("status", {})
+                                .get("nodes") or [None])[0], what="node row")  # fmt: skip
+        assert (row["name"], row["fabricDomain"], row["index"]) == (node, "clique-a", 0)
+        report_daemon(rest, driver_ns, uid, node, ready=True, ip="10.0.0.7")
+        done = wait_for(lambda: (o := rest.get(COMPUTE_DOMAINS, "alpha", ns)) and
+                        (condition(o, cd.READY) or {}).get("status") == "True" and o,
+                        what="alpha Ready")  # fmt: skip
+        assert done["status"]["nodes"][0]["ipAddress"] == "10.0.0.7"
+        assert done["status"]["fabricDomain"] == "clique-a"
+        # An IMEX failure surfaces as Degraded with the daemon's words.
+        report_daemon(rest, driver_ns, uid, node, ready=False, message="nvidia-imex exited: 1")
+        degraded = wait_for(lambda: (c := condition(rest.get(COMPUTE_DOMAINS, "alpha", ns),
+                                                    cd.DEGRADED)) and c["status"] == "True" and c,
+                            what="Degraded")  # fmt: skip
+        assert "nvidia-imex exited" in degraded["message"]
+
+        # Once alpha's pods are gone the node is free again and beta's pod lands there.
+        for pod in ("alpha-0", "alpha-1"):
+            rest.delete(PODS, pod, ns)
+        wait_for(lambda: _node_of(rest, ns, "beta-0") == node, what="beta-0 bound", timeout=90)
+        assert (
+            rest.get(NODES, node)["metadata"]["labels"][cd.DOMAIN_LABEL] == beta["metadata"]["uid"]
+        )
+
+        rest.delete(PODS, "beta-0", ns)
+        for name in ("alpha", "beta"):
+            rest.delete(COMPUTE_DOMAINS, name, ns)
+        for name in ("alpha", "beta"):
+            wait_gone(lambda name=name: get_or_none(rest, COMPUTE_DOMAINS, name, ns),
+                      f"{name} deleted", timeout=60)  # fmt: skip
+
+
+def _pinned_pod(name: str, template: str, node: str) -> dict[str, Any]:
+    pod = _pod(name, template)
+    pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return pod
+
+
+def test_simultaneous_domains_on_a_free_node_and_fabric_boundaries(
+    control_plane: ControlPlane, kube_scheduler: Any, kube_controller_manager: Any
+) -> None:
+    """Pods of two domains created in the same instant for one free node: exactly one domain
+    gets it (binding conditions: the loser's allocation is dropped, its pod stays Pending).
+    Then a pod of the winner pinned to a node of another NVLink fabric domain is refused at
+    binding time and stays Pending with an event saying why."""
+    rest = Rest(control_plane.api_client())
+    install_crd(rest)
+    ns, driver_ns = unique("cd-race"), unique("cd-system")
+    control_plane.create_namespace(ns)
+    node, far = unique("rack1-n"), unique("rack2-n")
+    create_plugin_node(control_plane, node, fabric="rack-1")
+    create_plugin_node(control_plane, far, fabric="rack-2")
+    for n in (node, far):
+        rest.patch(NODES, n, {"metadata": {"labels": {"kubernetes.io/hostname": n}}})
+    with running_controller(control_plane, driver_ns):
+        for n in (node, far):
+            wait_for(lambda n=n: get_or_none(rest, SLICES, slice_name(n)), what="slice")
+        for name in ("red", "blue"):
+            rest.create(COMPUTE_DOMAINS, domain_body(name, rct=f"{name}-imex"), ns)
+        for name in ("red", "blue"):
+            wait_for(lambda name=name: rest.get(COMPUTE_DOMAINS, name, ns).get("status", {})
+                     .get("channels"), what=f"{name} has a channel")  # fmt: skip
+        for name in ("red", "blue"):
+            wait_for(lambda name=name: get_or_none(rest, CLAIM_TEMPLATES, f"{name}-imex", ns),
+                     what="template")  # fmt: skip
+        for i in range(2):
+            rest.create(PODS, _pinned_pod(f"red-{i}", "red-imex", node), ns)
+            rest.create(PODS, _pinned_pod(f"blue-{i}", "blue-imex", node), ns)
+
+        def settled() -> tuple[str, str] | None:
+            bound = {p: _node_of(rest, ns, p) for p in ("red-0", "red-1", "blue-0", "blue-1")}
+            red = bound["red-0"] and bound["red-1"]
+            blue = bound["blue-0"] and bound["blue-1"]
+            if red and not (bound["blue-0"] or bound["blue-1"]):
+                return "red", "blue"
+            if blue and not (bound["red-0"] or bound["red-1"]):
+                return "blue", "red"
+            assert not (red and blue), f"two domains on one node: {bound}"
+            return None
+
+        winner, loser = wait_for(settled, what="one domain holds the node", timeout=90)
+        wait_for(lambda: _unschedulable(rest, ns, f"{loser}-0"), what="loser unschedulable")
+        time.sleep(3)  # and it stays that way
+        assert _node_of(rest, ns, f"{loser}-0") is None
+        assert _node_of(rest, ns, f"{loser}-1") is None
+
+        # The winner's domain is now in rack-1; a pod of it on rack-2 is refused at binding.
+        rest.create(PODS, _pinned_pod(f"{winner}-far", f"{winner}-imex", far), ns)
+        uid = rest.get(COMPUTE_DOMAINS, winner, ns)["metadata"]["uid"]
+
+        def conflict_event() -> bool:
+            return any(e["reason"] == "NodeConflict" and "never spans two" in e["message"]
+                       for e in rest.list(EVENTS, ns)["items"]
+                       if e["involvedObject"].get("uid") == uid)  # fmt: skip
+
+        wait_for(conflict_event, what="NodeConflict event", timeout=60)
+        time.sleep(2)
+        assert _node_of(rest, ns, f"{winner}-far") is None
+        assert rest.get(COMPUTE_DOMAINS, winner, ns)["status"]["fabricDomain"] == "rack-1"
+
+        for p in ("red-0", "red-1", "blue-0", "blue-1", f"{winner}-far"):
+            rest.delete(PODS, p, ns)
+        for name in ("red", "blue"):
+            rest.delete(COMPUTE_DOMAINS, name, ns)
+        for name in ("red", "blue"):
+            wait_gone(lambda name=name: get_or_none(rest, COMPUTE_DOMAINS, name, ns),
+                      f"{name} deleted", timeout=60)  # fmt: skip

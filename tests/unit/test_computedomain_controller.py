@@ -1,0 +1,192 @@
+"""The controller's pure parts: channel allocation, node admission, status, objects, queue."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from fabricdra.api import computedomain as cd
+from fabricdra.api.computedomain import ComputeDomain
+from fabricdra.controller import admission, channels, objects, status
+from fabricdra.controller.admission import ClaimOnNode
+from fabricdra.controller.workqueue import WorkQueue
+
+A, B = "uid-a", "uid-b"
+
+
+def _domain(**status_: object) -> ComputeDomain:
+    return ComputeDomain.model_validate({
+        "metadata": {"name": "job", "namespace": "team", "uid": A, "generation": 1},
+        "spec": {"channel": {"resourceClaimTemplate": {"name": "job-imex"}}, "numNodes": 2},
+        "status": status_,
+    })  # fmt: skip
+
+
+# -- channels --------------------------------------------------------------------------------
+def test_lowest_free_channel_fills_holes() -> None:
+    assert channels.lowest_free([]) == 0
+    assert channels.lowest_free([0, 1, 3]) == 2
+    with pytest.raises(channels.ChannelsExhausted):
+        channels.lowest_free(range(4), count=4)
+
+
+def test_duplicate_channels_are_reported() -> None:
+    assert channels.duplicates({"a": [1], "b": [1], "c": [2]}) == {1: ["a", "b"]}
+
+
+# -- admission -------------------------------------------------------------------------------
+def _claim(key: str, domain: str, state: str = "pending", since: str = "t1") -> ClaimOnNode:
+    return ClaimOnNode(key=key, domain=domain, state=state, since=since)
+
+
+def test_first_pending_claim_wins_a_free_node_and_others_conflict() -> None:
+    claims = [_claim("ns/b", B, since="t2"), _claim("ns/a1", A, since="t1"),
+              _claim("ns/a2", A, since="t3")]  # fmt: skip
+    d = admission.decide("n1", "rack", claims, {A: None, B: None})
+    assert d.owner == A
+    assert d.admit == ["ns/a1", "ns/a2"]
+    assert [k for k, _ in d.conflicts] == ["ns/b"]
+    assert "held by another ComputeDomain" in d.conflicts[0][1]
+    assert d.fabric_pins == {A: "rack"}
+
+
+def test_admitted_owner_keeps_the_node() -> None:
+    claims = [_claim("ns/a", A, "admitted", "t9"), _claim("ns/b", B, since="t0")]
+    d = admission.decide("n1", "rack", claims, {A: "rack", B: None}, current_owner=A)
+    assert (d.owner, d.admit, [k for k, _ in d.conflicts]) == (A, [], ["ns/b"])
+
+
+def test_node_is_free_without_claims_and_a_gone_domain_gets_nothing() -> None:
+    assert admission.decide("n1", "", [], {A: None}, current_owner=A).owner == cd.FREE_OWNER
+    d = admission.decide("n1", "", [_claim("ns/x", "gone")], {A: None})
+    assert d.owner == cd.FREE_OWNER
+    assert "no longer exists" in d.conflicts[0][1]
+
+
+def test_a_domain_never_spans_two_fabric_domains() -> None:
+    d = admission.decide("n2", "rack-2", [_claim("ns/a", A)], {A: "rack-1"})
+    assert d.owner == cd.FREE_OWNER
+    assert "never spans two" in d.conflicts[0][1]
+
+
+def test_just_admitted_owner_survives_a_stale_cache() -> None:
+    # The controller admitted A a moment ago; the claim still looks pending in its cache while
+    # B's claim arrived earlier in time: A must keep the node.
+    claims = [_claim("ns/a", A, since="t5"), _claim("ns/b", B, since="t1")]
+    d = admission.decide("n1", "", claims, {A: "", B: None}, current_owner=A)
+    assert (d.owner, d.admit) == (A, ["ns/a"])
+
+
+# -- status ----------------------------------------------------------------------------------
+def _obs(held: list[str], reports: dict[str, status.DaemonReport]) -> status.Observed:
+    return status.Observed(True, "ok", [status.HeldNode(n, f"10.0.0.{i}", "rack")
+                                        for i, n in enumerate(held)], reports)  # fmt: skip
+
+
+def test_indices_are_stable_and_newcomers_take_the_lowest_free() -> None:
+    first, _ = status.compute(_domain(channels=[4]), _obs(["n1", "n2"], {}), "t0")
+    assert [(r.name, r.index) for r in first.nodes] == [("n1", 0), ("n2", 1)]
+    again = _domain(**first.model_dump(mode="json"))
+    later, events = status.compute(again, _obs(["n2", "n3"], {}), "t1")
+    assert {(r.name, r.index) for r in later.nodes} == {("n2", 1), ("n3", 0)}
+    assert {e.reason for e in events} >= {"NodeJoined", "NodeLeft"}
+
+
+def test_ready_needs_every_node_and_the_expected_count() -> None:
+    ok = status.DaemonReport(True, "READY", "192.0.2.9")
+    st, _ = status.compute(_domain(channels=[0]), _obs(["n1"], {"n1": ok}), "t0")
+    ready = {c.type: c for c in st.conditions}
+    assert (ready[cd.READY].status, ready[cd.READY].reason) == ("False", "WaitingForNodes")
+    assert st.nodes[0].ipAddress == "192.0.2.9"  # the daemon's own IP wins
+    st, events = status.compute(_domain(channels=[0]), _obs(["n1", "n2"], {"n1": ok, "n2": ok}),
+                                "t0")  # fmt: skip
+    assert {c.type: c.status for c in st.conditions}[cd.READY] == "True"
+    assert st.fabricDomain == "rack"
+    assert [e.reason for e in events if e.reason.startswith("Ready")] == ["ReadyTrue"]
+
+
+def test_imex_errors_surface_as_degraded_and_recovery_is_an_event() -> None:
+    bad = status.DaemonReport(False, "nvidia-imex not found: this host has no IMEX binary")
+    st, events = status.compute(_domain(channels=[0]), _obs(["n1"], {"n1": bad}), "t0")
+    cond = {c.type: c for c in st.conditions}
+    assert (cond[cd.DEGRADED].status, cond[cd.DEGRADED].reason) == ("True", "ImexError")
+    assert "no IMEX binary" in cond[cd.DEGRADED].message
+    assert cond[cd.DAEMONS_READY].reason == "ImexNotReady"
+    assert any(e.type == "Warning" for e in events)
+    ok = status.DaemonReport(True, "READY")
+    st2, events2 = status.compute(_domain(**st.model_dump(mode="json")),
+                                  _obs(["n1"], {"n1": ok}), "t1")  # fmt: skip
+    assert {c.type: c.status for c in st2.conditions}[cd.DEGRADED] == "False"
+    assert "Recovered" in {e.reason for e in events2}
+    # The transition time of an unchanged condition stays put.
+    st3, events3 = status.compute(_domain(**st2.model_dump(mode="json")),
+                                  _obs(["n1"], {"n1": ok}), "t2")  # fmt: skip
+    assert status.status_patch(st2, st3) is None
+    assert events3 == []
+
+
+# -- objects ---------------------------------------------------------------------------------
+def test_workload_template_selects_free_or_own_channel_and_carries_sorted_config() -> None:
+    rct = objects.workload_claim_template(_domain(), 7)
+    assert rct["metadata"]["ownerReferences"][0]["uid"] == A
+    request = rct["spec"]["spec"]["devices"]["requests"][0]["exactly"]
+    assert f"in ['{cd.FREE_OWNER}', '{A}']" in request["selectors"][0]["cel"]["expression"]
+    params = rct["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]
+    assert params["channel"] == 7
+    assert list(params) == sorted(params)
+
+
+def test_node_slice_channel_is_shared_and_gated_by_binding_conditions() -> None:
+    sl = objects.node_slice("n1", "node-uid", A, "rack", 3)
+    channel = sl["spec"]["devices"][0]
+    assert channel["allowMultipleAllocations"] is True
+    assert channel["bindingConditions"] == [cd.ADMITTED_CONDITION]
+    assert channel["attributes"][cd.ATTR_OWNER] == {"string": A}
+    assert sl["spec"]["pool"] == {"name": "n1", "generation": 3, "resourceSliceCount": 1}
+
+
+def test_differs_ignores_server_added_fields() -> None:
+    assert not objects.differs({"a": {"b": 1}}, {"a": {"b": 1, "c": 2}, "d": 3})
+    assert objects.differs({"a": [1, 2]}, {"a": [1]})
+
+
+# -- work queue ------------------------------------------------------------------------------
+def test_queue_dedups_and_requeues_keys_added_while_active() -> None:
+    q = WorkQueue()
+    q.add("k")
+    q.add("k")
+    assert q.get(0.1) == "k"
+    assert q.get(0.01) is None  # deduplicated
+    q.add("k")  # arrives while "k" is being processed
+    assert q.get(0.01) is None  # never twice at once
+    q.done("k")
+    assert q.get(0.1) == "k"
+    q.done("k")
+    q.add_after("late", 0.05)
+    assert q.get(1.0) == "late"
+    q.close()
+
+
+def test_closed_queue_releases_waiting_workers() -> None:
+    q = WorkQueue()
+    got: list[str | None] = []
+    t = threading.Thread(target=lambda: got.append(q.get()))
+    t.start()
+    q.close()
+    t.join(2)
+    assert got == [None]
+
+
+def test_host_mode_surfaces_the_host_imex_report() -> None:
+    host = _domain(channels=[1]).model_copy(deep=True)
+    host.spec.imexMode = "host"
+    host.spec.numNodes = None
+    down = status.DaemonReport(False, "host IMEX service not ready: answered UNAVAILABLE")
+    st, _ = status.compute(host, _obs(["n1"], {"n1": down}), "t0")
+    cond = {c.type: c for c in st.conditions}
+    assert (cond[cd.READY].status, cond[cd.DEGRADED].reason) == ("False", "ImexError")
+    assert "UNAVAILABLE" in cond[cd.DEGRADED].message
+    st, _ = status.compute(host, _obs(["n1"], {}), "t0")  # no report: prepare still checks
+    cond = {c.type: c for c in st.conditions}
+    assert (cond[cd.READY].status, cond[cd.DAEMONS_READY].reason) == ("True", "HostManaged")

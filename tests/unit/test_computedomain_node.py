@@ -1,0 +1,160 @@
+"""The node side without an API server: /proc/devices, channel device nodes, IMEX supervision
+with the stand-in executables in tests/imex."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fabricdra.kubeletplugin.computedomain.channels import (
+    ChannelError,
+    ChannelNode,
+    ensure_host_node,
+    imex_major,
+)
+from fabricdra.kubeletplugin.computedomain.daemon import peers_of
+from fabricdra.kubeletplugin.computedomain.imex import ImexSettings, ImexSupervisor
+
+STAND_INS = Path(__file__).resolve().parents[1] / "imex"
+PROC_DEVICES = """Character devices:
+  1 mem
+195 nvidia
+234 nvidia-caps-imex-channels
+511 nvidia-caps
+
+Block devices:
+  8 sd
+"""
+
+
+def test_major_is_read_from_the_character_section(tmp_path: Path) -> None:
+    (tmp_path / "devices").write_text(PROC_DEVICES)
+    assert imex_major(tmp_path) == 234
+    (tmp_path / "devices").write_text("Character devices:\n195 nvidia\n")
+    assert imex_major(tmp_path) is None
+    with pytest.raises(ChannelError, match="does not exist"):
+        imex_major(tmp_path / "nope")
+
+
+def test_channel_node_is_created_once_and_checked(tmp_path: Path) -> None:
+    path = ensure_host_node(tmp_path, ChannelNode(5, 234))
+    st = path.lstat()
+    assert path == tmp_path / "nvidia-caps-imex-channels" / "channel5"
+    assert stat.S_ISCHR(st.st_mode)
+    assert st.st_rdev == os.makedev(234, 5)
+    assert ensure_host_node(tmp_path, ChannelNode(5, 234)) == path  # idempotent
+    with pytest.raises(ChannelError, match="not the character device"):
+        ensure_host_node(tmp_path, ChannelNode(5, 235))
+
+
+def test_peers_are_this_fabric_domain_by_index() -> None:
+    domain = {"status": {"nodes": [
+        {"name": "b", "index": 1, "ipAddress": "10.0.0.2", "fabricDomain": "r1"},
+        {"name": "a", "index": 0, "ipAddress": "10.0.0.1", "fabricDomain": "r1"},
+        {"name": "x", "index": 2, "ipAddress": "10.9.9.9", "fabricDomain": "r2"},
+    ]}}  # fmt: skip
+    assert peers_of(domain, "b") == ["10.0.0.1", "10.0.0.2"]
+    assert peers_of(domain, "unknown") == []
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def supervisor(tmp_path: Path) -> Iterator[ImexSupervisor]:
+    sup = ImexSupervisor(ImexSettings(
+        config_dir=tmp_path / "imexd", imex_bin=str(STAND_INS / "nvidia-imex"),
+        imex_ctl=str(STAND_INS / "nvidia-imex-ctl"), cmd_port=_free_port(),
+        restart_backoff=(0.05,),
+    ))  # fmt: skip
+    yield sup
+    sup.stop()
+
+
+def _until_ready(sup: ImexSupervisor, peers: list[str], timeout: float = 10) -> str:
+    deadline = time.monotonic() + timeout
+    state = sup.step(peers)
+    while not state.ready and time.monotonic() < deadline:
+        time.sleep(0.1)
+        state = sup.step(peers)
+    assert state.ready, state.message
+    return state.message
+
+
+def test_writes_config_starts_imex_and_reports_ready(supervisor: ImexSupervisor) -> None:
+    _until_ready(supervisor, ["10.0.0.1", "10.0.0.2"])
+    assert supervisor.nodes_path.read_text() == "10.0.0.1\n10.0.0.2\n"
+    cfg = supervisor.config_path.read_text()
+    assert f"IMEX_NODE_CONFIG_FILE={supervisor.nodes_path}" in cfg
+    assert "IMEX_CMD_ENABLED=1" in cfg
+
+
+def test_new_peer_restarts_imex_with_the_new_list(supervisor: ImexSupervisor) -> None:
+    _until_ready(supervisor, ["10.0.0.1"])
+    first = supervisor._proc
+    _until_ready(supervisor, ["10.0.0.1", "10.0.0.3"])
+    assert supervisor._proc is not first
+    assert supervisor.nodes_path.read_text() == "10.0.0.1\n10.0.0.3\n"
+
+
+def test_imex_failure_is_reported_with_its_message(supervisor: ImexSupervisor) -> None:
+    state = supervisor.step(["not-an-ip"])
+    deadline = time.monotonic() + 10
+    while "exited" not in state.message and time.monotonic() < deadline:
+        time.sleep(0.1)
+        state = supervisor.step(["not-an-ip"])
+    assert not state.ready
+    assert "exited with status 1" in state.message
+    assert "invalid node address" in state.message
+
+
+def test_missing_binary_is_a_clear_state_not_a_crash(tmp_path: Path) -> None:
+    sup = ImexSupervisor(ImexSettings(config_dir=tmp_path, imex_bin="/opt/none/nvidia-imex"))
+    state = sup.step(["10.0.0.1"])
+    assert not state.ready
+    assert "not found" in state.message
+    assert "no IMEX binary" in state.message
+    assert "not found" in sup.step([]).message  # said before anything else
+
+
+def test_no_peers_yet_is_waiting(supervisor: ImexSupervisor) -> None:
+    state = supervisor.step([])
+    assert not state.ready
+    assert state.message.startswith("waiting")
+
+
+def test_cli_bad_input_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    from fabricdra.cli import main
+
+    assert main(["controller", "--workers", "0"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "fabricdra controller: --workers must be at least 1, got 0"
+    )
+    assert main(["imex-daemon", "--domain-name", "x", "--node-name", "n"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fabricdra imex-daemon: missing --domain-namespace, --domain-uid")
+
+
+def test_imex_daemon_check_is_the_readiness_probe(
+    supervisor: ImexSupervisor, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fabricdra.cli import main
+
+    probe = ["imex-daemon", "--check", "--config-dir", str(supervisor.settings.config_dir),
+             "--imex-ctl", str(STAND_INS / "nvidia-imex-ctl")]  # fmt: skip
+    supervisor.settings.config_dir.mkdir(parents=True, exist_ok=True)
+    supervisor.config_path.write_text(f"IMEX_CMD_PORT={supervisor.settings.cmd_port}\n")
+    assert main(probe) == 1
+    assert capsys.readouterr().out.strip() == "IMEX not ready: UNAVAILABLE"
+    _until_ready(supervisor, ["10.0.0.1"])
+    assert main(probe) == 0
+    assert capsys.readouterr().out.strip() == "READY"
