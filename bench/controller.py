@@ -57,20 +57,49 @@ def _until(check: Callable[[], Any], timeout: float = 120.0, step: float = 0.005
 def _allocate(rest: Rest, ns: str, uid: str, node: str) -> None:
     """What kube-scheduler does for a workload pod on `node`: a claim with an allocation."""
     name = f"w-{node}"
-    rest.create(CLAIMS, {
-        "metadata": {"name": name, "labels": {cd.DOMAIN_LABEL: uid}},
-        "spec": {"devices": {"requests": [{"name": "channel", "exactly": {
-            "deviceClassName": cd.CHANNEL_CLASS}}]}},
-    }, ns)  # fmt: skip
-    allocation = {"devices": {"results": [{
-        "request": "channel", "driver": cd.DRIVER, "pool": node, "device": cd.CHANNEL_DEVICE,
-        "shareID": str(uuid.uuid4()), "bindingConditions": [cd.ADMITTED_CONDITION],
-        "bindingFailureConditions": [cd.CONFLICT_CONDITION]}]},
-        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-            {"key": "metadata.name", "operator": "In", "values": [node]}]}]},
-        "allocationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
-    rest.patch(CLAIMS, name, {"status": {"allocation": allocation}}, ns, sub="status",
-               content_type=STRATEGIC_PATCH)  # fmt: skip
+    rest.create(
+        CLAIMS,
+        {
+            "metadata": {"name": name, "labels": {cd.DOMAIN_LABEL: uid}},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {"name": "channel", "exactly": {"deviceClassName": cd.CHANNEL_CLASS}}
+                    ]
+                }
+            },
+        },
+        ns,
+    )
+    allocation = {
+        "devices": {
+            "results": [
+                {
+                    "request": "channel",
+                    "driver": cd.DRIVER,
+                    "pool": node,
+                    "device": cd.CHANNEL_DEVICE,
+                    "shareID": str(uuid.uuid4()),
+                    "bindingConditions": [cd.ADMITTED_CONDITION],
+                    "bindingFailureConditions": [cd.CONFLICT_CONDITION],
+                }
+            ]
+        },
+        "nodeSelector": {
+            "nodeSelectorTerms": [
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+            ]
+        },
+        "allocationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    rest.patch(
+        CLAIMS,
+        name,
+        {"status": {"allocation": allocation}},
+        ns,
+        sub="status",
+        content_type=STRATEGIC_PATCH,
+    )
 
 
 def run(domains: int, nodes: int, verbose: bool = False) -> dict[str, Any]:
@@ -91,8 +120,9 @@ def _measure(cp: ControlPlane, domains: int, nodes: int, verbose: bool) -> dict[
     for n in names:
         cp.create_node(n, {cd.PLUGIN_NODE_LABEL: "true", "fabricdra.io/fabric.domain": "rack-1"})
     cp.create_namespace("bench")
-    cfg = ControllerConfig(namespace=system, daemon=DaemonSettings(namespace=system),
-                           leader_election=False)  # fmt: skip
+    cfg = ControllerConfig(
+        namespace=system, daemon=DaemonSettings(namespace=system), leader_election=False
+    )
     controller = Controller(cp.api_client(), cfg)
     controller.start()
     out: dict[str, Any] = {"nodes": nodes, "domains": domains}
@@ -100,8 +130,9 @@ def _measure(cp: ControlPlane, domains: int, nodes: int, verbose: bool) -> dict[
         _until(lambda: len(controller.slices.items()) == nodes, timeout=60)
 
         # 1. One 18-node managed domain: create -> every object exists.
-        rest.create(COMPUTE_DOMAINS, domain_body("train", rct="train-imex", num_nodes=nodes),
-                    "bench")  # fmt: skip
+        rest.create(
+            COMPUTE_DOMAINS, domain_body("train", rct="train-imex", num_nodes=nodes), "bench"
+        )
 
         def objects_ready() -> bool:
             obj = rest.get(COMPUTE_DOMAINS, "train", "bench")
@@ -121,8 +152,11 @@ def _measure(cp: ControlPlane, domains: int, nodes: int, verbose: bool) -> dict[
         start = time.perf_counter()
         for n in names:
             _allocate(rest, "bench", uid, n)
-        _until(lambda: len(rest.get(COMPUTE_DOMAINS, "train", "bench")["status"]
-                           .get("nodes", [])) == nodes)  # fmt: skip
+        _until(
+            lambda: (
+                len(rest.get(COMPUTE_DOMAINS, "train", "bench")["status"].get("nodes", [])) == nodes
+            )
+        )
         out["join_to_rows_s"] = round(time.perf_counter() - start, 3)
 
         # 3. The daemons report ready, the last one starts the clock.
@@ -131,23 +165,33 @@ def _measure(cp: ControlPlane, domains: int, nodes: int, verbose: bool) -> dict[
         time.sleep(0.5)  # let the first 17 settle so only the 18th is measured
         start = time.perf_counter()
         write_report(rest, system, uid, names[-1], ready=True, ip="192.0.2.18")
-        _until(lambda: (condition(rest.get(COMPUTE_DOMAINS, "train", "bench"), cd.READY)
-                        or {}).get("status") == "True")  # fmt: skip
+        _until(
+            lambda: (
+                (condition(rest.get(COMPUTE_DOMAINS, "train", "bench"), cd.READY) or {}).get(
+                    "status"
+                )
+                == "True"
+            )
+        )
         out["daemons_ready_to_ready_s"] = round(time.perf_counter() - start, 3)
 
         # 4. Throughput: many domains at once.
         cp.create_namespace("burst")
         before_all = len(cp.audit_events(user_agent=USER_AGENT))
-        before = len(cp.audit_events(user_agent=USER_AGENT,
-                                     verbs=("create", "patch", "update", "delete")))  # fmt: skip
+        before = len(
+            cp.audit_events(user_agent=USER_AGENT, verbs=("create", "patch", "update", "delete"))
+        )
         start = time.perf_counter()
         for i in range(domains):
             rest.create(COMPUTE_DOMAINS, domain_body(f"d{i:03d}"), "burst")
 
         def all_done() -> bool:
             items = rest.list(COMPUTE_DOMAINS, "burst")["items"]
-            done = [o for o in items if o.get("status", {}).get("channels")
-                    and condition(o, cd.READY) is not None]  # fmt: skip
+            done = [
+                o
+                for o in items
+                if o.get("status", {}).get("channels") and condition(o, cd.READY) is not None
+            ]
             templates = rest.list(CLAIM_TEMPLATES, "burst")["items"]
             return len(done) == domains and len(templates) == domains
 
@@ -156,8 +200,9 @@ def _measure(cp: ControlPlane, domains: int, nodes: int, verbose: bool) -> dict[
         out["throughput_elapsed_s"] = round(elapsed, 3)
         out["throughput_domains_per_s"] = round(domains / elapsed, 1)
         time.sleep(1.0)  # let trailing writes land in the audit log
-        writes = len(cp.audit_events(user_agent=USER_AGENT,
-                                     verbs=("create", "patch", "update", "delete")))  # fmt: skip
+        writes = len(
+            cp.audit_events(user_agent=USER_AGENT, verbs=("create", "patch", "update", "delete"))
+        )
         out["api_writes_per_domain"] = round((writes - before) / domains, 1)
         if verbose:
             from collections import Counter

@@ -56,9 +56,7 @@ def main() -> None:
             full.append(t1 - t0)
             second.append(t2 - t1)
             decide.append(t3 - t2)
-            endpoints = sum(
-                1 for i in first.interfaces or [] for e in i.endpoints() if e.rdma
-            )
+            endpoints = sum(1 for i in first.interfaces or [] for e in i.endpoints() if e.rdma)
 
     ms = lambda xs: f"{statistics.median(xs) * 1000:.1f} ms"  # noqa: E731
     print(f"node: {len(hgx.gpus)} GPUs, {endpoints} RDMA endpoints, {args.rounds} rounds")

@@ -119,10 +119,14 @@ def latency(cp: ControlPlane, base: Path, cdi_dir: Path, calls: int) -> None:
         specs = len(os.listdir(cdi_dir))
     print(f"prepare, 8 GPUs + 8 NICs, {len(total)} claims ({specs} CDI specs written):")
     print(f"  incl. API read : p50 {pct(total, 0.5):6.2f} ms   p99 {pct(total, 0.99):6.2f} ms")
-    print(f"  excl. API read : p50 {pct(excl, .5):6.2f} ms   p99 {pct(excl, .99):6.2f} ms"
-          "   (goal p99 < 20 ms)")  # fmt: skip
-    print(f"  repeat prepare : p50 {pct(repeat, .5):6.2f} ms   p99 {pct(repeat, .99):6.2f} ms"
-          " (excl. API read, spec unchanged)")  # fmt: skip
+    print(
+        f"  excl. API read : p50 {pct(excl, 0.5):6.2f} ms   p99 {pct(excl, 0.99):6.2f} ms"
+        "   (goal p99 < 20 ms)"
+    )
+    print(
+        f"  repeat prepare : p50 {pct(repeat, 0.5):6.2f} ms   p99 {pct(repeat, 0.99):6.2f} ms"
+        " (excl. API read, spec unchanged)"
+    )
     reads = [t - e for t, e in zip(total, excl, strict=True)]
     print(f"  API read alone : mean {statistics.mean(reads) * 1000:.2f} ms")
 
@@ -132,13 +136,33 @@ def rss(cp: ControlPlane, base: Path) -> None:
     cp.create_node(NODE + "-rss")
     reg = base / "reg2"
     argv = [
-        sys.executable, "-m", "fabricdra.cli", "kubelet-plugin", "--node-name", NODE + "-rss",
-        "--kubeconfig", str(cp.kubeconfig), "--sysfs-root", str(host.root / "sys"),
-        "--nvml-snapshot", str(host.nvml_snapshot), "--cdi-dir", str(base / "cdi2"),
-        "--plugin-dir", str(base / "pl2"), "--registry-dir", str(reg),
-        "--dev-root", str(host.layout.dev_root), "--proc-root", str(host.layout.proc_root),
-        "--toolkit-cdi-dirs", "", "--metrics-port", "0",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "fabricdra.cli",
+        "kubelet-plugin",
+        "--node-name",
+        NODE + "-rss",
+        "--kubeconfig",
+        str(cp.kubeconfig),
+        "--sysfs-root",
+        str(host.root / "sys"),
+        "--nvml-snapshot",
+        str(host.nvml_snapshot),
+        "--cdi-dir",
+        str(base / "cdi2"),
+        "--plugin-dir",
+        str(base / "pl2"),
+        "--registry-dir",
+        str(reg),
+        "--dev-root",
+        str(host.layout.dev_root),
+        "--proc-root",
+        str(host.layout.proc_root),
+        "--toolkit-cdi-dirs",
+        "",
+        "--metrics-port",
+        "0",
+    ]
     proc = subprocess.Popen(argv, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60

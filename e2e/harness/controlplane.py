@@ -145,10 +145,15 @@ class ControlPlane:
         self._pki = pki = Pki(self.workdir / "pki")
         serving = pki.serving(
             "kube-apiserver",
-            dns=["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
-                 "kubernetes.default.svc.cluster.local"],
+            dns=[
+                "localhost",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ],
             ips=["127.0.0.1", "10.0.0.1"],
-        )  # fmt: skip
+        )
         admin = pki.client("admin", "fabricdra-e2e-admin", ("system:masters",))
         kubelet_client = pki.client(
             "apiserver-kubelet-client", "kube-apiserver-kubelet-client", ("system:masters",)
@@ -211,8 +216,10 @@ class ControlPlane:
         def apiserver_ready(daemon: Daemon) -> None:
             wait_until(
                 lambda: _https_ok(f"{self.server}/readyz", context),
-                timeout=START_TIMEOUT, what="ready (/readyz)", daemon=daemon,
-            )  # fmt: skip
+                timeout=START_TIMEOUT,
+                what="ready (/readyz)",
+                daemon=daemon,
+            )
 
         self.adopt(_start_on_free_ports(start_apiserver, apiserver_ready))
         write_kubeconfig(
@@ -270,8 +277,11 @@ class ControlPlane:
         creds = self.pki.client(name, user, groups)
         return write_kubeconfig(
             self.workdir / f"{name}.kubeconfig",
-            server=self.server, ca=self.pki.ca.cert, user=name, creds=creds,
-        )  # fmt: skip
+            server=self.server,
+            ca=self.pki.ca.cert,
+            user=name,
+            creds=creds,
+        )
 
     def audit_events(
         self, *, user_agent: str | None = None, verbs: Iterable[str] | None = None
@@ -385,8 +395,10 @@ class _Component:
             url = f"https://127.0.0.1:{self.port}/healthz"
             wait_until(
                 lambda: _https_ok(url, _insecure_context()),
-                timeout=START_TIMEOUT, what="healthy (/healthz)", daemon=daemon,
-            )  # fmt: skip
+                timeout=START_TIMEOUT,
+                what="healthy (/healthz)",
+                daemon=daemon,
+            )
 
         self._daemon = cp.adopt(_start_on_free_ports(start, ready))
 

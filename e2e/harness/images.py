@@ -22,8 +22,16 @@ from e2e.harness.errors import HarnessError
 
 PAUSE_IMAGE = "localhost/pause:e2e"
 TEST_IMAGE = "localhost/busybox:e2e"
-_BASE_DIRS = {"bin": 0o755, "dev": 0o755, "etc": 0o755, "proc": 0o755, "run": 0o755,
-              "sys": 0o755, "tmp": 0o1777, "var": 0o755}  # fmt: skip
+_BASE_DIRS = {
+    "bin": 0o755,
+    "dev": 0o755,
+    "etc": 0o755,
+    "proc": 0o755,
+    "run": 0o755,
+    "sys": 0o755,
+    "tmp": 0o1777,
+    "var": 0o755,
+}
 
 
 def _host_binary(name: str, package: str) -> Path:
@@ -84,8 +92,11 @@ def write_image(
     config_name = f"{hashlib.sha256(config).hexdigest()}.json"
     manifest = json.dumps([{"Config": config_name, "RepoTags": [ref], "Layers": ["layer.tar"]}])
     with tarfile.open(path, "w") as tar:
-        for name, data in ((config_name, config), ("layer.tar", layer),
-                           ("manifest.json", manifest.encode())):  # fmt: skip
+        for name, data in (
+            (config_name, config),
+            ("layer.tar", layer),
+            ("manifest.json", manifest.encode()),
+        ):
             info = tarfile.TarInfo(name)
             info.size, info.mode = len(data), 0o644
             tar.addfile(info, io.BytesIO(data))

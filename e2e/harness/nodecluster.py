@@ -277,8 +277,10 @@ class NodeCluster:
         )
         wait_until(
             lambda: self._ctr(bin_dir, "version").returncode == 0,
-            timeout=60, what="serving its socket", daemon=self._containerd,
-        )  # fmt: skip
+            timeout=60,
+            what="serving its socket",
+            daemon=self._containerd,
+        )
         self.control_plane.adopt(self._containerd)
 
     def _ctr(self, bin_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -39,25 +39,59 @@ class Pki:
         directory.mkdir(parents=True, exist_ok=True)
         self.ca = KeyPair(directory / "ca.crt", directory / "ca.key")
         _openssl(
-            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "3650",
-            "-keyout", "ca.key", "-out", "ca.crt", "-subj", "/CN=fabricdra-e2e-ca",
-            "-addext", "basicConstraints=critical,CA:TRUE",
-            "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "3650",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-subj",
+            "/CN=fabricdra-e2e-ca",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign,digitalSignature",
             cwd=directory,
-        )  # fmt: skip
+        )
 
     def _sign(self, name: str, subject: str, extensions: str) -> KeyPair:
         _openssl(
-            "req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key",
-            "-out", f"{name}.csr", "-subj", subject,
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            f"{name}.key",
+            "-out",
+            f"{name}.csr",
+            "-subj",
+            subject,
             cwd=self.dir,
-        )  # fmt: skip
+        )
         (self.dir / f"{name}.ext").write_text(extensions)
         _openssl(
-            "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-            "-CAcreateserial", "-days", "3650", "-out", f"{name}.crt", "-extfile", f"{name}.ext",
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "3650",
+            "-out",
+            f"{name}.crt",
+            "-extfile",
+            f"{name}.ext",
             cwd=self.dir,
-        )  # fmt: skip
+        )
         (self.dir / f"{name}.csr").unlink()
         (self.dir / f"{name}.ext").unlink()
         return KeyPair(self.dir / f"{name}.crt", self.dir / f"{name}.key")

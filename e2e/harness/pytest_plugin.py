@@ -79,9 +79,11 @@ def pytest_runtest_makereport(
     logs = item.config.stash.get(_LOGS_KEY, [])
     if report.failed and logs:
         report.sections.append(
-            ("real Kubernetes logs", "component logs (etcd, kube-apiserver, ...) are in:\n"
-             + "\n".join(logs))
-        )  # fmt: skip
+            (
+                "real Kubernetes logs",
+                "component logs (etcd, kube-apiserver, ...) are in:\n" + "\n".join(logs),
+            )
+        )
 
 
 @pytest.fixture(scope="session")

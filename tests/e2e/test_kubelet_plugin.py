@@ -39,16 +39,37 @@ def test_pod_gets_its_gpu_and_nic(
     ns = f"kp-{uuid.uuid4().hex[:8]}"
     node = node_cluster.node_name
     argv = [
-        sys.executable, "-m", "fabricdra.cli", "kubelet-plugin", "--node-name", node,
-        "--kubeconfig", str(node_cluster.kubeconfig),
-        "--sysfs-root", str(host.root / "sys"), "--nvml-snapshot", str(host.nvml_snapshot),
-        "--dev-root", str(host.layout.dev_root), "--proc-root", str(host.layout.proc_root),
-        "--cdi-dir", str(node_cluster.cdi_dir), "--toolkit-cdi-dirs", "",
-        "--plugin-dir", str(node_cluster.plugins_dir / DRIVER),
-        "--registry-dir", str(node_cluster.plugins_registry_dir),
-        "--state-dir", str(base / "state"), "--metrics-port", "0",
-        "--discovery-interval", "5",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "fabricdra.cli",
+        "kubelet-plugin",
+        "--node-name",
+        node,
+        "--kubeconfig",
+        str(node_cluster.kubeconfig),
+        "--sysfs-root",
+        str(host.root / "sys"),
+        "--nvml-snapshot",
+        str(host.nvml_snapshot),
+        "--dev-root",
+        str(host.layout.dev_root),
+        "--proc-root",
+        str(host.layout.proc_root),
+        "--cdi-dir",
+        str(node_cluster.cdi_dir),
+        "--toolkit-cdi-dirs",
+        "",
+        "--plugin-dir",
+        str(node_cluster.plugins_dir / DRIVER),
+        "--registry-dir",
+        str(node_cluster.plugins_registry_dir),
+        "--state-dir",
+        str(base / "state"),
+        "--metrics-port",
+        "0",
+        "--discovery-interval",
+        "5",
+    ]
     log = (base / "plugin.log").open("w")
     plugin = subprocess.Popen(argv, stderr=log, env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
@@ -73,30 +94,57 @@ def test_pod_gets_its_gpu_and_nic(
                 what="the plugin's ResourceSlices",
             )
             core.create_namespace({"metadata": {"name": ns}})
-            wait_for(lambda: core.read_namespaced_service_account("default", ns),
-                     what="the namespace's default ServiceAccount")  # fmt: skip
-            resource.create_namespaced_resource_claim(ns, {
-                "metadata": {"name": "devs"},
-                "spec": {"devices": {"requests": [
-                    {"name": "gpu", "exactly": {"deviceClassName": "gpu.fabricdra.io"}},
-                    {"name": "nic", "exactly": {"deviceClassName": "rdma.fabricdra.io"}},
-                ], "constraints": [{"requests": ["gpu", "nic"],
-                                    "matchAttribute": "devices.fabricdra.io/pciRoot"}]}},
-            })  # fmt: skip
-            core.create_namespaced_pod(ns, {
-                "metadata": {"name": "user"},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "resourceClaims": [{"name": "devs", "resourceClaimName": "devs"}],
-                    "containers": [{
-                        "name": "c", "image": TEST_IMAGE, "imagePullPolicy": "Never",
-                        "command": ["sh", "-c",
-                                    "ls /dev/infiniband; ls /dev | grep nvidia; "
-                                    "echo HCA=$NCCL_IB_HCA; sleep 5"],  # hold the claim
-                        "resources": {"claims": [{"name": "devs"}]},
-                    }],
+            wait_for(
+                lambda: core.read_namespaced_service_account("default", ns),
+                what="the namespace's default ServiceAccount",
+            )
+            resource.create_namespaced_resource_claim(
+                ns,
+                {
+                    "metadata": {"name": "devs"},
+                    "spec": {
+                        "devices": {
+                            "requests": [
+                                {"name": "gpu", "exactly": {"deviceClassName": "gpu.fabricdra.io"}},
+                                {
+                                    "name": "nic",
+                                    "exactly": {"deviceClassName": "rdma.fabricdra.io"},
+                                },
+                            ],
+                            "constraints": [
+                                {
+                                    "requests": ["gpu", "nic"],
+                                    "matchAttribute": "devices.fabricdra.io/pciRoot",
+                                }
+                            ],
+                        }
+                    },
                 },
-            })  # fmt: skip
+            )
+            core.create_namespaced_pod(
+                ns,
+                {
+                    "metadata": {"name": "user"},
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "resourceClaims": [{"name": "devs", "resourceClaimName": "devs"}],
+                        "containers": [
+                            {
+                                "name": "c",
+                                "image": TEST_IMAGE,
+                                "imagePullPolicy": "Never",
+                                "command": [
+                                    "sh",
+                                    "-c",
+                                    "ls /dev/infiniband; ls /dev | grep nvidia; "
+                                    "echo HCA=$NCCL_IB_HCA; sleep 5",
+                                ],  # hold the claim
+                                "resources": {"claims": [{"name": "devs"}]},
+                            }
+                        ],
+                    },
+                },
+            )
             # the allocation is read while the pod holds it (it is released when the pod ends)
             claim = wait_for(
                 lambda: (

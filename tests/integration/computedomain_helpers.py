@@ -44,22 +44,25 @@ def install_crd(rest: Rest) -> None:
     wait_for(lambda: rest.list(COMPUTE_DOMAINS, "default") is not None, what="CRD served")
 
 
-def domain_body(name: str, *, rct: str | None = None, mode: str = "managed",
-                num_nodes: int | None = None) -> dict[str, Any]:  # fmt: skip
+def domain_body(
+    name: str, *, rct: str | None = None, mode: str = "managed", num_nodes: int | None = None
+) -> dict[str, Any]:
     template = {"name": rct or f"{name}-channel"}
     spec: dict[str, Any] = {"channel": {"resourceClaimTemplate": template}, "imexMode": mode}
     if num_nodes is not None:
         spec["numNodes"] = num_nodes
-    return {"apiVersion": cd.API_VERSION, "kind": cd.KIND, "metadata": {"name": name},
-            "spec": spec}  # fmt: skip
+    return {"apiVersion": cd.API_VERSION, "kind": cd.KIND, "metadata": {"name": name}, "spec": spec}
 
 
 @contextmanager
 def running_controller(cp: ControlPlane, namespace: str, **kw: Any) -> Iterator[Controller]:
     cfg = ControllerConfig(
-        namespace=namespace, daemon=DaemonSettings(namespace=namespace),
-        resync_seconds=kw.pop("resync_seconds", 5.0), lease_name=unique("cd-controller"), **kw,
-    )  # fmt: skip
+        namespace=namespace,
+        daemon=DaemonSettings(namespace=namespace),
+        resync_seconds=kw.pop("resync_seconds", 5.0),
+        lease_name=unique("cd-controller"),
+        **kw,
+    )
     controller = Controller(cp.api_client(), cfg)
     controller.start()
     try:
@@ -97,8 +100,16 @@ def create_plugin_node(cp: ControlPlane, name: str, fabric: str | None = None) -
     cp.create_node(name, labels)
 
 
-def report_daemon(rest: Rest, namespace: str, domain_uid: str, node: str, *, ready: bool,
-                  message: str = "", ip: str = "") -> None:  # fmt: skip
+def report_daemon(
+    rest: Rest,
+    namespace: str,
+    domain_uid: str,
+    node: str,
+    *,
+    ready: bool,
+    message: str = "",
+    ip: str = "",
+) -> None:
     """What `fabricdra imex-daemon` writes: its report Lease (used by tests and the bench)."""
     from fabricdra.kubeletplugin.computedomain.report import write_report
 
@@ -110,28 +121,49 @@ def settle(seconds: float = 0.5) -> None:
 
 
 def allocate_claim(
-    rest: Rest, ns: str, template: dict[str, Any], node: str, name: str, *,
+    rest: Rest,
+    ns: str,
+    template: dict[str, Any],
+    node: str,
+    name: str,
+    *,
     binding_conditions: bool = False,
-) -> ClaimRef:  # fmt: skip
+) -> ClaimRef:
     """A claim made from `template` and allocated on `node`, as the KCM's claim controller and
     kube-scheduler would make it (for tests that run without them)."""
-    body = {"metadata": {"name": name, "labels": template["spec"]["metadata"]["labels"]},
-            "spec": template["spec"]["spec"]}  # fmt: skip
+    body = {
+        "metadata": {"name": name, "labels": template["spec"]["metadata"]["labels"]},
+        "spec": template["spec"]["spec"],
+    }
     created = rest.create(CLAIMS, body, ns)
     request = body["spec"]["devices"]["requests"][0]
     device = cd.CHANNEL_DEVICE if request["name"] == "channel" else cd.DAEMON_DEVICE
     config = [{"source": "FromClaim", **c} for c in body["spec"]["devices"]["config"]]
-    result: dict[str, Any] = {"request": request["name"], "driver": cd.DRIVER, "pool": node,
-                              "device": device, "shareID": str(uuid.uuid4())}  # fmt: skip
+    result: dict[str, Any] = {
+        "request": request["name"],
+        "driver": cd.DRIVER,
+        "pool": node,
+        "device": device,
+        "shareID": str(uuid.uuid4()),
+    }
     if binding_conditions:
         result["bindingConditions"] = [cd.ADMITTED_CONDITION]
         result["bindingFailureConditions"] = [cd.CONFLICT_CONDITION]
     allocation = {
         "devices": {"results": [result], "config": config},
-        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-            {"key": "metadata.name", "operator": "In", "values": [node]}]}]},
+        "nodeSelector": {
+            "nodeSelectorTerms": [
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+            ]
+        },
         "allocationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }  # fmt: skip
-    rest.patch(CLAIMS, name, {"status": {"allocation": allocation}}, ns, sub="status",
-               content_type=STRATEGIC_PATCH)  # fmt: skip
+    }
+    rest.patch(
+        CLAIMS,
+        name,
+        {"status": {"allocation": allocation}},
+        ns,
+        sub="status",
+        content_type=STRATEGIC_PATCH,
+    )
     return ClaimRef(ns, name, created["metadata"]["uid"])

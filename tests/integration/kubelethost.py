@@ -59,8 +59,9 @@ def build_host(
     for i, bus in enumerate(hgx.gpus):
         info = proc / "driver" / "nvidia" / "gpus" / bus / "information"
         info.parent.mkdir(parents=True)
-        info.write_text(f"Model: \t\t NVIDIA H100 80GB HBM3\nBus Location: \t {bus}\n"
-                        f"Device Minor: \t {i}\n")  # fmt: skip
+        info.write_text(
+            f"Model: \t\t NVIDIA H100 80GB HBM3\nBus Location: \t {bus}\nDevice Minor: \t {i}\n"
+        )
         mknod(dev / f"nvidia{i}", NVIDIA_MAJOR, i)
     mknod(dev / "nvidiactl", NVIDIA_MAJOR, 255)
     mknod(dev / "nvidia-uvm", UVM_MAJOR, 0)
@@ -101,10 +102,14 @@ def create_claim(
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": namespace},
-        "spec": {"devices": {"requests": [
-            {"name": n, "exactly": {"deviceClassName": "fabricdra-test"}} for n in names
-        ]}},
-    }  # fmt: skip
+        "spec": {
+            "devices": {
+                "requests": [
+                    {"name": n, "exactly": {"deviceClassName": "fabricdra-test"}} for n in names
+                ]
+            }
+        },
+    }
     created = resource.create_namespaced_resource_claim(namespace, body)
     allocation = {"devices": {"results": [{"driver": DRIVER, **r} for r in results]}}
     resource.patch_namespaced_resource_claim_status(

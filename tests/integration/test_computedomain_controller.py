@@ -67,8 +67,13 @@ def test_create_makes_owned_objects_and_status(control_plane: ControlPlane, rest
     ns, driver_ns = _ns(control_plane, "cd-user"), unique("cd-system")
     with running_controller(control_plane, driver_ns):
         rest.create(COMPUTE_DOMAINS, domain_body("job", rct="job-imex", num_nodes=2), ns)
-        obj = wait_for(lambda: (o := rest.get(COMPUTE_DOMAINS, "job", ns)).get("status", {})
-                       .get("conditions") and o, what="status written")  # fmt: skip
+        obj = wait_for(
+            lambda: (
+                (o := rest.get(COMPUTE_DOMAINS, "job", ns)).get("status", {}).get("conditions")
+                and o
+            ),
+            what="status written",
+        )
         uid = obj["metadata"]["uid"]
         assert cd.FINALIZER in obj["metadata"]["finalizers"]
         assert len(obj["status"]["channels"]) == 1
@@ -81,8 +86,9 @@ def test_create_makes_owned_objects_and_status(control_plane: ControlPlane, rest
         assert params["domainUID"] == uid
 
         sel = f"{cd.DOMAIN_LABEL}={uid}"
-        ds = wait_for(lambda: rest.list(DAEMON_SETS, driver_ns, label_selector=sel)["items"],
-                      what="DaemonSet")  # fmt: skip
+        ds = wait_for(
+            lambda: rest.list(DAEMON_SETS, driver_ns, label_selector=sel)["items"], what="DaemonSet"
+        )
         assert len(ds) == 1
         assert ds[0]["spec"]["template"]["spec"]["nodeSelector"] == {cd.DOMAIN_LABEL: uid}
         daemon_rcts = rest.list(CLAIM_TEMPLATES, driver_ns, label_selector=sel)["items"]
@@ -93,8 +99,9 @@ def test_create_makes_owned_objects_and_status(control_plane: ControlPlane, rest
         assert ready is not None
         assert ready["status"] == "False"
         assert condition(obj, cd.DEGRADED)["status"] == "False"  # type: ignore[index]
-        reasons = {e["reason"] for e in rest.list(EVENTS, ns)["items"]
-                   if e["involvedObject"]["uid"] == uid}  # fmt: skip
+        reasons = {
+            e["reason"] for e in rest.list(EVENTS, ns)["items"] if e["involvedObject"]["uid"] == uid
+        }
         assert "ReadyFalse" in reasons
 
         # Delete: the claim templates and the DaemonSet go first, then the domain itself.
@@ -108,9 +115,14 @@ def test_host_mode_creates_no_daemons(control_plane: ControlPlane, rest: Rest) -
     ns, driver_ns = _ns(control_plane, "cd-host"), unique("cd-system")
     with running_controller(control_plane, driver_ns):
         rest.create(COMPUTE_DOMAINS, domain_body("hostjob", mode="host"), ns)
-        obj = wait_for(lambda: (o := rest.get(COMPUTE_DOMAINS, "hostjob", ns)) and
-                       (condition(o, cd.READY) or {}).get("status") == "True" and o,
-                       what="host-mode domain Ready")  # fmt: skip
+        obj = wait_for(
+            lambda: (
+                (o := rest.get(COMPUTE_DOMAINS, "hostjob", ns))
+                and (condition(o, cd.READY) or {}).get("status") == "True"
+                and o
+            ),
+            what="host-mode domain Ready",
+        )
         assert condition(obj, cd.DAEMONS_READY)["reason"] == "HostManaged"  # type: ignore[index]
         assert get_or_none(rest, CLAIM_TEMPLATES, "hostjob-channel", ns) is not None
         assert rest.list(DAEMON_SETS, driver_ns)["items"] == []
@@ -136,15 +148,20 @@ def test_channels_unique_and_reused_after_delete(control_plane: ControlPlane, re
         first = wait_for(channels, what="channels for all domains")
         assert len(set(first.values())) == len(names)
         # Domains of other tests may hold channels too: compare against the whole cluster.
-        every = [c for o in rest.list(COMPUTE_DOMAINS)["items"]
-                 for c in o.get("status", {}).get("channels", [])]  # fmt: skip
+        every = [
+            c
+            for o in rest.list(COMPUTE_DOMAINS)["items"]
+            for c in o.get("status", {}).get("channels", [])
+        ]
         assert len(every) == len(set(every))
 
         freed = first["d2"]
         _delete_and_wait(rest, ns, "d2")
         rest.create(COMPUTE_DOMAINS, domain_body("late", mode="host"), ns)
-        late = wait_for(lambda: rest.get(COMPUTE_DOMAINS, "late", ns).get("status", {})
-                        .get("channels"), what="late channel")  # fmt: skip
+        late = wait_for(
+            lambda: rest.get(COMPUTE_DOMAINS, "late", ns).get("status", {}).get("channels"),
+            what="late channel",
+        )
         assert late == [freed]
         for n in [*names, "late"]:
             if n != "d2":
@@ -177,10 +194,24 @@ def test_recreates_a_deleted_claim_template(control_plane: ControlPlane, rest: R
 def _controller_process(cp: ControlPlane, driver_ns: str, lease: str) -> subprocess.Popen[bytes]:
     env = {**os.environ, "FABRICDRA_METRICS_PORT": "0"}
     return subprocess.Popen(
-        [sys.executable, "-m", "fabricdra.cli", "controller", "--kubeconfig", str(cp.kubeconfig),
-         "--namespace", driver_ns, "--identity", lease, "--resync-seconds", "5"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "fabricdra.cli",
+            "controller",
+            "--kubeconfig",
+            str(cp.kubeconfig),
+            "--namespace",
+            driver_ns,
+            "--identity",
+            lease,
+            "--resync-seconds",
+            "5",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def test_killed_mid_reconcile_resumes_without_duplicates(
@@ -204,15 +235,26 @@ def test_killed_mid_reconcile_resumes_without_duplicates(
         # a second replica started meanwhile must not act before then either.
         proc = _controller_process(control_plane, driver_ns, f"crash-{i}-b")
         try:
-            obj = wait_for(lambda name=name: (o := rest.get(COMPUTE_DOMAINS, name, ns)) and
-                           condition(o, cd.READY) and o.get("status", {}).get("channels") and o,
-                           what="resumed", timeout=60)  # fmt: skip
+            obj = wait_for(
+                lambda name=name: (
+                    (o := rest.get(COMPUTE_DOMAINS, name, ns))
+                    and condition(o, cd.READY)
+                    and o.get("status", {}).get("channels")
+                    and o
+                ),
+                what="resumed",
+                timeout=60,
+            )
             if channel_before:
                 assert obj["status"]["channels"] == channel_before
             uid = obj["metadata"]["uid"]
             sel = f"{cd.DOMAIN_LABEL}={uid}"
-            wait_for(lambda sel=sel: len(rest.list(DAEMON_SETS, driver_ns, label_selector=sel)
-                                         ["items"]) == 1, what="one DaemonSet")  # fmt: skip
+            wait_for(
+                lambda sel=sel: (
+                    len(rest.list(DAEMON_SETS, driver_ns, label_selector=sel)["items"]) == 1
+                ),
+                what="one DaemonSet",
+            )
             assert len(rest.list(CLAIM_TEMPLATES, driver_ns, label_selector=sel)["items"]) == 1
             assert len(rest.list(CLAIM_TEMPLATES, ns, label_selector=sel)["items"]) == 1
             assert obj["metadata"]["finalizers"].count(cd.FINALIZER) == 1
@@ -222,16 +264,23 @@ def test_killed_mid_reconcile_resumes_without_duplicates(
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
-    every = [c for o in rest.list(COMPUTE_DOMAINS)["items"]
-             for c in o.get("status", {}).get("channels", [])]  # fmt: skip
+    every = [
+        c
+        for o in rest.list(COMPUTE_DOMAINS)["items"]
+        for c in o.get("status", {}).get("channels", [])
+    ]
     assert len(every) == len(set(every))
 
 
 def test_two_replicas_one_leader_and_failover(control_plane: ControlPlane, rest: Rest) -> None:
     ns, driver_ns = _ns(control_plane, "cd-ha"), unique("cd-system")
     lease = unique("cd-lease")
-    cfg = {"namespace": driver_ns, "daemon": DaemonSettings(namespace=driver_ns),
-           "resync_seconds": 5.0, "lease_name": lease}  # fmt: skip
+    cfg = {
+        "namespace": driver_ns,
+        "daemon": DaemonSettings(namespace=driver_ns),
+        "resync_seconds": 5.0,
+        "lease_name": lease,
+    }
     first = Controller(control_plane.api_client(), ControllerConfig(identity="one", **cfg))
     second = Controller(control_plane.api_client(), ControllerConfig(identity="two", **cfg))
     first.start()
@@ -266,8 +315,12 @@ def test_controller_needs_only_its_documented_permissions(
     ns, driver_ns = _ns(control_plane, "cd-rbac"), unique("cd-system")
     node = unique("rbac-node")
     create_plugin_node(control_plane, node, fabric="rack-r")
-    cfg = ControllerConfig(namespace=driver_ns, daemon=DaemonSettings(namespace=driver_ns),
-                           resync_seconds=5.0, lease_name=unique("cd-rbac"))  # fmt: skip
+    cfg = ControllerConfig(
+        namespace=driver_ns,
+        daemon=DaemonSettings(namespace=driver_ns),
+        resync_seconds=5.0,
+        lease_name=unique("cd-rbac"),
+    )
     from kubernetes import config as kube_config
 
     controller = Controller(kube_config.new_client_from_config(config_file=str(kubeconfig)), cfg)
@@ -281,15 +334,24 @@ def test_controller_needs_only_its_documented_permissions(
         uid = template["metadata"]["labels"][cd.DOMAIN_LABEL]
         claim = allocate_claim(rest, ns, template, node, "r-0", binding_conditions=True)
         admitted = wait_for(
-            lambda: [c for d in rest.get(CLAIMS, "r-0", ns).get("status", {}).get("devices", [])
-                     for c in d.get("conditions", []) if c["type"] == cd.ADMITTED_CONDITION],
+            lambda: [
+                c
+                for d in rest.get(CLAIMS, "r-0", ns).get("status", {}).get("devices", [])
+                for c in d.get("conditions", [])
+                if c["type"] == cd.ADMITTED_CONDITION
+            ],
             what="claim admitted",
-        )  # fmt: skip
+        )
         assert admitted[0]["status"] == "True"
         assert claim
         report_daemon(rest, driver_ns, uid, node, ready=True, ip="10.2.0.1")
-        wait_for(lambda: (condition(rest.get(COMPUTE_DOMAINS, "r", ns), cd.READY) or {})
-                 .get("status") == "True", what="Ready")  # fmt: skip
+        wait_for(
+            lambda: (
+                (condition(rest.get(COMPUTE_DOMAINS, "r", ns), cd.READY) or {}).get("status")
+                == "True"
+            ),
+            what="Ready",
+        )
         _delete_and_wait(rest, ns, "r")
     finally:
         controller.stop()
@@ -301,14 +363,21 @@ def test_never_takes_over_a_template_it_did_not_create(
     ns, driver_ns = _ns(control_plane, "cd-theirs"), unique("cd-system")
     theirs = {
         "metadata": {"name": "shared-name"},
-        "spec": {"spec": {"devices": {"requests": [
-            {"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com"}}]}}},
-    }  # fmt: skip
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com"}}]
+                }
+            }
+        },
+    }
     before = rest.create(CLAIM_TEMPLATES, theirs, ns)
     with running_controller(control_plane, driver_ns):
         rest.create(COMPUTE_DOMAINS, domain_body("clash", rct="shared-name", mode="host"), ns)
-        ready = wait_for(lambda: condition(rest.get(COMPUTE_DOMAINS, "clash", ns), cd.READY),
-                         what="Ready condition")  # fmt: skip
+        ready = wait_for(
+            lambda: condition(rest.get(COMPUTE_DOMAINS, "clash", ns), cd.READY),
+            what="Ready condition",
+        )
         assert (ready["status"], ready["reason"]) == ("False", "CreatingObjects")
         assert "belongs to something else" in ready["message"]
         _delete_and_wait(rest, ns, "clash")

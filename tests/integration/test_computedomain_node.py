@@ -69,15 +69,28 @@ def test_prepare_injects_exactly_the_domains_channel(
     with running_controller(control_plane, driver_ns):
         rest.create(COMPUTE_DOMAINS, domain_body("other", mode="host"), ns)
         rest.create(COMPUTE_DOMAINS, domain_body("train", rct="train-imex"), ns)
-        domain = wait_for(lambda: (o := rest.get(COMPUTE_DOMAINS, "train", ns))
-                          .get("status", {}).get("channels") and o, what="channel")  # fmt: skip
+        domain = wait_for(
+            lambda: (
+                (o := rest.get(COMPUTE_DOMAINS, "train", ns)).get("status", {}).get("channels")
+                and o
+            ),
+            what="channel",
+        )
         channel = domain["status"]["channels"][0]
-        template = wait_for(lambda: get_or_none(rest, CLAIM_TEMPLATES, "train-imex", ns),
-                            what="template")  # fmt: skip
-        driver = ComputeDomainDriver(rest, NodeConfig(
-            node_name=node, cdi_dir=roots["cdi"], plugin_dir=roots["plugin"],
-            proc_root=roots["proc"], dev_root=roots["dev"], fabric_domain="rack-7",
-        ))  # fmt: skip
+        template = wait_for(
+            lambda: get_or_none(rest, CLAIM_TEMPLATES, "train-imex", ns), what="template"
+        )
+        driver = ComputeDomainDriver(
+            rest,
+            NodeConfig(
+                node_name=node,
+                cdi_dir=roots["cdi"],
+                plugin_dir=roots["plugin"],
+                proc_root=roots["proc"],
+                dev_root=roots["dev"],
+                fabric_domain="rack-7",
+            ),
+        )
 
         ref = allocate_claim(rest, ns, template, node, "train-0")
         prepared = driver.prepare(ref)
@@ -85,9 +98,15 @@ def test_prepare_injects_exactly_the_domains_channel(
         spec_file = roots["cdi"] / f"fabricdra.io-compute-domain_{ref.uid}.json"
         spec = json.loads(spec_file.read_text())
         edits = spec["devices"][0]["containerEdits"]
-        assert edits["deviceNodes"] == [{
-            "path": f"/dev/nvidia-caps-imex-channels/channel{channel}", "type": "c",
-            "major": MAJOR, "minor": channel, "permissions": "rw"}]  # fmt: skip
+        assert edits["deviceNodes"] == [
+            {
+                "path": f"/dev/nvidia-caps-imex-channels/channel{channel}",
+                "type": "c",
+                "major": MAJOR,
+                "minor": channel,
+                "permissions": "rw",
+            }
+        ]
         assert f"FABRICDRA_IMEX_CHANNEL={channel}" in edits["env"]
         assert prepared[0].cdi_device_ids == (f"fabricdra.io/compute-domain={ref.uid}-channel",)
         host = roots["dev"] / "nvidia-caps-imex-channels" / f"channel{channel}"
@@ -115,8 +134,11 @@ def test_prepare_injects_exactly_the_domains_channel(
             driver.prepare(bad)
 
         # The same driver behind the shared kubelet plugin server, over its real socket.
-        paths = PluginPaths.for_driver(cd.DRIVER, registry_dir=tmp_path_factory.mktemp("reg"),
-                                       plugin_dir=tmp_path_factory.mktemp("cdp"))  # fmt: skip
+        paths = PluginPaths.for_driver(
+            cd.DRIVER,
+            registry_dir=tmp_path_factory.mktemp("reg"),
+            plugin_dir=tmp_path_factory.mktemp("cdp"),
+        )
         with PluginServer(driver, paths), grpc.insecure_channel(f"unix://{paths.dra_socket}") as ch:
             claim = v1_pb2.Claim(namespace=ns, name="train-1", uid=_uid(rest, ns, "train-1"))
             resp = v1_grpc.DRAPluginStub(ch).NodePrepareResources(
@@ -159,8 +181,10 @@ def test_host_mode_prepare_checks_the_host_imex_service(
     create_plugin_node(control_plane, node)
     with running_controller(control_plane, driver_ns):
         rest.create(COMPUTE_DOMAINS, domain_body("h", rct="h-imex", mode="host"), ns)
-        wait_for(lambda: rest.get(COMPUTE_DOMAINS, "h", ns).get("status", {}).get("channels"),
-                 what="channel")  # fmt: skip
+        wait_for(
+            lambda: rest.get(COMPUTE_DOMAINS, "h", ns).get("status", {}).get("channels"),
+            what="channel",
+        )
         template = wait_for(lambda: get_or_none(rest, CLAIM_TEMPLATES, "h-imex", ns), what="rct")
         config = NodeConfig(
             node_name=node,
@@ -181,19 +205,33 @@ def test_host_mode_prepare_checks_the_host_imex_service(
         assert driver.checkpoint.get(ref.uid) is None
         # The node plugin's host report makes the host's state visible on the domain.
         write_host_report(rest, driver_ns, node, ready=False, message=driver.host_imex()[1])
-        wait_for(lambda: (condition(rest.get(COMPUTE_DOMAINS, "h", ns), cd.DEGRADED) or {})
-                 .get("status") == "True", what="host IMEX down shows as Degraded")  # fmt: skip
+        wait_for(
+            lambda: (
+                (condition(rest.get(COMPUTE_DOMAINS, "h", ns), cd.DEGRADED) or {}).get("status")
+                == "True"
+            ),
+            what="host IMEX down shows as Degraded",
+        )
         # The host service comes up: the same claim now prepares.
-        sup = ImexSupervisor(ImexSettings(config_dir=roots["plugin"] / "hostimex",
-                                          imex_bin=str(STAND_INS / "nvidia-imex"),
-                                          imex_ctl=str(STAND_INS / "nvidia-imex-ctl"),
-                                          cmd_port=port))  # fmt: skip
+        sup = ImexSupervisor(
+            ImexSettings(
+                config_dir=roots["plugin"] / "hostimex",
+                imex_bin=str(STAND_INS / "nvidia-imex"),
+                imex_ctl=str(STAND_INS / "nvidia-imex-ctl"),
+                cmd_port=port,
+            )
+        )
         try:
             wait_for(lambda: sup.step(["10.1.1.1"]).ready, what="host IMEX up", timeout=20)
             assert driver.prepare(ref)[0].device_name == cd.CHANNEL_DEVICE
             write_host_report(rest, driver_ns, node, ready=True, message=driver.host_imex()[1])
-            wait_for(lambda: (condition(rest.get(COMPUTE_DOMAINS, "h", ns), cd.READY) or {})
-                     .get("status") == "True", what="Ready again")  # fmt: skip
+            wait_for(
+                lambda: (
+                    (condition(rest.get(COMPUTE_DOMAINS, "h", ns), cd.READY) or {}).get("status")
+                    == "True"
+                ),
+                what="Ready again",
+            )
         finally:
             sup.stop()
         rest.delete(COMPUTE_DOMAINS, "h", ns)
@@ -217,12 +255,15 @@ def test_imex_daemon_reports_through_the_controller(
     create_plugin_node(control_plane, node, fabric="rack-9")
     with running_controller(control_plane, driver_ns):
         rest.create(COMPUTE_DOMAINS, domain_body("sim", rct="sim-imex", num_nodes=1), ns)
-        template = wait_for(lambda: get_or_none(rest, CLAIM_TEMPLATES, "sim-imex", ns),
-                            what="template")  # fmt: skip
+        template = wait_for(
+            lambda: get_or_none(rest, CLAIM_TEMPLATES, "sim-imex", ns), what="template"
+        )
         uid = template["metadata"]["labels"][cd.DOMAIN_LABEL]
         allocate_claim(rest, ns, template, node, "sim-0")  # the node joins
-        wait_for(lambda: rest.get(COMPUTE_DOMAINS, "sim", ns).get("status", {}).get("nodes"),
-                 what="node row")  # fmt: skip
+        wait_for(
+            lambda: rest.get(COMPUTE_DOMAINS, "sim", ns).get("status", {}).get("nodes"),
+            what="node row",
+        )
 
         who = DaemonIdentity(node, "127.0.0.1", ns, "sim", uid, driver_ns)
 
@@ -243,9 +284,14 @@ def test_imex_daemon_reports_through_the_controller(
         # No IMEX binary on this host: said clearly, as Degraded with the reason.
         missing = daemon("/nonexistent/nvidia-imex")
         missing.run_once()
-        degraded = wait_for(lambda: (c := condition(rest.get(COMPUTE_DOMAINS, "sim", ns),
-                                                    cd.DEGRADED)) and c["status"] == "True" and c,
-                            what="Degraded")  # fmt: skip
+        degraded = wait_for(
+            lambda: (
+                (c := condition(rest.get(COMPUTE_DOMAINS, "sim", ns), cd.DEGRADED))
+                and c["status"] == "True"
+                and c
+            ),
+            what="Degraded",
+        )
         assert "not found" in degraded["message"]
 
         # With IMEX: the daemon's IP reaches status, IMEX starts with it, the domain is Ready.

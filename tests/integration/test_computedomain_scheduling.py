@@ -40,12 +40,17 @@ def _pod(name: str, template: str) -> dict[str, Any]:
     return {
         "metadata": {"name": name, "labels": {"app": "cd-test"}},
         "spec": {
-            "containers": [{"name": "c", "image": "registry.invalid/none",
-                            "resources": {"claims": [{"name": "imex"}]}}],
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "registry.invalid/none",
+                    "resources": {"claims": [{"name": "imex"}]},
+                }
+            ],
             "resourceClaims": [{"name": "imex", "resourceClaimTemplateName": template}],
             "terminationGracePeriodSeconds": 0,
         },
-    }  # fmt: skip
+    }
 
 
 def _node_of(rest: Rest, ns: str, pod: str) -> str | None:
@@ -72,10 +77,19 @@ def test_one_domain_per_node(
         wait_for(lambda: get_or_none(rest, SLICES, slice_name(node)), what="node slice")
         rest.create(COMPUTE_DOMAINS, domain_body("alpha", rct="alpha-imex"), ns)
         rest.create(COMPUTE_DOMAINS, domain_body("beta", rct="beta-imex"), ns)
-        alpha = wait_for(lambda: (o := rest.get(COMPUTE_DOMAINS, "alpha", ns))
-                         .get("status", {}).get("channels") and o, what="alpha")  # fmt: skip
-        beta = wait_for(lambda: (o := rest.get(COMPUTE_DOMAINS, "beta", ns))
-                        .get("status", {}).get("channels") and o, what="beta")  # fmt: skip
+        alpha = wait_for(
+            lambda: (
+                (o := rest.get(COMPUTE_DOMAINS, "alpha", ns)).get("status", {}).get("channels")
+                and o
+            ),
+            what="alpha",
+        )
+        beta = wait_for(
+            lambda: (
+                (o := rest.get(COMPUTE_DOMAINS, "beta", ns)).get("status", {}).get("channels") and o
+            ),
+            what="beta",
+        )
         assert alpha["status"]["channels"] != beta["status"]["channels"]
 
         # Two pods of one domain share the node, each with its own claim from the template.
@@ -93,26 +107,41 @@ def test_one_domain_per_node(
 
         # A pod of the second domain stays Pending, unschedulable: never ContainerCreating.
         rest.create(PODS, _pod("beta-0", "beta-imex"), ns)
-        message = wait_for(lambda: _unschedulable(rest, ns, "beta-0"), what="beta-0 unschedulable",
-                           timeout=60)  # fmt: skip
+        message = wait_for(
+            lambda: _unschedulable(rest, ns, "beta-0"), what="beta-0 unschedulable", timeout=60
+        )
         assert "cannot allocate all claims" in message
         assert _node_of(rest, ns, "beta-0") is None
 
         # alpha's status lists the node; its daemon's report makes it Ready.
-        row = wait_for(lambda: (rest.get(COMPUTE_DOMAINS, "alpha", ns).get("status", {})
-                                .get("nodes") or [None])[0], what="node row")  # fmt: skip
+        row = wait_for(
+            lambda: (
+                rest.get(COMPUTE_DOMAINS, "alpha", ns).get("status", {}).get("nodes") or [None]
+            )[0],
+            what="node row",
+        )
         assert (row["name"], row["fabricDomain"], row["index"]) == (node, "clique-a", 0)
         report_daemon(rest, driver_ns, uid, node, ready=True, ip="10.0.0.7")
-        done = wait_for(lambda: (o := rest.get(COMPUTE_DOMAINS, "alpha", ns)) and
-                        (condition(o, cd.READY) or {}).get("status") == "True" and o,
-                        what="alpha Ready")  # fmt: skip
+        done = wait_for(
+            lambda: (
+                (o := rest.get(COMPUTE_DOMAINS, "alpha", ns))
+                and (condition(o, cd.READY) or {}).get("status") == "True"
+                and o
+            ),
+            what="alpha Ready",
+        )
         assert done["status"]["nodes"][0]["ipAddress"] == "10.0.0.7"
         assert done["status"]["fabricDomain"] == "clique-a"
         # An IMEX failure surfaces as Degraded with the daemon's words.
         report_daemon(rest, driver_ns, uid, node, ready=False, message="nvidia-imex exited: 1")
-        degraded = wait_for(lambda: (c := condition(rest.get(COMPUTE_DOMAINS, "alpha", ns),
-                                                    cd.DEGRADED)) and c["status"] == "True" and c,
-                            what="Degraded")  # fmt: skip
+        degraded = wait_for(
+            lambda: (
+                (c := condition(rest.get(COMPUTE_DOMAINS, "alpha", ns), cd.DEGRADED))
+                and c["status"] == "True"
+                and c
+            ),
+            what="Degraded",
+        )
         assert "nvidia-imex exited" in degraded["message"]
 
         # Once alpha's pods are gone the node is free again and beta's pod lands there.
@@ -127,8 +156,11 @@ def test_one_domain_per_node(
         for name in ("alpha", "beta"):
             rest.delete(COMPUTE_DOMAINS, name, ns)
         for name in ("alpha", "beta"):
-            wait_gone(lambda name=name: get_or_none(rest, COMPUTE_DOMAINS, name, ns),
-                      f"{name} deleted", timeout=60)  # fmt: skip
+            wait_gone(
+                lambda name=name: get_or_none(rest, COMPUTE_DOMAINS, name, ns),
+                f"{name} deleted",
+                timeout=60,
+            )
 
 
 def _pinned_pod(name: str, template: str, node: str) -> dict[str, Any]:
@@ -159,11 +191,17 @@ def test_simultaneous_domains_on_a_free_node_and_fabric_boundaries(
         for name in ("red", "blue"):
             rest.create(COMPUTE_DOMAINS, domain_body(name, rct=f"{name}-imex"), ns)
         for name in ("red", "blue"):
-            wait_for(lambda name=name: rest.get(COMPUTE_DOMAINS, name, ns).get("status", {})
-                     .get("channels"), what=f"{name} has a channel")  # fmt: skip
+            wait_for(
+                lambda name=name: (
+                    rest.get(COMPUTE_DOMAINS, name, ns).get("status", {}).get("channels")
+                ),
+                what=f"{name} has a channel",
+            )
         for name in ("red", "blue"):
-            wait_for(lambda name=name: get_or_none(rest, CLAIM_TEMPLATES, f"{name}-imex", ns),
-                     what="template")  # fmt: skip
+            wait_for(
+                lambda name=name: get_or_none(rest, CLAIM_TEMPLATES, f"{name}-imex", ns),
+                what="template",
+            )
         for i in range(2):
             rest.create(PODS, _pinned_pod(f"red-{i}", "red-imex", node), ns)
             rest.create(PODS, _pinned_pod(f"blue-{i}", "blue-imex", node), ns)
@@ -190,9 +228,11 @@ def test_simultaneous_domains_on_a_free_node_and_fabric_boundaries(
         uid = rest.get(COMPUTE_DOMAINS, winner, ns)["metadata"]["uid"]
 
         def conflict_event() -> bool:
-            return any(e["reason"] == "NodeConflict" and "never spans two" in e["message"]
-                       for e in rest.list(EVENTS, ns)["items"]
-                       if e["involvedObject"].get("uid") == uid)  # fmt: skip
+            return any(
+                e["reason"] == "NodeConflict" and "never spans two" in e["message"]
+                for e in rest.list(EVENTS, ns)["items"]
+                if e["involvedObject"].get("uid") == uid
+            )
 
         wait_for(conflict_event, what="NodeConflict event", timeout=60)
         time.sleep(2)
@@ -204,5 +244,8 @@ def test_simultaneous_domains_on_a_free_node_and_fabric_boundaries(
         for name in ("red", "blue"):
             rest.delete(COMPUTE_DOMAINS, name, ns)
         for name in ("red", "blue"):
-            wait_gone(lambda name=name: get_or_none(rest, COMPUTE_DOMAINS, name, ns),
-                      f"{name} deleted", timeout=60)  # fmt: skip
+            wait_gone(
+                lambda name=name: get_or_none(rest, COMPUTE_DOMAINS, name, ns),
+                f"{name} deleted",
+                timeout=60,
+            )

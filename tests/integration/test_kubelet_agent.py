@@ -139,10 +139,14 @@ def test_agent_publishes_serves_and_republishes(
 
     # prepare resolves names against the agent's current inventory
     uid = create_claim(
-        api, node, "pair",
-        [{"request": "gpu", "device": "gpu-0000-18-00-0", "pool": node},
-         {"request": "nic", "device": "rdma-0000-19-00-0", "pool": node}],
-    )  # fmt: skip
+        api,
+        node,
+        "pair",
+        [
+            {"request": "gpu", "device": "gpu-0000-18-00-0", "pool": node},
+            {"request": "nic", "device": "rdma-0000-19-00-0", "pool": node},
+        ],
+    )
     with grpc.insecure_channel(f"unix://{agent.server.paths.dra_socket}") as ch:
         resp = v1_grpc.DRAPluginStub(ch).NodePrepareResources(
             v1_pb2.NodePrepareResourcesRequest(
@@ -183,14 +187,35 @@ def test_the_cli_process_runs_and_stops_on_sigterm(
         "FABRICDRA_CDI_DIR": str(config.cdi_dir),
     }
     argv = [
-        sys.executable, "-m", "fabricdra.cli", "kubelet-plugin",
-        "--kubeconfig", str(control_plane.kubeconfig),
-        "--sysfs-root", str(config.sysfs_root), "--nvml-snapshot", str(config.nvml_snapshot),
-        "--plugin-dir", str(config.plugin_dir), "--registry-dir", str(config.registry_dir),
-        "--state-dir", str(config.state_dir), "--dev-root", str(config.dev_root),
-        "--proc-root", str(config.proc_root), "--toolkit-cdi-dirs", "",
-        "--rdma-mode", "shared", "--rdma-shared-holders", "4", "--metrics-port", "0",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "fabricdra.cli",
+        "kubelet-plugin",
+        "--kubeconfig",
+        str(control_plane.kubeconfig),
+        "--sysfs-root",
+        str(config.sysfs_root),
+        "--nvml-snapshot",
+        str(config.nvml_snapshot),
+        "--plugin-dir",
+        str(config.plugin_dir),
+        "--registry-dir",
+        str(config.registry_dir),
+        "--state-dir",
+        str(config.state_dir),
+        "--dev-root",
+        str(config.dev_root),
+        "--proc-root",
+        str(config.proc_root),
+        "--toolkit-cdi-dirs",
+        "",
+        "--rdma-mode",
+        "shared",
+        "--rdma-shared-holders",
+        "4",
+        "--metrics-port",
+        "0",
+    ]
     proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
     try:
         reg = config.registry_dir / "devices.fabricdra.io-reg.sock"
@@ -213,9 +238,21 @@ def test_the_cli_process_runs_and_stops_on_sigterm(
 
 def test_cli_refuses_bad_flags_in_one_line(tmp_path: Path) -> None:
     run = subprocess.run(
-        [sys.executable, "-m", "fabricdra.cli", "kubelet-plugin", "--node-name", "n",
-         "--rdma-mode", "shared", "--rdma-shared-holders", "0"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "fabricdra.cli",
+            "kubelet-plugin",
+            "--node-name",
+            "n",
+            "--rdma-mode",
+            "shared",
+            "--rdma-shared-holders",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 2
     assert "holders per endpoint must be at least 1" in run.stderr

@@ -188,13 +188,15 @@ def test_prepare_gpus_and_their_nics(plugin: Plugin, api: Any, ns: str, version:
     assert entry.error == ""
     kind = "k8s.devices.fabricdra.io/device"
     common = f"{kind}=rdma-{uid}"
-    assert [(d.device_name, d.pool_name, list(d.request_names), list(d.cdi_device_ids))
-            for d in entry.devices] == [
+    assert [
+        (d.device_name, d.pool_name, list(d.request_names), list(d.cdi_device_ids))
+        for d in entry.devices
+    ] == [
         (GPU0, "node-a", ["gpu"], [f"{kind}={GPU0}-{uid}"]),
         (GPU1, "node-a", ["gpu"], [f"{kind}={GPU1}-{uid}"]),
         (NIC0, "node-a", ["nic"], [f"{kind}={NIC0}-{uid}", common]),
         (NIC1, "node-a", ["nic"], [f"{kind}={NIC1}-{uid}", common]),
-    ]  # fmt: skip
+    ]
 
     doc = plugin.spec(uid)
     dev = plugin.host.layout.dev_root
@@ -202,24 +204,40 @@ def test_prepare_gpus_and_their_nics(plugin: Plugin, api: Any, ns: str, version:
     assert doc["cdiVersion"] == "0.5.0"
     assert doc["kind"] == kind
     edits = edits_by_device(doc)
-    assert edits[f"{NIC0}-{uid}"] == {"deviceNodes": [{
-        "path": "/dev/infiniband/uverbs0", "hostPath": f"{dev}/infiniband/uverbs0",
-        "type": "c", "major": 231, "minor": 192}]}  # fmt: skip
+    assert edits[f"{NIC0}-{uid}"] == {
+        "deviceNodes": [
+            {
+                "path": "/dev/infiniband/uverbs0",
+                "hostPath": f"{dev}/infiniband/uverbs0",
+                "type": "c",
+                "major": 231,
+                "minor": 192,
+            }
+        ]
+    }
     assert edits[f"{NIC1}-{uid}"]["deviceNodes"][0]["path"] == "/dev/infiniband/uverbs1"
     # rdma_cm and NCCL_IB_HCA once per claim
     assert edits[f"rdma-{uid}"] == {
         "env": ["NCCL_IB_HCA=mlx5_0,mlx5_1"],
-        "deviceNodes": [{"path": "/dev/infiniband/rdma_cm", "hostPath": f"{dev}/infiniband/rdma_cm",
-                         "type": "c", "major": 10, "minor": 58}],
-    }  # fmt: skip
+        "deviceNodes": [
+            {
+                "path": "/dev/infiniband/rdma_cm",
+                "hostPath": f"{dev}/infiniband/rdma_cm",
+                "type": "c",
+                "major": 10,
+                "minor": 58,
+            }
+        ],
+    }
     gpu_paths = [n["path"] for n in edits[f"{GPU1}-{uid}"]["deviceNodes"]]
     assert gpu_paths == ["/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-uvm"]
     assert edits[f"{GPU1}-{uid}"]["deviceNodes"][0]["minor"] == 1
     every_path = [n["path"] for e in edits.values() for n in e.get("deviceNodes", [])]
     assert "/dev/infiniband" not in every_path
     assert every_path.count("/dev/infiniband/rdma_cm") == 1
-    assert not any("NCCL" in e for k, ed in edits.items() if k != f"rdma-{uid}"
-                   for e in ed.get("env", []))  # fmt: skip
+    assert not any(
+        "NCCL" in e for k, ed in edits.items() if k != f"rdma-{uid}" for e in ed.get("env", [])
+    )
 
 
 def test_prepare_a_virtual_function(plugin: Plugin, api: Any, ns: str) -> None:
@@ -264,8 +282,11 @@ def test_shared_endpoint_serves_several_claims(
             assert da.share_id == "0f0e0d0c-1111-2222-3333-444455556666"
         assert len({da.cdi_device_ids[0], db.cdi_device_ids[0], dc.cdi_device_ids[0]}) == 3
         for uid in (a, b, c):
-            nodes = [n["path"] for e in p.spec(uid)["devices"]
-                     for n in e["containerEdits"].get("deviceNodes", [])]  # fmt: skip
+            nodes = [
+                n["path"]
+                for e in p.spec(uid)["devices"]
+                for n in e["containerEdits"].get("deviceNodes", [])
+            ]
             assert "/dev/infiniband/uverbs0" in nodes
     finally:
         p.stop()
@@ -325,8 +346,11 @@ def test_bad_claims_fail_alone_with_a_clear_error(plugin: Plugin, api: Any, ns: 
     unknown = create_claim(api, ns, "unknown", [result("gpu", "gpu-0000-ff-00-0")])
     other_pool = create_claim(api, ns, "other-pool", [result("nic", NIC0, pool="node-b")])
     other_driver = create_claim(
-        api, ns, "other-driver", [{"request": "x", "device": "d", "pool": "node-a",
-                                   "driver": "gpu.example.com"}])  # fmt: skip
+        api,
+        ns,
+        "other-driver",
+        [{"request": "x", "device": "d", "pool": "node-a", "driver": "gpu.example.com"}],
+    )
     # a shared-holder name in exclusive mode: parses to no endpoint
     no_endpoint = create_claim(api, ns, "holder", [result("nic", f"{NIC0}-s3")])
     claims = [
@@ -381,24 +405,42 @@ def test_toolkit_ids_when_its_spec_is_on_the_host(
     etc_cdi.mkdir()
     uuid0 = json.loads(host.nvml_snapshot.read_text())[host.hgx.gpus[0]]["uuid"]
     # nvidia-ctk's default (index) naming: matched by device node; the MIG one by its caps
-    (etc_cdi / "nvidia.yaml").write_text(yaml.safe_dump({
-        "cdiVersion": "0.5.0", "kind": "nvidia.com/gpu",
-        "devices": [
-            {"name": "0", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"}]}},
-            {"name": "7:0", "containerEdits": {"deviceNodes": [
-                {"path": "/dev/nvidia7"}, {"path": "/dev/nvidia-caps/nvidia-cap1"},
-                {"path": "/dev/nvidia-caps/nvidia-cap2"}]}},
-            {"name": "all", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"},
-                                                               {"path": "/dev/nvidia1"}]}},
-        ],
-    }))  # fmt: skip
+    (etc_cdi / "nvidia.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "cdiVersion": "0.5.0",
+                "kind": "nvidia.com/gpu",
+                "devices": [
+                    {"name": "0", "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"}]}},
+                    {
+                        "name": "7:0",
+                        "containerEdits": {
+                            "deviceNodes": [
+                                {"path": "/dev/nvidia7"},
+                                {"path": "/dev/nvidia-caps/nvidia-cap1"},
+                                {"path": "/dev/nvidia-caps/nvidia-cap2"},
+                            ]
+                        },
+                    },
+                    {
+                        "name": "all",
+                        "containerEdits": {
+                            "deviceNodes": [{"path": "/dev/nvidia0"}, {"path": "/dev/nvidia1"}]
+                        },
+                    },
+                ],
+            }
+        )
+    )
     p = Plugin(base, host, api, host.inventory(), toolkit_dirs=(etc_cdi,))
     p.start()
     try:
         uid = create_claim(
-            api, ns, "tk",
+            api,
+            ns,
+            "tk",
             [result("gpu", GPU0), result("mig", "mig-0000-cd-00-0-gi1-ci0"), result("nic", NIC0)],
-        )  # fmt: skip
+        )
         resp = p.prepare([(ns, "tk", uid)]).claims[uid]
         assert resp.error == ""
         ids = [list(d.cdi_device_ids) for d in resp.devices]
@@ -406,10 +448,20 @@ def test_toolkit_ids_when_its_spec_is_on_the_host(
         assert ids[1] == ["nvidia.com/gpu=7:0"]
         assert [d["name"] for d in p.spec(uid)["devices"]] == [f"{NIC0}-{uid}", f"rdma-{uid}"]
         # the uuid naming strategy wins when present
-        (etc_cdi / "nvidia.yaml").write_text(yaml.safe_dump({
-            "cdiVersion": "0.5.0", "kind": "nvidia.com/gpu",
-            "devices": [{"name": uuid0, "containerEdits": {"deviceNodes": [
-                {"path": "/dev/nvidia0"}]}}]}))  # fmt: skip
+        (etc_cdi / "nvidia.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "cdiVersion": "0.5.0",
+                    "kind": "nvidia.com/gpu",
+                    "devices": [
+                        {
+                            "name": uuid0,
+                            "containerEdits": {"deviceNodes": [{"path": "/dev/nvidia0"}]},
+                        }
+                    ],
+                }
+            )
+        )
         uid2 = create_claim(api, ns, "tk2", [result("gpu", GPU0)])
         resp2 = p.prepare([(ns, "tk2", uid2)]).claims[uid2]
         assert list(resp2.devices[0].cdi_device_ids) == [f"nvidia.com/gpu={uuid0}"]
@@ -424,9 +476,12 @@ def test_mig_without_toolkit_gets_its_capability_nodes(plugin: Plugin, api: Any,
     assert entry.error == ""
     (dev,) = plugin.spec(uid)["devices"]
     assert [n["path"] for n in dev["containerEdits"]["deviceNodes"]] == [
-        "/dev/nvidia7", "/dev/nvidiactl", "/dev/nvidia-uvm",
-        "/dev/nvidia-caps/nvidia-cap11", "/dev/nvidia-caps/nvidia-cap12",
-    ]  # fmt: skip
+        "/dev/nvidia7",
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-caps/nvidia-cap11",
+        "/dev/nvidia-caps/nvidia-cap12",
+    ]
     assert "env" not in dev["containerEdits"]  # no NUMA/CPU claims for a MIG slice
 
 

@@ -30,6 +30,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("installed")]
 EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
 DRIVER = "devices.fabricdra.io"
 
+FIRST_NIC_SELECTOR = 'device.attributes["resource.kubernetes.io"].pciBusID == "0000:19:00.0"'
+
 
 def _suffix() -> str:
     return uuid.uuid4().hex[:8]
@@ -114,12 +116,26 @@ def test_gpu_and_its_own_nic_share_the_outermost_bridge(
     control_plane.create_namespace(ns)
     taken = {
         "metadata": {"name": "first-nic"},
-        "spec": {"devices": {"requests": [{"name": "nic", "exactly": {
-            "deviceClassName": "rdma.fabricdra.io",
-            "selectors": [{"cel": {"expression":
-                'device.attributes["resource.kubernetes.io"].pciBusID == "0000:19:00.0"'}}],
-        }}]}},
-    }  # fmt: skip
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "nic",
+                        "exactly": {
+                            "deviceClassName": "rdma.fabricdra.io",
+                            "selectors": [
+                                {
+                                    "cel": {
+                                        "expression": FIRST_NIC_SELECTOR,
+                                    }
+                                }
+                            ],
+                        },
+                    }
+                ]
+            }
+        },
+    }
     held, _ = _schedule(control_plane, hgx_node, taken, ns)
     assert held["nic"].device == "rdma-0000-19-00-0"
     results, devices = _schedule(control_plane, hgx_node, "gpu-nic-pxb.yaml", ns)

@@ -120,8 +120,11 @@ def test_duplicate_names_empty_devices_and_empty_specs_are_refused() -> None:
 
 def test_schema_catches_what_the_model_would_not_write() -> None:
     # the schema itself is strict enough to matter: a deviceNode without a path is invalid
-    bad = {"cdiVersion": "0.3.0", "kind": KIND, "devices": [{"name": "a", "containerEdits": {
-        "deviceNodes": [{"type": "c"}]}}]}  # fmt: skip
+    bad = {
+        "cdiVersion": "0.3.0",
+        "kind": KIND,
+        "devices": [{"name": "a", "containerEdits": {"deviceNodes": [{"type": "c"}]}}],
+    }
     with pytest.raises(jsonschema.ValidationError):
         validate(bad)
 

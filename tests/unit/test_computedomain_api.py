@@ -23,7 +23,9 @@ def test_crd_has_validation_status_and_columns() -> None:
     assert spec["x-kubernetes-validations"] == [cd.SPEC_IMMUTABLE_RULE]
     assert spec["required"] == ["channel"]
     assert spec["properties"]["channel"]["properties"]["allocationMode"]["enum"] == [
-        "Single", "All"]  # fmt: skip
+        "Single",
+        "All",
+    ]
     assert spec["properties"]["imexMode"]["enum"] == ["managed", "host"]
     assert spec["properties"]["numNodes"]["minimum"] == 1
     assert version["subresources"] == {"status": {}}

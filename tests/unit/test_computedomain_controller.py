@@ -16,11 +16,13 @@ A, B = "uid-a", "uid-b"
 
 
 def _domain(**status_: object) -> ComputeDomain:
-    return ComputeDomain.model_validate({
-        "metadata": {"name": "job", "namespace": "team", "uid": A, "generation": 1},
-        "spec": {"channel": {"resourceClaimTemplate": {"name": "job-imex"}}, "numNodes": 2},
-        "status": status_,
-    })  # fmt: skip
+    return ComputeDomain.model_validate(
+        {
+            "metadata": {"name": "job", "namespace": "team", "uid": A, "generation": 1},
+            "spec": {"channel": {"resourceClaimTemplate": {"name": "job-imex"}}, "numNodes": 2},
+            "status": status_,
+        }
+    )
 
 
 # -- channels --------------------------------------------------------------------------------
@@ -41,8 +43,11 @@ def _claim(key: str, domain: str, state: str = "pending", since: str = "t1") -> 
 
 
 def test_first_pending_claim_wins_a_free_node_and_others_conflict() -> None:
-    claims = [_claim("ns/b", B, since="t2"), _claim("ns/a1", A, since="t1"),
-              _claim("ns/a2", A, since="t3")]  # fmt: skip
+    claims = [
+        _claim("ns/b", B, since="t2"),
+        _claim("ns/a1", A, since="t1"),
+        _claim("ns/a2", A, since="t3"),
+    ]
     d = admission.decide("n1", "rack", claims, {A: None, B: None})
     assert d.owner == A
     assert d.admit == ["ns/a1", "ns/a2"]
@@ -80,8 +85,9 @@ def test_just_admitted_owner_survives_a_stale_cache() -> None:
 
 # -- status ----------------------------------------------------------------------------------
 def _obs(held: list[str], reports: dict[str, status.DaemonReport]) -> status.Observed:
-    return status.Observed(True, "ok", [status.HeldNode(n, f"10.0.0.{i}", "rack")
-                                        for i, n in enumerate(held)], reports)  # fmt: skip
+    return status.Observed(
+        True, "ok", [status.HeldNode(n, f"10.0.0.{i}", "rack") for i, n in enumerate(held)], reports
+    )
 
 
 def test_indices_are_stable_and_newcomers_take_the_lowest_free() -> None:
@@ -99,8 +105,9 @@ def test_ready_needs_every_node_and_the_expected_count() -> None:
     ready = {c.type: c for c in st.conditions}
     assert (ready[cd.READY].status, ready[cd.READY].reason) == ("False", "WaitingForNodes")
     assert st.nodes[0].ipAddress == "192.0.2.9"  # the daemon's own IP wins
-    st, events = status.compute(_domain(channels=[0]), _obs(["n1", "n2"], {"n1": ok, "n2": ok}),
-                                "t0")  # fmt: skip
+    st, events = status.compute(
+        _domain(channels=[0]), _obs(["n1", "n2"], {"n1": ok, "n2": ok}), "t0"
+    )
     assert {c.type: c.status for c in st.conditions}[cd.READY] == "True"
     assert st.fabricDomain == "rack"
     assert [e.reason for e in events if e.reason.startswith("Ready")] == ["ReadyTrue"]
@@ -115,13 +122,15 @@ def test_imex_errors_surface_as_degraded_and_recovery_is_an_event() -> None:
     assert cond[cd.DAEMONS_READY].reason == "ImexNotReady"
     assert any(e.type == "Warning" for e in events)
     ok = status.DaemonReport(True, "READY")
-    st2, events2 = status.compute(_domain(**st.model_dump(mode="json")),
-                                  _obs(["n1"], {"n1": ok}), "t1")  # fmt: skip
+    st2, events2 = status.compute(
+        _domain(**st.model_dump(mode="json")), _obs(["n1"], {"n1": ok}), "t1"
+    )
     assert {c.type: c.status for c in st2.conditions}[cd.DEGRADED] == "False"
     assert "Recovered" in {e.reason for e in events2}
     # The transition time of an unchanged condition stays put.
-    st3, events3 = status.compute(_domain(**st2.model_dump(mode="json")),
-                                  _obs(["n1"], {"n1": ok}), "t2")  # fmt: skip
+    st3, events3 = status.compute(
+        _domain(**st2.model_dump(mode="json")), _obs(["n1"], {"n1": ok}), "t2"
+    )
     assert status.status_patch(st2, st3) is None
     assert events3 == []
 

@@ -54,11 +54,15 @@ def test_channel_node_is_created_once_and_checked(tmp_path: Path) -> None:
 
 
 def test_peers_are_this_fabric_domain_by_index() -> None:
-    domain = {"status": {"nodes": [
-        {"name": "b", "index": 1, "ipAddress": "10.0.0.2", "fabricDomain": "r1"},
-        {"name": "a", "index": 0, "ipAddress": "10.0.0.1", "fabricDomain": "r1"},
-        {"name": "x", "index": 2, "ipAddress": "10.9.9.9", "fabricDomain": "r2"},
-    ]}}  # fmt: skip
+    domain = {
+        "status": {
+            "nodes": [
+                {"name": "b", "index": 1, "ipAddress": "10.0.0.2", "fabricDomain": "r1"},
+                {"name": "a", "index": 0, "ipAddress": "10.0.0.1", "fabricDomain": "r1"},
+                {"name": "x", "index": 2, "ipAddress": "10.9.9.9", "fabricDomain": "r2"},
+            ]
+        }
+    }
     assert peers_of(domain, "b") == ["10.0.0.1", "10.0.0.2"]
     assert peers_of(domain, "unknown") == []
 
@@ -71,11 +75,15 @@ def _free_port() -> int:
 
 @pytest.fixture
 def supervisor(tmp_path: Path) -> Iterator[ImexSupervisor]:
-    sup = ImexSupervisor(ImexSettings(
-        config_dir=tmp_path / "imexd", imex_bin=str(STAND_INS / "nvidia-imex"),
-        imex_ctl=str(STAND_INS / "nvidia-imex-ctl"), cmd_port=_free_port(),
-        restart_backoff=(0.05,),
-    ))  # fmt: skip
+    sup = ImexSupervisor(
+        ImexSettings(
+            config_dir=tmp_path / "imexd",
+            imex_bin=str(STAND_INS / "nvidia-imex"),
+            imex_ctl=str(STAND_INS / "nvidia-imex-ctl"),
+            cmd_port=_free_port(),
+            restart_backoff=(0.05,),
+        )
+    )
     yield sup
     sup.stop()
 
@@ -149,8 +157,14 @@ def test_imex_daemon_check_is_the_readiness_probe(
 ) -> None:
     from fabricdra.cli import main
 
-    probe = ["imex-daemon", "--check", "--config-dir", str(supervisor.settings.config_dir),
-             "--imex-ctl", str(STAND_INS / "nvidia-imex-ctl")]  # fmt: skip
+    probe = [
+        "imex-daemon",
+        "--check",
+        "--config-dir",
+        str(supervisor.settings.config_dir),
+        "--imex-ctl",
+        str(STAND_INS / "nvidia-imex-ctl"),
+    ]
     supervisor.settings.config_dir.mkdir(parents=True, exist_ok=True)
     supervisor.config_path.write_text(f"IMEX_CMD_PORT={supervisor.settings.cmd_port}\n")
     assert main(probe) == 1

@@ -21,14 +21,18 @@ LABELS = 'gpu="{i}",UUID="GPU-{i}",pci_bus_id="00000000:{bus}:00.0",device="nvid
 
 
 def dcgm_text(ecc: dict[str, int], thermal: dict[str, int]) -> str:
-    lines = ["# HELP DCGM_FI_DEV_ECC_DBE_VOL_TOTAL Total number of double-bit volatile ECC errors.",
-             "# TYPE DCGM_FI_DEV_ECC_DBE_VOL_TOTAL counter"]  # fmt: skip
+    lines = [
+        "# HELP DCGM_FI_DEV_ECC_DBE_VOL_TOTAL Total number of double-bit volatile ECC errors.",
+        "# TYPE DCGM_FI_DEV_ECC_DBE_VOL_TOTAL counter",
+    ]
     lines += [
         f"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{{{LABELS.format(i=i, bus=bus)}}} {v}"
         for i, (bus, v) in enumerate(ecc.items())
     ]
-    lines += ["# HELP DCGM_FI_DEV_THERMAL_VIOLATION Throttling duration (in us).",
-              "# TYPE DCGM_FI_DEV_THERMAL_VIOLATION counter"]  # fmt: skip
+    lines += [
+        "# HELP DCGM_FI_DEV_THERMAL_VIOLATION Throttling duration (in us).",
+        "# TYPE DCGM_FI_DEV_THERMAL_VIOLATION counter",
+    ]
     lines += [
         f"DCGM_FI_DEV_THERMAL_VIOLATION{{{LABELS.format(i=i, bus=bus)}}} {v}"
         for i, (bus, v) in enumerate(thermal.items())
@@ -76,8 +80,14 @@ def exporter() -> Iterator[Exporter]:
 
 
 def gpu(ecc: int | None, thermal: bool | None) -> SnapshotGpu:
-    return SnapshotGpu(uuid="GPU-x", name="H100", memoryTotalMiB=1, migMode=False,
-                       eccUncorrectable=ecc, thermalViolation=thermal)  # fmt: skip
+    return SnapshotGpu(
+        uuid="GPU-x",
+        name="H100",
+        memoryTotalMiB=1,
+        migMode=False,
+        eccUncorrectable=ecc,
+        thermalViolation=thermal,
+    )
 
 
 def test_nvml_readings() -> None:

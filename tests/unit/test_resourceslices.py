@@ -337,7 +337,9 @@ def test_inventory_command_prints_the_slices_the_plugin_would_publish(tmp_path: 
     assert doc["resourceSlices"] == build_slices(inv, "node-x").slices
     tainted = [x["name"] for x in _devices(doc["resourceSlices"]).values() if "taints" in x]
     assert sorted(tainted) == sorted(
-        ["gpu-" + hgx.gpus[4].replace(":", "-").replace(".", "-"),
-         "rdma-" + hgx.nics[1].replace(":", "-").replace(".", "-")]
-    )  # fmt: skip
+        [
+            "gpu-" + hgx.gpus[4].replace(":", "-").replace(".", "-"),
+            "rdma-" + hgx.nics[1].replace(":", "-").replace(".", "-"),
+        ]
+    )
     assert "resourceSlices" not in _fabricdra(*argv)

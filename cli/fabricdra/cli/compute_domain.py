@@ -141,13 +141,21 @@ def run_plugin(args: argparse.Namespace) -> int:
     rest = Rest(api)
     node = rest.get(NODES, args.node_name)
     fabric = node["metadata"].get("labels", {}).get(labels.FABRIC_DOMAIN, "")
-    driver = ComputeDomainDriver(rest, NodeConfig(
-        node_name=args.node_name, cdi_dir=Path(args.cdi_dir), plugin_dir=Path(args.plugin_dir),
-        proc_root=Path(args.proc_root), dev_root=Path(args.dev_root), fabric_domain=fabric,
-        imex_ctl=args.imex_ctl,
-    ))  # fmt: skip
-    paths = PluginPaths.for_driver(cd.DRIVER, registry_dir=args.registry_dir,
-                                   plugin_dir=args.plugin_dir)  # fmt: skip
+    driver = ComputeDomainDriver(
+        rest,
+        NodeConfig(
+            node_name=args.node_name,
+            cdi_dir=Path(args.cdi_dir),
+            plugin_dir=Path(args.plugin_dir),
+            proc_root=Path(args.proc_root),
+            dev_root=Path(args.dev_root),
+            fabric_domain=fabric,
+            imex_ctl=args.imex_ctl,
+        ),
+    )
+    paths = PluginPaths.for_driver(
+        cd.DRIVER, registry_dir=args.registry_dir, plugin_dir=args.plugin_dir
+    )
     stop = _wait_for_signal()
     with PluginServer(driver, paths):
         if node["metadata"].get("labels", {}).get(cd.PLUGIN_NODE_LABEL) != "true":
@@ -164,8 +172,12 @@ def run_daemon(args: argparse.Namespace) -> int:
     from fabricdra.kubeletplugin.computedomain.daemon import DaemonIdentity, ImexDaemon
     from fabricdra.kubeletplugin.computedomain.imex import ImexSettings, ImexSupervisor
 
-    settings = ImexSettings(config_dir=Path(args.config_dir), imex_bin=args.imex_bin,
-                            imex_ctl=args.imex_ctl, bind_ip=args.pod_ip)  # fmt: skip
+    settings = ImexSettings(
+        config_dir=Path(args.config_dir),
+        imex_bin=args.imex_bin,
+        imex_ctl=args.imex_ctl,
+        bind_ip=args.pod_ip,
+    )
     supervisor = ImexSupervisor(settings)
     if args.check:
         state = supervisor.query()
@@ -178,8 +190,14 @@ def run_daemon(args: argparse.Namespace) -> int:
     ]
     if missing:
         raise UsageError("missing " + ", ".join("--" + m.replace("_", "-") for m in missing))
-    who = DaemonIdentity(args.node_name, args.pod_ip, args.domain_namespace, args.domain_name,
-                         args.domain_uid, args.report_namespace)  # fmt: skip
+    who = DaemonIdentity(
+        args.node_name,
+        args.pod_ip,
+        args.domain_namespace,
+        args.domain_name,
+        args.domain_uid,
+        args.report_namespace,
+    )
     daemon = ImexDaemon(Rest(api_client(args.kubeconfig)), who, supervisor)
     daemon.run(_wait_for_signal(), args.interval)
     return 0

@@ -90,8 +90,9 @@ def _fits(domain: str, node_fabric: str, live: Mapping[str, str | None]) -> bool
     return pinned is None or pinned == node_fabric
 
 
-def _why(claim: ClaimOnNode, node: str, fabric: str, owner: str,
-         live: Mapping[str, str | None]) -> str:  # fmt: skip
+def _why(
+    claim: ClaimOnNode, node: str, fabric: str, owner: str, live: Mapping[str, str | None]
+) -> str:
     if not claim.domain:
         return "the claim names no ComputeDomain (label missing)"
     if claim.domain not in live:

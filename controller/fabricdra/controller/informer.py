@@ -24,9 +24,14 @@ def key_of(obj: JSON) -> str:
 
 class Informer:
     def __init__(
-        self, rest: Rest, kind: Kind, *, namespace: str | None = None,
-        label_selector: str | None = None, resync: float = 300.0,
-    ) -> None:  # fmt: skip
+        self,
+        rest: Rest,
+        kind: Kind,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        resync: float = 300.0,
+    ) -> None:
         self.rest, self.kind = rest, kind
         self.namespace, self.label_selector, self.resync = namespace, label_selector, resync
         self._store: dict[str, JSON] = {}
@@ -56,8 +61,9 @@ class Informer:
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name=f"informer-{self.kind.plural}",
-                                        daemon=True)  # fmt: skip
+        self._thread = threading.Thread(
+            target=self._run, name=f"informer-{self.kind.plural}", daemon=True
+        )
         self._thread.start()
 
     def stop(self) -> None:
@@ -107,9 +113,13 @@ class Informer:
 
     def _watch(self, version: str) -> str:
         """Watch until the resync period is over; then re-deliver everything (resync)."""
-        stream = self.rest.watch(self.kind, version, namespace=self.namespace,
-                                 label_selector=self.label_selector,
-                                 timeout_seconds=max(1, int(self.resync)))  # fmt: skip
+        stream = self.rest.watch(
+            self.kind,
+            version,
+            namespace=self.namespace,
+            label_selector=self.label_selector,
+            timeout_seconds=max(1, int(self.resync)),
+        )
         for event in stream:
             if self._stop.is_set():
                 return version

@@ -27,9 +27,15 @@ def _parse(s: str) -> datetime:
 
 class LeaderElector:
     def __init__(
-        self, rest: Rest, namespace: str, name: str, identity: str, *,
-        lease_seconds: int = 15, renew_every: float = 2.0,
-    ) -> None:  # fmt: skip
+        self,
+        rest: Rest,
+        namespace: str,
+        name: str,
+        identity: str,
+        *,
+        lease_seconds: int = 15,
+        renew_every: float = 2.0,
+    ) -> None:
         self.rest, self.namespace, self.name, self.identity = rest, namespace, name, identity
         self.lease_seconds, self.renew_every = lease_seconds, renew_every
         self.leading = threading.Event()
@@ -37,8 +43,11 @@ class LeaderElector:
 
     def try_acquire_or_renew(self) -> bool:
         now = _now()
-        spec = {"holderIdentity": self.identity, "leaseDurationSeconds": self.lease_seconds,
-                "renewTime": _fmt(now)}  # fmt: skip
+        spec = {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": self.lease_seconds,
+            "renewTime": _fmt(now),
+        }
         try:
             lease = self.rest.get(LEASES, self.name, self.namespace)
         except ApiError as e:

@@ -92,18 +92,30 @@ class Controller:
         ns, resync = self.config.namespace, self.config.resync_seconds
         self.domains = Informer(self.rest, COMPUTE_DOMAINS, resync=resync)
         self.claims = Informer(self.rest, CLAIMS, label_selector=cd.DOMAIN_LABEL, resync=resync)
-        self.nodes = Informer(self.rest, NODES, label_selector=f"{cd.PLUGIN_NODE_LABEL}=true",
-                              resync=resync)  # fmt: skip
-        self.slices = Informer(self.rest, SLICES, label_selector=f"{cd.TARGET_LABEL}=node",
-                               resync=resync)  # fmt: skip
-        self.leases = Informer(self.rest, LEASES, namespace=ns, label_selector=cd.DOMAIN_LABEL,
-                               resync=resync)  # fmt: skip
-        self.templates = Informer(self.rest, CLAIM_TEMPLATES, label_selector=cd.DOMAIN_LABEL,
-                                  resync=resync)  # fmt: skip
-        self.daemonsets = Informer(self.rest, DAEMON_SETS, namespace=ns,
-                                   label_selector=cd.DOMAIN_LABEL, resync=resync)  # fmt: skip
-        self._informers = [self.domains, self.claims, self.nodes, self.slices, self.leases,
-                           self.templates, self.daemonsets]  # fmt: skip
+        self.nodes = Informer(
+            self.rest, NODES, label_selector=f"{cd.PLUGIN_NODE_LABEL}=true", resync=resync
+        )
+        self.slices = Informer(
+            self.rest, SLICES, label_selector=f"{cd.TARGET_LABEL}=node", resync=resync
+        )
+        self.leases = Informer(
+            self.rest, LEASES, namespace=ns, label_selector=cd.DOMAIN_LABEL, resync=resync
+        )
+        self.templates = Informer(
+            self.rest, CLAIM_TEMPLATES, label_selector=cd.DOMAIN_LABEL, resync=resync
+        )
+        self.daemonsets = Informer(
+            self.rest, DAEMON_SETS, namespace=ns, label_selector=cd.DOMAIN_LABEL, resync=resync
+        )
+        self._informers = [
+            self.domains,
+            self.claims,
+            self.nodes,
+            self.slices,
+            self.leases,
+            self.templates,
+            self.daemonsets,
+        ]
         self.domain_queue = WorkQueue()
         self.node_queue = WorkQueue()
         self._lock = threading.Lock()
@@ -177,14 +189,17 @@ class Controller:
         """Start in the background; with leader election, workers start once leading."""
         self._ensure_namespace()  # the lease lives there
         if self.config.leader_election:
-            self.elector = LeaderElector(self.rest, self.config.namespace,
-                                         self.config.lease_name, self.config.identity)  # fmt: skip
-            t = threading.Thread(target=self.elector.run, args=(self._stop,), daemon=True,
-                                 name="leader-election")  # fmt: skip
+            self.elector = LeaderElector(
+                self.rest, self.config.namespace, self.config.lease_name, self.config.identity
+            )
+            t = threading.Thread(
+                target=self.elector.run, args=(self._stop,), daemon=True, name="leader-election"
+            )
             t.start()
             self._threads.append(t)
-            starter = threading.Thread(target=self._start_when_leading, daemon=True,
-                                       name="wait-for-leadership")  # fmt: skip
+            starter = threading.Thread(
+                target=self._start_when_leading, daemon=True, name="wait-for-leadership"
+            )
             starter.start()
             self._threads.append(starter)
         else:
@@ -208,8 +223,13 @@ class Controller:
             informer.wait_synced(60)
         self._rebuild_owners()
         for i in range(self.config.domain_workers):
-            self._spawn(f"domain-worker-{i}", self._worker, self.domain_queue,
-                        self.reconcile_domain, "domain")  # fmt: skip
+            self._spawn(
+                f"domain-worker-{i}",
+                self._worker,
+                self.domain_queue,
+                self.reconcile_domain,
+                "domain",
+            )
         self._spawn("node-worker", self._worker, self.node_queue, self.reconcile_node, "node")
 
     def _spawn(self, name: str, target: Callable[..., None], *args: Any) -> None:
@@ -272,8 +292,9 @@ class Controller:
                 return None
             raise
 
-    def _patch(self, kind: Kind, name: str, patch: Any, namespace: str | None = None,
-               **kw: Any) -> JSON:  # fmt: skip
+    def _patch(
+        self, kind: Kind, name: str, patch: Any, namespace: str | None = None, **kw: Any
+    ) -> JSON:
         return self._write(
             "patch", kind, lambda: self.rest.patch(kind, name, patch, namespace, **kw)
         )
@@ -286,17 +307,27 @@ class Controller:
 
     def _event(self, domain: ComputeDomain, ev: status.Event) -> None:
         body = {
-            "metadata": {"name": f"{domain.name}.{uuid.uuid4().hex[:12]}",
-                         "namespace": domain.namespace},
-            "involvedObject": {"apiVersion": cd.API_VERSION, "kind": cd.KIND,
-                               "name": domain.name, "namespace": domain.namespace,
-                               "uid": domain.uid},
-            "type": ev.type, "reason": ev.reason, "message": ev.message[:1024],
+            "metadata": {
+                "name": f"{domain.name}.{uuid.uuid4().hex[:12]}",
+                "namespace": domain.namespace,
+            },
+            "involvedObject": {
+                "apiVersion": cd.API_VERSION,
+                "kind": cd.KIND,
+                "name": domain.name,
+                "namespace": domain.namespace,
+                "uid": domain.uid,
+            },
+            "type": ev.type,
+            "reason": ev.reason,
+            "message": ev.message[:1024],
             "source": {"component": "fabricdra-controller"},
-            "firstTimestamp": _now(), "lastTimestamp": _now(), "count": 1,
+            "firstTimestamp": _now(),
+            "lastTimestamp": _now(),
+            "count": 1,
             "reportingComponent": "fabricdra.io/compute-domain-controller",
             "reportingInstance": self.config.identity,
-        }  # fmt: skip
+        }
         try:
             self._create(EVENTS, body, domain.namespace)
         except ApiError as e:  # events are best effort
@@ -398,8 +429,9 @@ class Controller:
             self._ensure(CLAIM_TEMPLATES, rct, self.templates)
             if domain.spec.imexMode == "managed":
                 settings = self.config.daemon
-                self._ensure(CLAIM_TEMPLATES, objects.daemon_claim_template(domain, settings),
-                             self.templates)  # fmt: skip
+                self._ensure(
+                    CLAIM_TEMPLATES, objects.daemon_claim_template(domain, settings), self.templates
+                )
                 self._ensure(DAEMON_SETS, objects.daemon_set(domain, settings), self.daemonsets)
         except NotOurs as e:
             # Never take over or delete an object we did not create: say so in the status.
@@ -431,8 +463,9 @@ class Controller:
             )
         return out
 
-    def _update_status(self, domain: ComputeDomain, ready: bool, message: str,
-                       channel: int) -> None:  # fmt: skip
+    def _update_status(
+        self, domain: ComputeDomain, ready: bool, message: str, channel: int
+    ) -> None:
         # The channel is recorded by the same write as the conditions: one write per pass.
         domain = domain.model_copy(deep=True)
         recorded = list(domain.status.channels)
@@ -480,8 +513,9 @@ class Controller:
             {"op": "replace", "path": "/metadata/finalizers", "value": finalizers},
         ]
         try:
-            self._patch(COMPUTE_DOMAINS, domain.name, patch, domain.namespace,
-                        content_type=JSON_PATCH)  # fmt: skip
+            self._patch(
+                COMPUTE_DOMAINS, domain.name, patch, domain.namespace, content_type=JSON_PATCH
+            )
         except ApiError as e:
             if not e.not_found:
                 raise
@@ -625,8 +659,14 @@ class Controller:
         }
         try:
             # Strategic merge: status.devices is a list-map, so only our entries change.
-            self._patch(CLAIMS, claim["metadata"]["name"], patch, claim["metadata"]["namespace"],
-                        sub="status", content_type=STRATEGIC_PATCH)  # fmt: skip
+            self._patch(
+                CLAIMS,
+                claim["metadata"]["name"],
+                patch,
+                claim["metadata"]["namespace"],
+                sub="status",
+                content_type=STRATEGIC_PATCH,
+            )
         except ApiError as e:
             if e.conflict or e.not_found:  # the claim changed meanwhile; its event requeues
                 self.node_queue.add_after(node, 0.1)
@@ -678,12 +718,16 @@ def _claim_views(claim: JSON, node: str) -> list[admission.ClaimOnNode]:
             state = "conflict"
         else:
             state = "pending"
-        views.append(admission.ClaimOnNode(
-            key=f"{meta['namespace']}/{meta['name']}",
-            domain=meta.get("labels", {}).get(cd.DOMAIN_LABEL, ""),
-            state=state,
-            since=str(allocation.get("allocationTimestamp") or meta.get("creationTimestamp", "")),
-        ))  # fmt: skip
+        views.append(
+            admission.ClaimOnNode(
+                key=f"{meta['namespace']}/{meta['name']}",
+                domain=meta.get("labels", {}).get(cd.DOMAIN_LABEL, ""),
+                state=state,
+                since=str(
+                    allocation.get("allocationTimestamp") or meta.get("creationTimestamp", "")
+                ),
+            )
+        )
     return views
 
 

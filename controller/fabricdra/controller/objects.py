@@ -33,9 +33,13 @@ class DaemonSettings:
 
 def owner_reference(domain: ComputeDomain) -> JSON:
     return {
-        "apiVersion": cd.API_VERSION, "kind": cd.KIND, "name": domain.name,
-        "uid": domain.uid, "controller": True, "blockOwnerDeletion": True,
-    }  # fmt: skip
+        "apiVersion": cd.API_VERSION,
+        "kind": cd.KIND,
+        "name": domain.name,
+        "uid": domain.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
 
 
 def _sorted(doc: JSON) -> JSON:
@@ -47,12 +51,18 @@ def _sorted(doc: JSON) -> JSON:
 
 def channel_config(domain: ComputeDomain, channel: int) -> JSON:
     """The opaque parameters the node plugin reads at prepare: which domain, which channel."""
-    return _sorted({
-        "apiVersion": cd.API_VERSION, "kind": OPAQUE_KIND,
-        "domainUID": domain.uid, "domainName": domain.name, "namespace": domain.namespace,
-        "channel": channel, "allocationMode": domain.spec.channel.allocationMode,
-        "imexMode": domain.spec.imexMode,
-    })  # fmt: skip
+    return _sorted(
+        {
+            "apiVersion": cd.API_VERSION,
+            "kind": OPAQUE_KIND,
+            "domainUID": domain.uid,
+            "domainName": domain.name,
+            "namespace": domain.namespace,
+            "channel": channel,
+            "allocationMode": domain.spec.channel.allocationMode,
+            "imexMode": domain.spec.imexMode,
+        }
+    )
 
 
 def _channel_selector(uid: str) -> str:
@@ -77,22 +87,30 @@ def workload_claim_template(domain: ComputeDomain, channel: int) -> JSON:
             "metadata": {"labels": labels},
             "spec": {
                 "devices": {
-                    "requests": [{
-                        "name": "channel",
-                        "exactly": {
-                            "deviceClassName": cd.CHANNEL_CLASS,
-                            "selectors": [{"cel": {"expression": _channel_selector(domain.uid)}}],
-                        },
-                    }],
-                    "config": [{
-                        "requests": ["channel"],
-                        "opaque": {"driver": cd.DRIVER,
-                                   "parameters": channel_config(domain, channel)},
-                    }],
+                    "requests": [
+                        {
+                            "name": "channel",
+                            "exactly": {
+                                "deviceClassName": cd.CHANNEL_CLASS,
+                                "selectors": [
+                                    {"cel": {"expression": _channel_selector(domain.uid)}}
+                                ],
+                            },
+                        }
+                    ],
+                    "config": [
+                        {
+                            "requests": ["channel"],
+                            "opaque": {
+                                "driver": cd.DRIVER,
+                                "parameters": channel_config(domain, channel),
+                            },
+                        }
+                    ],
                 },
             },
         },
-    }  # fmt: skip
+    }
 
 
 def daemon_name(domain: ComputeDomain) -> str:
@@ -104,25 +122,43 @@ def daemon_claim_template(domain: ComputeDomain, settings: DaemonSettings) -> JS
     attrs = f"device.attributes['{cd.DRIVER}']"
     selector = f"{attrs}.type == 'daemon' && {attrs}.{cd.ATTR_OWNER} == '{domain.uid}'"
     params = {
-        "apiVersion": cd.API_VERSION, "kind": DAEMON_OPAQUE_KIND, "domainUID": domain.uid,
-        "domainName": domain.name, "namespace": domain.namespace,
-    }  # fmt: skip
+        "apiVersion": cd.API_VERSION,
+        "kind": DAEMON_OPAQUE_KIND,
+        "domainUID": domain.uid,
+        "domainName": domain.name,
+        "namespace": domain.namespace,
+    }
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
-        "metadata": {"name": daemon_name(domain), "namespace": settings.namespace,
-                     "labels": labels},
+        "metadata": {
+            "name": daemon_name(domain),
+            "namespace": settings.namespace,
+            "labels": labels,
+        },
         "spec": {
             "metadata": {"labels": labels},
-            "spec": {"devices": {
-                "requests": [{"name": "daemon", "exactly": {
-                    "deviceClassName": cd.DAEMON_CLASS,
-                    "selectors": [{"cel": {"expression": selector}}]}}],
-                "config": [{"requests": ["daemon"],
-                            "opaque": {"driver": cd.DRIVER, "parameters": _sorted(params)}}],
-            }},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "daemon",
+                            "exactly": {
+                                "deviceClassName": cd.DAEMON_CLASS,
+                                "selectors": [{"cel": {"expression": selector}}],
+                            },
+                        }
+                    ],
+                    "config": [
+                        {
+                            "requests": ["daemon"],
+                            "opaque": {"driver": cd.DRIVER, "parameters": _sorted(params)},
+                        }
+                    ],
+                }
+            },
         },
-    }  # fmt: skip
+    }
 
 
 def daemon_set(domain: ComputeDomain, settings: DaemonSettings) -> JSON:
@@ -155,27 +191,28 @@ def daemon_set(domain: ComputeDomain, settings: DaemonSettings) -> JSON:
                     "priorityClassName": settings.priority_class,
                     "hostNetwork": True,
                     "tolerations": [{"operator": "Exists"}],
-                    "resourceClaims": [{"name": "imex",
-                                        "resourceClaimTemplateName": name}],
-                    "containers": [{
-                        "name": "imex",
-                        "image": settings.image,
-                        "args": ["imex-daemon"],
-                        "env": env,
-                        "resources": {
-                            "requests": {"cpu": "100m", "memory": "128Mi"},
-                            "limits": {"cpu": "100m", "memory": "128Mi"},
-                            "claims": [{"name": "imex"}],
-                        },
-                        "readinessProbe": {
-                            "exec": {"command": ["fabricdra", "imex-daemon", "--check"]},
-                            "periodSeconds": 5,
-                        },
-                    }],
+                    "resourceClaims": [{"name": "imex", "resourceClaimTemplateName": name}],
+                    "containers": [
+                        {
+                            "name": "imex",
+                            "image": settings.image,
+                            "args": ["imex-daemon"],
+                            "env": env,
+                            "resources": {
+                                "requests": {"cpu": "100m", "memory": "128Mi"},
+                                "limits": {"cpu": "100m", "memory": "128Mi"},
+                                "claims": [{"name": "imex"}],
+                            },
+                            "readinessProbe": {
+                                "exec": {"command": ["fabricdra", "imex-daemon", "--check"]},
+                                "periodSeconds": 5,
+                            },
+                        }
+                    ],
                 },
             },
         },
-    }  # fmt: skip
+    }
 
 
 def slice_name(node: str) -> str:
@@ -210,8 +247,15 @@ def node_slice(node: str, node_uid: str, owner: str, fabric_domain: str, generat
         "metadata": {
             "name": slice_name(node),
             "labels": {cd.TARGET_LABEL: "node"},
-            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node,
-                                 "uid": node_uid, "controller": True}],
+            "ownerReferences": [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "name": node,
+                    "uid": node_uid,
+                    "controller": True,
+                }
+            ],
         },
         "spec": {
             "driver": cd.DRIVER,
@@ -219,7 +263,7 @@ def node_slice(node: str, node_uid: str, owner: str, fabric_domain: str, generat
             "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
             "devices": node_devices(owner, fabric_domain),
         },
-    }  # fmt: skip
+    }
 
 
 def device_classes() -> list[JSON]:

@@ -13,56 +13,91 @@ from fabricdra.api import computedomain as cd
 Rule = dict[str, Any]
 
 CONTROLLER: list[Rule] = [
-    {"apiGroups": [cd.GROUP], "resources": ["computedomains"],
-     "verbs": ["get", "list", "watch", "patch"]},
+    {
+        "apiGroups": [cd.GROUP],
+        "resources": ["computedomains"],
+        "verbs": ["get", "list", "watch", "patch"],
+    },
     {"apiGroups": [cd.GROUP], "resources": ["computedomains/status"], "verbs": ["get", "patch"]},
-    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaimtemplates"],
-     "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
-    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"],
-     "verbs": ["get", "list", "watch"]},
-    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/status"],
-     "verbs": ["get", "patch", "update"]},
+    {
+        "apiGroups": ["resource.k8s.io"],
+        "resources": ["resourceclaimtemplates"],
+        "verbs": ["get", "list", "watch", "create", "patch", "delete"],
+    },
+    {
+        "apiGroups": ["resource.k8s.io"],
+        "resources": ["resourceclaims"],
+        "verbs": ["get", "list", "watch"],
+    },
+    {
+        "apiGroups": ["resource.k8s.io"],
+        "resources": ["resourceclaims/status"],
+        "verbs": ["get", "patch", "update"],
+    },
     # Kubernetes 1.36 (DRAResourceClaimGranularStatusAuthorization): writing status.devices of
     # claims on any node, for this driver only.
-    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/driver"],
-     "resourceNames": [cd.DRIVER], "verbs": ["arbitrary-node:update", "arbitrary-node:patch"]},
-    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
-     "verbs": ["get", "list", "watch", "create", "update", "delete"]},
-    {"apiGroups": ["resource.k8s.io"], "resources": ["deviceclasses"],
-     "verbs": ["get", "create"]},
-    {"apiGroups": ["apps"], "resources": ["daemonsets"],
-     "verbs": ["get", "list", "watch", "create", "patch", "delete"]},
-    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-     "verbs": ["get", "list", "watch", "create", "patch", "update", "delete"]},
+    {
+        "apiGroups": ["resource.k8s.io"],
+        "resources": ["resourceclaims/driver"],
+        "resourceNames": [cd.DRIVER],
+        "verbs": ["arbitrary-node:update", "arbitrary-node:patch"],
+    },
+    {
+        "apiGroups": ["resource.k8s.io"],
+        "resources": ["resourceslices"],
+        "verbs": ["get", "list", "watch", "create", "update", "delete"],
+    },
+    {"apiGroups": ["resource.k8s.io"], "resources": ["deviceclasses"], "verbs": ["get", "create"]},
+    {
+        "apiGroups": ["apps"],
+        "resources": ["daemonsets"],
+        "verbs": ["get", "list", "watch", "create", "patch", "delete"],
+    },
+    {
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "verbs": ["get", "list", "watch", "create", "patch", "update", "delete"],
+    },
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "create"]},
-]  # fmt: skip
+]
 
 NODE_PLUGIN: list[Rule] = [
     {"apiGroups": [cd.GROUP], "resources": ["computedomains"], "verbs": ["get"]},
     {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
-    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-     "verbs": ["get", "create", "patch"]},
-]  # fmt: skip
+    {
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "verbs": ["get", "create", "patch"],
+    },
+]
 
 IMEX_DAEMON: list[Rule] = [
     {"apiGroups": [cd.GROUP], "resources": ["computedomains"], "verbs": ["get"]},
-    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
-     "verbs": ["get", "create", "patch", "delete"]},
-]  # fmt: skip
+    {
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "verbs": ["get", "create", "patch", "delete"],
+    },
+]
 
 
 def cluster_role(name: str, rules: list[Rule]) -> dict[str, Any]:
-    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-            "metadata": {"name": name}, "rules": rules}  # fmt: skip
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": name},
+        "rules": rules,
+    }
 
 
 def binding_for_user(name: str, role: str, user: str) -> dict[str, Any]:
     return {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
         "metadata": {"name": name},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
-    }  # fmt: skip
+    }

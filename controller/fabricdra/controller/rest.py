@@ -87,15 +87,23 @@ class Rest:
         self.api = api_client
 
     def _send(
-        self, method: str, path: str, query: Mapping[str, Any] | None, body: Any,
-        content_type: str, timeout: Any,
-    ) -> Any:  # fmt: skip
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, Any] | None,
+        body: Any,
+        content_type: str,
+        timeout: Any,
+    ) -> Any:
         q = [(k, v) for k, v in (query or {}).items() if v is not None]
         headers = {"Accept": "application/json", "Content-Type": content_type}
         _, url, headers, _, _ = self.api.param_serialize(
-            method, path, query_params=q or None, header_params=headers,
+            method,
+            path,
+            query_params=q or None,
+            header_params=headers,
             auth_settings=["BearerToken"],
-        )  # fmt: skip
+        )
         # Compact JSON with sorted keys, sent as bytes: opaque parameters inside a claim are
         # stored verbatim, and a later status patch (which re-encodes them compactly and
         # sorted) must reproduce them byte for byte or the allocation counts as changed.
@@ -106,8 +114,13 @@ class Rest:
             limit = urllib3.Timeout(total=timeout)
         try:
             resp = self.api.rest_client.pool_manager.request(
-                method, url, body=data, headers=headers, preload_content=False, timeout=limit,
-            )  # fmt: skip
+                method,
+                url,
+                body=data,
+                headers=headers,
+                preload_content=False,
+                timeout=limit,
+            )
         except (urllib3.exceptions.HTTPError, OSError) as e:  # refused, reset, timeouts
             raise ApiError(0, str(e)) from None
         if not 200 <= resp.status < 300:
@@ -134,9 +147,13 @@ class Rest:
         return self.call("GET", kind.path(namespace, name))
 
     def list(
-        self, kind: Kind, namespace: str | None = None, *, label_selector: str | None = None,
+        self,
+        kind: Kind,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
         field_selector: str | None = None,
-    ) -> JSON:  # fmt: skip
+    ) -> JSON:
         query = {"labelSelector": label_selector, "fieldSelector": field_selector}
         return self.call("GET", kind.path(namespace), query=query)
 
@@ -144,9 +161,15 @@ class Rest:
         return self.call("POST", kind.path(namespace), body=body)
 
     def patch(
-        self, kind: Kind, name: str, patch: Any, namespace: str | None = None, *,
-        sub: str = "", content_type: str = MERGE_PATCH,
-    ) -> JSON:  # fmt: skip
+        self,
+        kind: Kind,
+        name: str,
+        patch: Any,
+        namespace: str | None = None,
+        *,
+        sub: str = "",
+        content_type: str = MERGE_PATCH,
+    ) -> JSON:
         return self.call(
             "PATCH", kind.path(namespace, name, sub), body=patch, content_type=content_type
         )
@@ -157,8 +180,9 @@ class Rest:
     def delete(self, kind: Kind, name: str, namespace: str | None = None) -> bool:
         """Delete; False if it was already gone."""
         try:
-            self.call("DELETE", kind.path(namespace, name),
-                      body={"propagationPolicy": "Background"})  # fmt: skip
+            self.call(
+                "DELETE", kind.path(namespace, name), body={"propagationPolicy": "Background"}
+            )
         except ApiError as e:
             if e.not_found:
                 return False
@@ -166,17 +190,25 @@ class Rest:
         return True
 
     def watch(
-        self, kind: Kind, resource_version: str, *, namespace: str | None = None,
-        label_selector: str | None = None, timeout_seconds: int = 300,
-    ) -> Iterator[JSON]:  # fmt: skip
+        self,
+        kind: Kind,
+        resource_version: str,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        timeout_seconds: int = 300,
+    ) -> Iterator[JSON]:
         """Events after `resource_version` until the server closes the stream."""
         query = {
-            "watch": "true", "resourceVersion": resource_version,
-            "allowWatchBookmarks": "true", "timeoutSeconds": timeout_seconds,
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": timeout_seconds,
             "labelSelector": label_selector,
-        }  # fmt: skip
-        resp = self._send("GET", kind.path(namespace), query, None, "application/json",
-                          (10, timeout_seconds + 30))  # fmt: skip
+        }
+        resp = self._send(
+            "GET", kind.path(namespace), query, None, "application/json", (10, timeout_seconds + 30)
+        )
         raw = resp
         buffer = b""
         try:

@@ -72,20 +72,39 @@ def node_rows(domain: ComputeDomain, obs: Observed) -> list[NodeStatus]:
         else:
             ready, message = report.ready, report.message
         ip = (report.ip if report is not None and report.ip else "") or held.ip
-        rows.append(NodeStatus(name=held.name, ipAddress=ip, fabricDomain=held.fabric_domain,
-                               index=index, ready=ready, message=message))  # fmt: skip
+        rows.append(
+            NodeStatus(
+                name=held.name,
+                ipAddress=ip,
+                fabricDomain=held.fabric_domain,
+                index=index,
+                ready=ready,
+                message=message,
+            )
+        )
     return sorted(rows, key=lambda r: r.index)
 
 
 def _condition(
-    previous: Mapping[str, Condition], type_: str, status: bool, reason: str, message: str,
-    now: str, generation: int,
-) -> Condition:  # fmt: skip
+    previous: Mapping[str, Condition],
+    type_: str,
+    status: bool,
+    reason: str,
+    message: str,
+    now: str,
+    generation: int,
+) -> Condition:
     value: Literal["True", "False"] = "True" if status else "False"
     old = previous.get(type_)
     since = old.lastTransitionTime if old is not None and old.status == value else now
-    return Condition(type=type_, status=value, reason=reason, message=message[:32768],
-                     lastTransitionTime=since, observedGeneration=generation)  # fmt: skip
+    return Condition(
+        type=type_,
+        status=value,
+        reason=reason,
+        message=message[:32768],
+        lastTransitionTime=since,
+        observedGeneration=generation,
+    )
 
 
 def compute(
@@ -146,11 +165,15 @@ def compute(
         _condition(previous, cd.DAEMONS_READY, *daemons, now, gen),
         _condition(previous, cd.DEGRADED, *degraded, now, gen),
     ]
-    status = domain.status.model_copy(update={
-        "conditions": conditions, "nodes": rows, "observedGeneration": gen,
-        "fabricDomain": domain.status.fabricDomain or next(
-            (r.fabricDomain for r in rows if r.fabricDomain), ""),
-    })  # fmt: skip
+    status = domain.status.model_copy(
+        update={
+            "conditions": conditions,
+            "nodes": rows,
+            "observedGeneration": gen,
+            "fabricDomain": domain.status.fabricDomain
+            or next((r.fabricDomain for r in rows if r.fabricDomain), ""),
+        }
+    )
     return status, transitions(domain, status)
 
 
@@ -177,9 +200,15 @@ def transitions(domain: ComputeDomain, new: ComputeDomainStatus) -> list[Event]:
         if before is None and c.status == "False" and c.type == cd.DEGRADED:
             continue  # "not degraded" at birth is not news
         warn = (c.type == cd.DEGRADED) == (c.status == "True")
-        events.append(Event("Warning" if warn and c.type == cd.DEGRADED else "Normal",
-                            f"{c.type}{c.status}" if c.type != cd.DEGRADED or c.status == "True"
-                            else "Recovered", c.message or c.reason))  # fmt: skip
+        events.append(
+            Event(
+                "Warning" if warn and c.type == cd.DEGRADED else "Normal",
+                f"{c.type}{c.status}"
+                if c.type != cd.DEGRADED or c.status == "True"
+                else "Recovered",
+                c.message or c.reason,
+            )
+        )
     return events
 
 

@@ -90,7 +90,6 @@ class Agent:
             self.nvml_source = lambda: load_snapshot(snapshot)
         if publisher is None:
             from .publisher import NodePublisher
-
             from .resourceslices import ApiFeatures
 
             features = (

@@ -195,8 +195,11 @@ class NodePublisher:
         if self.features is None:
             version = self.rest.call("GET", "/version")
             self.features = ApiFeatures.for_server_version(version["major"], version["minor"])
-            log.info("resource API model chosen from the server version", model=self.features.model,
-                     version=version.get("gitVersion"))  # fmt: skip
+            log.info(
+                "resource API model chosen from the server version",
+                model=self.features.model,
+                version=version.get("gitVersion"),
+            )
         return self.features
 
     def _sync_slices(
@@ -287,8 +290,10 @@ class NodePublisher:
         groups = group_accelerators(accelerators) if accelerators is not None else None
         if interfaces is None or groups is None:
             if live_spec is None:
-                log.error("no inventory record to publish yet: enumeration failed",
-                          failures=discovery.failures)  # fmt: skip
+                log.error(
+                    "no inventory record to publish yet: enumeration failed",
+                    failures=discovery.failures,
+                )
                 return
             interfaces = interfaces if interfaces is not None else live_spec.interfaces
             groups = groups if groups is not None else live_spec.groups

@@ -37,8 +37,9 @@ def peers_of(domain: dict[str, Any], node: str) -> list[str]:
     if mine is None or not mine.get("ipAddress"):
         return []
     fabric = mine.get("fabricDomain", "")
-    return [r["ipAddress"] for r in rows if r.get("fabricDomain", "") == fabric
-            and r.get("ipAddress")]  # fmt: skip
+    return [
+        r["ipAddress"] for r in rows if r.get("fabricDomain", "") == fabric and r.get("ipAddress")
+    ]
 
 
 class ImexDaemon:
@@ -60,8 +61,15 @@ class ImexDaemon:
         else:
             state = self.supervisor.step(peers_of(domain, who.node))
         if state != self.last:
-            write_report(self.rest, who.report_namespace, who.domain_uid, who.node,
-                         ready=state.ready, message=state.message, ip=who.pod_ip)  # fmt: skip
+            write_report(
+                self.rest,
+                who.report_namespace,
+                who.domain_uid,
+                who.node,
+                ready=state.ready,
+                message=state.message,
+                ip=who.pod_ip,
+            )
             log.info("IMEX state: %s (%s)", "ready" if state.ready else "not ready", state.message)
             self.last = state
         return state
@@ -77,7 +85,8 @@ class ImexDaemon:
         finally:
             self.supervisor.stop()
             try:
-                delete_report(self.rest, self.who.report_namespace, self.who.domain_uid,
-                              self.who.node)  # fmt: skip
+                delete_report(
+                    self.rest, self.who.report_namespace, self.who.domain_uid, self.who.node
+                )
             except ApiError as e:
                 log.warning("deleting the report: %s", e)

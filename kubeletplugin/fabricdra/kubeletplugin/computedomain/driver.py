@@ -76,8 +76,9 @@ class ComputeDomainDriver:
             obj = self._claim(claim)
             results = self._results(obj)
             if not results:
-                raise PrepareError(f"claim {claim} has no {cd.DRIVER} device on node "
-                                   f"{self.config.node_name}")  # fmt: skip
+                raise PrepareError(
+                    f"claim {claim} has no {cd.DRIVER} device on node {self.config.node_name}"
+                )
             devices: list[CdiDevice] = []
             prepared: list[PreparedDevice] = []
             for result in results:
@@ -91,16 +92,20 @@ class ComputeDomainDriver:
                     raise PrepareError(f"claim {claim}: unknown device {result['device']!r}")
                 name = f"{claim.uid}-{result['device']}"
                 devices.append(CdiDevice(name=name, edits=edits))
-                prepared.append(PreparedDevice(
-                    pool_name=result["pool"], device_name=result["device"],
-                    cdi_device_ids=(self.cdi.device_id(name),),
-                    request_names=(str(result["request"]).split("/")[0],),
-                    share_id=result.get("shareID"),
-                ))  # fmt: skip
+                prepared.append(
+                    PreparedDevice(
+                        pool_name=result["pool"],
+                        device_name=result["device"],
+                        cdi_device_ids=(self.cdi.device_id(name),),
+                        request_names=(str(result["request"]).split("/")[0],),
+                        share_id=result.get("shareID"),
+                    )
+                )
             path = self.cdi.write(claim.uid, CdiSpec(kind=CDI_KIND, devices=tuple(devices)))
             try:
-                self.checkpoint.put(ClaimEntry(claim.uid, claim.namespace, claim.name,
-                                               (str(path),)))  # fmt: skip
+                self.checkpoint.put(
+                    ClaimEntry(claim.uid, claim.namespace, claim.name, (str(path),))
+                )
             except Exception:
                 with contextlib.suppress(OSError):
                     path.unlink()
@@ -113,8 +118,9 @@ class ComputeDomainDriver:
         except ApiError as e:
             raise PrepareError(f"cannot read claim {claim}: {e}") from None
         if obj["metadata"].get("uid") != claim.uid:
-            raise PrepareError(f"claim {claim} was replaced (the API has uid "
-                               f"{obj['metadata'].get('uid')})")  # fmt: skip
+            raise PrepareError(
+                f"claim {claim} was replaced (the API has uid {obj['metadata'].get('uid')})"
+            )
         return obj
 
     def _results(self, obj: JSON) -> list[JSON]:
@@ -137,36 +143,45 @@ class ComputeDomainDriver:
                 found = opaque.get("parameters")
         want = OPAQUE_KIND if result["device"] == cd.CHANNEL_DEVICE else DAEMON_OPAQUE_KIND
         if not isinstance(found, dict) or found.get("kind") != want:
-            raise PrepareError(f"claim {obj['metadata']['name']}: no {want} configuration for "
-                               f"request {base!r}; use the claim template the ComputeDomain "
-                               "controller created")  # fmt: skip
+            raise PrepareError(
+                f"claim {obj['metadata']['name']}: no {want} configuration for "
+                f"request {base!r}; use the claim template the ComputeDomain "
+                "controller created"
+            )
         return found
 
     def _domain(self, claim: ClaimRef, params: JSON) -> JSON:
         ns, name, uid = params.get("namespace"), params.get("domainName"), params.get("domainUID")
         if params["kind"] == OPAQUE_KIND and ns != claim.namespace:
-            raise PrepareError(f"claim {claim} is in namespace {claim.namespace} but its "
-                               f"ComputeDomain {name} is in {ns}")  # fmt: skip
+            raise PrepareError(
+                f"claim {claim} is in namespace {claim.namespace} but its "
+                f"ComputeDomain {name} is in {ns}"
+            )
         try:
             domain = self.rest.get(COMPUTE_DOMAINS, str(name), str(ns))
         except ApiError as e:
             raise PrepareError(f"ComputeDomain {ns}/{name} of claim {claim}: {e}") from None
         if domain["metadata"].get("uid") != uid or domain["metadata"].get("deletionTimestamp"):
-            raise PrepareError(f"ComputeDomain {ns}/{name} of claim {claim} is not the one the "
-                               "claim was made for (deleted or recreated)")  # fmt: skip
+            raise PrepareError(
+                f"ComputeDomain {ns}/{name} of claim {claim} is not the one the "
+                "claim was made for (deleted or recreated)"
+            )
         return domain
 
     def _channel_edits(self, claim: ClaimRef, params: JSON, domain: JSON) -> ContainerEdits:
         channel = int(params.get("channel", -1))
         held = domain.get("status", {}).get("channels") or []
         if channel not in held:
-            raise PrepareError(f"claim {claim} names IMEX channel {channel} but its "
-                               f"ComputeDomain holds {held}")  # fmt: skip
+            raise PrepareError(
+                f"claim {claim} names IMEX channel {channel} but its ComputeDomain holds {held}"
+            )
         if params.get("imexMode") == "host":
             self._check_host_imex()
-        env = (f"FABRICDRA_COMPUTE_DOMAIN={params['domainName']}",
-               f"FABRICDRA_COMPUTE_DOMAIN_UID={params['domainUID']}",
-               f"FABRICDRA_IMEX_CHANNEL={channel}")  # fmt: skip
+        env = (
+            f"FABRICDRA_COMPUTE_DOMAIN={params['domainName']}",
+            f"FABRICDRA_COMPUTE_DOMAIN_UID={params['domainUID']}",
+            f"FABRICDRA_IMEX_CHANNEL={channel}",
+        )
         try:
             major = imex_major(self.config.proc_root)
         except ChannelError as e:
@@ -188,17 +203,29 @@ class ComputeDomainDriver:
                 ensure_host_node(self.config.dev_root, nodes[0])
             except ChannelError as e:
                 raise PrepareError(str(e)) from None
-        return ContainerEdits(env=env, device_nodes=tuple(
-            DeviceNode(path=n.container_path, type="c", major=n.major, minor=n.channel,
-                       permissions="rw") for n in nodes))  # fmt: skip
+        return ContainerEdits(
+            env=env,
+            device_nodes=tuple(
+                DeviceNode(
+                    path=n.container_path,
+                    type="c",
+                    major=n.major,
+                    minor=n.channel,
+                    permissions="rw",
+                )
+                for n in nodes
+            ),
+        )
 
     def _daemon_edits(self, params: JSON) -> ContainerEdits:
         folder = self.config.plugin_dir / "domains" / str(params["domainUID"])
         folder.mkdir(parents=True, exist_ok=True)
-        env = (f"FABRICDRA_DOMAIN_UID={params['domainUID']}",
-               f"FABRICDRA_DOMAIN_NAME={params['domainName']}",
-               f"FABRICDRA_DOMAIN_NAMESPACE={params['namespace']}",
-               f"FABRICDRA_FABRIC_DOMAIN={self.config.fabric_domain}")  # fmt: skip
+        env = (
+            f"FABRICDRA_DOMAIN_UID={params['domainUID']}",
+            f"FABRICDRA_DOMAIN_NAME={params['domainName']}",
+            f"FABRICDRA_DOMAIN_NAMESPACE={params['namespace']}",
+            f"FABRICDRA_FABRIC_DOMAIN={self.config.fabric_domain}",
+        )
         return ContainerEdits(
             env=env, mounts=(Mount(str(folder), "/imexd", ("rw", "nosuid", "nodev", "bind")),)
         )
@@ -209,8 +236,10 @@ class ComputeDomainDriver:
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=False)
         except FileNotFoundError:
-            return False, (f"host IMEX mode: {self.config.imex_ctl} not found on this node; "
-                           "is the host's nvidia-imex service installed?")  # fmt: skip
+            return False, (
+                f"host IMEX mode: {self.config.imex_ctl} not found on this node; "
+                "is the host's nvidia-imex service installed?"
+            )
         except subprocess.TimeoutExpired:
             return False, f"host IMEX mode: {' '.join(cmd)} did not answer in 10 s"
         answer = done.stdout.strip()

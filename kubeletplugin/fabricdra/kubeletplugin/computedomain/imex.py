@@ -105,8 +105,11 @@ class ImexSupervisor:
             self._peers = peers
         if self._proc is not None and self._proc.poll() is not None:
             code = self._proc.returncode
-            err = (self._proc.stderr.read().decode(errors="replace") if self._proc.stderr
-                   else "").strip().splitlines()  # fmt: skip
+            err = (
+                (self._proc.stderr.read().decode(errors="replace") if self._proc.stderr else "")
+                .strip()
+                .splitlines()
+            )
             self._last_exit = f"nvidia-imex exited with status {code}" + (
                 f": {err[-1]}" if err else ""
             )
@@ -117,9 +120,12 @@ class ImexSupervisor:
         if self._proc is None:
             if time.monotonic() < self._next_start:
                 return State(False, self._last_exit + "; restarting")
-            self._proc = subprocess.Popen([binary, "-c", str(self.config_path)],
-                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.PIPE)  # fmt: skip
+            self._proc = subprocess.Popen(
+                [binary, "-c", str(self.config_path)],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
         ready = self.query()
         if ready.ready:
             self._failures = 0
@@ -134,8 +140,13 @@ class ImexSupervisor:
         if ctl is None:
             return State(False, f"{self.settings.imex_ctl} not found")
         try:
-            done = subprocess.run([ctl, "-c", str(self.config_path), "-q"], capture_output=True,
-                                  text=True, timeout=5, check=False)  # fmt: skip
+            done = subprocess.run(
+                [ctl, "-c", str(self.config_path), "-q"],
+                capture_output=True,
+                text=True,
+                timeout=5,
+                check=False,
+            )
         except subprocess.TimeoutExpired:
             return State(False, "nvidia-imex-ctl -q did not answer within 5 s")
         answer = done.stdout.strip()

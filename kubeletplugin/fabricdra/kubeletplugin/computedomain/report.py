@@ -23,30 +23,49 @@ def lease_name(domain_uid: str, node: str) -> str:
 
 
 def write_report(
-    rest: Rest, namespace: str, domain_uid: str, node: str, *, ready: bool, message: str = "",
+    rest: Rest,
+    namespace: str,
+    domain_uid: str,
+    node: str,
+    *,
+    ready: bool,
+    message: str = "",
     ip: str = "",
     name: str | None = None,
-) -> bool:  # fmt: skip
+) -> bool:
     """Create or update the report; returns False when it already said exactly this."""
     name = name or lease_name(domain_uid, node)
-    annotations = {REPORT_READY: "true" if ready else "false", REPORT_MESSAGE: message[:1024],
-                   REPORT_IP: ip, REPORT_NODE: node}  # fmt: skip
+    annotations = {
+        REPORT_READY: "true" if ready else "false",
+        REPORT_MESSAGE: message[:1024],
+        REPORT_IP: ip,
+        REPORT_NODE: node,
+    }
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     try:
         live = rest.get(LEASES, name, namespace)
     except ApiError as e:
         if not e.not_found:
             raise
-        body = {"metadata": {"name": name, "namespace": namespace,
-                             "labels": {cd.DOMAIN_LABEL: domain_uid},
-                             "annotations": annotations},
-                "spec": {"holderIdentity": node, "renewTime": now}}  # fmt: skip
+        body = {
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "labels": {cd.DOMAIN_LABEL: domain_uid},
+                "annotations": annotations,
+            },
+            "spec": {"holderIdentity": node, "renewTime": now},
+        }
         rest.create(LEASES, body, namespace)
         return True
     if all(live["metadata"].get("annotations", {}).get(k) == v for k, v in annotations.items()):
         return False
-    rest.patch(LEASES, name, {"metadata": {"annotations": annotations},
-                              "spec": {"renewTime": now}}, namespace)  # fmt: skip
+    rest.patch(
+        LEASES,
+        name,
+        {"metadata": {"annotations": annotations}, "spec": {"renewTime": now}},
+        namespace,
+    )
     return True
 
 
@@ -60,5 +79,6 @@ def host_lease_name(node: str) -> str:
 
 def write_host_report(rest: Rest, namespace: str, node: str, *, ready: bool, message: str) -> bool:
     """The node plugin's report on its host's IMEX service (used by host-mode domains)."""
-    return write_report(rest, namespace, HOST_REPORT, node, ready=ready, message=message,
-                        name=host_lease_name(node))  # fmt: skip
+    return write_report(
+        rest, namespace, HOST_REPORT, node, ready=ready, message=message, name=host_lease_name(node)
+    )
