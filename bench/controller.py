@@ -30,9 +30,7 @@ from typing import Any
 
 from e2e.harness.controlplane import ControlPlane
 from fabricdra.api import computedomain as cd
-from fabricdra.controller.manager import USER_AGENT, Controller, ControllerConfig
-from fabricdra.controller.objects import DaemonSettings
-from fabricdra.controller.rest import (
+from fabricdra.api.rest import (
     CLAIM_TEMPLATES,
     CLAIMS,
     COMPUTE_DOMAINS,
@@ -40,6 +38,8 @@ from fabricdra.controller.rest import (
     STRATEGIC_PATCH,
     Rest,
 )
+from fabricdra.controller.manager import USER_AGENT, Controller, ControllerConfig
+from fabricdra.controller.objects import DaemonSettings
 from fabricdra.kubeletplugin.computedomain.report import write_report
 from tests.integration.computedomain_helpers import condition, domain_body, install_crd
 

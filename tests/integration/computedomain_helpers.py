@@ -13,9 +13,9 @@ import yaml
 
 from e2e.harness.controlplane import ControlPlane, wait_for
 from fabricdra.api import computedomain as cd
+from fabricdra.api.rest import CLAIMS, COMPUTE_DOMAINS, STRATEGIC_PATCH, ApiError, Kind, Rest
 from fabricdra.controller.manager import Controller, ControllerConfig
 from fabricdra.controller.objects import DaemonSettings
-from fabricdra.controller.rest import CLAIMS, COMPUTE_DOMAINS, STRATEGIC_PATCH, ApiError, Kind, Rest
 from fabricdra.kubeletplugin.kubelet import ClaimRef
 
 CRD_FILE = Path(__file__).resolve().parents[2] / "api" / "crds" / "computedomains.fabricdra.io.yaml"
@@ -71,15 +71,6 @@ def running_controller(cp: ControlPlane, namespace: str, **kw: Any) -> Iterator[
         yield controller
     finally:
         controller.stop()
-
-
-def get_or_none(rest: Rest, kind: Kind, name: str, namespace: str | None = None) -> Any:
-    try:
-        return rest.get(kind, name, namespace)
-    except ApiError as e:
-        if e.not_found:
-            return None
-        raise
 
 
 def condition(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:

@@ -13,10 +13,7 @@ import pytest
 
 from e2e.harness.controlplane import ControlPlane, wait_for
 from fabricdra.api import computedomain as cd
-from fabricdra.controller import rbac
-from fabricdra.controller.manager import Controller, ControllerConfig
-from fabricdra.controller.objects import DaemonSettings, slice_name
-from fabricdra.controller.rest import (
+from fabricdra.api.rest import (
     CLAIM_TEMPLATES,
     CLAIMS,
     COMPUTE_DOMAINS,
@@ -26,13 +23,15 @@ from fabricdra.controller.rest import (
     Kind,
     Rest,
 )
+from fabricdra.controller import rbac
+from fabricdra.controller.manager import Controller, ControllerConfig
+from fabricdra.controller.objects import DaemonSettings, slice_name
 
 from .computedomain_helpers import (
     allocate_claim,
     condition,
     create_plugin_node,
     domain_body,
-    get_or_none,
     install_crd,
     report_daemon,
     running_controller,
@@ -60,7 +59,7 @@ def _ns(cp: ControlPlane, prefix: str) -> str:
 
 def _delete_and_wait(rest: Rest, ns: str, name: str) -> None:
     rest.delete(COMPUTE_DOMAINS, name, ns)
-    wait_gone(lambda: get_or_none(rest, COMPUTE_DOMAINS, name, ns), f"domain {name} deleted")
+    wait_gone(lambda: rest.get_or_none(COMPUTE_DOMAINS, name, ns), f"domain {name} deleted")
 
 
 def test_create_makes_owned_objects_and_status(control_plane: ControlPlane, rest: Rest) -> None:
@@ -78,7 +77,7 @@ def test_create_makes_owned_objects_and_status(control_plane: ControlPlane, rest
         assert cd.FINALIZER in obj["metadata"]["finalizers"]
         assert len(obj["status"]["channels"]) == 1
 
-        rct = wait_for(lambda: get_or_none(rest, CLAIM_TEMPLATES, "job-imex", ns), what="RCT")
+        rct = wait_for(lambda: rest.get_or_none(CLAIM_TEMPLATES, "job-imex", ns), what="RCT")
         assert rct["metadata"]["ownerReferences"][0]["uid"] == uid
         assert rct["spec"]["metadata"]["labels"][cd.DOMAIN_LABEL] == uid
         params = rct["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]
@@ -106,7 +105,7 @@ def test_create_makes_owned_objects_and_status(control_plane: ControlPlane, rest
 
         # Delete: the claim templates and the DaemonSet go first, then the domain itself.
         _delete_and_wait(rest, ns, "job")
-        assert get_or_none(rest, CLAIM_TEMPLATES, "job-imex", ns) is None
+        assert rest.get_or_none(CLAIM_TEMPLATES, "job-imex", ns) is None
         assert rest.list(DAEMON_SETS, driver_ns, label_selector=sel)["items"] == []
         assert rest.list(CLAIM_TEMPLATES, driver_ns, label_selector=sel)["items"] == []
 
@@ -124,7 +123,7 @@ def test_host_mode_creates_no_daemons(control_plane: ControlPlane, rest: Rest) -
             what="host-mode domain Ready",
         )
         assert condition(obj, cd.DAEMONS_READY)["reason"] == "HostManaged"  # type: ignore[index]
-        assert get_or_none(rest, CLAIM_TEMPLATES, "hostjob-channel", ns) is not None
+        assert rest.get_or_none(CLAIM_TEMPLATES, "hostjob-channel", ns) is not None
         assert rest.list(DAEMON_SETS, driver_ns)["items"] == []
         _delete_and_wait(rest, ns, "hostjob")
 
@@ -167,18 +166,18 @@ def test_channels_unique_and_reused_after_delete(control_plane: ControlPlane, re
             if n != "d2":
                 rest.delete(COMPUTE_DOMAINS, n, ns)
         for n in [*names, "late"]:
-            wait_gone(lambda n=n: get_or_none(rest, COMPUTE_DOMAINS, n, ns), f"{n} deleted")
+            wait_gone(lambda n=n: rest.get_or_none(COMPUTE_DOMAINS, n, ns), f"{n} deleted")
 
 
 def test_recreates_a_deleted_claim_template(control_plane: ControlPlane, rest: Rest) -> None:
     ns, driver_ns = _ns(control_plane, "cd-heal"), unique("cd-system")
     with running_controller(control_plane, driver_ns):
         rest.create(COMPUTE_DOMAINS, domain_body("heal", mode="host"), ns)
-        first = wait_for(lambda: get_or_none(rest, CLAIM_TEMPLATES, "heal-channel", ns), what="RCT")
+        first = wait_for(lambda: rest.get_or_none(CLAIM_TEMPLATES, "heal-channel", ns), what="RCT")
         rest.delete(CLAIM_TEMPLATES, "heal-channel", ns)
         again = wait_for(
             lambda: (
-                (o := get_or_none(rest, CLAIM_TEMPLATES, "heal-channel", ns)) is not None
+                (o := rest.get_or_none(CLAIM_TEMPLATES, "heal-channel", ns)) is not None
                 and o["metadata"]["uid"] != first["metadata"]["uid"]
                 and o
             ),
@@ -292,11 +291,11 @@ def test_two_replicas_one_leader_and_failover(control_plane: ControlPlane, rest:
         time.sleep(3)  # several renew periods: the standby must stay standby
         assert not second.elector.leading.is_set()
         rest.create(COMPUTE_DOMAINS, domain_body("ha", mode="host"), ns)
-        wait_for(lambda: get_or_none(rest, CLAIM_TEMPLATES, "ha-channel", ns), what="RCT")
+        wait_for(lambda: rest.get_or_none(CLAIM_TEMPLATES, "ha-channel", ns), what="RCT")
         first.stop()  # releases the lease: the standby takes over at once
         assert second.elector.leading.wait(20)
         rest.delete(CLAIM_TEMPLATES, "ha-channel", ns)
-        wait_for(lambda: get_or_none(rest, CLAIM_TEMPLATES, "ha-channel", ns), what="healed")
+        wait_for(lambda: rest.get_or_none(CLAIM_TEMPLATES, "ha-channel", ns), what="healed")
         _delete_and_wait(rest, ns, "ha")
     finally:
         first.stop()
@@ -328,9 +327,9 @@ def test_controller_needs_only_its_documented_permissions(
     try:
         assert controller.elector is not None
         assert controller.elector.leading.wait(30)
-        wait_for(lambda: get_or_none(rest, SLICES, slice_name(node)), what="node slice")
+        wait_for(lambda: rest.get_or_none(SLICES, slice_name(node)), what="node slice")
         rest.create(COMPUTE_DOMAINS, domain_body("r", rct="r-imex"), ns)
-        template = wait_for(lambda: get_or_none(rest, CLAIM_TEMPLATES, "r-imex", ns), what="rct")
+        template = wait_for(lambda: rest.get_or_none(CLAIM_TEMPLATES, "r-imex", ns), what="rct")
         uid = template["metadata"]["labels"][cd.DOMAIN_LABEL]
         claim = allocate_claim(rest, ns, template, node, "r-0", binding_conditions=True)
         admitted = wait_for(

@@ -15,7 +15,7 @@ import pytest
 
 from e2e.harness.controlplane import ControlPlane, wait_for
 from fabricdra.api import computedomain as cd
-from fabricdra.controller.rest import (
+from fabricdra.api.rest import (
     CLAIM_TEMPLATES,
     CLAIMS,
     COMPUTE_DOMAINS,
@@ -34,7 +34,6 @@ from .computedomain_helpers import (
     condition,
     create_plugin_node,
     domain_body,
-    get_or_none,
     install_crd,
     running_controller,
     unique,
@@ -78,7 +77,7 @@ def test_prepare_injects_exactly_the_domains_channel(
         )
         channel = domain["status"]["channels"][0]
         template = wait_for(
-            lambda: get_or_none(rest, CLAIM_TEMPLATES, "train-imex", ns), what="template"
+            lambda: rest.get_or_none(CLAIM_TEMPLATES, "train-imex", ns), what="template"
         )
         driver = ComputeDomainDriver(
             rest,
@@ -163,7 +162,7 @@ def test_prepare_injects_exactly_the_domains_channel(
         for name in ("train", "other"):
             rest.delete(COMPUTE_DOMAINS, name, ns)
         for name in ("train", "other"):
-            wait_gone(lambda name=name: get_or_none(rest, COMPUTE_DOMAINS, name, ns), name)
+            wait_gone(lambda name=name: rest.get_or_none(COMPUTE_DOMAINS, name, ns), name)
 
 
 def _uid(rest: Rest, ns: str, name: str) -> str:
@@ -185,7 +184,7 @@ def test_host_mode_prepare_checks_the_host_imex_service(
             lambda: rest.get(COMPUTE_DOMAINS, "h", ns).get("status", {}).get("channels"),
             what="channel",
         )
-        template = wait_for(lambda: get_or_none(rest, CLAIM_TEMPLATES, "h-imex", ns), what="rct")
+        template = wait_for(lambda: rest.get_or_none(CLAIM_TEMPLATES, "h-imex", ns), what="rct")
         config = NodeConfig(
             node_name=node,
             cdi_dir=roots["cdi"],
@@ -235,7 +234,7 @@ def test_host_mode_prepare_checks_the_host_imex_service(
         finally:
             sup.stop()
         rest.delete(COMPUTE_DOMAINS, "h", ns)
-        wait_gone(lambda: get_or_none(rest, COMPUTE_DOMAINS, "h", ns), "h deleted")
+        wait_gone(lambda: rest.get_or_none(COMPUTE_DOMAINS, "h", ns), "h deleted")
 
 
 def _free_port() -> int:
@@ -256,7 +255,7 @@ def test_imex_daemon_reports_through_the_controller(
     with running_controller(control_plane, driver_ns):
         rest.create(COMPUTE_DOMAINS, domain_body("sim", rct="sim-imex", num_nodes=1), ns)
         template = wait_for(
-            lambda: get_or_none(rest, CLAIM_TEMPLATES, "sim-imex", ns), what="template"
+            lambda: rest.get_or_none(CLAIM_TEMPLATES, "sim-imex", ns), what="template"
         )
         uid = template["metadata"]["labels"][cd.DOMAIN_LABEL]
         allocate_claim(rest, ns, template, node, "sim-0")  # the node joins
@@ -311,4 +310,4 @@ def test_imex_daemon_reports_through_the_controller(
         finally:
             good.supervisor.stop()
         rest.delete(COMPUTE_DOMAINS, "sim", ns)
-        wait_gone(lambda: get_or_none(rest, COMPUTE_DOMAINS, "sim", ns), "sim deleted")
+        wait_gone(lambda: rest.get_or_none(COMPUTE_DOMAINS, "sim", ns), "sim deleted")

@@ -10,8 +10,7 @@ import pytest
 
 from e2e.harness.controlplane import ControlPlane, wait_for
 from fabricdra.api import computedomain as cd
-from fabricdra.controller.objects import slice_name
-from fabricdra.controller.rest import (
+from fabricdra.api.rest import (
     CLAIM_TEMPLATES,
     COMPUTE_DOMAINS,
     EVENTS,
@@ -20,12 +19,12 @@ from fabricdra.controller.rest import (
     SLICES,
     Rest,
 )
+from fabricdra.controller.objects import slice_name
 
 from .computedomain_helpers import (
     condition,
     create_plugin_node,
     domain_body,
-    get_or_none,
     install_crd,
     report_daemon,
     running_controller,
@@ -74,7 +73,7 @@ def test_one_domain_per_node(
     node = unique("nvl-node")
     create_plugin_node(control_plane, node, fabric="clique-a")
     with running_controller(control_plane, driver_ns):
-        wait_for(lambda: get_or_none(rest, SLICES, slice_name(node)), what="node slice")
+        wait_for(lambda: rest.get_or_none(SLICES, slice_name(node)), what="node slice")
         rest.create(COMPUTE_DOMAINS, domain_body("alpha", rct="alpha-imex"), ns)
         rest.create(COMPUTE_DOMAINS, domain_body("beta", rct="beta-imex"), ns)
         alpha = wait_for(
@@ -157,7 +156,7 @@ def test_one_domain_per_node(
             rest.delete(COMPUTE_DOMAINS, name, ns)
         for name in ("alpha", "beta"):
             wait_gone(
-                lambda name=name: get_or_none(rest, COMPUTE_DOMAINS, name, ns),
+                lambda name=name: rest.get_or_none(COMPUTE_DOMAINS, name, ns),
                 f"{name} deleted",
                 timeout=60,
             )
@@ -187,7 +186,7 @@ def test_simultaneous_domains_on_a_free_node_and_fabric_boundaries(
         rest.patch(NODES, n, {"metadata": {"labels": {"kubernetes.io/hostname": n}}})
     with running_controller(control_plane, driver_ns):
         for n in (node, far):
-            wait_for(lambda n=n: get_or_none(rest, SLICES, slice_name(n)), what="slice")
+            wait_for(lambda n=n: rest.get_or_none(SLICES, slice_name(n)), what="slice")
         for name in ("red", "blue"):
             rest.create(COMPUTE_DOMAINS, domain_body(name, rct=f"{name}-imex"), ns)
         for name in ("red", "blue"):
@@ -199,7 +198,7 @@ def test_simultaneous_domains_on_a_free_node_and_fabric_boundaries(
             )
         for name in ("red", "blue"):
             wait_for(
-                lambda name=name: get_or_none(rest, CLAIM_TEMPLATES, f"{name}-imex", ns),
+                lambda name=name: rest.get_or_none(CLAIM_TEMPLATES, f"{name}-imex", ns),
                 what="template",
             )
         for i in range(2):
@@ -245,7 +244,7 @@ def test_simultaneous_domains_on_a_free_node_and_fabric_boundaries(
             rest.delete(COMPUTE_DOMAINS, name, ns)
         for name in ("red", "blue"):
             wait_gone(
-                lambda name=name: get_or_none(rest, COMPUTE_DOMAINS, name, ns),
+                lambda name=name: rest.get_or_none(COMPUTE_DOMAINS, name, ns),
                 f"{name} deleted",
                 timeout=60,
             )

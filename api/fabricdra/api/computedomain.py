@@ -50,6 +50,19 @@ FREE_OWNER = "free"
 ADMITTED_CONDITION = "compute-domain.fabricdra.io/admitted"
 CONFLICT_CONDITION = "compute-domain.fabricdra.io/conflict"
 
+# Opaque claim-parameter kinds (driver compute-domain.fabricdra.io) the controller puts into
+# the claim templates it creates, and the node side reads back at prepare.
+OPAQUE_KIND = "ComputeDomainChannelConfig"
+DAEMON_OPAQUE_KIND = "ComputeDomainDaemonConfig"
+# Annotations an IMEX daemon (or a host-mode node plugin) writes on its report Lease; the
+# controller reads them and is the only writer of the domain's status.
+REPORT_READY = "compute-domain.fabricdra.io/ready"
+REPORT_MESSAGE = "compute-domain.fabricdra.io/message"
+REPORT_IP = "compute-domain.fabricdra.io/ip"
+REPORT_NODE = "compute-domain.fabricdra.io/node"
+# The domain-label value of a node plugin's report on its host's IMEX service (host mode).
+HOST_REPORT = "host"
+
 # The IMEX channel range of one host IMEX domain (`nvidia-caps-imex-channels` minors).
 CHANNEL_COUNT = 2048
 # GB200/GB300 NVL72: 18 compute trays per NVLink domain, hence at most 18 IMEX peers.

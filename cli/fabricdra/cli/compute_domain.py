@@ -129,8 +129,8 @@ def _wait_for_signal() -> threading.Event:
 def run_plugin(args: argparse.Namespace) -> int:
     from fabricdra.api import computedomain as cd
     from fabricdra.api import labels
+    from fabricdra.api.rest import NODES, Rest
     from fabricdra.cli import UsageError
-    from fabricdra.controller.rest import NODES, Rest
     from fabricdra.kubeletplugin.computedomain.driver import ComputeDomainDriver, NodeConfig
     from fabricdra.kubeletplugin.kubelet import PluginPaths, PluginServer
 
@@ -167,8 +167,8 @@ def run_plugin(args: argparse.Namespace) -> int:
 
 
 def run_daemon(args: argparse.Namespace) -> int:
+    from fabricdra.api.rest import Rest
     from fabricdra.cli import UsageError
-    from fabricdra.controller.rest import Rest
     from fabricdra.kubeletplugin.computedomain.daemon import DaemonIdentity, ImexDaemon
     from fabricdra.kubeletplugin.computedomain.imex import ImexSettings, ImexSupervisor
 

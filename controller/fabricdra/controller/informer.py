@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .rest import ApiError, Kind, Rest
+from fabricdra.api.rest import ApiError, Kind, Rest
 
 log = logging.getLogger("fabricdra.controller.informer")
 JSON = dict[str, Any]

@@ -8,7 +8,7 @@ import threading
 import time
 from datetime import UTC, datetime, timedelta
 
-from .rest import LEASES, ApiError, Rest
+from fabricdra.api.rest import LEASES, ApiError, Rest
 
 log = logging.getLogger("fabricdra.controller.leader")
 

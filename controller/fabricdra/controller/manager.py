@@ -28,11 +28,7 @@ from pydantic import ValidationError
 from fabricdra.api import computedomain as cd
 from fabricdra.api import labels as node_labels
 from fabricdra.api.computedomain import ComputeDomain
-
-from . import admission, channels, metrics, objects, status
-from .informer import Informer, key_of
-from .leader import LeaderElector
-from .rest import (
+from fabricdra.api.rest import (
     CLAIM_TEMPLATES,
     CLAIMS,
     COMPUTE_DOMAINS,
@@ -49,19 +45,15 @@ from .rest import (
     Kind,
     Rest,
 )
+
+from . import admission, channels, metrics, objects, status
+from .informer import Informer, key_of
+from .leader import LeaderElector
 from .workqueue import WorkQueue
 
 log = logging.getLogger("fabricdra.controller")
 JSON = dict[str, Any]
 USER_AGENT = "fabricdra-controller/0.1.0"
-
-# Annotations an IMEX daemon writes on its report Lease.
-REPORT_READY = "compute-domain.fabricdra.io/ready"
-REPORT_MESSAGE = "compute-domain.fabricdra.io/message"
-REPORT_IP = "compute-domain.fabricdra.io/ip"
-REPORT_NODE = "compute-domain.fabricdra.io/node"
-# The domain-label value of a node plugin's report on its host's IMEX service (host mode).
-HOST_REPORT = "host"
 
 
 class NotOurs(Exception):
@@ -149,8 +141,8 @@ class Controller:
             obj = new or old
             assert obj is not None
             uid = obj["metadata"].get("labels", {}).get(cd.DOMAIN_LABEL, "")
-            if uid == HOST_REPORT:  # a node's host IMEX: whoever holds the node cares
-                node = obj["metadata"].get("annotations", {}).get(REPORT_NODE, "")
+            if uid == cd.HOST_REPORT:  # a node's host IMEX: whoever holds the node cares
+                node = obj["metadata"].get("annotations", {}).get(cd.REPORT_NODE, "")
                 uid = self._owners.get(node, cd.FREE_OWNER)
             key = self._uid_to_key.get(uid)
             if key:
@@ -449,17 +441,19 @@ class Controller:
 
     def _reports(self, uid: str, host_mode: bool) -> dict[str, status.DaemonReport]:
         """Managed mode: the domain's daemons' reports. Host mode: the node plugins' reports
-        on their host's IMEX service (label value HOST_REPORT)."""
+        on their host's IMEX service (label value cd.HOST_REPORT)."""
         out = {}
-        want = HOST_REPORT if host_mode else uid
+        want = cd.HOST_REPORT if host_mode else uid
         for lease in self.leases.items():
             meta = lease["metadata"]
             if meta.get("labels", {}).get(cd.DOMAIN_LABEL) != want:
                 continue
             ann = meta.get("annotations", {})
-            node = ann.get(REPORT_NODE) or lease.get("spec", {}).get("holderIdentity", "")
+            node = ann.get(cd.REPORT_NODE) or lease.get("spec", {}).get("holderIdentity", "")
             out[node] = status.DaemonReport(
-                ann.get(REPORT_READY) == "true", ann.get(REPORT_MESSAGE, ""), ann.get(REPORT_IP, "")
+                ann.get(cd.REPORT_READY) == "true",
+                ann.get(cd.REPORT_MESSAGE, ""),
+                ann.get(cd.REPORT_IP, ""),
             )
         return out
 

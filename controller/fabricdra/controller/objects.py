@@ -17,8 +17,6 @@ from fabricdra.api import computedomain as cd
 from fabricdra.api.computedomain import ComputeDomain
 
 JSON = dict[str, Any]
-OPAQUE_KIND = "ComputeDomainChannelConfig"
-DAEMON_OPAQUE_KIND = "ComputeDomainDaemonConfig"
 
 
 @dataclass(frozen=True)
@@ -54,7 +52,7 @@ def channel_config(domain: ComputeDomain, channel: int) -> JSON:
     return _sorted(
         {
             "apiVersion": cd.API_VERSION,
-            "kind": OPAQUE_KIND,
+            "kind": cd.OPAQUE_KIND,
             "domainUID": domain.uid,
             "domainName": domain.name,
             "namespace": domain.namespace,
@@ -123,7 +121,7 @@ def daemon_claim_template(domain: ComputeDomain, settings: DaemonSettings) -> JS
     selector = f"{attrs}.type == 'daemon' && {attrs}.{cd.ATTR_OWNER} == '{domain.uid}'"
     params = {
         "apiVersion": cd.API_VERSION,
-        "kind": DAEMON_OPAQUE_KIND,
+        "kind": cd.DAEMON_OPAQUE_KIND,
         "domainUID": domain.uid,
         "domainName": domain.name,
         "namespace": domain.namespace,

@@ -27,15 +27,12 @@ Other keys, ours or not, are never touched. One merge patch, only when something
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
-from kubernetes.client.exceptions import ApiException
 
 from fabricdra.api import labels as label_keys
 from fabricdra.api.inventory import group_accelerators
@@ -43,6 +40,7 @@ from fabricdra.api.nodedevices import API_VERSION as ND_API_VERSION
 from fabricdra.api.nodedevices import KIND as ND_KIND
 from fabricdra.api.nodedevices import PLURAL as ND_PLURAL
 from fabricdra.api.nodedevices import NodeDevicesSpec
+from fabricdra.api.rest import NODES, SLICES, ApiError, Kind, Rest
 
 from . import metrics
 from .devices import DeviceInventory
@@ -51,8 +49,9 @@ from .resourceslices import DRIVER_NAME, ApiFeatures, build_slices
 
 log = structlog.get_logger("fabricdra.publisher")
 
-SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
-ND_PATH = f"/apis/{ND_API_VERSION}/{ND_PLURAL}"
+NODE_DEVICES = Kind(
+    ND_API_VERSION.partition("/")[0], ND_API_VERSION.partition("/")[2], ND_PLURAL, False
+)
 
 
 @dataclass
@@ -71,61 +70,6 @@ class SyncResult:
         return not self.errors
 
 
-class _Rest:
-    """Plain JSON requests through a kubernetes ApiClient (its auth, TLS and user agent)."""
-
-    def __init__(self, api: Any) -> None:
-        self.api = api
-
-    def call(
-        self,
-        method: str,
-        path: str,
-        *,
-        body: Any = None,
-        query: list[tuple[str, str]] | None = None,
-        content_type: str = "application/json",
-    ) -> Any:
-        headers = {"Accept": "application/json", "Content-Type": content_type}
-        if not hasattr(self.api, "param_serialize"):  # kubernetes client < 34
-            response = self.api.call_api(
-                path,
-                method,
-                query_params=query or [],
-                header_params=headers,
-                body=body,
-                auth_settings=["BearerToken"],
-                _preload_content=False,
-                _return_http_data_only=True,
-            )
-            data = response.data
-            return json.loads(data) if data else None
-        method, url, headers, body, _ = self.api.param_serialize(
-            method=method,
-            resource_path=path,
-            query_params=query or [],
-            header_params=headers,
-            body=body,
-            auth_settings=["BearerToken"],
-        )
-        response = self.api.call_api(method, url, header_params=headers, body=body)
-        response.read()
-        text = response.data.decode() if response.data else ""
-        if response.status >= 400:
-            error = ApiException(status=response.status, reason=response.reason)
-            error.body = text
-            raise error
-        return json.loads(text) if text else None
-
-    def get_or_none(self, path: str) -> Any:
-        try:
-            return self.call("GET", path)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
-
-
 class NodePublisher:
     def __init__(
         self,
@@ -137,7 +81,7 @@ class NodePublisher:
     ) -> None:
         """`features` None: chosen from the server's version on the first sync (1.36+ →
         the current model, older → basic); pass one to override (docs/attributes.md)."""
-        self.rest = _Rest(api)
+        self.rest = Rest(api)
         self.node_name = node_name
         self.driver = driver_name
         self.features = features
@@ -153,7 +97,7 @@ class NodePublisher:
         result = SyncResult()
         node: dict[str, Any] | None = None
         try:
-            node = self.rest.get_or_none(f"/api/v1/nodes/{self.node_name}")
+            node = self.rest.get_or_none(NODES, self.node_name)
         except Exception as e:  # transient API errors: logged, retried next pass
             self._failed(result, "Node", e)
         owner = _owner(node) if node else None
@@ -206,10 +150,8 @@ class NodePublisher:
         self, devices: DeviceInventory, owner: dict[str, Any] | None, result: SyncResult
     ) -> None:
         features = self._features()
-        live_list = self.rest.call(
-            "GET",
-            SLICES_PATH,
-            query=[("fieldSelector", f"spec.nodeName={self.node_name},spec.driver={self.driver}")],
+        live_list = self.rest.list(
+            SLICES, field_selector=f"spec.nodeName={self.node_name},spec.driver={self.driver}"
         )
         live = {s["metadata"]["name"]: s for s in live_list.get("items", [])}
         plan = build_slices(devices, self.node_name, driver=self.driver, features=features)
@@ -242,18 +184,14 @@ class NodePublisher:
             if name in live:
                 _keep_taint_times(body["spec"], live[name]["spec"])
                 body["metadata"]["resourceVersion"] = live[name]["metadata"]["resourceVersion"]
-                stored = self.rest.call("PUT", f"{SLICES_PATH}/{name}", body=body)
+                stored = self.rest.replace(SLICES, name, body)
                 self._wrote(result, "ResourceSlice", "update")
             else:
-                stored = self.rest.call("POST", SLICES_PATH, body=body)
+                stored = self.rest.create(SLICES, body)
                 self._wrote(result, "ResourceSlice", "create")
             self._remember(name, body["spec"], stored["spec"])
         for name in sorted(extra):
-            try:
-                self.rest.call("DELETE", f"{SLICES_PATH}/{name}")
-            except ApiException as e:
-                if e.status != 404:
-                    raise
+            self.rest.delete(SLICES, name)  # already gone is fine
             self._wrote(result, "ResourceSlice", "delete")
             self._accepted.pop(name, None)
 
@@ -273,7 +211,7 @@ class NodePublisher:
             self._warned_rewrite = True
             log.warning(
                 "the API server stored the ResourceSlice differently from what was sent; "
-                "a feature gate may be off (see --resource-api-model)",
+                "a feature gate may be off (see --resource-model)",
                 slice=name,
             )
 
@@ -282,8 +220,7 @@ class NodePublisher:
     def _sync_node_devices(
         self, discovery: Discovery, owner: dict[str, Any] | None, result: SyncResult
     ) -> None:
-        path = f"{ND_PATH}/{self.node_name}"
-        live = self.rest.get_or_none(path)
+        live = self.rest.get_or_none(NODE_DEVICES, self.node_name)
         live_spec = _parse_spec(live)
         interfaces = discovery.interfaces
         accelerators = discovery.accelerators
@@ -309,11 +246,11 @@ class NodePublisher:
         if owner:
             body["metadata"]["ownerReferences"] = [owner]
         if live is None:
-            self.rest.call("POST", ND_PATH, body=body)
+            self.rest.create(NODE_DEVICES, body)
             self._wrote(result, ND_KIND, "create")
         else:
             body["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
-            self.rest.call("PUT", path, body=body)
+            self.rest.replace(NODE_DEVICES, self.node_name, body)
             self._wrote(result, ND_KIND, "update")
 
     # -- node labels ----------------------------------------------------------------------
@@ -329,12 +266,7 @@ class NodePublisher:
         )
         if not patch:
             return
-        self.rest.call(
-            "PATCH",
-            f"/api/v1/nodes/{self.node_name}",
-            body={"metadata": {"labels": patch}},
-            content_type="application/merge-patch+json",
-        )
+        self.rest.patch(NODES, self.node_name, {"metadata": {"labels": patch}})
         self._wrote(result, "Node", "patch")
         log.info("node labels updated", node=self.node_name, changes=patch)
 
@@ -406,9 +338,6 @@ def _owner(node: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _describe(e: Exception) -> str:
-    if isinstance(e, ApiException):
-        reason = e.reason
-        with contextlib.suppress(ValueError, AttributeError):
-            reason = json.loads(e.body or "{}").get("message", reason)
-        return f"HTTP {e.status}: {reason}"
+    if isinstance(e, ApiError):
+        return f"HTTP {e.status}: {e.message}" if e.status else f"no response: {e.message}"
     return f"{type(e).__name__}: {e}"

@@ -11,7 +11,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from fabricdra.controller.rest import COMPUTE_DOMAINS, ApiError, Rest
+from fabricdra.api.rest import COMPUTE_DOMAINS, ApiError, Rest
 
 from .imex import ImexSupervisor, State
 from .report import delete_report, write_report

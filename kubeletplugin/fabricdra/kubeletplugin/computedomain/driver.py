@@ -26,8 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from fabricdra.api import computedomain as cd
-from fabricdra.controller.objects import DAEMON_OPAQUE_KIND, OPAQUE_KIND
-from fabricdra.controller.rest import CLAIMS, COMPUTE_DOMAINS, ApiError, Rest
+from fabricdra.api.rest import CLAIMS, COMPUTE_DOMAINS, ApiError, Rest
 from fabricdra.kubeletplugin.kubelet import ClaimRef, PreparedDevice, PrepareError
 from fabricdra.kubeletplugin.kubelet.cdi import (
     CdiDevice,
@@ -141,7 +140,7 @@ class ComputeDomainDriver:
             requests = entry.get("requests") or []
             if opaque.get("driver") == cd.DRIVER and (not requests or base in requests):
                 found = opaque.get("parameters")
-        want = OPAQUE_KIND if result["device"] == cd.CHANNEL_DEVICE else DAEMON_OPAQUE_KIND
+        want = cd.OPAQUE_KIND if result["device"] == cd.CHANNEL_DEVICE else cd.DAEMON_OPAQUE_KIND
         if not isinstance(found, dict) or found.get("kind") != want:
             raise PrepareError(
                 f"claim {obj['metadata']['name']}: no {want} configuration for "
@@ -152,7 +151,7 @@ class ComputeDomainDriver:
 
     def _domain(self, claim: ClaimRef, params: JSON) -> JSON:
         ns, name, uid = params.get("namespace"), params.get("domainName"), params.get("domainUID")
-        if params["kind"] == OPAQUE_KIND and ns != claim.namespace:
+        if params["kind"] == cd.OPAQUE_KIND and ns != claim.namespace:
             raise PrepareError(
                 f"claim {claim} is in namespace {claim.namespace} but its "
                 f"ComputeDomain {name} is in {ns}"

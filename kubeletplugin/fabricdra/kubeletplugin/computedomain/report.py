@@ -8,14 +8,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from fabricdra.api import computedomain as cd
-from fabricdra.controller.manager import (
-    HOST_REPORT,
-    REPORT_IP,
-    REPORT_MESSAGE,
-    REPORT_NODE,
-    REPORT_READY,
-)
-from fabricdra.controller.rest import LEASES, ApiError, Rest
+from fabricdra.api.rest import LEASES, ApiError, Rest
 
 
 def lease_name(domain_uid: str, node: str) -> str:
@@ -36,10 +29,10 @@ def write_report(
     """Create or update the report; returns False when it already said exactly this."""
     name = name or lease_name(domain_uid, node)
     annotations = {
-        REPORT_READY: "true" if ready else "false",
-        REPORT_MESSAGE: message[:1024],
-        REPORT_IP: ip,
-        REPORT_NODE: node,
+        cd.REPORT_READY: "true" if ready else "false",
+        cd.REPORT_MESSAGE: message[:1024],
+        cd.REPORT_IP: ip,
+        cd.REPORT_NODE: node,
     }
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     try:
@@ -80,5 +73,11 @@ def host_lease_name(node: str) -> str:
 def write_host_report(rest: Rest, namespace: str, node: str, *, ready: bool, message: str) -> bool:
     """The node plugin's report on its host's IMEX service (used by host-mode domains)."""
     return write_report(
-        rest, namespace, HOST_REPORT, node, ready=ready, message=message, name=host_lease_name(node)
+        rest,
+        namespace,
+        cd.HOST_REPORT,
+        node,
+        ready=ready,
+        message=message,
+        name=host_lease_name(node),
     )

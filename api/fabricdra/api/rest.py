@@ -1,9 +1,11 @@
 """A thin JSON layer over `kubernetes.client.ApiClient`: plain dicts in, plain dicts out.
 
-The controller handles a few kinds (a CRD, claim templates, slices, claims, DaemonSets,
-Leases, Nodes, Events) in the same way; going through the client's raw `call_api` keeps one
-code path for all of them, skips the typed models' (de)serialisation cost on every watch
-event, and sends exactly the patch documents we build.
+Every part of fabricdra that talks to the API server goes through it (the node agent's
+publisher, the controller, the compute-domain node side). The parts handle a few kinds
+(CRDs, claims and their templates, slices, DaemonSets, Leases, Nodes, Events) the same way;
+going through the client's connection pool directly keeps one code path for all of them (with
+the client's auth, TLS and user agent), skips the typed models' (de)serialisation cost on every
+watch event, keeps fields newer than the client library, and sends exactly the documents we build.
 """
 
 from __future__ import annotations
@@ -145,6 +147,15 @@ class Rest:
     # -- verbs ---------------------------------------------------------------------------
     def get(self, kind: Kind, name: str, namespace: str | None = None) -> JSON:
         return self.call("GET", kind.path(namespace, name))
+
+    def get_or_none(self, kind: Kind, name: str, namespace: str | None = None) -> JSON | None:
+        """The object, or None when it does not exist."""
+        try:
+            return self.get(kind, name, namespace)
+        except ApiError as e:
+            if e.not_found:
+                return None
+            raise
 
     def list(
         self,
