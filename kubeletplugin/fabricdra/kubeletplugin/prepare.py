@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from fabricdra.api.rest import CLAIMS, Rest
+
 from .devices import Device, DeviceInventory
 from .hostdevices import DeviceNodeError, HostLayout
 from .kubelet import ClaimRef, PreparedDevice, PrepareError
@@ -49,20 +51,14 @@ class ClaimReader(Protocol):
 
 
 class ApiClaimReader:
-    """Reads claims from the API server; the raw JSON, not the client's models (cheaper, and
+    """Reads claims from the API server as raw JSON, not the client's models (cheaper, and
     fields newer than the client library survive)."""
 
     def __init__(self, api: Any) -> None:
-        from kubernetes import client
-
-        self._api = client.ResourceV1Api(api)
+        self._rest = Rest(api)
 
     def read_claim(self, namespace: str, name: str) -> dict[str, Any]:
-        resp: Any = self._api.read_namespaced_resource_claim(
-            name, namespace, _preload_content=False, _request_timeout=20
-        )
-        doc: dict[str, Any] = json.loads(resp.data)
-        return doc
+        return self._rest.call("GET", CLAIMS.path(namespace, name), timeout=20.0)
 
 
 @dataclass(frozen=True, slots=True)
