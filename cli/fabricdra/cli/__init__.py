@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 
 from . import compute_domain, controller, inventory, kubelet_plugin, logs
+from .common import UsageError, print_json
 
-
-class UsageError(Exception):
-    """Bad input from the user: printed as one line, exit status 2."""
+__all__ = ["UsageError", "build_parser", "main", "print_json"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,8 +41,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     return code
-
-
-def print_json(doc: object) -> None:
-    json.dump(doc, sys.stdout, indent=2)
-    sys.stdout.write("\n")

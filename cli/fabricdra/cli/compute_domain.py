@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import threading
 from pathlib import Path
 from typing import Any
 
-
-def _env(name: str, default: str | None = None) -> str | None:
-    return os.environ.get(f"FABRICDRA_{name}", default)
+from fabricdra.cli.common import UsageError, api_client, stop_event
+from fabricdra.cli.common import env as _env
 
 
 def register(sub: Any) -> None:
@@ -101,43 +98,16 @@ def register(sub: Any) -> None:
     d.set_defaults(run=run_daemon)
 
 
-def api_client(kubeconfig: str | None) -> Any:
-    """A kubernetes ApiClient from a kubeconfig file, else from the in-cluster account."""
-    from kubernetes import client
-    from kubernetes import config as kube_config
-
-    from fabricdra.cli import UsageError
-
-    loader: Any = kube_config  # its loaders carry no type hints
-    try:
-        if kubeconfig:
-            return loader.new_client_from_config(config_file=kubeconfig)
-        cfg = client.Configuration()
-        loader.load_incluster_config(client_configuration=cfg)
-        return client.ApiClient(cfg)
-    except Exception as e:
-        raise UsageError(f"cannot load Kubernetes credentials: {e}") from None
-
-
-def _wait_for_signal() -> threading.Event:
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    return stop
-
-
 def run_plugin(args: argparse.Namespace) -> int:
     from fabricdra.api import computedomain as cd
     from fabricdra.api import labels
     from fabricdra.api.rest import NODES, Rest
-    from fabricdra.cli import UsageError
     from fabricdra.kubeletplugin.computedomain.driver import ComputeDomainDriver, NodeConfig
     from fabricdra.kubeletplugin.kubelet import PluginPaths, PluginServer
 
     if not args.node_name:
         raise UsageError("--node-name (or FABRICDRA_NODE_NAME) is required")
-    api = api_client(args.kubeconfig)
-    api.user_agent = "fabricdra-compute-domain-plugin/0.1.0"
+    api = api_client(args.kubeconfig, "fabricdra-compute-domain-plugin/0.1.0")
     rest = Rest(api)
     node = rest.get(NODES, args.node_name)
     fabric = node["metadata"].get("labels", {}).get(labels.FABRIC_DOMAIN, "")
@@ -156,7 +126,7 @@ def run_plugin(args: argparse.Namespace) -> int:
     paths = PluginPaths.for_driver(
         cd.DRIVER, registry_dir=args.registry_dir, plugin_dir=args.plugin_dir
     )
-    stop = _wait_for_signal()
+    stop = stop_event()
     with PluginServer(driver, paths):
         if node["metadata"].get("labels", {}).get(cd.PLUGIN_NODE_LABEL) != "true":
             rest.patch(
@@ -168,7 +138,6 @@ def run_plugin(args: argparse.Namespace) -> int:
 
 def run_daemon(args: argparse.Namespace) -> int:
     from fabricdra.api.rest import Rest
-    from fabricdra.cli import UsageError
     from fabricdra.kubeletplugin.computedomain.daemon import DaemonIdentity, ImexDaemon
     from fabricdra.kubeletplugin.computedomain.imex import ImexSettings, ImexSupervisor
 
@@ -199,5 +168,5 @@ def run_daemon(args: argparse.Namespace) -> int:
         args.report_namespace,
     )
     daemon = ImexDaemon(Rest(api_client(args.kubeconfig)), who, supervisor)
-    daemon.run(_wait_for_signal(), args.interval)
+    daemon.run(stop_event(), args.interval)
     return 0

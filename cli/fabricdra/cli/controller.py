@@ -7,14 +7,10 @@ listed in docs/compute-domains.md.
 from __future__ import annotations
 
 import argparse
-import os
-import signal
-import threading
 from typing import Any
 
-
-def _env(name: str, default: str | None = None) -> str | None:
-    return os.environ.get(f"FABRICDRA_{name}", default)
+from fabricdra.cli.common import UsageError, api_client, stop_event
+from fabricdra.cli.common import env as _env
 
 
 def register(sub: Any) -> None:
@@ -79,8 +75,6 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from prometheus_client import start_http_server
 
-    from fabricdra.cli import UsageError
-    from fabricdra.cli.compute_domain import api_client
     from fabricdra.controller import metrics
     from fabricdra.controller.manager import Controller, ControllerConfig
     from fabricdra.controller.objects import DaemonSettings
@@ -101,13 +95,7 @@ def run(args: argparse.Namespace) -> int:
     if args.metrics_port:
         start_http_server(args.metrics_port, registry=metrics.REGISTRY)
     controller = Controller(api, cfg)
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: Any) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = stop_event()
     controller.start()
     while not stop.wait(0.5):
         if controller.elector is not None and controller.elector.lost.is_set():

@@ -21,6 +21,8 @@ from fabricdra.kubeletplugin.discovery.sysfs import RootError, SysfsTree
 from fabricdra.kubeletplugin.report import PreviousError, inventory_document, load_previous
 from fabricdra.kubeletplugin.samples import sample_node
 
+from .common import UsageError, print_json
+
 log = structlog.get_logger("fabricdra.inventory")
 
 
@@ -72,7 +74,6 @@ def add_nvml_snapshot(sub: Any) -> None:
 
 
 def run_inventory(args: argparse.Namespace) -> int:
-    from fabricdra.cli import UsageError, print_json
 
     with ExitStack() as stack:
         root, snapshot = args.sysfs_root, args.nvml_snapshot
@@ -120,8 +121,6 @@ def _resource_slices(result: Discovery, node_name: str) -> list[dict[str, Any]]:
 
 
 def run_nvml_snapshot(args: argparse.Namespace) -> int:
-    from fabricdra.cli import UsageError
-
     readings = read_live()
     if not readings.available:
         print(f"fabricdra nvml-snapshot: NVML unavailable: {readings.reason}", file=sys.stderr)

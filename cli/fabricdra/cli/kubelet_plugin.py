@@ -7,7 +7,6 @@ flag wins. All of them are listed in docs/kubelet-plugin.md.
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import threading
 from pathlib import Path
@@ -16,14 +15,12 @@ from typing import Any
 import structlog
 
 from fabricdra.cli import logs
+from fabricdra.cli.common import UsageError, api_client
+from fabricdra.cli.common import env as _env
 
 log = structlog.get_logger("fabricdra.kubelet-plugin")
 
 USER_AGENT = "fabricdra-kubelet-plugin/0.1.0"
-
-
-def _env(name: str, default: str | None = None) -> str | None:
-    return os.environ.get(f"FABRICDRA_{name}", default)
 
 
 def register(sub: Any) -> None:
@@ -123,23 +120,7 @@ def register(sub: Any) -> None:
     p.set_defaults(run=run)
 
 
-def _api_client(kubeconfig: str | None) -> Any:
-    from kubernetes import client
-    from kubernetes import config as kube_config
-
-    loader: Any = kube_config  # its loaders carry no type hints
-    if kubeconfig:
-        api = loader.new_client_from_config(config_file=kubeconfig)
-    else:
-        cfg = client.Configuration()
-        loader.load_incluster_config(client_configuration=cfg)
-        api = client.ApiClient(cfg)
-    api.user_agent = USER_AGENT
-    return api
-
-
 def build_config(args: argparse.Namespace) -> Any:
-    from fabricdra.cli import UsageError
     from fabricdra.kubeletplugin.agent import AgentConfig
     from fabricdra.kubeletplugin.devices import DeviceConfig
 
@@ -171,7 +152,6 @@ def build_config(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fabricdra.cli import UsageError
     from fabricdra.kubeletplugin.agent import Agent
     from fabricdra.kubeletplugin.discovery.sysfs import RootError
     from fabricdra.kubeletplugin.kubelet.checkpoint import CheckpointError
@@ -180,8 +160,8 @@ def run(args: argparse.Namespace) -> int:
     if args.plugin_log_level:
         logs.configure(args.plugin_log_level)
     config = build_config(args)
+    api = api_client(args.kubeconfig, USER_AGENT)
     try:
-        api = _api_client(args.kubeconfig)
         agent = Agent(config, api)
     except (RootError, CheckpointError) as e:
         raise UsageError(str(e)) from None
