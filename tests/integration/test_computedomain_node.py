@@ -19,6 +19,7 @@ from fabricdra.api.rest import (
     CLAIM_TEMPLATES,
     CLAIMS,
     COMPUTE_DOMAINS,
+    LEASES,
     Rest,
 )
 from fabricdra.kubeletplugin.computedomain.daemon import DaemonIdentity, ImexDaemon
@@ -311,3 +312,75 @@ def test_imex_daemon_reports_through_the_controller(
             good.supervisor.stop()
         rest.delete(COMPUTE_DOMAINS, "sim", ns)
         wait_gone(lambda: rest.get_or_none(COMPUTE_DOMAINS, "sim", ns), "sim deleted")
+
+
+def test_plugin_process_reports_the_host_imex_service(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """`fabricdra compute-domain-plugin` itself keeps the host report Lease that host-mode
+    domains read: what the host's IMEX control tool answers, updated when it changes."""
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+
+    rest = Rest(control_plane.api_client())
+    report_ns = unique("cd-report")
+    control_plane.create_namespace(report_ns)
+    node = unique("hostimex")
+    create_plugin_node(control_plane, node)
+    answer = tmp_path / "answer"
+    answer.write_text("UNAVAILABLE\n")
+    ctl = tmp_path / "imex-ctl"
+    ctl.write_text(f"#!/bin/sh\ncat {answer}\n")
+    ctl.chmod(0o755)
+    # Unix socket paths hold 107 bytes: pytest's tmp paths are too deep for the sockets.
+    sockets = Path(tempfile.mkdtemp(prefix="cdp-"))
+    plugin_dir, registry = sockets / "plugin", sockets / "registry"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fabricdra.cli",
+            "compute-domain-plugin",
+            "--node-name",
+            node,
+            "--kubeconfig",
+            str(control_plane.kubeconfig),
+            "--plugin-dir",
+            str(plugin_dir),
+            "--registry-dir",
+            str(registry),
+            "--cdi-dir",
+            str(tmp_path / "cdi"),
+            "--imex-ctl",
+            str(ctl),
+            "--report-namespace",
+            report_ns,
+            "--host-imex-interval",
+            "0.3",
+        ],
+        stderr=subprocess.PIPE,
+    )
+    lease = f"imex-host-{node}"
+
+    def reported(value: str) -> bool:
+        obj = rest.get_or_none(LEASES, lease, report_ns)
+        annotations = (obj or {}).get("metadata", {}).get("annotations", {})
+        return annotations.get(cd.REPORT_READY) == value
+
+    try:
+        wait_for(
+            lambda: reported("false") or proc.poll() is not None,
+            timeout=60,
+            what="a not-ready host report",
+        )
+        assert proc.poll() is None, proc.communicate()[1].decode()[-3000:]
+        answer.write_text("READY\n")
+        wait_for(lambda: reported("true"), timeout=60, what="the report to turn ready")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        shutil.rmtree(sockets, ignore_errors=True)
+    assert proc.returncode == 0, err.decode()

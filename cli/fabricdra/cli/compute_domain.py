@@ -11,8 +11,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from fabricdra.cli.common import UsageError, api_client, stop_event
 from fabricdra.cli.common import env as _env
+
+log = structlog.get_logger("fabricdra.compute-domain-plugin")
 
 
 def register(sub: Any) -> None:
@@ -61,6 +65,19 @@ def register(sub: Any) -> None:
         default=_env("IMEX_CTL", "nvidia-imex-ctl"),
         help="host IMEX mode: the host service's control tool [FABRICDRA_IMEX_CTL]",
     )
+    a(
+        "--report-namespace",
+        default=_env("REPORT_NAMESPACE", "fabricdra-system"),
+        help="namespace of the host IMEX report Lease: the controller's "
+        "(default fabricdra-system) [FABRICDRA_REPORT_NAMESPACE]",
+    )
+    a(
+        "--host-imex-interval",
+        type=float,
+        default=float(_env("HOST_IMEX_INTERVAL", "30") or 0),
+        help="seconds between reports on the host's IMEX service, for host-mode domains; "
+        "0 disables the report (default 30) [FABRICDRA_HOST_IMEX_INTERVAL]",
+    )
     p.set_defaults(run=run_plugin)
 
     d: argparse.ArgumentParser = sub.add_parser(
@@ -104,6 +121,7 @@ def run_plugin(args: argparse.Namespace) -> int:
     from fabricdra.api.rest import NODES, Rest
     from fabricdra.kubeletplugin.computedomain.driver import ComputeDomainDriver, NodeConfig
     from fabricdra.kubeletplugin.kubelet import PluginPaths, PluginServer
+    from fabricdra.kubeletplugin.kubelet.server import PluginServerError
 
     if not args.node_name:
         raise UsageError("--node-name (or FABRICDRA_NODE_NAME) is required")
@@ -127,13 +145,42 @@ def run_plugin(args: argparse.Namespace) -> int:
         cd.DRIVER, registry_dir=args.registry_dir, plugin_dir=args.plugin_dir
     )
     stop = stop_event()
-    with PluginServer(driver, paths):
+    server = PluginServer(driver, paths)
+    try:
+        server.start()
+    except PluginServerError as e:
+        raise UsageError(str(e)) from None
+    try:
         if node["metadata"].get("labels", {}).get(cd.PLUGIN_NODE_LABEL) != "true":
             rest.patch(
                 NODES, args.node_name, {"metadata": {"labels": {cd.PLUGIN_NODE_LABEL: "true"}}}
             )
-        stop.wait()
+        if args.host_imex_interval > 0:
+            _report_host_imex(driver, rest, args, stop)
+        else:
+            stop.wait()
+    finally:
+        server.stop()
     return 0
+
+
+def _report_host_imex(driver: Any, rest: Any, args: argparse.Namespace, stop: Any) -> None:
+    """Ask the host's IMEX service every interval and say what it answered in the host report
+    Lease (written only when the answer changed), so a host-mode domain on a broken service
+    shows Degraded instead of Ready."""
+    from fabricdra.api.rest import ApiError
+    from fabricdra.kubeletplugin.computedomain.report import write_host_report
+
+    while True:
+        ready, message = driver.host_imex()
+        try:
+            write_host_report(
+                rest, args.report_namespace, args.node_name, ready=ready, message=message
+            )
+        except ApiError as e:  # transient: the next interval tries again
+            log.error("host IMEX report not written", error=str(e))
+        if stop.wait(args.host_imex_interval):
+            return
 
 
 def run_daemon(args: argparse.Namespace) -> int:
