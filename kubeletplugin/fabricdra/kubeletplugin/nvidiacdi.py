@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,9 @@ log = structlog.get_logger("fabricdra.nvidiacdi")
 
 TOOLKIT_KIND = "nvidia.com/gpu"
 DEFAULT_SPEC_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
+
+
+_GPU_NODE = re.compile(r"/dev/nvidia[0-9]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +74,10 @@ class ToolkitSpecs:
             return None
         node = f"/dev/nvidia{minor}"
         for d in sorted(devices.values(), key=lambda d: d.name):
-            if node in d.node_paths and not any("nvidia-caps" in p for p in d.node_paths):
+            # Exactly this GPU's node: the toolkit's `all` device (and any other multi-GPU
+            # device) holds every /dev/nvidiaN and would hand out GPUs nobody was granted.
+            gpu_nodes = {p for p in d.node_paths if _GPU_NODE.fullmatch(p)}
+            if gpu_nodes == {node} and not any("nvidia-caps" in p for p in d.node_paths):
                 return d.cdi_id
         return None
 
