@@ -20,6 +20,7 @@ from fabricdra.api.rest import (
     DAEMON_SETS,
     EVENTS,
     SLICES,
+    ApiError,
     Kind,
     Rest,
 )
@@ -383,3 +384,20 @@ def test_never_takes_over_a_template_it_did_not_create(
     after = rest.get(CLAIM_TEMPLATES, "shared-name", ns)
     assert after["metadata"]["uid"] == before["metadata"]["uid"]
     assert after["spec"] == before["spec"]
+
+
+def test_api_server_refuses_all_channels_in_host_mode(
+    control_plane: ControlPlane, rest: Rest
+) -> None:
+    """The CRD's own validation, not just the controller: in host mode the host's channels are
+    shared by every domain on it, so a domain may not ask for all of them."""
+    ns = unique("cd-allhost")
+    control_plane.create_namespace(ns)
+    body = domain_body("greedy", mode="host")
+    body["spec"]["channel"]["allocationMode"] = "All"
+    with pytest.raises(ApiError) as err:
+        rest.create(COMPUTE_DOMAINS, body, ns)
+    assert err.value.status == 422
+    assert "allocationMode All needs imexMode managed" in err.value.message
+    body["spec"]["imexMode"] = "managed"
+    rest.create(COMPUTE_DOMAINS, body, ns)  # fine where the IMEX domain is the domain's own

@@ -20,7 +20,7 @@ def test_crd_has_validation_status_and_columns() -> None:
     version = crd["spec"]["versions"][0]
     schema = version["schema"]["openAPIV3Schema"]
     spec = schema["properties"]["spec"]
-    assert spec["x-kubernetes-validations"] == [cd.SPEC_IMMUTABLE_RULE]
+    assert spec["x-kubernetes-validations"] == [cd.SPEC_IMMUTABLE_RULE, cd.HOST_SINGLE_CHANNEL_RULE]
     assert spec["required"] == ["channel"]
     assert spec["properties"]["channel"]["properties"]["allocationMode"]["enum"] == [
         "Single",
@@ -56,6 +56,13 @@ def test_defaults_and_optional_node_count() -> None:
             "allocationMode",
         ),
         (_spec(extra=1), "extra"),
+        (
+            {
+                "channel": {"resourceClaimTemplate": {"name": "x"}, "allocationMode": "All"},
+                "imexMode": "host",
+            },
+            "allocationMode All needs imexMode managed",
+        ),
     ],
 )
 def test_bad_specs_name_the_field(spec: dict[str, object], field: str) -> None:

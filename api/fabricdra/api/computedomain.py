@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .crdgen import CrdSource
 
@@ -97,7 +97,8 @@ class ChannelSpec(_Model):
     allocationMode: AllocationMode = Field(
         default="Single",
         description="Single: each workload container gets the domain's one IMEX channel. All: "
-        "every channel of the host's range (for software that picks channels itself).",
+        "every channel of the host's range (for software that picks channels itself); only "
+        "with imexMode managed, where the domain's IMEX domain is its own.",
     )
 
 
@@ -115,6 +116,12 @@ class ComputeDomainSpec(_Model):
         description="managed: fabricdra runs one IMEX daemon per node of this domain. host: "
         "the administrator runs IMEX on every host; fabricdra only allocates channels.",
     )
+
+    @model_validator(mode="after")
+    def _host_mode_holds_one_channel(self) -> ComputeDomainSpec:
+        if self.imexMode == "host" and self.channel.allocationMode == "All":
+            raise ValueError(HOST_SINGLE_CHANNEL_RULE["message"])
+        return self
 
 
 class Condition(_Model):
@@ -191,6 +198,14 @@ class ComputeDomain(BaseModel):
 
 # What the CRD adds on top of the schema pydantic derives (crdgen takes these as arguments).
 SPEC_IMMUTABLE_RULE = {"rule": "self == oldSelf", "message": "spec is immutable"}
+# Host mode shares one IMEX domain among every domain on those hosts, so a domain may hold only
+# its own channel there: "All" would hand it channels that other domains hold.
+HOST_SINGLE_CHANNEL_RULE = {
+    "rule": "!(has(self.imexMode) && self.imexMode == 'host' && "
+    "has(self.channel.allocationMode) && self.channel.allocationMode == 'All')",
+    "message": "channel.allocationMode All needs imexMode managed: in host mode the host's "
+    "channels are shared by every domain on it",
+}
 PRINTER_COLUMNS = [
     {
         "name": "Ready",
@@ -213,5 +228,5 @@ CRD = CrdSource(
     version=VERSION,
     short_names=SHORT_NAMES,
     printer_columns=PRINTER_COLUMNS,
-    validations={"spec": [SPEC_IMMUTABLE_RULE]},
+    validations={"spec": [SPEC_IMMUTABLE_RULE, HOST_SINGLE_CHANNEL_RULE]},
 )

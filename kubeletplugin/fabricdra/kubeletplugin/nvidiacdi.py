@@ -63,6 +63,10 @@ class ToolkitSpecs:
             except OSError:
                 continue
             for e in entries:
+                # Our own per-claim specs share the folder: skipping them keeps the cache
+                # valid across prepares (each writes one) and the toolkit lookup cheap.
+                if "fabricdra.io" in e.name:
+                    continue
                 if e.name.endswith((".json", ".yaml")) and e.is_file():
                     yield Path(e.path), e.stat()
 

@@ -100,15 +100,11 @@ class ComputeDomainDriver:
                         share_id=result.get("shareID"),
                     )
                 )
-            path = self.cdi.write(claim.uid, CdiSpec(kind=CDI_KIND, devices=tuple(devices)))
-            try:
-                self.checkpoint.put(
-                    ClaimEntry(claim.uid, claim.namespace, claim.name, (str(path),))
-                )
-            except Exception:
-                with contextlib.suppress(OSError):
-                    path.unlink()
-                raise
+            path = self.cdi.path_for(claim.uid)
+            # The checkpoint first, as in the devices driver: a spec on disk is always one
+            # unprepare knows to remove, even after a crash between the two writes.
+            self.checkpoint.put(ClaimEntry(claim.uid, claim.namespace, claim.name, (str(path),)))
+            self.cdi.write(claim.uid, CdiSpec(kind=CDI_KIND, devices=tuple(devices)))
             return prepared
 
     def _claim(self, claim: ClaimRef) -> JSON:
@@ -175,6 +171,11 @@ class ComputeDomainDriver:
                 f"claim {claim} names IMEX channel {channel} but its ComputeDomain holds {held}"
             )
         if params.get("imexMode") == "host":
+            if params.get("allocationMode") == "All":  # refused by the CRD; never trusted here
+                raise PrepareError(
+                    f"claim {claim} asks for all IMEX channels of a host-mode domain: the "
+                    "host's channels are shared by every domain on it"
+                )
             self._check_host_imex()
         env = (
             f"FABRICDRA_COMPUTE_DOMAIN={params['domainName']}",
@@ -256,9 +257,9 @@ class ComputeDomainDriver:
     def unprepare(self, claim: ClaimRef) -> None:
         with self._lock:
             entry = self.checkpoint.get(claim.uid)
-            if entry is None:
-                return
-            for spec in entry.cdi_specs:
+            for spec in entry.cdi_specs if entry is not None else ():
                 with contextlib.suppress(FileNotFoundError):
                     Path(spec).unlink()
-            self.checkpoint.remove(claim.uid)
+            self.cdi.remove(claim.uid)  # also one written before its checkpoint entry existed
+            if entry is not None:
+                self.checkpoint.remove(claim.uid)
