@@ -70,6 +70,7 @@ class ImexSupervisor:
         self.settings = settings
         self.config_path = settings.config_dir / "imexd.cfg"
         self.nodes_path = settings.config_dir / "nodes.cfg"
+        self.stderr_path = settings.config_dir / "nvidia-imex.stderr"
         self._proc: subprocess.Popen[bytes] | None = None
         self._peers: tuple[str, ...] | None = None
         self._failures = 0
@@ -105,11 +106,7 @@ class ImexSupervisor:
             self._peers = peers
         if self._proc is not None and self._proc.poll() is not None:
             code = self._proc.returncode
-            err = (
-                (self._proc.stderr.read().decode(errors="replace") if self._proc.stderr else "")
-                .strip()
-                .splitlines()
-            )
+            err = _tail(self.stderr_path).strip().splitlines()
             self._last_exit = f"nvidia-imex exited with status {code}" + (
                 f": {err[-1]}" if err else ""
             )
@@ -120,12 +117,15 @@ class ImexSupervisor:
         if self._proc is None:
             if time.monotonic() < self._next_start:
                 return State(False, self._last_exit + "; restarting")
-            self._proc = subprocess.Popen(
-                [binary, "-c", str(self.config_path)],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-            )
+            # stderr to a file, not a pipe: nobody reads a pipe while IMEX runs, and a full
+            # one (64 KiB of warnings) would block IMEX forever while it looks alive.
+            with self.stderr_path.open("wb") as err_file:
+                self._proc = subprocess.Popen(
+                    [binary, "-c", str(self.config_path)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=err_file,
+                )
         ready = self.query()
         if ready.ready:
             self._failures = 0
@@ -164,6 +164,15 @@ class ImexSupervisor:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
-        if self._proc.stderr is not None:
-            self._proc.stderr.close()
         self._proc = None
+
+
+def _tail(path: Path, limit: int = 4096) -> str:
+    """The last `limit` bytes of a file (the exit reason is IMEX's last stderr line)."""
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - limit))
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""

@@ -88,6 +88,11 @@ class Beneath:
     def open_dir(self, rel: bytes) -> int:
         return self._open(rel, self._dir)
 
+    def readlink(self, rel: str) -> str:
+        """The text of the link `rel` (EINVAL: not a link). Only the text is read, and it is
+        not followed; the last component of `rel` is looked up without following it."""
+        return os.readlink(rel, dir_fd=self._dirfd)
+
     def close(self) -> None:
         if self._dirfd >= 0:
             os.close(self._dirfd)

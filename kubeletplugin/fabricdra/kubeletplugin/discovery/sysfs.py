@@ -95,9 +95,45 @@ class SysfsTree:
             return self._resolve(rel, 0)
         cached = self._kernel_resolved.get(rel)
         if cached is None:
-            cached = self._kernel_resolve(rel, self._beneath)
-            self._kernel_resolved[rel] = cached
+            cached = self._derive(rel, self._beneath, 0)
         return cached
+
+    def _derive(self, rel: str, beneath: Beneath, hops: int) -> str | Failure:
+        """Resolve `rel` from its parent's resolution plus one readlink(2) of the last component,
+        instead of a kernel resolution (open, readlink of /proc/self/fd, close) of the whole
+        chain: sysfs paths share long prefixes, so most parents are already resolved. The
+        parent's resolution is a real path (no links in it), so a relative link target's `..`
+        applies to it as text. Anything out of the ordinary — a failure, `.`/`..`/empty
+        components, an absolute target, a target above the root, a long chain — is answered by
+        the kernel resolution, so both give the same answers by construction."""
+        cached = self._kernel_resolved.get(rel)
+        if cached is not None:
+            return cached
+        parent, _, name = rel.rpartition("/")
+        result: str | Failure | None = None
+        if name and name != "." and name != ".." and hops <= _MAX_LINK_HOPS:
+            base = self._derive(parent, beneath, hops) if parent else ""
+            if type(base) is str:
+                candidate = f"{base}/{name}" if base else name
+                try:
+                    target = beneath.readlink(candidate)
+                except OSError as e:
+                    if e.errno == errno.EINVAL:  # there, and not a link
+                        result = candidate
+                    elif e.errno in _ABSENT_ERRNOS:
+                        result = Absent(rel)
+                else:
+                    target_rel = _link_target(base, target)
+                    if target_rel is not None:
+                        landed = self._derive(target_rel, beneath, hops + 1)
+                        if type(landed) is str:
+                            result = landed
+                        elif isinstance(landed, Absent):
+                            result = Absent(rel)
+        if result is None:
+            result = self._kernel_resolve(rel, beneath)
+        self._kernel_resolved[rel] = result
+        return result
 
     def _kernel_resolve(self, rel: str, beneath: Beneath) -> str | Failure:
         try:
@@ -303,6 +339,27 @@ class SysfsTree:
 
     def exists(self, rel: str) -> bool:
         return not isinstance(self.resolve(rel), Absent | Unreadable)
+
+
+def _link_target(base: str, target: str) -> str | None:
+    """Where a relative link `target` found in the real directory `base` points, as a path
+    relative to the root; None for an absolute target or one that climbs above the root."""
+    if not target or target[0] == "/":
+        return None
+    i = 0
+    while target.startswith("../", i):
+        if not base:
+            return None
+        base = base.rpartition("/")[0]
+        i += 3
+    rest = target[i:]
+    if rest == "..":
+        if not base:
+            return None
+        return base.rpartition("/")[0]
+    if not base:
+        return rest.strip("/")
+    return f"{base}/{rest}".strip("/") if rest else base
 
 
 def _dirname(path: str) -> str:
