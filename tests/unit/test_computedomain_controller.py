@@ -199,3 +199,38 @@ def test_host_mode_surfaces_the_host_imex_report() -> None:
     st, _ = status.compute(host, _obs(["n1"], {}), "t0")  # no report: prepare still checks
     cond = {c.type: c for c in st.conditions}
     assert (cond[cd.READY].status, cond[cd.DAEMONS_READY].reason) == ("True", "HostManaged")
+
+
+def test_a_claim_speaks_only_for_a_domain_of_its_own_namespace() -> None:
+    from fabricdra.controller.manager import _claim_views
+
+    def claim(namespace: str) -> dict[str, object]:
+        return {
+            "metadata": {
+                "name": "c",
+                "namespace": namespace,
+                "labels": {cd.DOMAIN_LABEL: "uid-a"},
+            },
+            "status": {
+                "allocation": {
+                    "devices": {
+                        "results": [
+                            {
+                                "driver": cd.DRIVER,
+                                "pool": "n1",
+                                "device": cd.CHANNEL_DEVICE,
+                                "request": "channel",
+                            }
+                        ]
+                    }
+                }
+            },
+        }
+
+    domains = {"uid-a": "team-a"}
+    (own,) = _claim_views(claim("team-a"), "n1", domains)
+    assert own.domain == "uid-a"
+    # The label is the user's to set: a claim in another namespace naming domain A's UID
+    # must not hold the node for A.
+    (forged,) = _claim_views(claim("team-b"), "n1", domains)
+    assert forged.domain == ""

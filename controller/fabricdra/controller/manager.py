@@ -568,7 +568,10 @@ class Controller:
                 self._owners.pop(name, None)
             return
         fabric = _node_fabric(node)
-        views = [v for c in claims for v in _claim_views(c, name)]
+        namespaces = {
+            o["metadata"]["uid"]: o["metadata"]["namespace"] for o in self.domains.items()
+        }
+        views = [v for c in claims for v in _claim_views(c, name, namespaces)]
         live = self._live_domains()
         decision = admission.decide(name, fabric, views, live, previous)
         self._owners[name] = decision.owner
@@ -691,8 +694,16 @@ def _claim_nodes(claim: JSON) -> set[str]:
     return {r["pool"] for r in results if r.get("driver") == cd.DRIVER and r.get("pool")}
 
 
-def _claim_views(claim: JSON, node: str) -> list[admission.ClaimOnNode]:
+def _claim_views(
+    claim: JSON, node: str, domain_namespaces: dict[str, str]
+) -> list[admission.ClaimOnNode]:
+    """`domain_namespaces`: domain UID -> its namespace. A claim speaks only for a domain of its
+    own namespace: the domain label is the user's to set, so a claim elsewhere that names a
+    domain's UID counts as naming no domain, and can neither hold a node for it nor block one."""
     meta = claim["metadata"]
+    domain = meta.get("labels", {}).get(cd.DOMAIN_LABEL, "")
+    if domain_namespaces.get(domain) != meta["namespace"]:
+        domain = ""
     status_ = claim.get("status") or {}
     allocation = status_.get("allocation") or {}
     devices = {_dev_key(d): d for d in status_.get("devices", []) or []}
@@ -715,7 +726,7 @@ def _claim_views(claim: JSON, node: str) -> list[admission.ClaimOnNode]:
         views.append(
             admission.ClaimOnNode(
                 key=f"{meta['namespace']}/{meta['name']}",
-                domain=meta.get("labels", {}).get(cd.DOMAIN_LABEL, ""),
+                domain=domain,
                 state=state,
                 since=str(
                     allocation.get("allocationTimestamp") or meta.get("creationTimestamp", "")
