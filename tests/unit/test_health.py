@@ -14,7 +14,7 @@ import pytest
 
 from fabricdra.kubeletplugin.devices import GpuHealth
 from fabricdra.kubeletplugin.discovery.nvml import NvmlReadings, SnapshotGpu
-from fabricdra.kubeletplugin.health import DcgmState, gpu_health, parse_dcgm
+from fabricdra.kubeletplugin.health import DcgmState, gpu_health, keep_unhealthy, parse_dcgm
 from fabricdra.kubeletplugin.hostdevices import DeviceNodeError, HostLayout
 
 LABELS = 'gpu="{i}",UUID="GPU-{i}",pci_bus_id="00000000:{bus}:00.0",device="nvidia{i}"'
@@ -124,13 +124,20 @@ def test_dcgm_exporter_ecc_and_active_throttling(exporter: Exporter) -> None:
     assert gpu_health(None, exporter.url, state=state)["0000:1b:00.0"] == GpuHealth(True)
 
 
-def test_dcgm_wins_and_nvml_covers_the_rest_and_failures(exporter: Exporter) -> None:
-    gpus = {"0000:1b:00.0": gpu(5, False), "0000:9b:00.0": gpu(0, False)}
+def test_a_problem_either_source_sees_counts_and_nvml_covers_the_rest(
+    exporter: Exporter,
+) -> None:
+    gpus = {
+        "0000:1b:00.0": gpu(5, False),
+        "0000:2b:00.0": gpu(None, None),
+        "0000:9b:00.0": gpu(0, False),
+    }
     nvml = NvmlReadings(source="snapshot", available=True, gpus=gpus)
-    exporter.body = dcgm_text({"1B": 0}, {})
+    exporter.body = dcgm_text({"1B": 0, "2B": 0}, {})
     out = gpu_health(nvml, exporter.url, state=DcgmState())
-    assert out["0000:1b:00.0"] == GpuHealth(True)  # DCGM's word for the GPU it reports
-    assert out["0000:9b:00.0"] == GpuHealth(True)  # NVML for the one it does not
+    assert out["0000:1b:00.0"] == GpuHealth(False, "uncorrectable ECC errors: 5")
+    assert out["0000:2b:00.0"] == GpuHealth(True)  # DCGM answers where NVML could not
+    assert out["0000:9b:00.0"] == GpuHealth(True)  # NVML for the one DCGM does not report
     down = gpu_health(nvml, "http://127.0.0.1:9/metrics", state=DcgmState())
     assert down["0000:1b:00.0"] == GpuHealth(False, "uncorrectable ECC errors: 5")
 
@@ -177,3 +184,16 @@ def test_amd_gpu_nodes_from_its_drm_folder(tmp_path: Path) -> None:
     assert (kfd.path, kfd.major, kfd.minor) == ("/dev/kfd", 235, 0)
     assert (render.path, render.major, render.minor) == ("/dev/dri/renderD129", 226, 129)
     assert render.host_path == str(tmp_path / "dev/dri/renderD129")
+
+
+def test_an_unhealthy_gpu_stays_unhealthy_while_it_cannot_be_read() -> None:
+    bad = {"0000:1b:00.0": GpuHealth(False, "uncorrectable ECC errors: 2")}
+    unreadable = {"0000:1b:00.0": GpuHealth(None, "NVML: GPU is lost")}
+    kept = keep_unhealthy(unreadable, bad)
+    assert kept["0000:1b:00.0"].healthy is False
+    assert kept["0000:1b:00.0"].reason is not None
+    assert kept["0000:1b:00.0"].reason.startswith("uncorrectable ECC errors: 2")
+    assert keep_unhealthy({}, bad)["0000:1b:00.0"].healthy is False  # NVML did not load at all
+    assert keep_unhealthy(kept, kept) == kept  # the note is not stacked pass after pass
+    healed = {"0000:1b:00.0": GpuHealth(True)}
+    assert keep_unhealthy(healed, kept) == healed  # only a healthy reading clears it

@@ -28,11 +28,11 @@ import structlog
 from prometheus_client import start_http_server
 
 from . import metrics
-from .devices import DeviceConfig, DeviceInventory, build_devices, holder_name
+from .devices import DeviceConfig, DeviceInventory, GpuHealth, build_devices, holder_name
 from .discovery.node import Discovery, NvmlSource, Previous, discover
 from .discovery.nvml import load_snapshot, read_live
 from .discovery.sysfs import SysfsTree
-from .health import DcgmState, gpu_health
+from .health import DcgmState, gpu_health, keep_unhealthy
 from .hostdevices import HostLayout
 from .kubelet import DeviceHealth, HealthBroadcaster, PluginPaths, PluginServer
 from .kubelet.cdi import CdiWriter
@@ -99,6 +99,7 @@ class Agent:
         self.publisher = publisher
         self.health = HealthBroadcaster(resend_seconds=config.health_resend_seconds)
         self.dcgm_state = DcgmState()
+        self._gpu_health: dict[str, GpuHealth] = {}
         self.inventory = DeviceInventory(())
         self.previous: Previous | None = None
         self.wake = threading.Event()
@@ -126,7 +127,11 @@ class Agent:
         discovery = discover(self.tree, self.nvml_source, self.previous)
         for part, reason in discovery.failures.items():
             log.error("discovery failed; keeping the previous record", part=part, error=reason)
-        gpus = gpu_health(discovery.nvml, self.config.dcgm_url, state=self.dcgm_state)
+        gpus = keep_unhealthy(
+            gpu_health(discovery.nvml, self.config.dcgm_url, state=self.dcgm_state),
+            self._gpu_health,
+        )
+        self._gpu_health = gpus
         inventory = build_devices(
             discovery.interfaces or [], discovery.accelerators or [], self.config.devices, gpus
         )

@@ -53,8 +53,36 @@ def gpu_health(
         except Exception as e:
             log.warning("DCGM exporter scrape failed; using NVML", url=dcgm_url, error=str(e))
         else:
-            out.update(dcgm_health(readings, state))
+            for bus, reading in dcgm_health(readings, state).items():
+                out[bus] = _merge(out[bus], reading) if bus in out else reading
     return out
+
+
+def keep_unhealthy(
+    current: Mapping[str, GpuHealth], last: Mapping[str, GpuHealth]
+) -> dict[str, GpuHealth]:
+    """`current`, except that a GPU last seen Unhealthy stays Unhealthy while it cannot be
+    read: only a reading that says healthy clears it (and with it the device's taint)."""
+    out = dict(current)
+    for bus, before in last.items():
+        now = out.get(bus)
+        if before.healthy is False and (now is None or now.healthy is None):
+            reason = (before.reason or "unhealthy").removesuffix(_STALE)
+            out[bus] = GpuHealth(False, reason + _STALE)
+    return out
+
+
+_STALE = " (last reading: the GPU cannot be read now)"
+
+
+def _merge(a: GpuHealth, b: GpuHealth) -> GpuHealth:
+    """Two sources on one GPU: any problem either reports counts; healthy needs one to say so."""
+    if a.healthy is False or b.healthy is False:
+        reasons = [h.reason for h in (a, b) if h.healthy is False and h.reason]
+        return GpuHealth(False, "; ".join(dict.fromkeys(reasons)) or None)
+    if a.healthy or b.healthy:
+        return GpuHealth(True)
+    return GpuHealth(None, a.reason or b.reason)
 
 
 def nvml_health(nvml: NvmlReadings | None) -> dict[str, GpuHealth]:
