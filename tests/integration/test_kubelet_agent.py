@@ -256,3 +256,27 @@ def test_cli_refuses_bad_flags_in_one_line(tmp_path: Path) -> None:
     )
     assert run.returncode == 2
     assert "holders per endpoint must be at least 1" in run.stderr
+
+
+def test_each_pass_reads_the_node_afresh(
+    running: tuple[Agent, AgentConfig, Any],
+) -> None:
+    """Links resolved in one pass are not trusted in the next: netdev names that move between
+    NICs (udev renames, hot plug) show up on the following pass."""
+    agent, config, _ = running
+    before = agent.pass_once()
+    first, second = "rdma-0000-19-00-0", "rdma-0000-3b-00-0"
+    a = before.get(first).endpoint.name  # type: ignore[union-attr]
+    b = before.get(second).endpoint.name  # type: ignore[union-attr]
+    assert a
+    assert b
+    assert a != b
+    net = config.sysfs_root / "class" / "net"
+    target_a, target_b = os.readlink(net / a), os.readlink(net / b)
+    (net / a).unlink()
+    (net / b).unlink()
+    os.symlink(target_b, net / a)
+    os.symlink(target_a, net / b)
+    after = agent.pass_once()
+    assert after.get(first).endpoint.name == b  # type: ignore[union-attr]
+    assert after.get(second).endpoint.name == a  # type: ignore[union-attr]

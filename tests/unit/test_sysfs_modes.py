@@ -126,3 +126,77 @@ def test_whole_node_identical_in_both_modes(tmp_path: Path) -> None:
     ]
     assert docs[0] == docs[1]
     assert docs[0]["interfaces"], "the fixture has interfaces"
+
+
+TRICKY = [
+    "",
+    "devices",
+    "devices/a",
+    "devices/a/attr",
+    "devices/a/missing",
+    "devices/a/missing/deeper",
+    "devices/a/attr/under_a_file",
+    "class/thing/a",
+    "class/thing/a/attr",
+    "class/thing/abs",
+    "class/thing/abs/attr",
+    "class/thing/dangling",
+    "class/thing/dotted",
+    "class/thing/dotted/attr",
+    "class/thing/updir",
+    "class/thing/top",
+    "class/thing/a/../a/attr",
+    "class/thing/a/./attr",
+    "devices/a/out",
+    "devices/a/out/hostname",
+    "devices/a/up",
+    "devices/a/up/secret",
+    "devices/a/loop1",
+    "devices/a/loop1/x",
+    "class/../../secret",
+]
+
+
+@pytest.fixture
+def tricky_root(tree_root: Path) -> Path:
+    thing = tree_root / "class/thing"
+    os.symlink("../../devices/a/gone", thing / "dangling")
+    os.symlink("../../devices/./a/../a", thing / "dotted")
+    os.symlink("../../devices/a/..", thing / "updir")
+    os.symlink("../..", thing / "top")
+    return tree_root
+
+
+@pytest.mark.parametrize("parents_first", [False, True], ids=["cold", "parents-cached"])
+def test_derived_resolution_matches_the_kernel_and_the_walker(
+    tricky_root: Path, parents_first: bool
+) -> None:
+    # resolve() derives a path from its parent's resolution plus one readlink; whether or not
+    # the parents were resolved before, it must give what the kernel's resolution of the whole
+    # path and the walker give, refusals included.
+    derived = SysfsTree(tricky_root)
+    if parents_first:
+        for rel in TRICKY:
+            parent = rel.rpartition("/")[0]
+            derived.resolve(parent)
+    for rel in TRICKY:
+        kernel = SysfsTree(tricky_root)
+        assert kernel._beneath is not None
+        walker = SysfsTree(tricky_root, kernel_confined=False)
+        expected = kernel._kernel_resolve(rel, kernel._beneath)
+        assert derived.resolve(rel) == expected, rel
+        assert walker.resolve(rel) == expected, rel
+        assert derived.exists(rel) == walker.exists(rel), rel
+        kernel.close()
+
+
+def test_trees_close_their_descriptors(tmp_path: Path) -> None:
+    root = tmp_path / "sys"
+    hgx = hgx_h100(SysfsBuilder(root), vf_nics=(6,), vfs_per_nic=4)
+    snapshot = tmp_path / "nvml.json"
+    snapshot.write_text(json.dumps(h100_snapshot(hgx.gpus)))
+    readings = load_snapshot(snapshot)
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(5):
+        discover(SysfsTree(root), nvml_source=lambda: readings)
+    assert len(os.listdir("/proc/self/fd")) == before

@@ -83,7 +83,7 @@ class Agent:
         claims: ClaimReader | None = None,
     ) -> None:
         self.config = config
-        self.tree = SysfsTree(config.sysfs_root)
+        SysfsTree(config.sysfs_root).close()  # a bad root fails at start, not at the first pass
         self.nvml_source: NvmlSource = read_live
         if config.nvml_snapshot is not None:
             snapshot = config.nvml_snapshot
@@ -124,7 +124,13 @@ class Agent:
     def pass_once(self) -> DeviceInventory:
         """One discovery + publish pass; returns the inventory it swapped in."""
         start = time.perf_counter()
-        discovery = discover(self.tree, self.nvml_source, self.previous)
+        # A fresh tree per pass: its resolution cache is only valid while the node holds
+        # still, and devices come and go (hot plug, VFs reconfigured, renamed netdevs).
+        tree = SysfsTree(self.config.sysfs_root)
+        try:
+            discovery = discover(tree, self.nvml_source, self.previous)
+        finally:
+            tree.close()
         for part, reason in discovery.failures.items():
             log.error("discovery failed; keeping the previous record", part=part, error=reason)
         gpus = keep_unhealthy(

@@ -44,6 +44,11 @@ class Beneath:
         self._path = _OpenHow(os.O_PATH | os.O_CLOEXEC, 0, confined)
         self._dir = _OpenHow(os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, 0, confined)
         self._size = ctypes.sizeof(_OpenHow)
+        # The hot calls pass these addresses as they are: a ctypes.byref per call costs
+        # more than the rest of the argument conversion.
+        self._read_at = ctypes.addressof(self._read)
+        self._path_at = ctypes.addressof(self._path)
+        self._dir_at = ctypes.addressof(self._dir)
 
     @classmethod
     def create(cls, root: str) -> Beneath | None:
@@ -72,26 +77,28 @@ class Beneath:
             raise
         return beneath
 
-    def _open(self, rel: bytes, how: _OpenHow) -> int:
-        fd: int = self._syscall(_SYS_OPENAT2, self._dirfd, rel, ctypes.byref(how), self._size)
+    def open_read(self, rel: bytes) -> int:
+        fd: int = self._syscall(_SYS_OPENAT2, self._dirfd, rel, self._read_at, self._size)
         if fd < 0:
-            code = ctypes.get_errno()
-            raise OSError(code, os.strerror(code))
+            raise _last_error()
         return fd
 
-    def open_read(self, rel: bytes) -> int:
-        return self._open(rel, self._read)
-
     def open_path(self, rel: bytes) -> int:
-        return self._open(rel, self._path)
+        fd: int = self._syscall(_SYS_OPENAT2, self._dirfd, rel, self._path_at, self._size)
+        if fd < 0:
+            raise _last_error()
+        return fd
 
     def open_dir(self, rel: bytes) -> int:
-        return self._open(rel, self._dir)
+        fd: int = self._syscall(_SYS_OPENAT2, self._dirfd, rel, self._dir_at, self._size)
+        if fd < 0:
+            raise _last_error()
+        return fd
 
-    def readlink(self, rel: str) -> str:
-        """The text of the link `rel` (EINVAL: not a link). Only the text is read, and it is
-        not followed; the last component of `rel` is looked up without following it."""
-        return os.readlink(rel, dir_fd=self._dirfd)
+    @property
+    def dirfd(self) -> int:
+        """The root directory, for *at() calls that read no more than one link's text."""
+        return self._dirfd
 
     def close(self) -> None:
         if self._dirfd >= 0:
@@ -100,3 +107,8 @@ class Beneath:
 
     def __del__(self) -> None:
         self.close()
+
+
+def _last_error() -> OSError:
+    code = ctypes.get_errno()
+    return OSError(code, os.strerror(code))

@@ -23,6 +23,7 @@ from .beneath import Beneath
 _T = TypeVar("_T")
 
 READ_CAP = 64 * 1024
+_READ_ASK = READ_CAP + 1  # one more than the cap tells "too large" apart
 _MAX_LINK_HOPS = 40
 
 
@@ -99,40 +100,50 @@ class SysfsTree:
         return cached
 
     def _derive(self, rel: str, beneath: Beneath, hops: int) -> str | Failure:
-        """Resolve `rel` from its parent's resolution plus one readlink(2) of the last component,
-        instead of a kernel resolution (open, readlink of /proc/self/fd, close) of the whole
-        chain: sysfs paths share long prefixes, so most parents are already resolved. The
-        parent's resolution is a real path (no links in it), so a relative link target's `..`
-        applies to it as text. Anything out of the ordinary — a failure, `.`/`..`/empty
-        components, an absolute target, a target above the root, a long chain — is answered by
-        the kernel resolution, so both give the same answers by construction."""
-        cached = self._kernel_resolved.get(rel)
-        if cached is not None:
-            return cached
+        """Resolve `rel` (not yet cached) from its parent's resolution plus one readlink(2) of
+        the last component, instead of a kernel resolution of the whole chain (open, readlink
+        of /proc/self/fd, close): sysfs paths share long prefixes, so most parents are already
+        resolved. A resolution is a real path (no links in it), so a relative link target's
+        leading `..` applies to it as text, and the rest is resolved the same way, confined
+        to the root by construction. Anything out of the ordinary — a failure, a `.`/`..`/empty
+        component, an absolute target, a target above the root, a long chain — is answered by
+        the kernel resolution instead, so both give the same answers."""
+        cache = self._kernel_resolved
         parent, _, name = rel.rpartition("/")
         result: str | Failure | None = None
         if name and name != "." and name != ".." and hops <= _MAX_LINK_HOPS:
-            base = self._derive(parent, beneath, hops) if parent else ""
+            if parent:
+                base = cache.get(parent)
+                if base is None:
+                    base = self._derive(parent, beneath, hops)
+            else:
+                base = ""
             if type(base) is str:
                 candidate = f"{base}/{name}" if base else name
                 try:
-                    target = beneath.readlink(candidate)
+                    # Only the link's own text: the last component is not followed, and the
+                    # ones before it are known not to be links.
+                    target = os.readlink(candidate, dir_fd=beneath.dirfd)
                 except OSError as e:
                     if e.errno == errno.EINVAL:  # there, and not a link
                         result = candidate
                     elif e.errno in _ABSENT_ERRNOS:
                         result = Absent(rel)
+                except ValueError:  # a NUL in the name: the kernel resolution answers
+                    pass
                 else:
                     target_rel = _link_target(base, target)
                     if target_rel is not None:
-                        landed = self._derive(target_rel, beneath, hops + 1)
+                        landed = cache.get(target_rel)
+                        if landed is None:
+                            landed = self._derive(target_rel, beneath, hops + 1)
                         if type(landed) is str:
                             result = landed
                         elif isinstance(landed, Absent):
                             result = Absent(rel)
         if result is None:
             result = self._kernel_resolve(rel, beneath)
-        self._kernel_resolved[rel] = result
+        cache[rel] = result
         return result
 
     def _kernel_resolve(self, rel: str, beneath: Beneath) -> str | Failure:
@@ -246,13 +257,25 @@ class SysfsTree:
     def read(self, rel: str) -> Reading:
         """One attribute, whitespace-stripped. Files over the cap are Unreadable, not truncated:
         half an attribute is not a reading."""
-        if self._beneath is None:
+        beneath = self._beneath
+        if beneath is None:
             return self._walk_read(rel)
         try:
-            fd = self._beneath.open_read(rel.strip("/").encode())
+            fd = beneath.open_read(rel.strip("/").encode())
         except OSError as e:
             return self._classify(rel, e, lambda: self._walk_read(rel))
-        return self._read_fd(rel, fd)
+        # _read_fd, inlined: this is the hottest path of a pass.
+        try:
+            data = os.read(fd, _READ_ASK)
+            if not data and not stat.S_ISREG(os.fstat(fd).st_mode):
+                return Unreadable(rel, "not a regular file")
+        except OSError as e:
+            return Unreadable(rel, e.strerror or str(e))
+        finally:
+            os.close(fd)
+        if len(data) > READ_CAP:
+            return Unreadable(rel, f"larger than the {READ_CAP // 1024} KiB read cap")
+        return data.decode("utf-8", errors="replace").strip()
 
     def _walk_read(self, rel: str) -> Reading:
         parent, _, name = rel.strip("/").rpartition("/")
@@ -275,7 +298,7 @@ class SysfsTree:
         # One read: sysfs hands out a whole attribute per read(2), and a regular file gives
         # everything up to the count asked for; a count of cap + 1 tells "too large" apart.
         try:
-            data = os.read(fd, READ_CAP + 1)
+            data = os.read(fd, _READ_ASK)
             # Nothing read: make sure it is an empty attribute and not a FIFO or socket
             # planted in the tree (checked only here, where it is rare and cheap).
             if not data and not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -343,23 +366,29 @@ class SysfsTree:
 
 def _link_target(base: str, target: str) -> str | None:
     """Where a relative link `target` found in the real directory `base` points, as a path
-    relative to the root; None for an absolute target or one that climbs above the root."""
-    if not target or target[0] == "/":
-        return None
+    relative to the root; None for an absolute or empty target or one that climbs above the
+    root. Only the leading `..` are applied here; any later `.`/`..` stay for the resolver."""
     i = 0
     while target.startswith("../", i):
-        if not base:
-            return None
-        base = base.rpartition("/")[0]
         i += 3
     rest = target[i:]
+    ups = i // 3
     if rest == "..":
+        ups += 1
+        rest = ""
+    if ups:
         if not base:
             return None
-        return base.rpartition("/")[0]
+        pieces = base.rsplit("/", ups)
+        if len(pieces) < ups:
+            return None  # above the root
+        base = pieces[0] if len(pieces) > ups else ""
+    elif not rest or rest[0] == "/":
+        return None
+    rest = rest.rstrip("/")
     if not base:
-        return rest.strip("/")
-    return f"{base}/{rest}".strip("/") if rest else base
+        return rest
+    return f"{base}/{rest}" if rest else base
 
 
 def _dirname(path: str) -> str:
