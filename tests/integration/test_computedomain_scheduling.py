@@ -92,8 +92,9 @@ def test_one_domain_per_node(
         assert alpha["status"]["channels"] != beta["status"]["channels"]
 
         # Two pods of one domain share the node, each with its own claim from the template.
-        rest.create(PODS, _pod("alpha-0", "alpha-imex"), ns)
-        rest.create(PODS, _pod("alpha-1", "alpha-imex"), ns)
+        # Pinned to this test's node: other tests' plugin nodes share the control plane.
+        rest.create(PODS, _pinned_pod("alpha-0", "alpha-imex", node), ns)
+        rest.create(PODS, _pinned_pod("alpha-1", "alpha-imex", node), ns)
         wait_for(lambda: _node_of(rest, ns, "alpha-0") == node, what="alpha-0 bound", timeout=60)
         wait_for(lambda: _node_of(rest, ns, "alpha-1") == node, what="alpha-1 bound", timeout=60)
 
@@ -105,7 +106,7 @@ def test_one_domain_per_node(
         assert rest.get(NODES, node)["metadata"]["labels"][cd.DOMAIN_LABEL] == uid
 
         # A pod of the second domain stays Pending, unschedulable: never ContainerCreating.
-        rest.create(PODS, _pod("beta-0", "beta-imex"), ns)
+        rest.create(PODS, _pinned_pod("beta-0", "beta-imex", node), ns)
         message = wait_for(
             lambda: _unschedulable(rest, ns, "beta-0"), what="beta-0 unschedulable", timeout=60
         )
@@ -164,7 +165,13 @@ def test_one_domain_per_node(
 
 def _pinned_pod(name: str, template: str, node: str) -> dict[str, Any]:
     pod = _pod(name, template)
-    pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+    # By name (fake nodes carry no hostname label): the scheduler still decides, on one node.
+    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+    pod["spec"]["affinity"] = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}
+        }
+    }
     return pod
 
 
