@@ -17,12 +17,38 @@ CLASS_BRIDGE, CLASS_ETHERNET, CLASS_3D, CLASS_INFINIBAND = 0x060400, 0x020000, 0
 CLASS_ACCEL = 0x120000
 
 
+# The error counters a healthy port shows (all zero); a port's `counters` replaces them.
+ZERO_COUNTERS = (
+    ("symbol_error", 0),
+    ("link_error_recovery", 0),
+    ("link_downed", 0),
+    ("port_rcv_errors", 0),
+    ("local_link_integrity_errors", 0),
+    ("excessive_buffer_overrun_errors", 0),
+)
+
+
 @dataclass(frozen=True)
 class Port:
     state: str | None = "4: ACTIVE"
     phys_state: str | None = "5: LinkUp"
     link_layer: str = "Ethernet"
     netdev: str | None = None
+    rate: str | None = "400 Gb/sec (4X NDR)"  # None: no `rate` file
+    counters: tuple[tuple[str, int], ...] | None = ZERO_COUNTERS  # None: no counters/ folder
+
+
+@dataclass(frozen=True)
+class PcieLink:
+    """The four link files of a PCIe function (`current_link_*`, `max_link_*`)."""
+
+    width: int = 16
+    speed: str = "32.0 GT/s PCIe"
+    max_width: int = 16
+    max_speed: str = "32.0 GT/s PCIe"
+
+
+GEN5_X16 = PcieLink()
 
 
 UP = Port()
@@ -115,9 +141,10 @@ class SysfsBuilder:
         numa: int | None = 0,
         cpus: str | None = "0-31",
         pci_class: int = CLASS_3D,
+        link: PcieLink | None = GEN5_X16,
     ) -> str:
         driver = "nvidia" if vendor == NVIDIA else "amdgpu"
-        return self.pci(
+        path = self.pci(
             parent,
             bdf,
             vendor=vendor,
@@ -127,6 +154,17 @@ class SysfsBuilder:
             cpus=cpus,
             driver=driver,
         )
+        self.pcie_link(path, link)
+        return path
+
+    def pcie_link(self, path: str, link: PcieLink | None) -> None:
+        """Write (or, with None, leave out) a device's PCIe link files."""
+        if link is None:
+            return
+        self.write(f"{path}/current_link_width", str(link.width))
+        self.write(f"{path}/current_link_speed", link.speed)
+        self.write(f"{path}/max_link_width", str(link.max_width))
+        self.write(f"{path}/max_link_speed", link.max_speed)
 
     def nic(
         self,
@@ -142,6 +180,7 @@ class SysfsBuilder:
         mtu: int = 9000,
         operstate: str = "up",
         driver: str = "mlx5_core",
+        link: PcieLink | None = GEN5_X16,
     ) -> str:
         path = self.pci(
             parent,
@@ -153,6 +192,7 @@ class SysfsBuilder:
             cpus=cpus,
             driver=driver,
         )
+        self.pcie_link(path, link)
         if total_vfs is not None:
             self.write(f"{path}/sriov_totalvfs", str(total_vfs))
             self.write(f"{path}/sriov_numvfs", "0")
@@ -240,6 +280,10 @@ class SysfsBuilder:
             if port.phys_state is not None:
                 self.write(f"{pb}/phys_state", port.phys_state)
             self.write(f"{pb}/link_layer", port.link_layer)
+            if port.rate is not None:
+                self.write(f"{pb}/rate", port.rate)
+            for counter, value in port.counters or ():
+                self.write(f"{pb}/counters/{counter}", str(value))
             if port.netdev:
                 self.write(f"{pb}/gid_attrs/ndevs/0", port.netdev)
         self.link(f"class/infiniband/{name}", base)

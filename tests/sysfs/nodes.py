@@ -115,6 +115,8 @@ def h100_snapshot(
             },
             "eccUncorrectable": 0,
             "thermalViolation": False,
+            # H100 SXM: 18 NVLink 4 links, all up (the verification probe's expected count).
+            "nvlinks": [{"link": k, "active": True} for k in range(18)],
         }
         if i == mig_gpu:
             entry["migDevices"] = [

@@ -44,6 +44,15 @@ class SnapshotMigDevice(BaseModel):
     computeInstanceId: int | None = None
 
 
+class SnapshotNvLink(BaseModel):
+    """One NVLink link's state (nvmlDeviceGetNvLinkState), for the verification probe."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    link: int
+    active: bool
+
+
 class SnapshotGpu(BaseModel):
     """NVML's answers for one GPU."""
 
@@ -58,6 +67,8 @@ class SnapshotGpu(BaseModel):
     # Health inputs (optional): uncorrectable ECC since boot, active thermal slowdown.
     eccUncorrectable: int | None = None
     thermalViolation: bool | None = None
+    # NVLink links as NVML reports them; None: not recorded / not asked (verification: NotRun).
+    nvlinks: list[SnapshotNvLink] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +178,23 @@ def _read_gpu(pynvml: Any, handle: Any) -> dict[str, Any]:
         "migDevices": _read_mig(pynvml, handle) if mig_mode else [],
     }
     out.update(_read_health(pynvml, handle))
+    out["nvlinks"] = _read_nvlinks(pynvml, handle)
     return out
+
+
+def _read_nvlinks(pynvml: Any, handle: Any) -> list[dict[str, Any]] | None:
+    """Every NVLink link NVML knows of and whether it is active; None when the GPU or driver
+    does not answer (the verification probe then says NotRun, not "no links")."""
+    links: list[dict[str, Any]] = []
+    for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
+        try:
+            state = pynvml.nvmlDeviceGetNvLinkState(handle, link)
+        except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_InvalidArgument):
+            continue  # no such link on this GPU
+        except pynvml.NVMLError:
+            return None
+        links.append({"link": link, "active": state == pynvml.NVML_FEATURE_ENABLED})
+    return links or None
 
 
 def _read_fabric(pynvml: Any, handle: Any) -> dict[str, Any] | None:

@@ -1,0 +1,139 @@
+"""Verified discovery: what a verification run expects (data) and what it recorded (status).
+
+Discovery says what a node has; verification says it works. A run executes named probes
+(`ProbeName`) against every GPU and RDMA NIC and compares each reading with the expected value
+for the device's class, kept as data in `verification.json` (adding hardware is a row there,
+not code). The run's outcome is recorded in the node's `NodeDevices` status
+(`status.verification`) and decides whether the node's devices are offered for scheduling
+(docs/verification.md).
+
+Probe outcomes are honest: a probe that could not run (the tool is not installed, the reading is
+absent) is `NotRun`, never `Passed`, and a node passes only when no probe failed and every
+probe its device classes require ran and passed.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from functools import cache
+from importlib import resources
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ProbeName = Literal[
+    "pcie-link", "rdma-port", "rdma-errors", "nvlink", "gpu-bandwidth", "nic-bandwidth"
+]
+PROBES: tuple[ProbeName, ...] = (
+    "pcie-link",
+    "rdma-port",
+    "rdma-errors",
+    "nvlink",
+    "gpu-bandwidth",
+    "nic-bandwidth",
+)
+# Skipped: the device is excluded from this run for a stated reason (a NIC whose link is down:
+# health already taints it); it neither passes nor fails the node.
+Outcome = Literal["Passed", "Failed", "NotRun", "Skipped"]
+# Verified: the last run passed on the hardware the node has now.  Unverified: no run yet, or
+# the hardware/driver changed since the last one (a repair).  Failed: the last run failed.
+# Overridden: an operator marked the node verified by hand (recorded as such).
+GateState = Literal["Verified", "Unverified", "Failed", "Overridden"]
+
+GPU_DEFAULT = "gpu-default"
+RDMA_CLASS = "rdma"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class PcieExpectation(_Frozen):
+    width: int = Field(description="Minimum link width (lanes) the device must train at.")
+    speedGTs: float = Field(description="Minimum link speed in GT/s.")
+
+
+class ClassExpectation(_Frozen):
+    """The expected values for one device class (a GPU class, `gpu-default`, or `rdma`)."""
+
+    name: str = Field(alias="class")
+    required: list[ProbeName]
+    pcie: PcieExpectation | None = None
+    nvlinkActiveLinks: int | None = None
+    gpuBandwidthGBs: float | None = None
+    rdmaRateGbps: int | None = None
+    rdmaErrorCounters: dict[str, int] = Field(default_factory=dict)
+    nicBandwidthGbps: float | None = None
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class Expectations(_Frozen):
+    classes: list[ClassExpectation]
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    def for_gpu(self, device_class: str | None) -> ClassExpectation:
+        """A GPU's row: its class's, else `gpu-default` (an unknown class is still probed)."""
+        by_name = {c.name: c for c in self.classes}
+        return by_name.get(device_class or "", by_name[GPU_DEFAULT])
+
+    def for_nic(self) -> ClassExpectation:
+        return next(c for c in self.classes if c.name == RDMA_CLASS)
+
+
+@cache
+def load_expectations() -> Expectations:
+    text = resources.files("fabricdra.api").joinpath("verification.json").read_text()
+    return parse_expectations(text)
+
+
+def parse_expectations(text: str) -> Expectations:
+    """Parse an expectations document; a missing `gpu-default` or `rdma` row is an error."""
+    table = Expectations.model_validate(json.loads(text))
+    names = {c.name for c in table.classes}
+    for needed in (GPU_DEFAULT, RDMA_CLASS):
+        if needed not in names:
+            raise ValueError(f"verification expectations: no {needed!r} row")
+    return table
+
+
+# --- what a run recorded (NodeDevices status.verification) ---------------------------------
+
+
+class ProbeResult(_Frozen):
+    probe: ProbeName
+    device: str = Field(description="What was probed: a PCI bus id, an RDMA device, or `node`.")
+    deviceClass: str = Field(description="The class whose expected values applied.")
+    outcome: Outcome
+    measured: str | None = Field(default=None, description="The reading, as read.")
+    expected: str | None = Field(default=None, description="The expected value it was held to.")
+    reason: str | None = Field(default=None, description="Why it failed or did not run.")
+
+
+class Override(_Frozen):
+    reason: str
+    by: str | None = None
+    time: datetime | None = None
+
+
+class Verification(_Frozen):
+    """One node's verification record: the last run and the gate state it gives."""
+
+    state: GateState
+    reason: str = Field(description="Why the node is in this state, in words.")
+    time: datetime | None = Field(default=None, description="When the last run finished.")
+    fingerprint: str | None = Field(
+        default=None,
+        description="The hardware and driver identity the last run saw; a different one now "
+        "means a repair or driver change, and the node is unverified again.",
+    )
+    passed: bool | None = Field(default=None, description="Whether the last run passed.")
+    probes: list[ProbeResult] = Field(default_factory=list)
+    override: Override | None = None
+
+    @property
+    def offered(self) -> bool:
+        """Whether the node's devices are offered for scheduling."""
+        return self.state in ("Verified", "Overridden")

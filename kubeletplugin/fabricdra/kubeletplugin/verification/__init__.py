@@ -1,0 +1,21 @@
+"""Verified discovery: probes that check a node's hardware works as its class promises.
+
+Pure of the API: `run_probes` reads the discovery records, sysfs and NVML's answers (live or
+recorded) and runs the bandwidth tools present on the node, returning typed `ProbeResult`s;
+`gate.decide` turns the last run, the node's current fingerprint and any manual override into
+the gate state the publisher applies (docs/verification.md).
+"""
+
+from .fingerprint import fingerprint
+from .gate import VerificationRun, decide, override_from_annotation, run_passed
+from .probes import Tools, run_probes
+
+__all__ = [
+    "Tools",
+    "VerificationRun",
+    "decide",
+    "fingerprint",
+    "override_from_annotation",
+    "run_passed",
+    "run_probes",
+]
