@@ -134,7 +134,11 @@ def test_nodedevices_crd_is_cluster_scoped_with_the_inventory_schema() -> None:
     ]
     acc = spec["properties"]["groups"]["items"]["properties"]["accelerators"]["items"]
     assert "fabric" in acc["properties"]["topology"]["properties"]
-    assert "subresources" not in crd["spec"]["versions"][0]
+    # status.verification is written by the node agent through the status subresource.
+    assert crd["spec"]["versions"][0]["subresources"] == {"status": {}}
+    status = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+    verification = status["properties"]["verification"]["properties"]
+    assert verification["state"]["enum"] == ["Verified", "Unverified", "Failed", "Overridden"]
 
 
 def test_checked_in_crds_match_a_fresh_generation(tmp_path: Path) -> None:

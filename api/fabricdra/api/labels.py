@@ -8,7 +8,10 @@ RDMA_DISTANCE = PREFIX + "rdma.distance"
 RDMA_NUMA = PREFIX + "rdma.numa"
 FABRIC_DOMAIN = PREFIX + "fabric.domain"
 FABRIC_MEMBERS = PREFIX + "fabric.members"
+# "true" while the node's verification gate is open (docs/verification.md); absent otherwise.
+VERIFIED = PREFIX + "verified"
 
+# The keys discovery derives (VERIFIED is the verification gate's, set by the publisher).
 ALL = (RDMA_CAPABLE, RDMA_DISTANCE, RDMA_NUMA, FABRIC_DOMAIN, FABRIC_MEMBERS)
 # The families a writer may remove stale keys from (and only these).
 MANAGED_PREFIXES = (PREFIX + "rdma.", PREFIX + "fabric.")

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .crdgen import CrdSource
 from .inventory import AcceleratorGroup, Interface, Record
+from .verification import Verification
 
 GROUP = "fabricdra.io"
 VERSION = "v1alpha1"
@@ -38,6 +39,14 @@ class NodeDevicesSpec(Record):
     )
 
 
+class NodeDevicesStatus(Record):
+    verification: Verification | None = Field(
+        default=None,
+        description="The node's verification gate: state, the last run's time and per-probe "
+        "results (measured vs expected), and any manual override (docs/verification.md).",
+    )
+
+
 class NodeDevices(BaseModel):
     """One node's inventory record."""
 
@@ -47,6 +56,7 @@ class NodeDevices(BaseModel):
     kind: str = KIND
     metadata: dict[str, Any] = Field(default_factory=dict)
     spec: NodeDevicesSpec
+    status: NodeDevicesStatus = Field(default_factory=NodeDevicesStatus)
 
 
 CRD = CrdSource(
@@ -58,5 +68,8 @@ CRD = CrdSource(
     scope="Cluster",
     version=VERSION,
     short_names=("nd",),
-    printer_columns=({"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},),
+    printer_columns=(
+        {"name": "Verification", "type": "string", "jsonPath": ".status.verification.state"},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ),
 )

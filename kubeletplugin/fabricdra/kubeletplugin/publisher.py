@@ -23,6 +23,13 @@ Node labels (fabricdra.io/): every desired key is set; a key under `fabricdra.io
 `fabricdra.io/fabric.` that is no longer desired is removed, except when any enumeration failed
 in this pass (then nothing is removed) or its inputs could not be read (`labels.unknown`).
 Other keys, ours or not, are never touched. One merge patch, only when something differs.
+
+Verification gate (when the agent passes a `GateInput`; docs/verification.md): the state is
+decided from the last run, the node's fingerprint now and the Node's override annotation; a node
+that is not Verified/Overridden has every device tainted `fabricdra.io/unverified` (or
+`verified: false` on the basic model) and no `fabricdra.io/verified` label; the state is written
+to the NodeDevices status subresource when it differs. When the Node cannot be read, the
+override is unknown, so slices and status are left as published this pass.
 """
 
 from __future__ import annotations
@@ -41,11 +48,19 @@ from fabricdra.api.nodedevices import KIND as ND_KIND
 from fabricdra.api.nodedevices import PLURAL as ND_PLURAL
 from fabricdra.api.nodedevices import NodeDevicesSpec
 from fabricdra.api.rest import NODES, SLICES, ApiError, Kind, Rest
+from fabricdra.api.verification import Verification
 
 from . import metrics
 from .devices import DeviceInventory
 from .discovery.node import Discovery
-from .resourceslices import DRIVER_NAME, ApiFeatures, build_slices
+from .resourceslices import DRIVER_NAME, ApiFeatures, Gate, build_slices
+from .verification.gate import (
+    OVERRIDE_ANNOTATION,
+    GateInput,
+    decide,
+    gate_of,
+    override_from_annotation,
+)
 
 log = structlog.get_logger("fabricdra.publisher")
 
@@ -90,10 +105,19 @@ class NodePublisher:
         # Without this, such a field would read as a change on every pass, forever.
         self._accepted: dict[str, tuple[Any, Any]] = {}
         self._warned_rewrite = False
+        # The gate state the last sync applied (None: no gate in use, or not decided yet).
+        self.verification: Verification | None = None
 
     # -- one pass ------------------------------------------------------------------------
 
-    def sync(self, discovery: Discovery, devices: DeviceInventory) -> SyncResult:
+    def sync(
+        self,
+        discovery: Discovery,
+        devices: DeviceInventory,
+        verification: GateInput | None = None,
+    ) -> SyncResult:
+        """`verification` None: no gate (devices offered as they are); the agent always
+        passes one."""
         result = SyncResult()
         node: dict[str, Any] | None = None
         try:
@@ -101,16 +125,30 @@ class NodePublisher:
         except Exception as e:  # transient API errors: logged, retried next pass
             self._failed(result, "Node", e)
         owner = _owner(node) if node else None
+        state: Verification | None = None
+        if verification is not None and node is not None:
+            annotations = node.get("metadata", {}).get("annotations") or {}
+            override = override_from_annotation(annotations.get(OVERRIDE_ANNOTATION))
+            state = decide(verification.run, verification.fingerprint, override)
+            self.verification = state
+        gate_unknown = verification is not None and state is None
 
-        if discovery.interfaces is None or discovery.accelerators is None:
+        if gate_unknown:
+            log.error("node unreadable: verification override unknown; slices left as published")
+        elif discovery.interfaces is None or discovery.accelerators is None:
             # Enumeration failed with no earlier record to keep: the inventory is not an
             # empty one, so the published slices stay as they are.
             log.error("slices left as published: enumeration failed", failures=discovery.failures)
         else:
-            self._guard(result, "ResourceSlice", lambda: self._sync_slices(devices, owner, result))
-        self._guard(result, ND_KIND, lambda: self._sync_node_devices(discovery, owner, result))
+            gate = gate_of(state)
+            self._guard(
+                result, "ResourceSlice", lambda: self._sync_slices(devices, owner, result, gate)
+            )
+        self._guard(
+            result, ND_KIND, lambda: self._sync_node_devices(discovery, owner, result, state)
+        )
         if node is not None:
-            self._guard(result, "Node", lambda: self._sync_labels(discovery, node, result))
+            self._guard(result, "Node", lambda: self._sync_labels(discovery, node, result, state))
         elif "Node" not in result.errors:
             result.errors["Node"] = f"node {self.node_name} not found: labels not applied"
             log.error("node not found; labels not applied", node=self.node_name)
@@ -147,14 +185,20 @@ class NodePublisher:
         return self.features
 
     def _sync_slices(
-        self, devices: DeviceInventory, owner: dict[str, Any] | None, result: SyncResult
+        self,
+        devices: DeviceInventory,
+        owner: dict[str, Any] | None,
+        result: SyncResult,
+        gate: Gate | None = None,
     ) -> None:
         features = self._features()
         live_list = self.rest.list(
             SLICES, field_selector=f"spec.nodeName={self.node_name},spec.driver={self.driver}"
         )
         live = {s["metadata"]["name"]: s for s in live_list.get("items", [])}
-        plan = build_slices(devices, self.node_name, driver=self.driver, features=features)
+        plan = build_slices(
+            devices, self.node_name, driver=self.driver, features=features, gate=gate
+        )
         for device, omitted in plan.omitted.items():
             log.warning("attributes omitted: over the API's limits", device=device, omitted=omitted)
         desired = {s["metadata"]["name"]: s for s in plan.slices}
@@ -218,8 +262,41 @@ class NodePublisher:
     # -- NodeDevices ----------------------------------------------------------------------
 
     def _sync_node_devices(
-        self, discovery: Discovery, owner: dict[str, Any] | None, result: SyncResult
+        self,
+        discovery: Discovery,
+        owner: dict[str, Any] | None,
+        result: SyncResult,
+        verification: Verification | None = None,
     ) -> None:
+        live = self._sync_node_devices_spec(discovery, owner, result)
+        if live is not None and verification is not None:
+            self._sync_verification(live, verification, result)
+
+    def _sync_verification(
+        self, live: Mapping[str, Any], verification: Verification, result: SyncResult
+    ) -> None:
+        """The gate state into the status subresource, only when it differs."""
+        recorded = (live.get("status") or {}).get("verification")
+        try:
+            same = recorded is not None and Verification.model_validate(recorded) == verification
+        except ValueError:
+            same = False  # unreadable: rewritten
+        if same:
+            return
+        # A merge patch of the whole record: a field now None is sent as null and removed.
+        self.rest.patch(
+            NODE_DEVICES,
+            self.node_name,
+            {"status": {"verification": verification.model_dump(mode="json")}},
+            sub="status",
+        )
+        self._wrote(result, ND_KIND, "patch")
+        log.info("verification state recorded", node=self.node_name, state=verification.state)
+
+    def _sync_node_devices_spec(
+        self, discovery: Discovery, owner: dict[str, Any] | None, result: SyncResult
+    ) -> dict[str, Any] | None:
+        """Write the spec when it differs; returns the object as stored (None: none)."""
         live = self.rest.get_or_none(NODE_DEVICES, self.node_name)
         live_spec = _parse_spec(live)
         interfaces = discovery.interfaces
@@ -231,12 +308,12 @@ class NodePublisher:
                     "no inventory record to publish yet: enumeration failed",
                     failures=discovery.failures,
                 )
-                return
+                return None
             interfaces = interfaces if interfaces is not None else live_spec.interfaces
             groups = groups if groups is not None else live_spec.groups
         spec = NodeDevicesSpec(interfaces=interfaces, groups=groups)
         if live_spec == spec:
-            return
+            return live
         body: dict[str, Any] = {
             "apiVersion": ND_API_VERSION,
             "kind": ND_KIND,
@@ -246,24 +323,35 @@ class NodePublisher:
         if owner:
             body["metadata"]["ownerReferences"] = [owner]
         if live is None:
-            self.rest.create(NODE_DEVICES, body)
+            stored = self.rest.create(NODE_DEVICES, body)
             self._wrote(result, ND_KIND, "create")
         else:
             body["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
-            self.rest.replace(NODE_DEVICES, self.node_name, body)
+            stored = self.rest.replace(NODE_DEVICES, self.node_name, body)
             self._wrote(result, ND_KIND, "update")
+        return stored
 
     # -- node labels ----------------------------------------------------------------------
 
     def _sync_labels(
-        self, discovery: Discovery, node: Mapping[str, Any], result: SyncResult
+        self,
+        discovery: Discovery,
+        node: Mapping[str, Any],
+        result: SyncResult,
+        verification: Verification | None = None,
     ) -> None:
+        live = node.get("metadata", {}).get("labels") or {}
+        desired = dict(discovery.labels.desired)
+        if verification is not None and verification.offered:
+            desired[label_keys.VERIFIED] = "true"
         patch = label_patch(
-            node.get("metadata", {}).get("labels") or {},
-            discovery.labels.desired,
+            live,
+            desired,
             unknown=discovery.labels.unknown,
             enumeration_failed=bool(discovery.failures),
         )
+        if verification is not None and not verification.offered and label_keys.VERIFIED in live:
+            patch[label_keys.VERIFIED] = None  # the gate closed: never left standing
         if not patch:
             return
         self.rest.patch(NODES, self.node_name, {"metadata": {"labels": patch}})

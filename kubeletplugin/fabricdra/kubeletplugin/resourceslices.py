@@ -54,6 +54,13 @@ MAX_OBJECT_NAME = 253
 STANDARD = "resource.kubernetes.io/"
 TAINT_KEY = "fabricdra.io/unhealthy"
 TAINT_EFFECT = "NoSchedule"
+# The verification gate (docs/verification.md): every device of a node that is not verified
+# carries this taint (current model) or `verified: false` (basic model, which the DeviceClasses
+# require to be true where present).
+UNVERIFIED_TAINT_KEY = "fabricdra.io/unverified"
+VERIFIED_ATTRIBUTE = "verified"
+# What the gate says of the node: offered, or closed with the taint's value as the reason.
+Gate = Literal["verified", "unverified", "failed"]
 
 Model = Literal["current", "basic"]
 
@@ -118,12 +125,15 @@ def build_slices(
     driver: str = DRIVER_NAME,
     features: ApiFeatures = ApiFeatures(),  # frozen: one shared default is safe
     generation: int = 0,
+    gate: Gate | None = None,
 ) -> SlicePlan:
-    """The ResourceSlice objects (plain dicts, wire field names) for this node's pool."""
+    """The ResourceSlice objects (plain dicts, wire field names) for this node's pool.
+    `gate` None: no verification gate (library use, `fabricdra inventory`)."""
     omitted: dict[str, dict[str, str]] = {}
     devices: list[dict[str, Any]] = []
     for device in inventory.devices:
-        devices.extend(_published(device, inventory.shared_holders, features, omitted))
+        published = _published(device, inventory.shared_holders, features, omitted)
+        devices.extend(_gated(d, gate, features) for d in published)
     devices.sort(key=lambda d: d["name"])
 
     per_slice = features.devices_per_slice
@@ -182,6 +192,18 @@ def _published(
     if features.device_taints and device.health == "Unhealthy":
         out["taints"] = [_taint(device)]
     return [out]
+
+
+def _gated(device: dict[str, Any], gate: Gate | None, features: ApiFeatures) -> dict[str, Any]:
+    if gate is None:
+        return device
+    if not features.device_taints:
+        attrs = {**device["attributes"], VERIFIED_ATTRIBUTE: {"bool": gate == "verified"}}
+        device["attributes"] = dict(sorted(attrs.items()))
+    elif gate != "verified":
+        taint = {"key": UNVERIFIED_TAINT_KEY, "value": gate, "effect": TAINT_EFFECT}
+        device["taints"] = [*device.get("taints", []), taint]
+    return device
 
 
 def _with_capacity(device: dict[str, Any], capacity: dict[str, Any]) -> dict[str, Any]:

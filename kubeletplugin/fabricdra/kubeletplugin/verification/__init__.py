@@ -7,14 +7,25 @@ the gate state the publisher applies (docs/verification.md).
 """
 
 from .fingerprint import fingerprint
-from .gate import VerificationRun, decide, override_from_annotation, run_passed
+from .gate import (
+    OVERRIDE_ANNOTATION,
+    GateInput,
+    VerificationRun,
+    decide,
+    gate_of,
+    override_from_annotation,
+    run_passed,
+)
 from .probes import Tools, run_probes
 
 __all__ = [
+    "OVERRIDE_ANNOTATION",
+    "GateInput",
     "Tools",
     "VerificationRun",
     "decide",
     "fingerprint",
+    "gate_of",
     "override_from_annotation",
     "run_passed",
     "run_probes",

@@ -25,6 +25,8 @@ from fabricdra.api.verification import (
     Verification,
 )
 
+from ..resourceslices import Gate
+
 OVERRIDE_ANNOTATION = "fabricdra.io/verification-override"
 
 
@@ -37,6 +39,24 @@ class VerificationRun:
     probes: list[ProbeResult]
     passed: bool
     reason: str
+
+
+@dataclass(frozen=True)
+class GateInput:
+    """What the publisher needs to apply the gate: the last run (None: none yet) and the
+    fingerprint of the node as discovered now."""
+
+    run: VerificationRun | None
+    fingerprint: str
+
+
+def gate_of(state: Verification | None) -> Gate | None:
+    """The gate a state puts on the node's devices (None: no gate in use)."""
+    if state is None:
+        return None
+    if state.offered:
+        return "verified"
+    return "failed" if state.state == "Failed" else "unverified"
 
 
 def run_passed(probes: list[ProbeResult], expectations: Expectations) -> tuple[bool, str]:

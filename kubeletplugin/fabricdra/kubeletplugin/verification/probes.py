@@ -178,7 +178,10 @@ def _nic(
 ) -> list[ProbeResult]:
     device = nic.rdmaDevice or nic.name
     if nic.link is not None and nic.link.verdict == "Failed":
-        why = f"link Failed ({nic.link.reason}): health taints the device; verification measures working links"
+        why = (
+            f"link Failed ({nic.link.reason}): health taints the device; "
+            "verification measures working links"
+        )
         return [
             ProbeResult(probe=p, device=device, deviceClass=row.name, outcome="Skipped", reason=why)
             for p in ("pcie-link", "rdma-port", "rdma-errors", "nic-bandwidth")
@@ -220,7 +223,8 @@ def rdma_port(tree: SysfsTree, device: str, ports: list[int], row: ClassExpectat
 
     if not ports:
         return result("NotRun", reason="no ports readable")
-    seen, slow = [], []
+    seen: list[str] = []
+    slow: list[str] = []
     for port in ports:
         rate = tree.read(f"class/infiniband/{device}/ports/{port}/rate")
         if not isinstance(rate, str):
