@@ -12,6 +12,9 @@ registration — kubelet deletes the node's slices when it starts):
 4. `NodePublisher.sync` (slices, NodeDevices, labels; it compares with the live objects, so
    a pass that changes nothing writes nothing, and slices kubelet deleted come back);
 5. the health stream snapshot (Unhealthy/healed devices reach kubelet at once).
+Verification (docs/verification.md) runs inside a pass, before publishing, whenever it is due
+(`verification.runner.Schedule`): the first pass runs it, so a new node is never offered on
+trust; the publisher applies the gate from the last run.
 The first pass runs before the sockets open, so kubelet never reaches a plugin without an
 inventory. Discovery or API failures are logged and the previous state kept; the loop goes on.
 """
@@ -39,12 +42,17 @@ from .kubelet.cdi import CdiWriter
 from .kubelet.checkpoint import Checkpoint
 from .nvidiacdi import DEFAULT_SPEC_DIRS, ToolkitSpecs
 from .prepare import CDI_KIND, DRIVER_NAME, ApiClaimReader, ClaimReader, DevicesDriver
+from .verification import GateInput, Tools, fingerprint
+from .verification import metrics as verification_metrics
+from .verification.runner import CHANGED, FIRST_RUN, Schedule, run_once
 
 log = structlog.get_logger("fabricdra.agent")
 
 
 class Publisher(Protocol):
-    def sync(self, discovery: Discovery, devices: DeviceInventory) -> Any: ...
+    def sync(
+        self, discovery: Discovery, devices: DeviceInventory, verification: GateInput | None = ...
+    ) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,10 @@ class AgentConfig:
     health_resend_seconds: float = 10.0
     # "auto": from the API server's version; "current"/"basic" override it (docs/attributes.md).
     resource_model: Literal["auto", "current", "basic"] = "auto"
+    # The verification gate (docs/verification.md): off only where discovery is trusted.
+    verification_gate: bool = True
+    verify_interval: float = 24 * 3600.0  # seconds between runs on an unchanged node
+    verify_tools: Tools = field(default_factory=Tools)
 
     @property
     def checkpoint_path(self) -> Path:
@@ -102,6 +114,9 @@ class Agent:
         self._gpu_health: dict[str, GpuHealth] = {}
         self.inventory = DeviceInventory(())
         self.previous: Previous | None = None
+        self.verification = Schedule(interval=config.verify_interval)
+        self._restored = False
+        self._fingerprint = ""
         self.wake = threading.Event()
         self.driver = DevicesDriver(
             node_name=config.node_name,
@@ -129,8 +144,24 @@ class Agent:
         tree = SysfsTree(self.config.sysfs_root)
         try:
             discovery = discover(tree, self.nvml_source, self.previous)
+            inventory = self._take(discovery, start)
+            if not self.config.verification_gate:
+                self._publish(discovery, inventory, None)
+                return inventory
+            why = self._verification_due(tree, discovery)
+            if why in (FIRST_RUN, CHANGED):
+                # Published unverified while the run goes on (bandwidth tools take minutes):
+                # an old result never speaks for new hardware, a new node is never offered.
+                self._publish(discovery, inventory, self._gate())
+            if why is not None:
+                self._run_verification(tree, discovery, why)
+            self._publish(discovery, inventory, self._gate())
         finally:
             tree.close()
+        return inventory
+
+    def _take(self, discovery: Discovery, start: float) -> DeviceInventory:
+        """Swap in this pass's inventory and tell kubelet about device health."""
         for part, reason in discovery.failures.items():
             log.error("discovery failed; keeping the previous record", part=part, error=reason)
         gpus = keep_unhealthy(
@@ -146,15 +177,56 @@ class Agent:
         self.previous = Previous(discovery.interfaces, discovery.accelerators)
         self.health.publish(health_reports(self.config.node_name, inventory))
         _count_devices(inventory)
+        return inventory
+
+    def _publish(
+        self, discovery: Discovery, inventory: DeviceInventory, gate: GateInput | None
+    ) -> None:
         try:
-            result = self.publisher.sync(discovery, inventory)
+            result = self.publisher.sync(discovery, inventory, gate)
         except Exception as e:  # the API may be down: keep serving, try again next pass
             log.error("publishing failed; retrying next pass", error=str(e))
         else:
             writes = getattr(result, "writes", None)
             if writes:
                 log.info("published", writes=writes)
-        return inventory
+        if gate is not None:
+            verification_metrics.record_state(getattr(self.publisher, "verification", None))
+
+    def _gate(self) -> GateInput:
+        return GateInput(self.verification.last_run, self._fingerprint)
+
+    def _verification_due(self, tree: SysfsTree, discovery: Discovery) -> str | None:
+        if not self._restored and self.verification.last_run is None:
+            recorded = getattr(self.publisher, "recorded_verification", None)
+            try:
+                if recorded is not None:
+                    self.verification.restore(recorded())
+                self._restored = True
+            except Exception as e:  # the API may be down: this pass verifies afresh
+                log.warning("recorded verification unreadable", error=str(e))
+        if discovery.interfaces is None or discovery.accelerators is None:
+            return None  # only a complete enumeration says what the node has: keep the last
+        self._fingerprint = fingerprint(tree, discovery.interfaces, discovery.accelerators)
+        return self.verification.due(self._fingerprint)
+
+    def _run_verification(self, tree: SysfsTree, discovery: Discovery, why: str) -> None:
+        log.info("verification run starting", reason=why)
+        self.verification.ran(
+            run_once(
+                tree,
+                discovery.interfaces or [],
+                discovery.accelerators or [],
+                discovery.nvml,
+                self._fingerprint,
+                tools=self.config.verify_tools,
+            )
+        )
+
+    def request_verification(self) -> None:
+        """Run verification in the next pass, and start that pass now."""
+        self.verification.requested = True
+        self.wake.set()
 
     def run(self, stop: threading.Event) -> None:
         http = None

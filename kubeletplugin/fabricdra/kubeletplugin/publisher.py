@@ -171,6 +171,19 @@ class NodePublisher:
         result.writes[kind] = result.writes.get(kind, 0) + 1
         metrics.API_WRITES.labels(kind=kind, verb=verb).inc()
 
+    def recorded_verification(self) -> Verification | None:
+        """The verification state recorded in this node's NodeDevices status (None: none, or
+        unreadable), so a restarted agent does not forget a run it already recorded."""
+        live = self.rest.get_or_none(NODE_DEVICES, self.node_name)
+        recorded = ((live or {}).get("status") or {}).get("verification")
+        if recorded is None:
+            return None
+        try:
+            return Verification.model_validate(recorded)
+        except ValueError as e:
+            log.warning("recorded verification unreadable; verifying afresh", error=str(e))
+            return None
+
     # -- ResourceSlices -------------------------------------------------------------------
 
     def _features(self) -> ApiFeatures:

@@ -48,7 +48,7 @@ def run_probes(
     tree: SysfsTree,
     interfaces: list[Interface],
     accelerators: list[Accelerator],
-    nvml: NvmlReadings,
+    nvml: NvmlReadings | None,
     expectations: Expectations,
     tools: Tools = Tools(),  # frozen: a shared default is safe
 ) -> list[ProbeResult]:
@@ -137,7 +137,7 @@ def pcie_link(
 # --- NVLink --------------------------------------------------------------------------------
 
 
-def nvlink(acc: Accelerator, row: ClassExpectation, nvml: NvmlReadings) -> ProbeResult:
+def nvlink(acc: Accelerator, row: ClassExpectation, nvml: NvmlReadings | None) -> ProbeResult:
     want = row.nvlinkActiveLinks
     expected = f"at least {want} active links" if want is not None else "every link active"
 
@@ -154,6 +154,8 @@ def nvlink(acc: Accelerator, row: ClassExpectation, nvml: NvmlReadings) -> Probe
             reason=reason,
         )
 
+    if nvml is None:
+        return result("NotRun", reason="NVML was not asked (no NVML source)")
     if not nvml.available:
         return result("NotRun", reason=f"NVML unavailable: {nvml.reason}")
     gpu = nvml.gpus.get(acc.pciBusId)
