@@ -356,3 +356,29 @@ def _without_taint_times(slices: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for taint in device.get("taints", []):
                 taint.pop("timeAdded", None)
     return out
+
+
+def test_the_verification_gate_taints_every_device_or_sets_verified(tmp_path: Path) -> None:
+    d, hgx = _discover(tmp_path, broken_nics=(3,))
+    inv = _inventory(d)
+    ungated = _devices(build_slices(inv, "n").slices)
+    for gate in ("unverified", "failed"):
+        devs = _devices(build_slices(inv, "n", gate=gate).slices)
+        assert devs.keys() == ungated.keys()
+        for name, dev in devs.items():
+            gating = [t for t in dev["taints"] if t["key"] == "fabricdra.io/unverified"]
+            assert gating == [
+                {"key": "fabricdra.io/unverified", "value": gate, "effect": "NoSchedule"}
+            ]
+            # The health taint stays next to it; nothing else about the device changes.
+            assert [t for t in dev["taints"] if t not in gating] == ungated[name].get("taints", [])
+            assert dev["attributes"] == ungated[name]["attributes"]
+    assert _devices(build_slices(inv, "n", gate="verified").slices) == ungated
+    # 1.34/1.35: no taints; a `verified` attribute the DeviceClasses require where present.
+    basic = ApiFeatures("basic")
+    closed = _devices(build_slices(inv, "n", features=basic, gate="unverified").slices)
+    opened = _devices(build_slices(inv, "n", features=basic, gate="verified").slices)
+    assert {x["attributes"]["verified"]["bool"] for x in closed.values()} == {False}
+    assert {x["attributes"]["verified"]["bool"] for x in opened.values()} == {True}
+    assert all("taints" not in x for x in closed.values())
+    assert hgx.gpus

@@ -1,0 +1,362 @@
+"""Verification probes and the gate, over kernel-shaped sysfs trees and recorded NVML answers.
+Bandwidth tools are real executables written into a folder put on the probe's search path."""
+
+from __future__ import annotations
+
+import json
+import stat
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fabricdra.api.verification import (
+    Override,
+    ProbeResult,
+    load_expectations,
+    parse_expectations,
+)
+from fabricdra.kubeletplugin.discovery.node import Discovery
+from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
+from fabricdra.kubeletplugin.verification import (
+    Tools,
+    VerificationRun,
+    decide,
+    fingerprint,
+    override_from_annotation,
+    run_passed,
+    run_probes,
+)
+from fabricdra.kubeletplugin.verification.runner import CHANGED, FIRST_RUN, Schedule
+from fabricdra.kubeletplugin.verification.tools import (
+    parse_ib_write_bw,
+    parse_nvbandwidth_matrix,
+)
+from tests.sysfs.builder import PcieLink, Port, SysfsBuilder
+from tests.sysfs.nodes import discover_at, h100_snapshot, hgx_h100
+
+NO_TOOLS = Tools(path="")  # an empty search path: no tool is found
+EXPECT = load_expectations()
+
+
+def _node(tmp_path: Path, **hgx: Any) -> tuple[SysfsBuilder, Any]:
+    b = SysfsBuilder(tmp_path / "sys")
+    return b, hgx_h100(b, **hgx)
+
+
+def _probe(
+    b: SysfsBuilder, snapshot: dict[str, Any] | None, tools: Tools = NO_TOOLS
+) -> tuple[list[ProbeResult], Discovery]:
+    d = discover_at(b.root, snapshot)
+    assert d.interfaces is not None
+    assert d.accelerators is not None
+    tree = SysfsTree(b.root)
+    try:
+        return run_probes(tree, d.interfaces, d.accelerators, d.nvml, EXPECT, tools), d
+    finally:
+        tree.close()
+
+
+def _by(results: list[ProbeResult], probe: str, device: str) -> ProbeResult:
+    [r] = [r for r in results if r.probe == probe and r.device.startswith(device)]
+    return r
+
+
+def test_a_healthy_hgx_node_passes_and_absent_tools_are_not_run(tmp_path: Path) -> None:
+    b, hgx = _node(tmp_path)
+    results, _ = _probe(b, h100_snapshot(hgx.gpus))
+    passed, why = run_passed(results, EXPECT)
+    assert passed, why
+    assert {r.outcome for r in results if r.probe in ("pcie-link", "nvlink", "rdma-port")} == {
+        "Passed"
+    }
+    # 8 GPUs (pcie + nvlink), 8 NICs (pcie, port, errors, bandwidth), one node bandwidth probe.
+    assert len(results) == 8 * 2 + 8 * 4 + 1
+    tools = [r for r in results if r.probe in ("gpu-bandwidth", "nic-bandwidth")]
+    assert {r.outcome for r in tools} == {"NotRun"}
+    assert all("is not installed" in (r.reason or "") for r in tools)
+
+
+def test_a_gpu_trained_on_fewer_lanes_fails_the_node(tmp_path: Path) -> None:
+    b, hgx = _node(tmp_path)
+    gpu = hgx.gpus[2]
+    b.write(f"bus/pci/devices/{gpu}/current_link_width", "8")
+    results, _ = _probe(b, h100_snapshot(hgx.gpus))
+    r = _by(results, "pcie-link", gpu)
+    assert r.outcome == "Failed"
+    assert "trained at x8 of x16" in (r.reason or "")
+    assert r.measured == "x8 32.0 GT/s PCIe (max x16 32.0 GT/s PCIe)"
+    passed, why = run_passed(results, EXPECT)
+    assert not passed
+    assert f"pcie-link on {gpu}" in why
+
+
+def test_an_idle_gpu_at_a_lower_speed_passes_but_a_nic_does_not(tmp_path: Path) -> None:
+    b, hgx = _node(tmp_path)
+    gpu, nic = hgx.gpus[0], hgx.nics[1]
+    b.write(f"bus/pci/devices/{gpu}/current_link_speed", "2.5 GT/s PCIe")
+    b.write(f"bus/pci/devices/{nic}/current_link_speed", "16.0 GT/s PCIe")
+    results, _ = _probe(b, h100_snapshot(hgx.gpus))
+    assert _by(results, "pcie-link", gpu).outcome == "Passed"
+    nic_result = _by(results, "pcie-link", f"mlx5_1 ({nic})")
+    assert nic_result.outcome == "Failed"
+    assert "not its maximum" in (nic_result.reason or "")
+
+
+def test_a_gen4_slot_is_below_the_class_minimum(tmp_path: Path) -> None:
+    b = SysfsBuilder(tmp_path / "sys")
+    rb = b.root_bus("pci0000:00")
+    gen4 = PcieLink(speed="16.0 GT/s PCIe", max_speed="16.0 GT/s PCIe")
+    b.gpu(b.bridge(rb, "0000:00:01.0"), "0000:01:00.0", link=gen4)
+    results, _ = _probe(b, h100_snapshot(["0000:01:00.0"]))
+    r = _by(results, "pcie-link", "0000:01:00.0")
+    assert r.outcome == "Failed"
+    assert "16 GT/s is below 32 GT/s" in (r.reason or "")
+
+
+def test_missing_link_files_are_not_run_and_keep_the_node_unverified(tmp_path: Path) -> None:
+    b = SysfsBuilder(tmp_path / "sys")
+    rb = b.root_bus("pci0000:00")
+    b.gpu(b.bridge(rb, "0000:00:01.0"), "0000:01:00.0", link=None)
+    results, _ = _probe(b, h100_snapshot(["0000:01:00.0"]))
+    r = _by(results, "pcie-link", "0000:01:00.0")
+    assert r.outcome == "NotRun"
+    assert "current_link_width: absent" in (r.reason or "")
+    passed, why = run_passed(results, EXPECT)
+    assert not passed
+    assert why.startswith("required probes did not run: pcie-link")
+    run = VerificationRun(datetime.now(UTC), "fp", results, passed, why)
+    assert decide(run, "fp", None).state == "Unverified"
+
+
+def test_nvlink_not_recorded_is_not_run_and_a_link_down_fails(tmp_path: Path) -> None:
+    b, hgx = _node(tmp_path)
+    snap = h100_snapshot(hgx.gpus)
+    del snap[hgx.gpus[0]]["nvlinks"]
+    snap[hgx.gpus[1]]["nvlinks"][5]["active"] = False
+    results, _ = _probe(b, snap)
+    absent = _by(results, "nvlink", hgx.gpus[0])
+    assert absent.outcome == "NotRun"
+    assert "no NVLink state" in (absent.reason or "")
+    down = _by(results, "nvlink", hgx.gpus[1])
+    assert down.outcome == "Failed"
+    assert down.measured == "17 of 18 links active"
+    assert down.reason == "links down: 5"
+
+
+def test_nvlink_without_nvml_is_not_run(tmp_path: Path) -> None:
+    b, _ = _node(tmp_path)
+    results, _ = _probe(b, None)
+    r = [r for r in results if r.probe == "nvlink"]
+    assert r
+    assert {x.outcome for x in r} == {"NotRun"}
+
+
+def test_rdma_rate_and_error_counters(tmp_path: Path) -> None:
+    b = SysfsBuilder(tmp_path / "sys")
+    rb = b.root_bus("pci0000:00")
+    for i, (rate, counters) in enumerate(
+        [
+            ("25 Gb/sec (1X EDR)", None),  # slow, and no counters folder
+            ("400 Gb/sec (4X NDR)", (("symbol_error", 7), ("link_downed", 0))),
+        ]
+    ):
+        nic = f"0000:0{i + 1}:00.0"
+        pf = b.nic(b.bridge(rb, f"0000:00:0{i + 1}.0"), nic, f"eth{i}")
+        b.rdma(pf, f"mlx5_{i}", [Port(netdev=f"eth{i}", rate=rate, counters=counters)])
+    results, _ = _probe(b, None)
+    slow = _by(results, "rdma-port", "mlx5_0")
+    assert slow.outcome == "Failed"
+    assert slow.reason == "port 1 at 25 Gb/s"
+    assert _by(results, "rdma-errors", "mlx5_0").outcome == "NotRun"
+    errors = _by(results, "rdma-errors", "mlx5_1")
+    assert errors.outcome == "Failed"
+    assert errors.reason == "port 1 symbol_error=7 > 0"
+    assert _by(results, "rdma-port", "mlx5_1").outcome == "Passed"
+
+
+def test_a_nic_whose_link_failed_is_skipped_not_failed(tmp_path: Path) -> None:
+    b, hgx = _node(tmp_path, broken_nics=(3,))
+    results, _ = _probe(b, h100_snapshot(hgx.gpus))
+    skipped = [r for r in results if r.device.startswith("mlx5_3")]
+    assert {r.outcome for r in skipped} == {"Skipped"}
+    assert run_passed(results, EXPECT)[0]
+
+
+# --- bandwidth tools -------------------------------------------------------------------------
+
+NVBANDWIDTH_OUT = """nvbandwidth Version: v0.7
+Running device_to_device_memcpy_read_ce.
+memcpy CE GPU(row) <- GPU(column) bandwidth (GB/s)
+           0         1         2
+ 0       N/A    389.31    {weak}
+ 1    389.13       N/A    388.90
+ 2    389.00    389.02       N/A
+
+SUM device_to_device_memcpy_read_ce 2000.00
+"""
+
+
+def _tool(folder: Path, name: str, script: str) -> None:
+    folder.mkdir(exist_ok=True)
+    path = folder / name
+    path.write_text("#!/bin/sh\n" + script)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+def _gpu_node(tmp_path: Path) -> tuple[SysfsBuilder, dict[str, Any]]:
+    b, hgx = _node(tmp_path)
+    return b, h100_snapshot(hgx.gpus)
+
+
+@pytest.mark.parametrize(
+    ("script", "outcome", "text"),
+    [
+        (f"cat <<'EOF'\n{NVBANDWIDTH_OUT.format(weak='388.50')}EOF\n", "Passed", None),
+        (
+            f"cat <<'EOF'\n{NVBANDWIDTH_OUT.format(weak='120.25')}EOF\n",
+            "Failed",
+            "GPU0<-GPU2 120.25",
+        ),
+        ("echo 'cudaErrorNoDevice' >&2; exit 3\n", "Failed", "exit 3"),
+        ("echo 'nothing to see'\n", "Failed", "no bandwidth matrix"),
+    ],
+)
+def test_nvbandwidth_is_held_to_the_class_minimum(
+    tmp_path: Path, script: str, outcome: str, text: str | None
+) -> None:
+    b, snap = _gpu_node(tmp_path)
+    _tool(tmp_path / "bin", "nvbandwidth", script)
+    results, _ = _probe(b, snap, Tools(path=str(tmp_path / "bin")))
+    r = _by(results, "gpu-bandwidth", "node")
+    assert r.outcome == outcome, r
+    if text:
+        assert text in (r.reason or "")
+    else:
+        assert r.measured == "weakest pair GPU0<-GPU2 388.5 GB/s over 6 pairs"
+
+
+def test_ib_write_bw_loopback_runs_server_and_client(tmp_path: Path) -> None:
+    b, snap = _gpu_node(tmp_path)
+    log = tmp_path / "calls"
+    # The server is the call without a host; the client (last argument localhost) reports.
+    _tool(
+        tmp_path / "bin",
+        "ib_write_bw",
+        f'echo "$@" >> {log}\n'
+        "for last; do :; done\n"
+        'if [ "$last" = localhost ]; then\n'
+        '  echo " #bytes #iterations BW peak[Gb/sec] BW average[Gb/sec] MsgRate[Mpps]"\n'
+        '  case "$*" in *mlx5_2*) bw=42.10 ;; *) bw=390.50 ;; esac\n'
+        '  echo " 65536      5000             391.22             $bw              0.744"\n'
+        "fi\n",
+    )
+    results, _ = _probe(b, snap, Tools(path=str(tmp_path / "bin")))
+    assert _by(results, "nic-bandwidth", "mlx5_0").measured == "390.5 Gb/s"
+    slow = _by(results, "nic-bandwidth", "mlx5_2")
+    assert slow.outcome == "Failed"
+    assert slow.reason == "below 80 Gb/s"
+    calls = log.read_text().splitlines()
+    # NICs in interface-name order, each on its own port; a server call precedes each client.
+    assert set(calls[:2]) == {
+        "-d mlx5_4 --report_gbits -F -p 18515",
+        "-d mlx5_4 --report_gbits -F -p 18515 localhost",
+    }
+    assert len(calls) == 16
+
+
+def test_tool_output_parsers() -> None:
+    pairs = parse_nvbandwidth_matrix(NVBANDWIDTH_OUT.format(weak="1.5"))
+    assert pairs[(0, 2)] == 1.5
+    assert (0, 0) not in pairs
+    assert len(pairs) == 6
+    assert parse_ib_write_bw(" 65536 5000 10.00 9.50 0.1\n") == 9.5
+    assert parse_ib_write_bw("Couldn't connect\n") is None
+
+
+# --- gate, fingerprint, schedule, data -------------------------------------------------------
+
+
+def _run(passed: bool, fp: str = "fp", probes: list[ProbeResult] | None = None) -> VerificationRun:
+    return VerificationRun(datetime(2026, 1, 2, tzinfo=UTC), fp, probes or [], passed, "why")
+
+
+def test_gate_states() -> None:
+    assert decide(None, "fp", None).state == "Unverified"
+    assert decide(None, "fp", None).reason == "no verification run yet"
+    assert decide(_run(True), "fp", None).state == "Verified"
+    changed = decide(_run(True), "other", None)
+    assert changed.state == "Unverified"
+    assert "changed since the last run" in changed.reason
+    assert not changed.offered
+    failed_probe = ProbeResult(
+        probe="nvlink", device="0000:18:00.0", deviceClass="h100-80gb-sxm", outcome="Failed"
+    )
+    assert decide(_run(False, probes=[failed_probe]), "fp", None).state == "Failed"
+    over = decide(_run(False, probes=[failed_probe]), "fp", Override(reason="RMA 123"))
+    assert over.state == "Overridden"
+    assert over.offered
+    assert over.passed is False  # the run it overrides is still recorded
+    assert over.reason == "marked verified by hand: RMA 123"
+
+
+def test_override_annotation() -> None:
+    doc = {"reason": "burn-in done", "by": "ops@x", "time": "2026-01-02T03:04:05Z"}
+    o = override_from_annotation(json.dumps(doc))
+    assert o is not None
+    assert (o.reason, o.by) == ("burn-in done", "ops@x")
+    assert override_from_annotation("plain words") == Override(reason="plain words")
+    assert override_from_annotation("  ") is None
+    assert override_from_annotation(None) is None
+
+
+def test_fingerprint_changes_with_a_swapped_gpu_or_a_driver_upgrade(tmp_path: Path) -> None:
+    b, hgx = _node(tmp_path)
+    snap = h100_snapshot(hgx.gpus)
+
+    def fp(s: dict[str, Any]) -> str:
+        d = discover_at(b.root, s)
+        assert d.interfaces is not None
+        assert d.accelerators is not None
+        tree = SysfsTree(b.root)
+        try:
+            return fingerprint(tree, d.interfaces, d.accelerators)
+        finally:
+            tree.close()
+
+    b.write("module/nvidia/version", "570.86.15")
+    first = fp(snap)
+    assert fp(snap) == first
+    snap[hgx.gpus[4]]["uuid"] = "GPU-ffffffff-5b0e-4c1a-9f3e-000000000000"
+    swapped = fp(snap)
+    assert swapped != first
+    b.write("module/nvidia/version", "580.65.06")
+    assert fp(snap) != swapped
+
+
+def test_schedule_and_restore() -> None:
+    s = Schedule(interval=3600)
+    assert s.due("a") == FIRST_RUN
+    s.ran(_run(True, "a"))
+    assert s.due("a") is None
+    assert s.due("b") == CHANGED
+    s.requested = True
+    assert s.due("a") == "requested"
+    old = decide(
+        VerificationRun(datetime.now(UTC) - timedelta(hours=2), "a", [], True, "ok"), "a", None
+    )
+    restored = Schedule(interval=3600)
+    assert restored.restore(old)
+    assert restored.due("a") == "schedule"  # two hours old, hourly schedule
+    assert not Schedule().restore(decide(None, "a", None))  # nothing ran: nothing to restore
+
+
+def test_expectations_data_is_checked() -> None:
+    assert EXPECT.for_gpu("h100-80gb-sxm").nvlinkActiveLinks == 18
+    assert EXPECT.for_gpu("no-such-class").name == "gpu-default"
+    assert "rdma-port" in EXPECT.for_nic().required
+    with pytest.raises(ValueError, match="no 'rdma' row"):
+        parse_expectations(json.dumps({"classes": [{"class": "gpu-default", "required": []}]}))
+    with pytest.raises(ValueError, match="bogus"):
+        parse_expectations(json.dumps({"classes": [{"class": "rdma", "required": ["bogus"]}]}))
