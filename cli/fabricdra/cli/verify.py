@@ -1,0 +1,185 @@
+"""`fabricdra verify`: the verification run as a one-shot (the seed's preflight), and the
+manual override of a node's verification gate (docs/verification.md).
+
+    fabricdra verify [--sample | --sysfs-root R --nvml-snapshot F] [-o table|json] [--all]
+        exit 0: passed; 1: not passed (a probe failed, or a required probe did not run)
+    fabricdra verify --override NODE --reason TEXT [--kubeconfig K]
+    fabricdra verify --clear-override NODE [--kubeconfig K]
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import sys
+from contextlib import ExitStack, closing
+from datetime import UTC, datetime
+from typing import Any
+
+from fabricdra.api.rest import NODES, ApiError, Rest
+from fabricdra.api.verification import ProbeResult, load_expectations
+from fabricdra.kubeletplugin.discovery.node import NvmlSource, discover
+from fabricdra.kubeletplugin.discovery.nvml import SnapshotError, load_snapshot, read_live
+from fabricdra.kubeletplugin.discovery.sysfs import RootError, SysfsTree
+from fabricdra.kubeletplugin.samples import sample_node
+from fabricdra.kubeletplugin.verification import OVERRIDE_ANNOTATION, Tools, fingerprint
+from fabricdra.kubeletplugin.verification.runner import run_once
+
+from .common import UsageError, api_client, print_json
+from .common import env as _env
+
+USER_AGENT = "fabricdra-verify/0.1.0"
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "verify",
+        help="run the verification probes on this node; exit 1 unless it passes",
+        description="Check that this node's GPUs and RDMA NICs work as their class promises "
+        "(PCIe link, RDMA port rate and error counters, NVLink, and GPU/NIC bandwidth where "
+        "nvbandwidth / ib_write_bw are installed). Exit 0 when every required probe ran and "
+        "none failed, 1 otherwise, with a table of what did not pass. With --override or "
+        "--clear-override it instead sets or clears a node's manual override in the cluster.",
+    )
+    a = p.add_argument
+    a("--sysfs-root", default="/sys", help="root of the sysfs tree (default /sys)")
+    a("--nvml-snapshot", metavar="FILE", help="recorded NVML answers instead of the library")
+    a("--sample", action="store_true", help="verify the bundled sample node")
+    a(
+        "--tools-path",
+        default=None,
+        metavar="PATH",
+        help="where nvbandwidth and ib_write_bw are looked up (PATH syntax; default: $PATH)",
+    )
+    a("--no-bandwidth", action="store_true", help="do not run the bandwidth tools (NotRun)")
+    a(
+        "--tool-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="longest one bandwidth tool may run (default 300)",
+    )
+    a("-o", "--output", choices=["table", "json"], default="table", help="output format")
+    a("--all", action="store_true", help="list every probe, not only those that did not pass")
+    a("--override", metavar="NODE", help="mark NODE verified by hand (needs --reason)")
+    a("--reason", help="why the override is justified (recorded in the node's status)")
+    a("--clear-override", metavar="NODE", help="remove NODE's manual override")
+    a(
+        "--kubeconfig",
+        default=_env("KUBECONFIG"),
+        help="kubeconfig for --override/--clear-override [FABRICDRA_KUBECONFIG]",
+    )
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.override and args.clear_override:
+        raise UsageError("--override and --clear-override exclude each other")
+    if args.override or args.clear_override:
+        return _set_override(args)
+    if args.reason:
+        raise UsageError("--reason goes with --override")
+    return _verify(args)
+
+
+def _verify(args: argparse.Namespace) -> int:
+    with ExitStack() as stack:
+        root, snapshot = args.sysfs_root, args.nvml_snapshot
+        if args.sample:
+            sample_root, sample_snapshot = stack.enter_context(sample_node())
+            root, snapshot = str(sample_root), snapshot or str(sample_snapshot)
+        try:
+            tree = stack.enter_context(closing(SysfsTree(root)))
+            nvml_source: NvmlSource = read_live
+            if snapshot is not None:
+                readings = load_snapshot(snapshot)
+                nvml_source = lambda: readings  # noqa: E731
+        except (RootError, SnapshotError) as e:
+            raise UsageError(str(e)) from e
+        d = discover(tree, nvml_source=nvml_source)
+        if d.interfaces is None or d.accelerators is None:
+            # Never a pass on a node we could not read: say what failed, exit 1.
+            print(f"fabricdra verify: cannot read the node: {d.failures}", file=sys.stderr)
+            return 1
+        tools = Tools(
+            path=args.tools_path,
+            timeout_seconds=args.tool_timeout,
+            run_bandwidth=not args.no_bandwidth,
+        )
+        result = run_once(
+            tree,
+            d.interfaces,
+            d.accelerators,
+            d.nvml,
+            fingerprint(tree, d.interfaces, d.accelerators),
+            expectations=load_expectations(),
+            tools=tools,
+        )
+    if args.output == "json":
+        print_json(
+            {
+                "passed": result.passed,
+                "reason": result.reason,
+                "time": result.time.isoformat().replace("+00:00", "Z"),
+                "fingerprint": result.fingerprint,
+                "probes": [p.model_dump(mode="json", exclude_none=True) for p in result.probes],
+            }
+        )
+    else:
+        shown = result.probes if args.all else [p for p in result.probes if p.outcome != "Passed"]
+        print(("PASSED: " if result.passed else "NOT PASSED: ") + result.reason)
+        if shown:
+            print(table(shown))
+    return 0 if result.passed else 1
+
+
+def table(probes: list[ProbeResult]) -> str:
+    header = ("PROBE", "DEVICE", "CLASS", "OUTCOME", "MEASURED", "EXPECTED", "REASON")
+    rows = [
+        (
+            p.probe,
+            p.device,
+            p.deviceClass,
+            p.outcome,
+            p.measured or "-",
+            p.expected or "-",
+            p.reason or "-",
+        )
+        for p in probes
+    ]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
+    lines = []
+    for r in [header, *rows]:
+        cells = [c.ljust(w) for c, w in zip(r, widths, strict=False)] + [r[-1]]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def _set_override(args: argparse.Namespace) -> int:
+    node = args.override or args.clear_override
+    value: str | None = None
+    if args.override:
+        if not args.reason or not args.reason.strip():
+            raise UsageError("--override needs --reason: the override is recorded with it")
+        value = json.dumps(
+            {
+                "reason": args.reason.strip(),
+                "by": getpass.getuser(),
+                "time": datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
+            },
+            sort_keys=True,
+        )
+    api = api_client(args.kubeconfig, USER_AGENT)
+    try:
+        Rest(api).patch(NODES, node, {"metadata": {"annotations": {OVERRIDE_ANNOTATION: value}}})
+    except ApiError as e:
+        if e.not_found:
+            raise UsageError(f"node {node} not found") from e
+        print(f"fabricdra verify: cannot update node {node}: {e}", file=sys.stderr)
+        return 1
+    finally:
+        api.close()
+    verb = "marked verified by hand" if value else "override cleared"
+    print(f"node {node}: {verb}; its agent applies it at its next pass")
+    return 0
