@@ -93,6 +93,9 @@ def run(args: argparse.Namespace) -> int:
         **({"identity": args.identity} if args.identity else {}),
     )
     if args.metrics_port:
+        from fabricdra.controller import fleetmetrics
+
+        fleetmetrics.register(api, metrics.REGISTRY)  # the fleet view (docs/fleet.md)
         start_http_server(args.metrics_port, registry=metrics.REGISTRY)
     controller = Controller(api, cfg)
     stop = stop_event()

@@ -1,0 +1,153 @@
+"""`fabricdra fleet`: the fleet view from the cluster (docs/fleet.md).
+
+fabricdra fleet [--kubeconfig K] [-o table|json] [--watch [--interval S]]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from fabricdra.api.rest import ApiError, Rest
+from fabricdra.controller.fleet import STRANDED_REASONS, Fleet
+from fabricdra.controller.fleetmetrics import read_fleet
+
+from .common import UsageError, api_client, print_json, stop_event
+from .common import env as _env
+
+USER_AGENT = "fabricdra-fleet/0.1.0"
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "fleet",
+        help="print devices total/healthy/verified/allocated/free per fabric domain and class",
+        description="Read ResourceSlices, ResourceClaims, NodeDevices and ComputeDomains and "
+        "print, per fabric domain and device class, devices total / healthy / verified / "
+        "allocated / free, the stranded GPUs and why, how many nodes an N-node ComputeDomain "
+        "could still get in each domain, and each ComputeDomain's nodes.",
+    )
+    p.add_argument(
+        "--kubeconfig",
+        default=_env("KUBECONFIG"),
+        help="kubeconfig file; default: the in-cluster service account [FABRICDRA_KUBECONFIG]",
+    )
+    p.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    p.add_argument("--watch", action="store_true", help="print again every --interval seconds")
+    p.add_argument(
+        "--interval", type=float, default=5.0, help="seconds between --watch prints (default 5)"
+    )
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.interval <= 0:
+        raise UsageError(f"--interval must be positive, got {args.interval}")
+    api = api_client(args.kubeconfig, USER_AGENT)
+    rest = Rest(api)
+    stop = stop_event() if args.watch else None
+    try:
+        while True:
+            try:
+                view = read_fleet(rest)
+            except ApiError as e:
+                print(f"fabricdra fleet: cannot read the cluster: {e}", file=sys.stderr)
+                if stop is None:
+                    return 1
+            else:
+                if args.output == "json":
+                    print_json(view.to_json())
+                else:
+                    if stop is not None:
+                        print(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S%z')}")
+                    print(render(view))
+                sys.stdout.flush()
+            if stop is None or stop.wait(args.interval):
+                return 0
+    finally:
+        api.close()
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return [
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+        for r in [header, *rows]
+    ]
+
+
+def render(view: Fleet) -> str:
+    rows = []
+    for d in sorted(view.domains.values(), key=lambda d: d.name):
+        for cls, c in sorted(d.classes.items()):
+            stranded = sum(c.stranded.values())
+            rows.append(
+                [
+                    d.name,
+                    cls,
+                    str(c.total),
+                    str(c.healthy),
+                    str(c.verified),
+                    str(c.allocated),
+                    str(c.free),
+                    str(stranded),
+                ]
+            )
+    for cls, c in sorted(view.totals().items()):
+        rows.append(
+            [
+                "(all)",
+                cls,
+                str(c.total),
+                str(c.healthy),
+                str(c.verified),
+                str(c.allocated),
+                str(c.free),
+                str(sum(c.stranded.values())),
+            ]
+        )
+    lines = _table(
+        ["FABRIC DOMAIN", "CLASS", "TOTAL", "HEALTHY", "VERIFIED", "ALLOCATED", "FREE", "STRANDED"],
+        rows,
+    )
+    lines.append("")
+    domain_rows = [
+        [
+            d.name,
+            str(d.nodes),
+            str(d.verifiedNodes),
+            str(d.largestFit),
+            str(d.freeGpusOnPartialNodes),
+            *(str(sum(c.stranded[r] for c in d.classes.values())) for r in STRANDED_REASONS),
+        ]
+        for d in sorted(view.domains.values(), key=lambda d: d.name)
+    ]
+    lines += _table(
+        [
+            "FABRIC DOMAIN",
+            "NODES",
+            "VERIFIED",
+            "LARGEST FIT (NODES)",
+            "FREE GPUS ON PARTIAL",
+            "STRANDED: COMPUTE DOMAIN",
+            "STRANDED: NO FREE NIC",
+        ],
+        domain_rows,
+    )
+    lines.append("")
+    cd_rows = [
+        [
+            f"{cd['namespace']}/{cd['name']}",
+            cd["fabricDomain"] or "-",
+            str(cd["ready"]),
+            ",".join(cd["nodes"]) or "-",
+        ]
+        for cd in view.computeDomains
+    ]
+    if cd_rows:
+        lines += _table(["COMPUTE DOMAIN", "FABRIC DOMAIN", "READY", "NODES"], cd_rows)
+    else:
+        lines.append("no ComputeDomains")
+    return "\n".join(lines)

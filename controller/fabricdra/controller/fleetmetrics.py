@@ -1,0 +1,129 @@
+"""The fleet view as controller metrics, and the one place that reads it from the API.
+
+`read_fleet(rest)` lists ResourceSlices, ResourceClaims, NodeDevices and ComputeDomains and
+hands them to the pure `fleet.fleet`. `FleetCollector` serves the numbers on the controller's
+/metrics, computed at scrape time (at most every `min_interval` seconds, cached in between).
+A listing that fails yields no fleet numbers at all and `fabricdra_fleet_up 0`: a failed read
+is never published as zeros.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import structlog
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from fabricdra.api.nodedevices import PLURAL as ND_PLURAL
+from fabricdra.api.nodedevices import VERSION as ND_VERSION
+from fabricdra.api.rest import CLAIMS, COMPUTE_DOMAINS, SLICES, ApiError, Kind, Rest
+
+from .fleet import STRANDED_REASONS, Fleet, fleet
+
+log = structlog.get_logger("fabricdra.fleet")
+
+NODE_DEVICES = Kind("fabricdra.io", ND_VERSION, ND_PLURAL, False)
+
+
+def _items(rest: Rest, kind: Kind, *, optional: bool = False) -> list[dict[str, Any]]:
+    try:
+        return list(rest.list(kind).get("items") or [])
+    except ApiError as e:
+        if optional and e.not_found:  # the CRD is not installed: there are none
+            return []
+        raise
+
+
+def read_fleet(rest: Rest) -> Fleet:
+    return fleet(
+        _items(rest, SLICES),
+        _items(rest, CLAIMS),
+        _items(rest, NODE_DEVICES, optional=True),
+        _items(rest, COMPUTE_DOMAINS, optional=True),
+    )
+
+
+class FleetCollector(Collector):
+    def __init__(self, rest: Rest, min_interval: float = 15.0) -> None:
+        self.rest = rest
+        self.min_interval = min_interval
+        self._lock = threading.Lock()
+        self._cached: tuple[float, Fleet | None] = (float("-inf"), None)
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())  # computed at scrape time: nothing to describe at registration
+
+    def _fleet(self) -> Fleet | None:
+        with self._lock:
+            at, cached = self._cached
+            if time.monotonic() - at < self.min_interval:
+                return cached
+            try:
+                current: Fleet | None = read_fleet(self.rest)
+            except Exception as e:  # the API may be down: say so, publish no numbers
+                log.error("fleet view unreadable", error=str(e))
+                current = None
+            self._cached = (time.monotonic(), current)
+            return current
+
+    def collect(self) -> Iterator[Metric]:
+        view = self._fleet()
+        up = GaugeMetricFamily("fabricdra_fleet_up", "1 when the last fleet listing succeeded.")
+        up.add_metric([], 1 if view is not None else 0)
+        yield up
+        if view is None:
+            return
+        labels = ["fabric_domain", "device_class"]
+        families = {
+            name: GaugeMetricFamily(f"fabricdra_devices_{name}", text, labels=labels)
+            for name, text in (
+                ("published", "Published devices, by fabric domain and device class."),
+                ("healthy", "Devices without a health taint or failed link."),
+                ("verified", "Devices of verified nodes."),
+                ("allocated", "Devices named by a ResourceClaim allocation."),
+                ("free", "Devices healthy, verified and not allocated."),
+            )
+        }
+        stranded = GaugeMetricFamily(
+            "fabricdra_devices_stranded_gpus",
+            "Free GPUs no job can use whole, by fabric domain, device class and reason "
+            f"({', '.join(STRANDED_REASONS)}).",
+            labels=[*labels, "reason"],
+        )
+        nodes = GaugeMetricFamily(
+            "fabricdra_fabric_domain_nodes", "Nodes per fabric domain.", labels=["fabric_domain"]
+        )
+        verified_nodes = GaugeMetricFamily(
+            "fabricdra_fabric_domain_verified_nodes",
+            "Verified nodes per fabric domain.",
+            labels=["fabric_domain"],
+        )
+        largest = GaugeMetricFamily(
+            "fabricdra_fabric_domain_largest_fit_nodes",
+            "The largest N for which an N-node ComputeDomain fits in the fabric domain now.",
+            labels=["fabric_domain"],
+        )
+        for d in view.domains.values():
+            nodes.add_metric([d.name], d.nodes)
+            verified_nodes.add_metric([d.name], d.verifiedNodes)
+            largest.add_metric([d.name], d.largestFit)
+            for cls, c in d.classes.items():
+                for name, family in families.items():
+                    family.add_metric(
+                        [d.name, cls], getattr(c, "total" if name == "published" else name)
+                    )
+                for reason, n in c.stranded.items():
+                    stranded.add_metric([d.name, cls, reason], n)
+        yield from families.values()
+        yield from (stranded, nodes, verified_nodes, largest)
+
+
+def register(api: Any, registry: CollectorRegistry, min_interval: float = 15.0) -> FleetCollector:
+    collector = FleetCollector(Rest(api), min_interval)
+    registry.register(collector)
+    return collector
