@@ -1,0 +1,39 @@
+"""The fleet view's accounting, every number against the hand count in tests/fleetdata.py."""
+
+from __future__ import annotations
+
+from fabricdra.controller.fleet import fleet
+from tests.fleetdata import GB200, H100, scenario
+
+
+def test_every_number_matches_the_hand_count() -> None:
+    s = scenario("x", "team-a")
+    view = fleet(s["slices"], s["claims"], s["nodeDevices"], s["computeDomains"]).to_json()
+    assert {d["fabricDomain"]: d for d in view["domains"]} == s["expected"]
+    assert view["computeDomains"] == [s["computeDomainView"]]
+    totals = view["totals"]
+    assert totals[GB200] == {
+        "total": 20, "healthy": 19, "verified": 16, "allocated": 3, "free": 12,
+        "stranded": {"computeDomain": 2, "nicsUnavailable": 4, "total": 6},
+    }  # fmt: skip
+    assert totals[H100]["free"] == 2
+    assert totals["rdma"] == {
+        "total": 10, "healthy": 9, "verified": 9, "allocated": 5, "free": 3,
+        "stranded": {"computeDomain": 0, "nicsUnavailable": 0, "total": 0},
+    }  # fmt: skip
+
+
+def test_a_node_without_a_verification_record_is_judged_by_its_slices() -> None:
+    s = scenario("x", "team-a", no_fabric=False)
+    view = fleet(s["slices"], s["claims"], [], s["computeDomains"])
+    assert {d.name: d.verifiedNodes for d in view.domains.values()} == {
+        "nvlink-ax-1": 3,
+        "nvlink-bx-1": 1,  # b2's devices carry the unverified taint
+    }
+
+
+def test_other_drivers_slices_are_not_counted() -> None:
+    s = scenario("x", "team-a", no_fabric=False)
+    foreign = {"spec": {"driver": "gpu.example.com", "nodeName": "z", "devices": [{"name": "g"}]}}
+    view = fleet([*s["slices"], foreign], s["claims"], s["nodeDevices"], [])
+    assert sum(d.nodes for d in view.domains.values()) == 5
