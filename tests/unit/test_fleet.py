@@ -37,3 +37,20 @@ def test_other_drivers_slices_are_not_counted() -> None:
     foreign = {"spec": {"driver": "gpu.example.com", "nodeName": "z", "devices": [{"name": "g"}]}}
     view = fleet([*s["slices"], foreign], s["claims"], s["nodeDevices"], [])
     assert sum(d.nodes for d in view.domains.values()) == 5
+
+
+def test_an_unreachable_api_publishes_no_numbers() -> None:
+    from kubernetes import client
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from fabricdra.controller import fleetmetrics
+
+    cfg = client.Configuration()
+    cfg.host = "http://127.0.0.1:9"  # discard port: nothing answers
+    cfg.retries = False
+    registry = CollectorRegistry()
+    with client.ApiClient(cfg) as api:
+        fleetmetrics.register(api, registry, min_interval=0)
+        text = generate_latest(registry).decode()
+    assert "fabricdra_fleet_up 0.0" in text
+    assert "fabricdra_devices_" not in text  # a failed read is never published as zeros

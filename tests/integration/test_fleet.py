@@ -1,0 +1,123 @@
+"""`fabricdra fleet` and the controller's fleet metrics against the real control plane: slices,
+allocated claims, NodeDevices and a ComputeDomain for several nodes and two fabric domains,
+every number checked against the hand count in tests/fleetdata.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from e2e.harness.controlplane import ControlPlane
+from fabricdra.api.rest import CLAIMS, COMPUTE_DOMAINS, SLICES, Rest
+from fabricdra.controller import fleetmetrics
+from tests.fleetdata import GB200, scenario
+from tests.integration.computedomain_helpers import install_crd
+from tests.integration.dra_setup import installed  # noqa: F401 - a fixture
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("installed")]
+
+
+@pytest.fixture(scope="module")
+def fleet_objects(control_plane: ControlPlane) -> dict[str, Any]:
+    """The scenario's objects, created as the plugin, scheduler and controller would leave them.
+    Only fabric-domain nodes: the "none" domain is shared with other tests' nodes."""
+    suffix = uuid.uuid4().hex[:6]
+    ns = f"fleet-{suffix}"
+    s = scenario(suffix, ns, no_fabric=False)
+    control_plane.create_namespace(ns)
+    with control_plane.api_client() as api:
+        rest = Rest(api)
+        install_crd(rest)
+        for body in s["slices"]:
+            rest.create(SLICES, body)
+        for body in s["claims"]:
+            status = body.pop("status", None)
+            rest.create(CLAIMS, body, ns)
+            if status:  # what kube-scheduler writes at allocation
+                rest.patch(CLAIMS, body["metadata"]["name"], {"status": status}, ns, sub="status")
+        for body in s["nodeDevices"]:
+            status = body.pop("status")
+            rest.create(fleetmetrics.NODE_DEVICES, body)
+            rest.patch(fleetmetrics.NODE_DEVICES, body["metadata"]["name"], {"status": status},
+                       sub="status")  # fmt: skip
+        for body in s["computeDomains"]:
+            status = body.pop("status")
+            rest.create(COMPUTE_DOMAINS, body, ns)
+            rest.patch(COMPUTE_DOMAINS, body["metadata"]["name"], {"status": status}, ns,
+                       sub="status")  # fmt: skip
+    return s
+
+
+def _fleet(cp: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fabricdra.cli", "fleet", "--kubeconfig", str(cp.kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+
+
+def test_fleet_json_matches_the_hand_count(
+    control_plane: ControlPlane, fleet_objects: dict[str, Any]
+) -> None:
+    done = _fleet(control_plane, "-o", "json")
+    assert done.returncode == 0, done.stderr
+    view = json.loads(done.stdout)
+    expected = fleet_objects["expected"]
+    ours = {d["fabricDomain"]: d for d in view["domains"] if d["fabricDomain"] in expected}
+    assert ours == expected
+    ns = fleet_objects["computeDomainView"]["namespace"]
+    assert [cd for cd in view["computeDomains"] if cd["namespace"] == ns] == [
+        fleet_objects["computeDomainView"]
+    ]
+
+
+def test_fleet_table(control_plane: ControlPlane, fleet_objects: dict[str, Any]) -> None:
+    done = _fleet(control_plane)
+    assert done.returncode == 0, done.stderr
+    a = next(iter(fleet_objects["expected"]))
+    rows = [line.split() for line in done.stdout.splitlines()]
+    assert [a, GB200, "12", "11", "12", "3", "8", "2"] in rows
+    assert [a, "rdma", "6", "6", "6", "3", "3", "0"] in rows
+    # nodes, verified, largest fit, free GPUs on partial nodes, stranded by CD / by no NIC
+    assert [a, "3", "3", "1", "2", "2", "0"] in rows
+    ns = fleet_objects["computeDomainView"]["namespace"]
+    assert [f"{ns}/cd1", a, "True", fleet_objects["nodes"]["a3"]] in rows
+
+
+def test_controller_metrics_carry_the_same_numbers(
+    control_plane: ControlPlane, fleet_objects: dict[str, Any]
+) -> None:
+    registry = CollectorRegistry()
+    with control_plane.api_client() as api:
+        fleetmetrics.register(api, registry, min_interval=0)
+        text = generate_latest(registry).decode()
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+    a, b = list(fleet_objects["expected"])
+
+    def value(name: str, **labels: str) -> float:
+        return samples[(name, tuple(sorted(labels.items())))]
+
+    assert value("fabricdra_fleet_up") == 1
+    assert value("fabricdra_devices_allocated", fabric_domain=a, device_class=GB200) == 3
+    assert value("fabricdra_devices_free", fabric_domain=a, device_class=GB200) == 8
+    assert value("fabricdra_devices_published", fabric_domain=b, device_class="rdma") == 2
+    assert value("fabricdra_devices_healthy", fabric_domain=b, device_class="rdma") == 1
+    assert value("fabricdra_devices_verified", fabric_domain=b, device_class=GB200) == 4
+    stranded = "fabricdra_devices_stranded_gpus"
+    assert value(stranded, fabric_domain=a, device_class=GB200, reason="computeDomain") == 2
+    assert value(stranded, fabric_domain=b, device_class=GB200, reason="nicsUnavailable") == 4
+    assert value("fabricdra_fabric_domain_largest_fit_nodes", fabric_domain=a) == 1
+    assert value("fabricdra_fabric_domain_verified_nodes", fabric_domain=b) == 1

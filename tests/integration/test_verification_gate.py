@@ -1,0 +1,335 @@
+"""The verification gate against the real control plane: the node agent runs the probes over a
+kernel-shaped sysfs tree and recorded NVML answers, and publishes the gate. Each transition of
+docs/verification.md: new node -> unverified; pass -> offered; failed probe -> tainted;
+repair -> unverified again; manual override (recorded as such) — and the real kube-scheduler
+refuses a gated node's devices until the gate opens."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from kubernetes import client
+
+from e2e.harness.controlplane import ControlPlane, wait_for
+from fabricdra.api.rest import NODES, Rest
+from fabricdra.kubeletplugin.agent import Agent, AgentConfig
+from fabricdra.kubeletplugin.verification import Tools
+from tests.integration.dra_setup import installed  # noqa: F401 - a fixture
+from tests.integration.kubelethost import Host, build_host
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("installed")]
+
+T = TypeVar("T")
+UNVERIFIED = "fabricdra.io/unverified"
+LABEL = "fabricdra.io/verified"
+
+
+@dataclass
+class GatedNode:
+    name: str
+    host: Host
+    agent: Agent
+    api: Any
+    cp: ControlPlane
+
+    def snapshot(self) -> dict[str, Any]:
+        return dict(json.loads(self.host.nvml_snapshot.read_text()))
+
+    def write_snapshot(self, doc: dict[str, Any]) -> None:
+        self.host.nvml_snapshot.write_text(json.dumps(doc))
+
+    def sysfs(self, rel: str, value: str) -> None:
+        path = self.host.root / "sys" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(value + "\n")
+
+    def devices(self) -> dict[str, Any]:
+        slices = (
+            client.ResourceV1Api(self.api)
+            .list_resource_slice(field_selector=f"spec.nodeName={self.name}")
+            .items
+        )
+        return {d.name: d for s in slices for d in s.spec.devices or []}
+
+    def gate_taints(self) -> dict[str, str | None]:
+        """device -> the value of its unverified taint (None: no such taint)."""
+        return {
+            name: next((t.value for t in d.taints or [] if t.key == UNVERIFIED), None)
+            for name, d in self.devices().items()
+        }
+
+    def label(self) -> str | None:
+        labels = client.CoreV1Api(self.api).read_node(self.name).metadata.labels or {}
+        return labels.get(LABEL)
+
+    def verification(self) -> dict[str, Any]:
+        nd = client.CustomObjectsApi(self.api).get_cluster_custom_object(
+            "fabricdra.io", "v1alpha1", "nodedevices", self.name
+        )
+        return dict(nd.get("status", {}).get("verification", {}))
+
+
+@pytest.fixture
+def gated(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Callable[..., GatedNode]]:
+    apis: list[Any] = []
+
+    def make(*, nvlinks: bool = True, tools: Tools | None = None) -> GatedNode:
+        name = f"gate-{uuid.uuid4().hex[:8]}"
+        control_plane.create_node(name, labels={"kubernetes.io/hostname": name})
+        base = tmp_path / name
+        host = build_host(base / "host", vf_nics=(), broken_nics=(2,))
+        if not nvlinks:  # NVML that does not report NVLink state: the probe cannot run
+            doc = json.loads(host.nvml_snapshot.read_text())
+            for gpu in doc.values():
+                gpu.pop("nvlinks")
+            host.nvml_snapshot.write_text(json.dumps(doc))
+        config = AgentConfig(
+            node_name=name,
+            sysfs_root=host.root / "sys",
+            nvml_snapshot=host.nvml_snapshot,
+            cdi_dir=base / "cdi",
+            toolkit_cdi_dirs=(),
+            plugin_dir=base / "plugin",
+            registry_dir=base / "registry",
+            state_dir=base / "state",
+            dev_root=host.layout.dev_root,
+            proc_root=host.layout.proc_root,
+            verify_tools=tools or Tools(path=""),
+        )
+        api = control_plane.api_client()
+        apis.append(api)
+        return GatedNode(name, host, Agent(config, api), api, control_plane)
+
+    yield make
+    for api in apis:
+        api.close()
+
+
+def _eventually(check: Callable[[], T | None], what: str) -> T:
+    return wait_for(check, timeout=60, what=what)  # type: ignore[no-any-return]
+
+
+def test_a_new_node_is_unverified_until_a_run_passes(gated: Callable[..., GatedNode]) -> None:
+    node = gated(nvlinks=False)
+    node.agent.pass_once()
+    # new node -> unverified: every device tainted, no label, the reason recorded
+    taints = node.gate_taints()
+    assert taints
+    assert set(taints.values()) == {"unverified"}
+    assert node.label() is None
+    v = node.verification()
+    assert v["state"] == "Unverified"
+    assert v["passed"] is False
+    assert v["reason"].startswith("required probes did not run: nvlink on 0000:18:00.0")
+    assert {p["outcome"] for p in v["probes"] if p["probe"] == "nvlink"} == {"NotRun"}
+
+    # NVML now answers (e.g. the driver came up); a rerun passes -> offered
+    doc = node.snapshot()
+    for gpu in doc.values():
+        gpu["nvlinks"] = [{"link": k, "active": True} for k in range(18)]
+    node.write_snapshot(doc)
+    node.agent.request_verification()
+    node.agent.pass_once()
+    assert set(node.gate_taints().values()) == {None}
+    assert node.label() == "true"
+    v = node.verification()
+    assert v["state"] == "Verified"
+    assert v["passed"] is True
+    nvlink = [p for p in v["probes"] if p["probe"] == "nvlink"]
+    assert len(nvlink) == 8
+    assert {(p["outcome"], p["measured"], p["expected"]) for p in nvlink} == {
+        ("Passed", "18 of 18 links active", "at least 18 active links")
+    }
+    # An unchanged node: the next pass writes nothing (no rerun before the schedule).
+    rv = client.CustomObjectsApi(node.api).get_cluster_custom_object(
+        "fabricdra.io", "v1alpha1", "nodedevices", node.name
+    )["metadata"]["resourceVersion"]
+    node.agent.pass_once()
+    again = client.CustomObjectsApi(node.api).get_cluster_custom_object(
+        "fabricdra.io", "v1alpha1", "nodedevices", node.name
+    )
+    assert again["metadata"]["resourceVersion"] == rv
+
+
+def test_a_failed_probe_taints_every_device(gated: Callable[..., GatedNode]) -> None:
+    node = gated()
+    node.agent.pass_once()
+    assert node.verification()["state"] == "Verified"
+    assert node.label() == "true"
+
+    gpu = node.host.hgx.gpus[5]
+    node.sysfs(f"bus/pci/devices/{gpu}/current_link_width", "8")
+    node.agent.request_verification()
+    node.agent.pass_once()
+    assert set(node.gate_taints().values()) == {"failed"}
+    assert node.label() is None
+    v = node.verification()
+    assert v["state"] == "Failed"
+    [failed] = [p for p in v["probes"] if p["outcome"] == "Failed"]
+    assert failed["probe"] == "pcie-link"
+    assert failed["device"] == gpu
+    assert failed["measured"] == "x8 32.0 GT/s PCIe (max x16 32.0 GT/s PCIe)"
+    assert v["reason"] == f"failed: pcie-link on {gpu}"
+
+
+def test_a_repair_makes_the_node_unverified_until_the_new_run_passes(
+    gated: Callable[..., GatedNode], tmp_path: Path
+) -> None:
+    # nvbandwidth that holds until released: the window while the post-repair run goes on.
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    release = tmp_path / "release"
+    matrix = "\n".join(
+        ["        " + "  ".join(str(c) for c in range(8))]
+        + [f"{r} " + "  ".join("N/A" if r == c else "390.0" for c in range(8)) for r in range(8)]
+    )
+    script = tools / "nvbandwidth"
+    script.write_text(
+        f"#!/bin/sh\nwhile [ ! -e {release} ]; do sleep 0.05; done\ncat <<'EOF'\n{matrix}\nEOF\n"
+    )
+    script.chmod(0o755)
+    release.touch()
+    node = gated(tools=Tools(path=str(tools)))
+    node.sysfs("module/nvidia/version", "570.86.15")
+    node.agent.pass_once()
+    first = node.verification()
+    assert first["state"] == "Verified"
+    [bw] = [p for p in first["probes"] if p["probe"] == "gpu-bandwidth"]
+    assert bw["outcome"] == "Passed"
+
+    # The repair: GPU 3 swapped for another board (a new UUID) and the driver upgraded.
+    release.unlink()
+    doc = node.snapshot()
+    doc[node.host.hgx.gpus[3]]["uuid"] = "GPU-00000003-aaaa-4c1a-9f3e-bbbbbbbbbbbb"
+    node.write_snapshot(doc)
+    node.sysfs("module/nvidia/version", "580.65.06")
+    passing = threading.Thread(target=node.agent.pass_once)
+    passing.start()
+    try:
+        v = _eventually(
+            lambda: (lambda s: s if s.get("state") == "Unverified" else None)(node.verification()),
+            "the repaired node unverified",
+        )
+        assert "changed since the last run" in v["reason"]
+        assert v["fingerprint"] == first["fingerprint"]  # the old run, no longer speaking
+        assert set(node.gate_taints().values()) == {"unverified"}
+        assert node.label() is None
+    finally:
+        release.touch()
+        passing.join(timeout=60)
+    assert not passing.is_alive()
+    v = node.verification()
+    assert v["state"] == "Verified"
+    assert v["fingerprint"] != first["fingerprint"]
+    assert set(node.gate_taints().values()) == {None}
+    assert node.label() == "true"
+
+
+def _fabricdra(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fabricdra.cli", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+
+
+def test_a_manual_override_opens_the_gate_and_is_recorded(
+    gated: Callable[..., GatedNode],
+) -> None:
+    node = gated()
+    node.sysfs(f"bus/pci/devices/{node.host.hgx.nics[0]}/current_link_speed", "8.0 GT/s PCIe")
+    node.agent.pass_once()
+    assert node.verification()["state"] == "Failed"
+
+    kubeconfig = str(node.cp.kubeconfig)
+    done = _fabricdra(
+        "verify", "--override", node.name, "--reason", "RMA-4411 vendor", "--kubeconfig", kubeconfig
+    )
+    assert done.returncode == 0, done.stderr
+    node.agent.pass_once()
+    v = node.verification()
+    assert v["state"] == "Overridden"
+    assert v["override"]["reason"] == "RMA-4411 vendor"
+    assert v["override"]["by"]
+    assert v["reason"] == "marked verified by hand: RMA-4411 vendor"
+    assert v["passed"] is False  # the failed run stays on record next to the override
+    assert set(node.gate_taints().values()) == {None}
+    assert node.label() == "true"
+
+    assert _fabricdra("verify", "--clear-override", node.name, "--kubeconfig", kubeconfig)
+    node.agent.pass_once()
+    assert node.verification()["state"] == "Failed"
+    assert "override" not in node.verification()
+    assert set(node.gate_taints().values()) == {"failed"}
+    assert node.label() is None
+    annotations = Rest(node.api).get(NODES, node.name)["metadata"].get("annotations") or {}
+    assert "fabricdra.io/verification-override" not in annotations
+
+
+def test_the_scheduler_offers_a_gated_nodes_devices_only_once_verified(
+    gated: Callable[..., GatedNode],
+) -> None:
+    node = gated(nvlinks=False)
+    node.agent.pass_once()
+    assert node.verification()["state"] == "Unverified"
+    ns = f"gate-{uuid.uuid4().hex[:6]}"
+    node.cp.create_namespace(ns)
+    claim = {
+        "metadata": {"name": "one-gpu"},
+        "spec": {
+            "devices": {
+                "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.fabricdra.io"}}]
+            }
+        },
+    }
+    pod = {
+        "metadata": {"name": "workload"},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node.name},
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": "one-gpu"}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"claims": [{"name": "gpu"}]},
+                }
+            ],
+        },
+    }
+    resource = client.ResourceV1Api(node.api)
+    core = client.CoreV1Api(node.api)
+    resource.create_namespaced_resource_claim(ns, claim)
+    core.create_namespaced_pod(ns, pod)
+
+    def unschedulable() -> bool:
+        conds = core.read_namespaced_pod("workload", ns).status.conditions or []
+        return any(c.type == "PodScheduled" and c.reason == "Unschedulable" for c in conds)
+
+    _eventually(unschedulable, "the scheduler refusing the unverified node")
+    assert core.read_namespaced_pod("workload", ns).spec.node_name is None
+
+    done = _fabricdra(
+        "verify", "--override", node.name, "--reason", "burn-in passed offline",
+        "--kubeconfig", str(node.cp.kubeconfig),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    node.agent.pass_once()
+    bound = _eventually(
+        lambda: core.read_namespaced_pod("workload", ns).spec.node_name, "the pod scheduled"
+    )
+    assert bound == node.name
+    allocated = resource.read_namespaced_resource_claim("one-gpu", ns)
+    [result] = allocated.status.allocation.devices.results
+    assert result.pool == node.name
+    assert result.device.startswith("gpu-")
