@@ -47,6 +47,7 @@ bench: venv cluster-binaries
 	$(BIN)/python -m bench.discovery
 	$(BIN)/python -m bench.prepare
 	$(BIN)/python -m bench.controller
+	$(BIN)/python -m bench.fleet
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

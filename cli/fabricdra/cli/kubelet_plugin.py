@@ -111,6 +111,26 @@ def register(sub: Any) -> None:
         "default: NVML only [FABRICDRA_DCGM_EXPORTER_URL]",
     )
     a(
+        "--verification-gate",
+        default=_env("VERIFICATION_GATE", "on"),
+        choices=["on", "off"],
+        help="offer devices only after a verification run passed (docs/verification.md); "
+        "off trusts discovery [FABRICDRA_VERIFICATION_GATE]",
+    )
+    a(
+        "--verify-interval",
+        type=float,
+        default=float(_env("VERIFY_INTERVAL", "86400") or 0),
+        help="seconds between verification runs on an unchanged node (default 86400; 0: only "
+        "at start-up and after a change) [FABRICDRA_VERIFY_INTERVAL]",
+    )
+    a(
+        "--verify-tools-path",
+        default=_env("VERIFY_TOOLS_PATH"),
+        help="where nvbandwidth and ib_write_bw are looked up (PATH syntax; default: $PATH) "
+        "[FABRICDRA_VERIFY_TOOLS_PATH]",
+    )
+    a(
         "--plugin-log-level",
         dest="plugin_log_level",
         default=_env("LOG_LEVEL"),
@@ -123,11 +143,14 @@ def register(sub: Any) -> None:
 def build_config(args: argparse.Namespace) -> Any:
     from fabricdra.kubeletplugin.agent import AgentConfig
     from fabricdra.kubeletplugin.devices import DeviceConfig
+    from fabricdra.kubeletplugin.verification import Tools
 
     if not args.node_name:
         raise UsageError("--node-name (or FABRICDRA_NODE_NAME) is required")
     if args.discovery_interval <= 0:
         raise UsageError(f"--discovery-interval must be positive, not {args.discovery_interval}")
+    if args.verify_interval < 0:
+        raise UsageError(f"--verify-interval must be 0 or positive, not {args.verify_interval}")
     try:
         devices = DeviceConfig(args.rdma_mode, args.rdma_shared_holders)
     except ValueError as e:
@@ -148,6 +171,9 @@ def build_config(args: argparse.Namespace) -> Any:
         dcgm_url=args.dcgm_exporter_url or None,
         metrics_port=args.metrics_port or None,
         resource_model=args.resource_model,
+        verification_gate=args.verification_gate == "on",
+        verify_interval=args.verify_interval,
+        verify_tools=Tools(path=args.verify_tools_path or None),
     )
 
 
