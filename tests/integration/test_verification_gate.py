@@ -278,7 +278,7 @@ def test_a_manual_override_opens_the_gate_and_is_recorded(
 
 
 def test_the_scheduler_offers_a_gated_nodes_devices_only_once_verified(
-    gated: Callable[..., GatedNode],
+    gated: Callable[..., GatedNode], kube_scheduler: Any
 ) -> None:
     node = gated(nvlinks=False)
     node.agent.pass_once()
@@ -312,12 +312,18 @@ def test_the_scheduler_offers_a_gated_nodes_devices_only_once_verified(
     resource.create_namespaced_resource_claim(ns, claim)
     core.create_namespaced_pod(ns, pod)
 
-    def unschedulable() -> bool:
-        conds = core.read_namespaced_pod("workload", ns).status.conditions or []
-        return any(c.type == "PodScheduled" and c.reason == "Unschedulable" for c in conds)
+    def decided() -> str | None:
+        """The scheduler's answer: the node it bound to, or its Unschedulable message."""
+        p = core.read_namespaced_pod("workload", ns)
+        if p.spec.node_name:
+            return f"bound to {p.spec.node_name}"
+        for c in p.status.conditions or []:
+            if c.type == "PodScheduled" and c.reason == "Unschedulable":
+                return f"unschedulable: {c.message}"
+        return None
 
-    _eventually(unschedulable, "the scheduler refusing the unverified node")
-    assert core.read_namespaced_pod("workload", ns).spec.node_name is None
+    answer = _eventually(decided, "the scheduler's answer for the unverified node")
+    assert answer.startswith("unschedulable"), answer
 
     done = _fabricdra(
         "verify", "--override", node.name, "--reason", "burn-in passed offline",

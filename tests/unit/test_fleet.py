@@ -54,3 +54,26 @@ def test_an_unreachable_api_publishes_no_numbers() -> None:
         text = generate_latest(registry).decode()
     assert "fabricdra_fleet_up 0.0" in text
     assert "fabricdra_devices_" not in text  # a failed read is never published as zeros
+
+
+def test_the_dashboard_queries_only_metrics_the_controller_serves() -> None:
+    import json
+    import re
+    from pathlib import Path
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from fabricdra.controller import fleetmetrics
+
+    dashboard = Path(__file__).resolve().parents[2] / "charts/fabricdra/dashboards/fleet.json"
+    doc = json.loads(dashboard.read_text())
+    exprs = [t["expr"] for p in doc["panels"] for t in p["targets"]]
+    used = set(re.findall(r"\b(fabricdra_[a-z_]+)", " ".join(exprs)))
+    # What the collector serves, from a fleet computed over the hand-counted scenario.
+    s = scenario("x", "team-a")
+    view = fleet(s["slices"], s["claims"], s["nodeDevices"], [])
+    registry = CollectorRegistry()
+    registry.register(fleetmetrics.FleetCollector(lambda: view))
+    served = set(re.findall(r"^(fabricdra_[a-z_]+)", generate_latest(registry).decode(), re.M))
+    assert used
+    assert used <= served, used - served

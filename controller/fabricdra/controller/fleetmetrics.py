@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import structlog
@@ -49,8 +49,8 @@ def read_fleet(rest: Rest) -> Fleet:
 
 
 class FleetCollector(Collector):
-    def __init__(self, rest: Rest, min_interval: float = 15.0) -> None:
-        self.rest = rest
+    def __init__(self, read: Callable[[], Fleet], min_interval: float = 15.0) -> None:
+        self.read = read  # normally read_fleet over the controller's API client
         self.min_interval = min_interval
         self._lock = threading.Lock()
         self._cached: tuple[float, Fleet | None] = (float("-inf"), None)
@@ -64,7 +64,7 @@ class FleetCollector(Collector):
             if time.monotonic() - at < self.min_interval:
                 return cached
             try:
-                current: Fleet | None = read_fleet(self.rest)
+                current: Fleet | None = self.read()
             except Exception as e:  # the API may be down: say so, publish no numbers
                 log.error("fleet view unreadable", error=str(e))
                 current = None
@@ -124,6 +124,7 @@ class FleetCollector(Collector):
 
 
 def register(api: Any, registry: CollectorRegistry, min_interval: float = 15.0) -> FleetCollector:
-    collector = FleetCollector(Rest(api), min_interval)
+    rest = Rest(api)
+    collector = FleetCollector(lambda: read_fleet(rest), min_interval)
     registry.register(collector)
     return collector
