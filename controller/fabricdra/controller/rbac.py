@@ -19,6 +19,8 @@ CONTROLLER: list[Rule] = [
         "verbs": ["get", "list", "watch", "patch"],
     },
     {"apiGroups": [cd.GROUP], "resources": ["computedomains/status"], "verbs": ["get", "patch"]},
+    # The fleet metrics (fleetmetrics.py) read every node's verification record.
+    {"apiGroups": [cd.GROUP], "resources": ["nodedevices"], "verbs": ["list"]},
     {
         "apiGroups": ["resource.k8s.io"],
         "resources": ["resourceclaimtemplates"],
