@@ -82,11 +82,14 @@ class GatedNode:
 def gated(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Callable[..., GatedNode]]:
     apis: list[Any] = []
 
-    def make(*, nvlinks: bool = True, tools: Tools | None = None) -> GatedNode:
+    def make(
+        *, nvlinks: bool = True, tools: Tools | None = None, broken_nic: bool = True
+    ) -> GatedNode:
         name = f"gate-{uuid.uuid4().hex[:8]}"
         control_plane.create_node(name, labels={"kubernetes.io/hostname": name})
         base = tmp_path / name
-        host = build_host(base / "host", vf_nics=(), broken_nics=(2,))
+        # NIC 2's link is down (a Skipped device) unless asked otherwise.
+        host = build_host(base / "host", vf_nics=(), broken_nics=(2,) if broken_nic else ())
         if not nvlinks:  # NVML that does not report NVLink state: the probe cannot run
             doc = json.loads(host.nvml_snapshot.read_text())
             for gpu in doc.values():
@@ -158,6 +161,33 @@ def test_a_new_node_is_unverified_until_a_run_passes(gated: Callable[..., GatedN
         "fabricdra.io", "v1alpha1", "nodedevices", node.name
     )
     assert again["metadata"]["resourceVersion"] == rv
+
+
+def test_a_restarted_agent_keeps_the_recorded_run(gated: Callable[..., GatedNode]) -> None:
+    # No failed link: a restarted agent re-stamps a failure's first-seen time (health, not
+    # verification), which would rewrite the slices for a reason of its own.
+    node = gated(broken_nic=False)
+    node.agent.pass_once()
+    before = node.verification()
+    assert before["state"] == "Verified"
+    versions = {
+        s.metadata.name: s.metadata.resource_version
+        for s in client.ResourceV1Api(node.api)
+        .list_resource_slice(field_selector=f"spec.nodeName={node.name}")
+        .items
+    }
+    restarted = Agent(node.agent.config, node.api)
+    restarted.pass_once()
+    # No rerun before the schedule, no re-taint: the slices and the record are untouched.
+    assert node.verification() == before
+    assert {
+        s.metadata.name: s.metadata.resource_version
+        for s in client.ResourceV1Api(node.api)
+        .list_resource_slice(field_selector=f"spec.nodeName={node.name}")
+        .items
+    } == versions
+    assert restarted.verification.last_run is not None
+    assert restarted.verification.last_run.fingerprint == before["fingerprint"]
 
 
 def test_a_failed_probe_taints_every_device(gated: Callable[..., GatedNode]) -> None:
