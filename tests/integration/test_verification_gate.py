@@ -13,16 +13,21 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 from kubernetes import client
+from prometheus_client import generate_latest
 
 from e2e.harness.controlplane import ControlPlane, wait_for
 from fabricdra.api.rest import NODES, Rest
+from fabricdra.kubeletplugin import metrics as agent_metrics
 from fabricdra.kubeletplugin.agent import Agent, AgentConfig
-from fabricdra.kubeletplugin.verification import Tools
+from fabricdra.kubeletplugin.publisher import NodePublisher
+from fabricdra.kubeletplugin.resourceslices import ApiFeatures
+from fabricdra.kubeletplugin.verification import GateInput, Tools, VerificationRun
 from tests.integration.dra_setup import installed  # noqa: F401 - a fixture
 from tests.integration.kubelethost import Host, build_host
 
@@ -83,7 +88,11 @@ def gated(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Callable[...,
     apis: list[Any] = []
 
     def make(
-        *, nvlinks: bool = True, tools: Tools | None = None, broken_nic: bool = True
+        *,
+        nvlinks: bool = True,
+        tools: Tools | None = None,
+        broken_nic: bool = True,
+        gate: bool = True,
     ) -> GatedNode:
         name = f"gate-{uuid.uuid4().hex[:8]}"
         control_plane.create_node(name, labels={"kubernetes.io/hostname": name})
@@ -107,6 +116,7 @@ def gated(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Callable[...,
             dev_root=host.layout.dev_root,
             proc_root=host.layout.proc_root,
             verify_tools=tools or Tools(path=""),
+            verification_gate=gate,
         )
         api = control_plane.api_client()
         apis.append(api)
@@ -188,6 +198,24 @@ def test_a_restarted_agent_keeps_the_recorded_run(gated: Callable[..., GatedNode
     } == versions
     assert restarted.verification.last_run is not None
     assert restarted.verification.last_run.fingerprint == before["fingerprint"]
+
+
+def test_with_the_gate_off_discovery_is_trusted(gated: Callable[..., GatedNode]) -> None:
+    node = gated(nvlinks=False, gate=False)  # would be Unverified with the gate on
+    node.agent.pass_once()
+    assert set(node.gate_taints().values()) == {None}
+    assert node.label() is None
+    assert node.verification() == {}
+
+
+def test_the_agent_serves_the_gate_state_as_metrics(gated: Callable[..., GatedNode]) -> None:
+    node = gated(nvlinks=False)
+    node.agent.pass_once()
+    text = generate_latest(agent_metrics.REGISTRY).decode()
+    assert 'fabricdra_verification_state{state="Unverified"} 1.0' in text
+    assert 'fabricdra_verification_state{state="Verified"} 0.0' in text
+    assert 'fabricdra_verification_probe_results{outcome="NotRun",probe="nvlink"} 8.0' in text
+    assert 'fabricdra_verification_probe_results{outcome="Passed",probe="pcie-link"} 15.0' in text
 
 
 def test_a_failed_probe_taints_every_device(gated: Callable[..., GatedNode]) -> None:
@@ -307,14 +335,11 @@ def test_a_manual_override_opens_the_gate_and_is_recorded(
     assert "fabricdra.io/verification-override" not in annotations
 
 
-def test_the_scheduler_offers_a_gated_nodes_devices_only_once_verified(
-    gated: Callable[..., GatedNode], kube_scheduler: Any
-) -> None:
-    node = gated(nvlinks=False)
-    node.agent.pass_once()
-    assert node.verification()["state"] == "Unverified"
+def _request_one_gpu(api: Any, cp: ControlPlane, node: str) -> Callable[[], str | None]:
+    """A claim for one GPU and a pod pinned to `node`; returns the scheduler's answer probe:
+    the node it bound to, or its Unschedulable message (None while undecided)."""
     ns = f"gate-{uuid.uuid4().hex[:6]}"
-    node.cp.create_namespace(ns)
+    cp.create_namespace(ns)
     claim = {
         "metadata": {"name": "one-gpu"},
         "spec": {
@@ -326,7 +351,7 @@ def test_the_scheduler_offers_a_gated_nodes_devices_only_once_verified(
     pod = {
         "metadata": {"name": "workload"},
         "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": node.name},
+            "nodeSelector": {"kubernetes.io/hostname": node},
             "resourceClaims": [{"name": "gpu", "resourceClaimName": "one-gpu"}],
             "containers": [
                 {
@@ -337,13 +362,11 @@ def test_the_scheduler_offers_a_gated_nodes_devices_only_once_verified(
             ],
         },
     }
-    resource = client.ResourceV1Api(node.api)
-    core = client.CoreV1Api(node.api)
-    resource.create_namespaced_resource_claim(ns, claim)
+    client.ResourceV1Api(api).create_namespaced_resource_claim(ns, claim)
+    core = client.CoreV1Api(api)
     core.create_namespaced_pod(ns, pod)
 
     def decided() -> str | None:
-        """The scheduler's answer: the node it bound to, or its Unschedulable message."""
         p = core.read_namespaced_pod("workload", ns)
         if p.spec.node_name:
             return f"bound to {p.spec.node_name}"
@@ -352,6 +375,55 @@ def test_the_scheduler_offers_a_gated_nodes_devices_only_once_verified(
                 return f"unschedulable: {c.message}"
         return None
 
+    return decided
+
+
+def _bound(answer: Callable[[], str | None]) -> Callable[[], str | None]:
+    """Waits past an earlier Unschedulable answer for the binding."""
+
+    def check() -> str | None:
+        a = answer()
+        return a if a is not None and a.startswith("bound") else None
+
+    return check
+
+
+def test_the_basic_model_gates_through_the_deviceclasses(
+    control_plane: ControlPlane, kube_scheduler: Any, tmp_path: Path
+) -> None:
+    """1.34/1.35: no device taints; `verified: false` and the DeviceClasses' selector."""
+    name = f"gate-basic-{uuid.uuid4().hex[:6]}"
+    control_plane.create_node(name, labels={"kubernetes.io/hostname": name})
+    host = build_host(tmp_path / "host", vf_nics=())
+    d = host.discovery
+    with control_plane.api_client() as api:
+        publisher = NodePublisher(api, name, features=ApiFeatures("basic"))
+        inventory = host.inventory()
+        assert publisher.sync(d, inventory, GateInput(None, "fp")).ok
+        devices = {
+            dev.name: dev
+            for sl in client.ResourceV1Api(api)
+            .list_resource_slice(field_selector=f"spec.nodeName={name}")
+            .items
+            for dev in sl.spec.devices or []
+        }
+        assert {dev.attributes["verified"].bool for dev in devices.values()} == {False}
+        assert all(not dev.taints for dev in devices.values())
+        answer = _request_one_gpu(api, control_plane, name)
+        assert _eventually(answer, "the scheduler's answer").startswith("unschedulable")
+
+        run = VerificationRun(datetime.now(UTC), "fp", [], True, "passed")
+        assert publisher.sync(d, inventory, GateInput(run, "fp")).ok
+        assert _eventually(_bound(answer), "the pod scheduled") == f"bound to {name}"
+
+
+def test_the_scheduler_offers_a_gated_nodes_devices_only_once_verified(
+    gated: Callable[..., GatedNode], kube_scheduler: Any
+) -> None:
+    node = gated(nvlinks=False)
+    node.agent.pass_once()
+    assert node.verification()["state"] == "Unverified"
+    decided = _request_one_gpu(node.api, node.cp, node.name)
     answer = _eventually(decided, "the scheduler's answer for the unverified node")
     assert answer.startswith("unschedulable"), answer
 
@@ -361,11 +433,4 @@ def test_the_scheduler_offers_a_gated_nodes_devices_only_once_verified(
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     node.agent.pass_once()
-    bound = _eventually(
-        lambda: core.read_namespaced_pod("workload", ns).spec.node_name, "the pod scheduled"
-    )
-    assert bound == node.name
-    allocated = resource.read_namespaced_resource_claim("one-gpu", ns)
-    [result] = allocated.status.allocation.devices.results
-    assert result.pool == node.name
-    assert result.device.startswith("gpu-")
+    assert _eventually(_bound(decided), "the pod scheduled") == f"bound to {node.name}"
