@@ -5,6 +5,7 @@ every number checked against the hand count in tests/fleetdata.py."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import uuid
@@ -121,3 +122,25 @@ def test_controller_metrics_carry_the_same_numbers(
     assert value(stranded, fabric_domain=b, device_class=GB200, reason="nicsUnavailable") == 4
     assert value("fabricdra_fabric_domain_largest_fit_nodes", fabric_domain=a) == 1
     assert value("fabricdra_fabric_domain_verified_nodes", fabric_domain=b) == 1
+
+
+def test_fleet_watch_prints_again_until_interrupted(
+    control_plane: ControlPlane, fleet_objects: dict[str, Any]
+) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fabricdra.cli", "fleet", "--kubeconfig",
+         str(control_plane.kubeconfig), "--watch", "--interval", "0.2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    headers = 0
+    try:
+        for line in proc.stdout:
+            headers += line.startswith("--- ")
+            if headers == 2:  # a second view printed: --watch repeats
+                break
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=30)
+    assert headers == 2
+    assert proc.returncode == 0, err
