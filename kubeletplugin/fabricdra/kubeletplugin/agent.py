@@ -13,7 +13,15 @@ registration — kubelet deletes the node's slices when it starts):
    a pass that changes nothing writes nothing, and slices kubelet deleted come back);
 5. the health stream snapshot (Unhealthy/healed devices reach kubelet at once).
 The first pass runs before the sockets open, so kubelet never reaches a plugin without an
-inventory. Discovery or API failures are logged and the previous state kept; the loop goes on.
+inventory. After each registration, passes also run `REGISTRATION_RECHECKS` seconds later:
+kubelet wipes the node's slices in the background when it starts, and that wipe can land
+after the pass the registration triggered; the recheck brings the slices back within seconds
+instead of one discovery period.
+
+Claim hygiene: at start-up the checkpoint drops entries of another boot (their spec files are
+removed); every `sweep_interval` seconds claims checkpointed here that no longer exist in the
+API are unprepared (`DevicesDriver.sweep`). Discovery or API failures are logged and the
+previous state kept; the loop goes on.
 """
 
 from __future__ import annotations
@@ -36,11 +44,13 @@ from .health import DcgmState, gpu_health, keep_unhealthy
 from .hostdevices import HostLayout
 from .kubelet import DeviceHealth, HealthBroadcaster, PluginPaths, PluginServer
 from .kubelet.cdi import CdiWriter
-from .kubelet.checkpoint import Checkpoint
+from .kubelet.checkpoint import Checkpoint, current_boot_id
 from .nvidiacdi import DEFAULT_SPEC_DIRS, ToolkitSpecs
 from .prepare import CDI_KIND, DRIVER_NAME, ApiClaimReader, ClaimReader, DevicesDriver
 
 log = structlog.get_logger("fabricdra.agent")
+
+REGISTRATION_RECHECKS = (2.0, 5.0, 15.0)  # seconds after a registration: extra passes
 
 
 class Publisher(Protocol):
@@ -65,6 +75,7 @@ class AgentConfig:
     metrics_port: int | None = None  # None or 0: no metrics HTTP server
     metrics_address: str = "0.0.0.0"
     health_resend_seconds: float = 10.0
+    sweep_interval: float = 600.0  # seconds between sweeps of claims gone from the API
     # "auto": from the API server's version; "current"/"basic" override it (docs/attributes.md).
     resource_model: Literal["auto", "current", "basic"] = "auto"
 
@@ -103,14 +114,18 @@ class Agent:
         self.inventory = DeviceInventory(())
         self.previous: Previous | None = None
         self.wake = threading.Event()
+        self._rechecks: list[float] = []  # monotonic times of extra passes still due
+        reader = ApiClaimReader(api)
+        checkpoint = Checkpoint(config.checkpoint_path, boot_id=current_boot_id())
         self.driver = DevicesDriver(
             node_name=config.node_name,
             inventory=lambda: self.inventory,
-            claims=claims or ApiClaimReader(api),
+            claims=claims or reader,
             cdi=CdiWriter(config.cdi_dir, CDI_KIND),
-            checkpoint=Checkpoint(config.checkpoint_path),
+            checkpoint=checkpoint,
             host=HostLayout(config.dev_root, config.proc_root, config.sysfs_root),
             toolkit=ToolkitSpecs(config.toolkit_cdi_dirs),
+            events=reader,
         )
         self.server = PluginServer(
             self.driver,
@@ -118,8 +133,14 @@ class Agent:
                 DRIVER_NAME, registry_dir=config.registry_dir, plugin_dir=config.plugin_dir
             ),
             health=self.health,
-            on_registration=lambda status: self.wake.set() if status.registered else None,
+            on_registration=self._registered,
         )
+
+    def _registered(self, status: Any) -> None:
+        if status.registered:
+            now = time.monotonic()
+            self._rechecks = [now + d for d in REGISTRATION_RECHECKS]
+            self.wake.set()
 
     def pass_once(self) -> DeviceInventory:
         """One discovery + publish pass; returns the inventory it swapped in."""
@@ -173,18 +194,33 @@ class Agent:
     def _serve(self, stop: threading.Event) -> None:
         self.pass_once()
         self.server.start()
+        next_sweep = time.monotonic() + self.config.sweep_interval
         try:
             while not stop.is_set():
-                self.wake.wait(self.config.discovery_interval)
+                self.wake.wait(self._until_next_pass())
                 self.wake.clear()
                 if stop.is_set():
                     break
+                now = time.monotonic()
+                self._rechecks = [t for t in self._rechecks if t > now]
                 try:
                     self.pass_once()
                 except Exception:
                     log.exception("discovery pass failed")
+                if now >= next_sweep:
+                    next_sweep = now + self.config.sweep_interval
+                    try:
+                        self.driver.sweep()
+                    except Exception:
+                        log.exception("claim sweep failed")
         finally:
             self.server.stop()
+
+    def _until_next_pass(self) -> float:
+        wait = self.config.discovery_interval
+        if self._rechecks:
+            wait = min(wait, max(0.0, min(self._rechecks) - time.monotonic()))
+        return wait
 
     def stop_event_wakes(self, stop: threading.Event) -> None:
         """Make `stop` also end the wait between passes (call from the signal handler)."""
