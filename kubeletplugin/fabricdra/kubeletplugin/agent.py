@@ -36,7 +36,14 @@ import structlog
 from prometheus_client import start_http_server
 
 from . import metrics
-from .devices import DeviceConfig, DeviceInventory, GpuHealth, build_devices, holder_name
+from .devices import (
+    DeviceConfig,
+    DeviceInventory,
+    GpuHealth,
+    build_devices,
+    gpu_info,
+    holder_name,
+)
 from .discovery.node import Discovery, NvmlSource, Previous, discover
 from .discovery.nvml import load_snapshot, read_live
 from .discovery.sysfs import SysfsTree
@@ -160,7 +167,11 @@ class Agent:
         )
         self._gpu_health = gpus
         inventory = build_devices(
-            discovery.interfaces or [], discovery.accelerators or [], self.config.devices, gpus
+            discovery.interfaces or [],
+            discovery.accelerators or [],
+            self.config.devices,
+            gpus,
+            gpu_info(discovery.nvml),
         )
         self.inventory = inventory
         metrics.DISCOVERY_SECONDS.observe(time.perf_counter() - start)
