@@ -122,6 +122,7 @@ class Agent:
         self.previous: Previous | None = None
         self.wake = threading.Event()
         self._rechecks: list[float] = []  # monotonic times of extra passes still due
+        self.passes = 0  # discovery passes done
         reader = ApiClaimReader(api)
         checkpoint = Checkpoint(config.checkpoint_path, boot_id=current_boot_id())
         self.driver = DevicesDriver(
@@ -175,6 +176,7 @@ class Agent:
         )
         self.inventory = inventory
         metrics.DISCOVERY_SECONDS.observe(time.perf_counter() - start)
+        self.passes += 1
         self.previous = Previous(discovery.interfaces, discovery.accelerators)
         self.health.publish(health_reports(self.config.node_name, inventory))
         _count_devices(inventory)
@@ -202,7 +204,25 @@ class Agent:
                 http.shutdown()
                 http.server_close()
 
+    def seed_history(self) -> None:
+        """Start from the link history this node last published (NodeDevices), so a failure's
+        first-seen time — the taint's timeAdded — survives a plugin restart. Best effort: an
+        unreadable record means starting afresh, as before."""
+        recorded = getattr(self.publisher, "recorded_interfaces", None)
+        if self.previous is not None or recorded is None:
+            return
+        try:
+            interfaces = recorded()
+        except Exception as e:
+            log.warning(
+                "cannot read the published NodeDevices; link history starts now", error=str(e)
+            )
+            return
+        if interfaces is not None:
+            self.previous = Previous(interfaces, None)
+
     def _serve(self, stop: threading.Event) -> None:
+        self.seed_history()
         self.pass_once()
         self.server.start()
         next_sweep = time.monotonic() + self.config.sweep_interval

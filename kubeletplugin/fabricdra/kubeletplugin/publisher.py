@@ -35,7 +35,7 @@ from typing import Any
 import structlog
 
 from fabricdra.api import labels as label_keys
-from fabricdra.api.inventory import group_accelerators
+from fabricdra.api.inventory import Interface, group_accelerators
 from fabricdra.api.nodedevices import API_VERSION as ND_API_VERSION
 from fabricdra.api.nodedevices import KIND as ND_KIND
 from fabricdra.api.nodedevices import PLURAL as ND_PLURAL
@@ -216,6 +216,13 @@ class NodePublisher:
             )
 
     # -- NodeDevices ----------------------------------------------------------------------
+
+    def recorded_interfaces(self) -> list[Interface] | None:
+        """The interfaces of the live NodeDevices record (None: no record, or unreadable):
+        what a restarted plugin seeds its link history from, so a failure's first-seen time
+        survives the restart."""
+        spec = _parse_spec(self.rest.get_or_none(NODE_DEVICES, self.node_name))
+        return None if spec is None else spec.interfaces
 
     def _sync_node_devices(
         self, discovery: Discovery, owner: dict[str, Any] | None, result: SyncResult
