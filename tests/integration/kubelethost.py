@@ -127,6 +127,7 @@ def create_claim(
     results: list[dict[str, Any]],
     *,
     requests: tuple[str, ...] | None = None,
+    config: list[dict[str, Any]] | None = None,
 ) -> str:
     """A ResourceClaim whose allocation is written through the status subresource (as the
     scheduler does); returns its UID. `results` are allocation results (driver and pool
@@ -148,7 +149,11 @@ def create_claim(
         },
     }
     created = resource.create_namespaced_resource_claim(namespace, body)
-    allocation = {"devices": {"results": [{"driver": DRIVER, **r} for r in results]}}
+    allocation: dict[str, Any] = {
+        "devices": {"results": [{"driver": DRIVER, **r} for r in results]}
+    }
+    if config:  # the allocation's copy of the claim's and classes' configuration
+        allocation["devices"]["config"] = config
     resource.patch_namespaced_resource_claim_status(
         name, namespace, {"status": {"allocation": allocation}}
     )

@@ -475,6 +475,7 @@ def test_toolkit_ids_when_its_spec_is_on_the_host(
                 }
             )
         )
+        assert p.unprepare([(ns, "tk", uid)]).claims[uid].error == ""  # GPU0 is free again
         uid2 = create_claim(api, ns, "tk2", [result("gpu", GPU0)])
         resp2 = p.prepare([(ns, "tk2", uid2)]).claims[uid2]
         assert list(resp2.devices[0].cdi_device_ids) == [f"nvidia.com/gpu={uuid0}"]
@@ -561,6 +562,11 @@ def test_an_exclusive_device_is_never_prepared_for_a_second_claim(
 
 
 def test_admin_access_is_exempt_from_the_in_use_check(plugin: Plugin, api: Any, ns: str) -> None:
+    from kubernetes import client
+
+    # the API server allows admin access only in namespaces labelled for it
+    admin_label = {"resource.kubernetes.io/admin-access": "true"}
+    client.CoreV1Api(api).patch_namespace(ns, {"metadata": {"labels": admin_label}})
     user = create_claim(api, ns, "user", [result("nic", NIC1)])
     admin = create_claim(api, ns, "admin", [{**result("nic", NIC1), "adminAccess": True}])
     late = create_claim(api, ns, "late", [result("nic", NIC2)])
@@ -574,20 +580,9 @@ def test_admin_access_is_exempt_from_the_in_use_check(plugin: Plugin, api: Any, 
 
 
 def test_opaque_configuration_for_this_driver_is_refused(plugin: Plugin, api: Any, ns: str) -> None:
-    from kubernetes import client
-
     def with_config(name: str, config: list[dict[str, Any]]) -> str:
-        uid = create_claim(api, ns, name, [result("nic", NIC0)])
-        allocation = {
-            "devices": {
-                "results": [{"driver": DRIVER, **result("nic", NIC0)}],
-                "config": config,
-            }
-        }
-        client.ResourceV1Api(api).patch_namespaced_resource_claim_status(
-            name, ns, {"status": {"allocation": allocation}}
-        )
-        return uid
+        results = [result("nic", NIC0)]
+        return create_claim(api, ns, name, results, requests=("nic", "gpu"), config=config)
 
     def opaque(driver: str, requests: list[str] | None = None) -> dict[str, Any]:
         c: dict[str, Any] = {

@@ -70,6 +70,9 @@ class SyncResult:
         return not self.errors
 
 
+SLICE_ATTEMPTS = 3  # list-and-write rounds per pass when a slice write conflicts
+
+
 class NodePublisher:
     def __init__(
         self,
@@ -147,6 +150,22 @@ class NodePublisher:
         return self.features
 
     def _sync_slices(
+        self, devices: DeviceInventory, owner: dict[str, Any] | None, result: SyncResult
+    ) -> None:
+        """Bring the pool to the desired slices. A conflict (409: someone else wrote a slice
+        since we listed them, e.g. kubelet's wipe or another pod of ours during a rolling
+        update) midway through a rewrite would leave slices of two generations until the
+        next pass: the pass lists again and finishes the rewrite at once instead."""
+        for attempt in range(1, SLICE_ATTEMPTS + 1):
+            try:
+                self._sync_slices_once(devices, owner, result)
+                return
+            except ApiError as e:
+                if not e.conflict or attempt == SLICE_ATTEMPTS:
+                    raise
+                log.info("slice write conflicted; listing again", attempt=attempt, error=str(e))
+
+    def _sync_slices_once(
         self, devices: DeviceInventory, owner: dict[str, Any] | None, result: SyncResult
     ) -> None:
         features = self._features()
