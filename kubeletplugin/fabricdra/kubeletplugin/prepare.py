@@ -67,6 +67,7 @@ VOID_GPUS = "NVIDIA_VISIBLE_DEVICES=void"
 
 READ_BUDGET = 10.0  # seconds one claim read may take
 DEADLINE_MARGIN = 5.0  # seconds kept before kubelet's deadline to write and answer
+EVENT_BUDGET = 4.0  # seconds the advisory events of one prepare may take
 
 
 class ClaimReader(Protocol):
@@ -78,8 +79,9 @@ class ClaimReader(Protocol):
 
 
 class EventRecorder(Protocol):
-    def warn(self, claim: dict[str, Any], reason: str, message: str) -> None:
-        """Record a Warning event about the ResourceClaim `claim` (best effort)."""
+    def warn(self, claim: dict[str, Any], reason: str, message: str, timeout: float) -> None:
+        """Record a Warning event about the ResourceClaim `claim` (best effort, one attempt
+        within `timeout` seconds)."""
         ...
 
 
@@ -94,7 +96,7 @@ class ApiClaimReader:
         # No retries: urllib3's default of 3 would make the timeout up to 4x as long.
         return self._rest.call("GET", CLAIMS.path(namespace, name), timeout=timeout, retries=False)
 
-    def warn(self, claim: dict[str, Any], reason: str, message: str) -> None:
+    def warn(self, claim: dict[str, Any], reason: str, message: str, timeout: float) -> None:
         meta = claim.get("metadata") or {}
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         body = {
@@ -119,7 +121,11 @@ class ApiClaimReader:
         }
         try:
             self._rest.call(
-                "POST", EVENTS.path(meta.get("namespace")), body=body, timeout=5.0, retries=False
+                "POST",
+                EVENTS.path(meta.get("namespace")),
+                body=body,
+                timeout=timeout,
+                retries=False,
             )
         except ApiError as e:  # an event is advice: never fail a prepare over it
             log.warning("cannot record event", reason=reason, error=str(e))
@@ -361,8 +367,11 @@ class DevicesDriver:
         self, claim: ClaimRef, obj: dict[str, Any], grants: Sequence[Grant]
     ) -> None:
         """CDI environment is last-wins, so a container given RDMA devices through several
-        requests (of this claim, or of several claims) sees one request's NCCL_IB_HCA."""
-        if self.events is None:
+        requests (of this claim, or of several claims) sees one request's NCCL_IB_HCA.
+        Advice only: skipped when kubelet's deadline is near, never delaying the answer past
+        it."""
+        budget = min(EVENT_BUDGET, current_call().remaining() - 1.0)
+        if self.events is None or budget <= 0:
             return
         rdma_requests = sorted({g.request for g in grants if g.device.type == "rdma"})
         if len(rdma_requests) > 1:
@@ -373,6 +382,7 @@ class DevicesDriver:
                 "given more than one of them sees only the NCCL_IB_HCA of the last one "
                 "(CDI environment is last-wins); request a container's NICs in one request "
                 "or set NCCL_IB_HCA in the pod",
+                budget / 2,
             )
         if not rdma_requests:
             return
@@ -392,6 +402,7 @@ class DevicesDriver:
                 f"a pod of this claim also gets RDMA devices through {', '.join(others)}: a "
                 "container given several of these claims sees only one claim's NCCL_IB_HCA "
                 "(CDI environment is last-wins); set NCCL_IB_HCA in the pod to use all",
+                budget / 2,
             )
 
     def build(
