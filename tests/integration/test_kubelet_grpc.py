@@ -651,10 +651,31 @@ def test_rdma_through_two_claims_of_one_pod_is_warned_about(
 ) -> None:
     from kubernetes import client
 
-    pod = {"resource": "pods", "name": "trainer", "uid": "5a5a5a5a-0000-0000-0000-000000000001"}
-    uids = {}
-    for name, nic in (("left", NIC0), ("right", NIC1)):
-        uids[name] = create_claim(api, ns, name, [result("nic", nic)])
+    uids = {
+        name: create_claim(api, ns, name, [result("nic", nic)])
+        for name, nic in (("left", NIC0), ("right", NIC1))
+    }
+    # A real pod using both claims (held by a scheduling gate, so it stays where it is): the
+    # claim controller keeps a reservation only for a pod that exists and uses the claim.
+    created = client.CoreV1Api(api).create_namespaced_pod(
+        ns,
+        {
+            "metadata": {"name": "trainer"},
+            "spec": {
+                "schedulingGates": [{"name": "fabricdra.io/test"}],
+                "resourceClaims": [{"name": n, "resourceClaimName": n} for n in uids],
+                "containers": [
+                    {
+                        "name": "c",
+                        "image": "busybox",
+                        "resources": {"claims": [{"name": n} for n in uids]},
+                    }
+                ],
+            },
+        },
+    )
+    pod = {"resource": "pods", "name": "trainer", "uid": created.metadata.uid}
+    for name in uids:
         client.ResourceV1Api(api).patch_namespaced_resource_claim_status(
             name, ns, {"status": {"reservedFor": [pod]}}
         )
