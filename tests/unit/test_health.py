@@ -233,3 +233,26 @@ def test_an_unhealthy_gpu_stays_unhealthy_while_it_cannot_be_read() -> None:
     assert keep_unhealthy(kept, kept) == kept  # the note is not stacked pass after pass
     healed = {"0000:1b:00.0": GpuHealth(True)}
     assert keep_unhealthy(healed, kept) == healed  # only a healthy reading clears it
+
+
+def test_a_gpu_nvml_does_not_report_is_unhealthy_while_nvml_answers() -> None:
+    from fabricdra.api.inventory import Accelerator
+    from fabricdra.kubeletplugin.health import nvidia_bound
+
+    accelerators = [
+        Accelerator(vendor="nvidia", vendorId="0x10de", pciBusId="0000:1b:00.0", driver="nvidia"),
+        Accelerator(vendor="nvidia", vendorId="0x10de", pciBusId="0000:2b:00.0", driver="nvidia"),
+        # passed through to a VM: not NVML's to see
+        Accelerator(vendor="nvidia", vendorId="0x10de", pciBusId="0000:3b:00.0", driver="vfio-pci"),
+    ]
+    expected = nvidia_bound(accelerators)
+    assert expected == ["0000:1b:00.0", "0000:2b:00.0"]
+    one = NvmlReadings(source="library", available=True, gpus={"0000:1b:00.0": gpu(0, False)})
+    out = gpu_health(one, None, expected=expected)
+    assert out["0000:1b:00.0"] == GpuHealth(True)
+    assert out["0000:2b:00.0"].healthy is False  # lost: it stays published, tainted
+    assert "NVML does not report this GPU" in (out["0000:2b:00.0"].reason or "")
+    assert "0000:3b:00.0" not in out
+    # NVML not answering at all is no reading, not a fault of every GPU
+    down = NvmlReadings(source="library", available=False, reason="nvmlInit: driver not loaded")
+    assert gpu_health(down, None, expected=expected) == {}

@@ -47,7 +47,7 @@ from .devices import (
 from .discovery.node import Discovery, NvmlSource, Previous, discover
 from .discovery.nvml import load_snapshot, read_live
 from .discovery.sysfs import SysfsTree
-from .health import DcgmState, gpu_health, keep_unhealthy
+from .health import DcgmState, gpu_health, keep_unhealthy, nvidia_bound
 from .hostdevices import HostLayout
 from .kubelet import DeviceHealth, HealthBroadcaster, PluginPaths, PluginServer
 from .kubelet.cdi import CdiWriter
@@ -163,7 +163,12 @@ class Agent:
         for part, reason in discovery.failures.items():
             log.error("discovery failed; keeping the previous record", part=part, error=reason)
         gpus = keep_unhealthy(
-            gpu_health(discovery.nvml, self.config.dcgm_url, state=self.dcgm_state),
+            gpu_health(
+                discovery.nvml,
+                self.config.dcgm_url,
+                state=self.dcgm_state,
+                expected=nvidia_bound(discovery.accelerators),
+            ),
             self._gpu_health,
         )
         self._gpu_health = gpus

@@ -7,8 +7,9 @@ Unhealthy on what means the GPU cannot be trusted with work:
 - a row-remapping failure, or a remapping pending (the GPU needs a reset to apply it);
 - PCIe replays or NVLink errors growing by more than `COUNTER_LIMIT` between two passes
   (the counters are cumulative and a few corrected errors are normal);
-- NVML failing to read a GPU it enumerates (e.g. GPU_IS_LOST): a GPU that fell off the bus
-  is a fault, so it stays published, tainted.
+- NVML failing to read a GPU it enumerates (e.g. GPU_IS_LOST), or not reporting at all a GPU
+  the kernel has bound to the `nvidia` driver while it answers for the others: a GPU that fell
+  off the bus is a fault, so it stays published, tainted.
 Thermal or power slowdown is *not* unhealthy: the GPU protects itself and recovers, and
 flipping health with the load would taint and rewrite the pool on every flip.
 
@@ -25,11 +26,13 @@ A GPU neither source can read is `GpuHealth(None)` (Unknown), never healthy by d
 from __future__ import annotations
 
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import structlog
 from prometheus_client.parser import text_string_to_metric_families
+
+from fabricdra.api.inventory import Accelerator
 
 from .devices import GpuHealth
 from .discovery.nvml import NvmlReadings, normalise_bus_id
@@ -62,9 +65,19 @@ class DcgmState:
 
 
 def gpu_health(
-    nvml: NvmlReadings | None, dcgm_url: str | None, *, state: DcgmState | None = None
+    nvml: NvmlReadings | None,
+    dcgm_url: str | None,
+    *,
+    state: DcgmState | None = None,
+    expected: Iterable[str] = (),
 ) -> dict[str, GpuHealth]:
+    """Health per GPU bus id. `expected`: the bus ids of the GPUs the kernel has bound to the
+    nvidia driver, which NVML must report when it answers at all."""
     out = nvml_health(nvml, state)
+    if nvml is not None and nvml.available:
+        for bus in expected:
+            if bus not in out:
+                out[bus] = GpuHealth(False, "NVML does not report this GPU (lost, or off the bus)")
     if dcgm_url:
         try:
             readings = parse_dcgm(scrape(dcgm_url))
@@ -74,6 +87,12 @@ def gpu_health(
             for bus, reading in dcgm_health(readings).items():
                 out[bus] = _merge(out[bus], reading) if bus in out else reading
     return out
+
+
+def nvidia_bound(accelerators: Iterable[Accelerator] | None) -> list[str]:
+    """Bus ids of the GPUs bound to the nvidia kernel driver: the ones NVML must report (a GPU
+    on vfio-pci for a VM is not NVML's to see)."""
+    return [a.pciBusId for a in accelerators or () if a.driver == "nvidia"]
 
 
 def keep_unhealthy(

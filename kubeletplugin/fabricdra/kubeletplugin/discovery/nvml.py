@@ -159,8 +159,13 @@ def read_live() -> NvmlReadings:
     errors: dict[str, str] = {}
     try:
         for i in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            bus = normalise_bus_id(_text(pynvml.nvmlDeviceGetPciInfo(handle).busId))
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                bus = normalise_bus_id(_text(pynvml.nvmlDeviceGetPciInfo(handle).busId))
+            except pynvml.NVMLError:
+                # A GPU that cannot even name its bus (lost): the others are still read, and
+                # health finds it as a GPU the kernel has but NVML does not report.
+                continue
             try:
                 gpus[bus] = SnapshotGpu.model_validate(_read_gpu(pynvml, handle))
             except pynvml.NVMLError as e:  # e.g. GPU_IS_LOST: a fault, not an absence
