@@ -4,16 +4,20 @@ e2e/harness) on the 8-GPU HGX test node (tests/integration/kubelethost.py).
     python -m bench.prepare [--calls 200]
 
 - latency: NodePrepareResources over gRPC on a unix socket, one claim of 8 GPUs + 8 RDMA NICs
-  per call, `--calls` distinct claims (each call really writes its CDI spec and checkpoint),
+  per call, `--calls` distinct claims (each call really writes its CDI spec and checkpoint;
+  each claim is unprepared, untimed, before the next: they hold the same exclusive devices),
   measured from the gRPC call to its answer (the spec is on disk before the answer); the
   ResourceClaim GET is timed inside the plugin, so the figure "excl. API read" subtracts it.
   A repeated prepare (same claim, spec unchanged) is reported too.
 - where: the CDI folder on tmpfs (/dev/shm here) as /var/run/cdi is on a real node; the
   checkpoint (fsynced) on disk, as /var/lib/kubelet/plugins is.
+- a hung read: the same prepares while another claim's API read hangs (that claim's reads go
+  to a local socket that never answers, one call after another, each until its read budget
+  ends): reads happen outside the driver's lock, so the figure should not move.
 - memory: resident set size of a real `fabricdra kubelet-plugin` process after start-up
   (first discovery pass done, sockets open).
 
-Goals: p99 < 20 ms excluding the API read; RSS < 80 MiB.
+Goals: p99 < 20 ms excluding the API read; RSS < 80 MiB; the hung read changes nothing.
 """
 
 from __future__ import annotations
@@ -21,10 +25,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -46,18 +52,31 @@ NODE = "bench-node"
 
 
 class TimedReader:
-    """The real API reader, with the time of each read recorded."""
+    """The real API reader, with the time of each read recorded (reset it before a call: a
+    repeated prepare is answered from the checkpoint and reads nothing). Claims named `hung*`
+    are read from `hung` instead: a server that never answers."""
 
-    def __init__(self, inner: ApiClaimReader) -> None:
+    def __init__(self, inner: ApiClaimReader, hung: ApiClaimReader) -> None:
         self.inner = inner
+        self.hung = hung
         self.last = 0.0
 
-    def read_claim(self, namespace: str, name: str) -> dict[str, Any]:
+    def read_claim(self, namespace: str, name: str, timeout: float) -> dict[str, Any]:
+        if name.startswith("hung"):
+            return self.hung.read_claim(namespace, name, timeout)
         t0 = time.perf_counter()
         try:
-            return self.inner.read_claim(namespace, name)
+            return self.inner.read_claim(namespace, name, timeout)
         finally:
             self.last = time.perf_counter() - t0
+
+
+def silent_server() -> tuple[socket.socket, str]:
+    """A listening socket nobody accepts from: connections complete, requests go unanswered."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    return sock, f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
 def pct(values: list[float], q: float) -> float:
@@ -76,9 +95,15 @@ def latency(cp: ControlPlane, base: Path, cdi_dir: Path, calls: int) -> None:
         {"request": "nics", "device": n, "pool": NODE} for n in nics
     ]
     cp.create_namespace("bench")
-    with cp.api_client() as api:
+    from kubernetes import client
+
+    silent, url = silent_server()
+    hung_config = client.Configuration()
+    hung_config.host = url
+    with cp.api_client() as api, client.ApiClient(hung_config) as hung_api:
         uids = [create_claim(api, "bench", f"c{i}", results) for i in range(calls)]
-        reader = TimedReader(ApiClaimReader(api))
+        huids = [create_claim(api, "bench", f"h{i}", results) for i in range(calls)]
+        reader = TimedReader(ApiClaimReader(api), ApiClaimReader(hung_api))
         driver = DevicesDriver(
             node_name=NODE,
             inventory=lambda: inventory,
@@ -96,28 +121,66 @@ def latency(cp: ControlPlane, base: Path, cdi_dir: Path, calls: int) -> None:
         ):
             stub = v1_grpc.DRAPluginStub(ch)
 
-            def call(i: int) -> float:
+            def call(i: int, prefix: str = "c", ids: list[str] = uids) -> float:
                 req = v1_pb2.NodePrepareResourcesRequest(
-                    claims=[v1_pb2.Claim(namespace="bench", name=f"c{i}", uid=uids[i])]
+                    claims=[v1_pb2.Claim(namespace="bench", name=f"{prefix}{i}", uid=ids[i])]
                 )
+                reader.last = 0.0
                 t0 = time.perf_counter()
                 resp = stub.NodePrepareResources(req, timeout=45)
                 elapsed = time.perf_counter() - t0
-                if resp.claims[uids[i]].error or len(resp.claims[uids[i]].devices) != 16:
+                if resp.claims[ids[i]].error or len(resp.claims[ids[i]].devices) != 16:
                     raise SystemExit(f"prepare failed: {resp}")
                 return elapsed
 
+            def release(i: int, prefix: str = "c", ids: list[str] = uids) -> None:
+                req = v1_pb2.NodeUnprepareResourcesRequest(
+                    claims=[v1_pb2.Claim(namespace="bench", name=f"{prefix}{i}", uid=ids[i])]
+                )
+                if stub.NodeUnprepareResources(req, timeout=45).claims[ids[i]].error:
+                    raise SystemExit(f"unprepare of {prefix}{i} failed")
+
             call(0)  # warm-up: connection, first imports
+            release(0)
             for i in range(calls):
                 elapsed = call(i)
-                if i == 0:
-                    continue  # already prepared by the warm-up: counted as a repeat below
                 total.append(elapsed)
                 excl.append(elapsed - reader.last)
+                if i < calls - 1:
+                    release(i)
+            last = calls - 1
             for _ in range(min(calls, 50)):
-                repeat.append(call(0) - reader.last)
+                repeat.append(call(last) - reader.last)
+            release(last)
+
+            # Another claim's read hangs the whole time: one call after another, each held
+            # until its read budget ends.
+            stop = threading.Event()
+            hung_calls = [0]
+
+            def hang() -> None:
+                req = v1_pb2.NodePrepareResourcesRequest(
+                    claims=[v1_pb2.Claim(namespace="bench", name="hung", uid="hung-uid")]
+                )
+                while not stop.is_set():
+                    try:
+                        stub.NodePrepareResources(req, timeout=45)
+                    except grpc.RpcError:  # the server stopped under it: the bench is over
+                        return
+                    hung_calls[0] += 1
+
+            hanger = threading.Thread(target=hang, daemon=True)
+            hanger.start()
+            time.sleep(0.5)  # the hung call is in its read
+            hung_excl = []
+            for i in range(calls):
+                elapsed = call(i, "h", huids)
+                hung_excl.append(elapsed - reader.last)
+                release(i, "h", huids)
+            stop.set()
         specs = len(os.listdir(cdi_dir))
-    print(f"prepare, 8 GPUs + 8 NICs, {len(total)} claims ({specs} CDI specs written):")
+        silent.close()
+    print(f"prepare, 8 GPUs + 8 NICs, {len(total)} claims ({specs} CDI specs left at the end):")
     print(f"  incl. API read : p50 {pct(total, 0.5):6.2f} ms   p99 {pct(total, 0.99):6.2f} ms")
     print(
         f"  excl. API read : p50 {pct(excl, 0.5):6.2f} ms   p99 {pct(excl, 0.99):6.2f} ms"
@@ -125,7 +188,11 @@ def latency(cp: ControlPlane, base: Path, cdi_dir: Path, calls: int) -> None:
     )
     print(
         f"  repeat prepare : p50 {pct(repeat, 0.5):6.2f} ms   p99 {pct(repeat, 0.99):6.2f} ms"
-        " (excl. API read, spec unchanged)"
+        " (answered from the checkpoint: no API read)"
+    )
+    print(
+        f"  another claim's read hung: p50 {pct(hung_excl, 0.5):6.2f} ms   "
+        f"p99 {pct(hung_excl, 0.99):6.2f} ms (excl. API read; goal: as above)"
     )
     reads = [t - e for t, e in zip(total, excl, strict=True)]
     print(f"  API read alone : mean {statistics.mean(reads) * 1000:.2f} ms")

@@ -196,6 +196,6 @@ def test_pod_gets_its_gpu_and_nic(
     assert nic_device.endpoint.verbsDevice in lines
     assert "rdma_cm" in lines
     assert len([x for x in lines if x.startswith("uverbs")]) == 1
-    assert f"HCA={nic_device.endpoint.rdmaDevice}" in lines
+    assert f"HCA=={nic_device.endpoint.rdmaDevice}" in lines  # "=": exact names
     assert "nvidiactl" in lines
     assert len([x for x in lines if x.startswith("nvidia") and x[6:].isdigit()]) == 1

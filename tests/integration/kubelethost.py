@@ -17,8 +17,8 @@ from fabricdra.kubeletplugin.discovery.node import Discovery, discover
 from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
 from fabricdra.kubeletplugin.hostdevices import HostLayout
-from tests.sysfs.builder import SysfsBuilder
-from tests.sysfs.nodes import Hgx, h100_snapshot, hgx_h100
+from tests.sysfs.builder import UP, SysfsBuilder
+from tests.sysfs.nodes import Hgx, h100_snapshot, hgx_h100, rdma_node
 
 DRIVER = "devices.fabricdra.io"
 NVIDIA_MAJOR, UVERBS_MAJOR, MISC_MAJOR, UVM_MAJOR, CAPS_MAJOR = 195, 231, 10, 510, 511
@@ -83,6 +83,43 @@ def build_host(
     return Host(root, hgx, discovery, HostLayout(dev, proc, root / "sys"), snapshot)
 
 
+@dataclass
+class RdmaHost:
+    """A node with many RDMA NICs (mlx5_0 ... mlx5_<n-1>) on one PCIe switch, no GPU."""
+
+    root: Path
+    rdma: list[str]
+    discovery: Discovery
+    layout: HostLayout
+
+    def inventory(self, config: DeviceConfig | None = None) -> DeviceInventory:
+        d = self.discovery
+        return build_devices(d.interfaces or [], d.accelerators or [], config or DeviceConfig())
+
+    def device(self, rdma_device: str) -> str:
+        """The inventory name of the endpoint bound to `rdma_device`."""
+        for d in self.inventory():
+            if d.endpoint is not None and d.endpoint.rdmaDevice == rdma_device:
+                return d.name
+        raise KeyError(rdma_device)
+
+
+def build_rdma_host(root: Path, hcas: int = 16) -> RdmaHost:
+    """`hcas` NICs, so RDMA device names share prefixes (mlx5_1, mlx5_10 ... mlx5_15)."""
+    b = SysfsBuilder(root / "sys")
+    node = rdma_node(b, [[UP] for _ in range(hcas)], gpu=False)
+    discovery = discover(SysfsTree(root / "sys"))
+    dev = root / "dev"
+    for iface in discovery.interfaces or []:
+        for ep in iface.endpoints():
+            if ep.verbsDevice:
+                mknod(
+                    dev / "infiniband" / ep.verbsDevice, UVERBS_MAJOR, 192 + int(ep.verbsDevice[6:])
+                )
+    mknod(dev / "infiniband" / "rdma_cm", MISC_MAJOR, 58)
+    return RdmaHost(root, node.rdma, discovery, HostLayout(dev, root / "proc", root / "sys"))
+
+
 def create_claim(
     api: Any,
     namespace: str,
@@ -90,6 +127,7 @@ def create_claim(
     results: list[dict[str, Any]],
     *,
     requests: tuple[str, ...] | None = None,
+    config: list[dict[str, Any]] | None = None,
 ) -> str:
     """A ResourceClaim whose allocation is written through the status subresource (as the
     scheduler does); returns its UID. `results` are allocation results (driver and pool
@@ -111,7 +149,11 @@ def create_claim(
         },
     }
     created = resource.create_namespaced_resource_claim(namespace, body)
-    allocation = {"devices": {"results": [{"driver": DRIVER, **r} for r in results]}}
+    allocation: dict[str, Any] = {
+        "devices": {"results": [{"driver": DRIVER, **r} for r in results]}
+    }
+    if config:  # the allocation's copy of the claim's and classes' configuration
+        allocation["devices"]["config"] = config
     resource.patch_namespaced_resource_claim_status(
         name, namespace, {"status": {"allocation": allocation}}
     )

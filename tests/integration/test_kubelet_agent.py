@@ -280,3 +280,54 @@ def test_each_pass_reads_the_node_afresh(
     after = agent.pass_once()
     assert after.get(first).endpoint.name == b  # type: ignore[union-attr]
     assert after.get(second).endpoint.name == a  # type: ignore[union-attr]
+
+
+def test_slices_come_back_when_kubelets_wipe_lands_after_the_republish(
+    running: tuple[Agent, AgentConfig, Any], node: str
+) -> None:
+    """kubelet deletes the node's slices in the background when it starts; the deletion can
+    land after the pass its registration triggered. The next discovery pass is an hour away
+    here: the slices must come back long before it."""
+    agent, _, api = running
+    published = slice_devices(api, node)
+    with grpc.insecure_channel(f"unix://{agent.server.paths.registration_socket}") as ch:
+        reg_grpc.RegistrationStub(ch).NotifyRegistrationStatus(
+            reg_pb2.RegistrationStatus(plugin_registered=True)
+        )
+    passes = agent.passes
+    eventually(lambda: agent.passes > passes, "the pass the registration triggered")
+    resource = client.ResourceV1Api(api)
+    for s in resource.list_resource_slice(field_selector=f"spec.nodeName={node}").items:
+        resource.delete_resource_slice(s.metadata.name)  # the late wipe
+    assert eventually(lambda: slice_devices(api, node), "slices back after a late wipe") == (
+        published
+    )
+
+
+def test_a_failures_first_seen_time_survives_a_plugin_restart(
+    tmp_path_factory: pytest.TempPathFactory, control_plane: ControlPlane, crds: None, node: str
+) -> None:
+    base = tmp_path_factory.mktemp("fs")
+    host = build_host(base / "host", vf_nics=(), broken_nics=(2,))
+    config = agent_config(base, host, node, discovery_interval=3600)
+
+    def taint_time(api: Any) -> str | None:
+        for s in (
+            client.ResourceV1Api(api)
+            .list_resource_slice(field_selector=f"spec.nodeName={node}")
+            .items
+        ):
+            for d in s.spec.devices or []:
+                if d.name == "rdma-0000-4c-00-0" and d.taints:
+                    return str(d.taints[0].time_added)
+        return None
+
+    with control_plane.api_client() as api:
+        times = []
+        for _ in range(2):
+            agent = Agent(config, api)
+            agent.seed_history()
+            agent.pass_once()
+            times.append(eventually(lambda: taint_time(api), "the failed link's taint"))
+            time.sleep(1.1)  # the clock moves on (times have one-second resolution)
+        assert times[0] == times[1]

@@ -32,7 +32,14 @@ from fabricdra.proto.gen.dra_v1beta1 import api_pb2_grpc as v1beta1_grpc
 from fabricdra.proto.gen.pluginregistration_v1 import api_pb2 as reg_pb2
 from fabricdra.proto.gen.pluginregistration_v1 import api_pb2_grpc as reg_grpc
 from tests.cdischema import validate
-from tests.integration.kubelethost import DRIVER, Host, build_host, create_claim
+from tests.integration.kubelethost import (
+    DRIVER,
+    Host,
+    RdmaHost,
+    build_host,
+    build_rdma_host,
+    create_claim,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -66,16 +73,18 @@ class Plugin:
     def __init__(
         self,
         base: Path,
-        host: Host,
+        host: Host | RdmaHost,
         api: Any,
         inventory: DeviceInventory,
         *,
         node: str = "node-a",
         toolkit_dirs: tuple[Path, ...] = (),
+        boot_id: str | None = "boot-1",
     ) -> None:
         self.base, self.host, self.api, self.node = base, host, api, node
         self.inventory = inventory
         self.toolkit_dirs = toolkit_dirs
+        self.boot_id = boot_id
         self.cdi_dir = base / "cdi"
         self.checkpoint_path = base / "state" / "checkpoint.json"
         self.paths = PluginPaths.for_driver(
@@ -86,12 +95,14 @@ class Plugin:
 
     def start(self) -> None:
         # A new driver, checkpoint and server each time: a restart keeps only what is on disk.
+        reader = ApiClaimReader(self.api)
         self.driver = DevicesDriver(
             node_name=self.node,
             inventory=lambda: self.inventory,
-            claims=ApiClaimReader(self.api),
+            claims=reader,
+            events=reader,
             cdi=CdiWriter(self.cdi_dir, CDI_KIND),
-            checkpoint=Checkpoint(self.checkpoint_path),
+            checkpoint=Checkpoint(self.checkpoint_path, boot_id=self.boot_id),
             host=self.host.layout,
             toolkit=ToolkitSpecs(self.toolkit_dirs),
         )
@@ -187,7 +198,7 @@ def test_prepare_gpus_and_their_nics(plugin: Plugin, api: Any, ns: str, version:
     entry = resp.claims[uid]
     assert entry.error == ""
     kind = "k8s.devices.fabricdra.io/device"
-    common = f"{kind}=rdma-{uid}"
+    common = f"{kind}=rdma-{uid}-nic"
     assert [
         (d.device_name, d.pool_name, list(d.request_names), list(d.cdi_device_ids))
         for d in entry.devices
@@ -203,6 +214,8 @@ def test_prepare_gpus_and_their_nics(plugin: Plugin, api: Any, ns: str, version:
     # hostPath differs from the container path only because of the test dev root
     assert doc["cdiVersion"] == "0.5.0"
     assert doc["kind"] == kind
+    # a legacy-mode nvidia-container-runtime must not add GPUs on top (image env "all")
+    assert doc["containerEdits"] == {"env": ["NVIDIA_VISIBLE_DEVICES=void"]}
     edits = edits_by_device(doc)
     assert edits[f"{NIC0}-{uid}"] == {
         "deviceNodes": [
@@ -216,9 +229,9 @@ def test_prepare_gpus_and_their_nics(plugin: Plugin, api: Any, ns: str, version:
         ]
     }
     assert edits[f"{NIC1}-{uid}"]["deviceNodes"][0]["path"] == "/dev/infiniband/uverbs1"
-    # rdma_cm and NCCL_IB_HCA once per claim
-    assert edits[f"rdma-{uid}"] == {
-        "env": ["NCCL_IB_HCA=mlx5_0,mlx5_1"],
+    # rdma_cm and NCCL_IB_HCA once per request; "=": NCCL matches the names exactly
+    assert edits[f"rdma-{uid}-nic"] == {
+        "env": ["NCCL_IB_HCA==mlx5_0,mlx5_1"],
         "deviceNodes": [
             {
                 "path": "/dev/infiniband/rdma_cm",
@@ -236,7 +249,7 @@ def test_prepare_gpus_and_their_nics(plugin: Plugin, api: Any, ns: str, version:
     assert "/dev/infiniband" not in every_path
     assert every_path.count("/dev/infiniband/rdma_cm") == 1
     assert not any(
-        "NCCL" in e for k, ed in edits.items() if k != f"rdma-{uid}" for e in ed.get("env", [])
+        "NCCL" in e for k, ed in edits.items() if k != f"rdma-{uid}-nic" for e in ed.get("env", [])
     )
 
 
@@ -246,7 +259,7 @@ def test_prepare_a_virtual_function(plugin: Plugin, api: Any, ns: str) -> None:
     assert entry.error == ""
     edits = edits_by_device(plugin.spec(uid))
     assert edits[f"{VF60}-{uid}"]["deviceNodes"][0]["path"] == "/dev/infiniband/uverbs7"
-    assert edits[f"rdma-{uid}"]["env"] == ["NCCL_IB_HCA=mlx5_6v0"]
+    assert edits[f"rdma-{uid}-nic"]["env"] == ["NCCL_IB_HCA==mlx5_6v0"]
 
 
 def test_a_pf_with_vfs_is_not_offered_whole(plugin: Plugin, api: Any, ns: str) -> None:
@@ -446,7 +459,7 @@ def test_toolkit_ids_when_its_spec_is_on_the_host(
         ids = [list(d.cdi_device_ids) for d in resp.devices]
         assert ids[0] == ["nvidia.com/gpu=0"]
         assert ids[1] == ["nvidia.com/gpu=7:0"]
-        assert [d["name"] for d in p.spec(uid)["devices"]] == [f"{NIC0}-{uid}", f"rdma-{uid}"]
+        assert [d["name"] for d in p.spec(uid)["devices"]] == [f"{NIC0}-{uid}", f"rdma-{uid}-nic"]
         # the uuid naming strategy wins when present
         (etc_cdi / "nvidia.yaml").write_text(
             yaml.safe_dump(
@@ -462,6 +475,7 @@ def test_toolkit_ids_when_its_spec_is_on_the_host(
                 }
             )
         )
+        assert p.unprepare([(ns, "tk", uid)]).claims[uid].error == ""  # GPU0 is free again
         uid2 = create_claim(api, ns, "tk2", [result("gpu", GPU0)])
         resp2 = p.prepare([(ns, "tk2", uid2)]).claims[uid2]
         assert list(resp2.devices[0].cdi_device_ids) == [f"nvidia.com/gpu={uuid0}"]
@@ -517,3 +531,212 @@ def test_health_stream_reports_a_failed_link_unhealthy(
             stream.cancel()
     finally:
         p.stop()
+
+
+# -- isolation (issue 10) -----------------------------------------------------------------------
+
+
+def test_an_exclusive_device_is_never_prepared_for_a_second_claim(
+    plugin: Plugin, api: Any, ns: str
+) -> None:
+    mig = "mig-0000-cd-00-0-gi1-ci0"
+    first = create_claim(api, ns, "first", [result("nic", NIC0), result("gpu", GPU0)])
+    nic = create_claim(api, ns, "nic", [result("nic", NIC0)])
+    gpu = create_claim(api, ns, "gpu", [result("gpu", GPU0)])
+    mig_a = create_claim(api, ns, "mig-a", [result("mig", mig)])
+    mig_b = create_claim(api, ns, "mig-b", [result("mig", mig)])
+    claims = [(ns, "first", first), (ns, "nic", nic), (ns, "gpu", gpu)]
+    claims += [(ns, "mig-a", mig_a), (ns, "mig-b", mig_b)]
+    resp = plugin.prepare(claims)
+    errors = {name: resp.claims[uid].error for _, name, uid in claims}
+    assert errors["first"] == errors["mig-a"] == ""
+    assert f"{NIC0} (request nic) is already prepared for claim {ns}/first" in errors["nic"]
+    assert f"{GPU0} (request gpu) is already prepared for claim {ns}/first" in errors["gpu"]
+    assert f"already prepared for claim {ns}/mig-a (uid {mig_a})" in errors["mig-b"]
+    assert plugin.specs() == sorted([spec_file(first), spec_file(mig_a)])
+    # once the holder is unprepared, the device is free again; a restart keeps the record
+    plugin.restart()
+    assert plugin.prepare([(ns, "nic", nic)]).claims[nic].error != ""
+    assert plugin.unprepare([(ns, "first", first)]).claims[first].error == ""
+    assert plugin.prepare([(ns, "nic", nic)]).claims[nic].error == ""
+
+
+def test_admin_access_is_exempt_from_the_in_use_check(plugin: Plugin, api: Any, ns: str) -> None:
+    from kubernetes import client
+
+    # the API server allows admin access only in namespaces labelled for it
+    admin_label = {"resource.kubernetes.io/admin-access": "true"}
+    client.CoreV1Api(api).patch_namespace(ns, {"metadata": {"labels": admin_label}})
+    user = create_claim(api, ns, "user", [result("nic", NIC1)])
+    admin = create_claim(api, ns, "admin", [{**result("nic", NIC1), "adminAccess": True}])
+    late = create_claim(api, ns, "late", [result("nic", NIC2)])
+    assert plugin.prepare([(ns, "user", user)]).claims[user].error == ""
+    assert plugin.prepare([(ns, "admin", admin)]).claims[admin].error == ""
+    # an admin-access holder blocks nobody
+    assert plugin.unprepare([(ns, "user", user)]).claims[user].error == ""
+    admin2 = create_claim(api, ns, "admin2", [{**result("nic", NIC2), "adminAccess": True}])
+    assert plugin.prepare([(ns, "admin2", admin2)]).claims[admin2].error == ""
+    assert plugin.prepare([(ns, "late", late)]).claims[late].error == ""
+
+
+def test_opaque_configuration_for_this_driver_is_refused(plugin: Plugin, api: Any, ns: str) -> None:
+    def with_config(name: str, config: list[dict[str, Any]]) -> str:
+        results = [result("nic", NIC0)]
+        return create_claim(api, ns, name, results, requests=("nic", "gpu"), config=config)
+
+    def opaque(driver: str, requests: list[str] | None = None) -> dict[str, Any]:
+        c: dict[str, Any] = {
+            "source": "FromClaim",
+            "opaque": {"driver": driver, "parameters": {"mtu": 9000}},
+        }
+        if requests is not None:
+            c["requests"] = requests
+        return c
+
+    ours = with_config("ours", [opaque(DRIVER)])
+    other_request = with_config("other-request", [opaque(DRIVER, ["gpu"])])
+    other_driver = with_config("other-driver", [opaque("gpu.example.com")])
+    error = plugin.prepare([(ns, "ours", ours)]).claims[ours].error
+    assert "opaque configuration for driver devices.fabricdra.io" in error
+    assert "FromClaim" in error
+    assert plugin.specs() == []
+    for name, uid in (("other-request", other_request), ("other-driver", other_driver)):
+        assert plugin.prepare([(ns, name, uid)]).claims[uid].error == ""
+        assert plugin.unprepare([(ns, name, uid)]).claims[uid].error == ""
+
+
+def _events(api: Any, ns: str, uid: str) -> list[Any]:
+    from kubernetes import client
+
+    found = client.CoreV1Api(api).list_namespaced_event(
+        ns, field_selector=f"involvedObject.uid={uid}"
+    )
+    return list(found.items)
+
+
+def test_nccl_ib_hca_is_scoped_per_request_and_exact(
+    tmp_path_factory: pytest.TempPathFactory, api: Any, ns: str
+) -> None:
+    rdma = build_rdma_host(tmp_path_factory.mktemp("h16"), hcas=16)
+    assert len(rdma.rdma) == 16
+    p = Plugin(tmp_path_factory.mktemp("p16"), rdma, api, rdma.inventory())
+    p.start()
+    try:
+        a1, b10, b11 = rdma.device("mlx5_1"), rdma.device("mlx5_10"), rdma.device("mlx5_11")
+        uid = create_claim(
+            api, ns, "two", [result("nic-a", a1), result("nic-b", b10), result("nic-b", b11)]
+        )
+        entry = p.prepare([(ns, "two", uid)]).claims[uid]
+        assert entry.error == ""
+        kind = "k8s.devices.fabricdra.io/device"
+        assert [list(d.cdi_device_ids) for d in entry.devices] == [
+            [f"{kind}={a1}-{uid}", f"{kind}=rdma-{uid}-nic-a"],
+            [f"{kind}={b10}-{uid}", f"{kind}=rdma-{uid}-nic-b"],
+            [f"{kind}={b11}-{uid}", f"{kind}=rdma-{uid}-nic-b"],
+        ]
+        edits = edits_by_device(p.spec(uid))
+        # a container bound to nic-a hears of mlx5_1 only, and mlx5_1 is not a prefix match
+        assert edits[f"rdma-{uid}-nic-a"]["env"] == ["NCCL_IB_HCA==mlx5_1"]
+        assert edits[f"rdma-{uid}-nic-b"]["env"] == ["NCCL_IB_HCA==mlx5_10,mlx5_11"]
+        # a container given both requests sees one list: said in an event on the claim
+        reasons = {e.reason: e for e in _events(api, ns, uid)}
+        assert reasons["NcclIbHcaPerRequest"].type == "Warning"
+        assert "nic-a, nic-b" in reasons["NcclIbHcaPerRequest"].message
+    finally:
+        p.stop()
+
+
+def test_rdma_through_two_claims_of_one_pod_is_warned_about(
+    plugin: Plugin, api: Any, ns: str
+) -> None:
+    from kubernetes import client
+
+    uids = {
+        name: create_claim(api, ns, name, [result("nic", nic)])
+        for name, nic in (("left", NIC0), ("right", NIC1))
+    }
+    # A real pod using both claims (held by a scheduling gate, so it stays where it is): the
+    # claim controller keeps a reservation only for a pod that exists and uses the claim.
+    created = client.CoreV1Api(api).create_namespaced_pod(
+        ns,
+        {
+            "metadata": {"name": "trainer"},
+            "spec": {
+                "schedulingGates": [{"name": "fabricdra.io/test"}],
+                "resourceClaims": [{"name": n, "resourceClaimName": n} for n in uids],
+                "containers": [
+                    {
+                        "name": "c",
+                        "image": "busybox",
+                        "resources": {"claims": [{"name": n} for n in uids]},
+                    }
+                ],
+            },
+        },
+    )
+    pod = {"resource": "pods", "name": "trainer", "uid": created.metadata.uid}
+    for name in uids:
+        client.ResourceV1Api(api).patch_namespaced_resource_claim_status(
+            name, ns, {"status": {"reservedFor": [pod]}}
+        )
+    lonely = create_claim(api, ns, "lonely", [result("nic", NIC2)])
+    for name, uid in [*uids.items(), ("lonely", lonely)]:
+        assert plugin.prepare([(ns, name, uid)]).claims[uid].error == ""
+    warned = [e for e in _events(api, ns, uids["right"]) if e.reason == "NcclIbHcaPerClaim"]
+    assert len(warned) == 1
+    assert f"{ns}/left" in warned[0].message
+    assert _events(api, ns, lonely) == []
+
+
+# -- idempotence and checkpoint hygiene -------------------------------------------------------
+
+
+def test_a_repeated_prepare_answers_from_the_checkpoint_after_the_inventory_changed(
+    plugin: Plugin, api: Any, ns: str
+) -> None:
+    uid = create_claim(api, ns, "stable", [result("nic", NIC0), result("gpu", GPU1)])
+    first = plugin.prepare([(ns, "stable", uid)])
+    assert first.claims[uid].error == ""
+    # The NIC's PF gained VFs and the GPU went into MIG mode: neither is offered any more.
+    plugin.inventory = DeviceInventory(())
+    assert plugin.prepare([(ns, "stable", uid)]) == first
+    plugin.restart()  # also from a later process, with the record on disk
+    assert plugin.prepare([(ns, "stable", uid)]) == first
+    # a spec that went missing is rewritten only by a full prepare: refused honestly now
+    (plugin.cdi_dir / spec_file(uid)).unlink()
+    assert "not offered by this node" in plugin.prepare([(ns, "stable", uid)]).claims[uid].error
+
+
+def test_entries_of_another_boot_are_dropped_with_their_specs(
+    plugin: Plugin, api: Any, ns: str
+) -> None:
+    uid = create_claim(api, ns, "old", [result("nic", NIC0)])
+    assert plugin.prepare([(ns, "old", uid)]).claims[uid].error == ""
+    plugin.restart()  # same boot: kept
+    assert Checkpoint(plugin.checkpoint_path).get(uid) is not None
+    plugin.stop()
+    plugin.boot_id = "boot-2"
+    plugin.start()
+    assert plugin.specs() == []
+    assert plugin.driver.checkpoint.get(uid) is None
+    # the device it held is free for another claim
+    other = create_claim(api, ns, "new", [result("nic", NIC0)])
+    assert plugin.prepare([(ns, "new", other)]).claims[other].error == ""
+
+
+def test_the_sweep_unprepares_claims_gone_from_the_api(plugin: Plugin, api: Any, ns: str) -> None:
+    from kubernetes import client
+
+    resource = client.ResourceV1Api(api)
+    kept = create_claim(api, ns, "kept", [result("nic", NIC0)])
+    gone = create_claim(api, ns, "gone", [result("nic", NIC1)])
+    renewed = create_claim(api, ns, "renewed", [result("nic", NIC2)])
+    for name, uid in (("kept", kept), ("gone", gone), ("renewed", renewed)):
+        assert plugin.prepare([(ns, name, uid)]).claims[uid].error == ""
+    resource.delete_namespaced_resource_claim("gone", ns)
+    resource.delete_namespaced_resource_claim("renewed", ns)
+    create_claim(api, ns, "renewed", [result("nic", NIC2)])  # same name, new uid
+    assert sorted(plugin.driver.sweep()) == sorted([gone, renewed])
+    assert plugin.specs() == [spec_file(kept)]
+    assert [e.uid for e in Checkpoint(plugin.checkpoint_path).entries()] == [kept]
+    assert plugin.driver.sweep() == []

@@ -329,3 +329,96 @@ def test_basic_model_multi_slice_pool(node: Node) -> None:
     assert len(slices) == 2  # 8 GPUs + 128 holders = 136 devices
     assert {(s.spec.pool.generation, s.spec.pool.resource_slice_count) for s in slices} == {(1, 2)}
     assert node.publisher.sync(d, fewer).writes == {}
+
+
+class ConflictingProxy:
+    """Plain HTTP in front of the real API server (which it reaches with the admin client).
+    The first time the publisher PUTs the slice named `victim`, someone else writes that slice
+    first (a real PATCH, a new resourceVersion): the API server itself answers the PUT 409."""
+
+    def __init__(self, upstream: Any, victim: str) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.conflicts = 0
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _forward(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) or None
+                path = self.path.split("?")[0]
+                if (
+                    self.command == "PUT"
+                    and path.endswith(f"/resourceslices/{victim}")
+                    and (proxy.conflicts == 0)
+                ):
+                    proxy.conflicts += 1
+                    client.ResourceV1Api(upstream).patch_resource_slice(
+                        victim, {"metadata": {"labels": {"touched-by": "someone-else"}}}
+                    )
+                headers = {
+                    k: v for k, v in self.headers.items() if k.lower() in ("content-type", "accept")
+                }
+                resp = upstream.rest_client.pool_manager.request(
+                    self.command,
+                    upstream.configuration.host + self.path,
+                    body=body,
+                    headers=headers,
+                    preload_content=True,
+                )
+                self.send_response(resp.status)
+                self.send_header(
+                    "Content-Type", resp.headers.get("Content-Type", "application/json")
+                )
+                self.send_header("Content-Length", str(len(resp.data)))
+                self.end_headers()
+                self.wfile.write(resp.data)
+
+            do_GET = do_PUT = do_POST = do_PATCH = do_DELETE = _forward
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def api_client(self) -> Any:
+        config = client.Configuration()
+        config.host = f"http://127.0.0.1:{self.server.server_address[1]}"
+        return client.ApiClient(config)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_conflict_midway_through_a_rewrite_is_retried_within_the_pass(node: Node) -> None:
+    """A 409 on the second slice of a rewrite: the pass lists again and finishes, so the pool
+    never stays at two generations until the next pass."""
+    from fabricdra.kubeletplugin.resourceslices import ApiFeatures, slice_name
+
+    basic = ApiFeatures("basic")
+    d = node.discover()
+    shared = _inventory(d, config=DeviceConfig(rdma_mode="shared"))
+    assert NodePublisher(node.api, node.name, features=basic).sync(d, shared).ok
+    assert len(node.slices()) == 5
+
+    victim = slice_name(node.name, DRIVER, 1)
+    proxy = ConflictingProxy(node.api, victim)
+    try:
+        with proxy.api_client() as api:
+            publisher = NodePublisher(api, node.name, features=basic)
+            fewer = _inventory(d, config=DeviceConfig(rdma_mode="shared", rdma_shared_holders=60))
+            result = publisher.sync(d, fewer)
+    finally:
+        proxy.close()
+    assert proxy.conflicts == 1
+    assert result.ok, result.errors
+    slices = node.slices()
+    assert len({s.spec.pool.generation for s in slices}) == 1
+    names = sorted(x.name for s in slices for x in s.spec.devices)
+    assert names == sorted(
+        [d.name for d in fewer if d.mode != "shared"]
+        + [f"{d.name}-s{k}" for d in fewer if d.mode == "shared" for k in range(60)]
+    )

@@ -20,7 +20,9 @@ from fabricdra.kubeletplugin.hostdevices import DeviceNodeError, HostLayout
 LABELS = 'gpu="{i}",UUID="GPU-{i}",pci_bus_id="00000000:{bus}:00.0",device="nvidia{i}"'
 
 
-def dcgm_text(ecc: dict[str, int], thermal: dict[str, int]) -> str:
+def dcgm_text(
+    ecc: dict[str, int], thermal: dict[str, int], xid: dict[str, int] | None = None
+) -> str:
     lines = [
         "# HELP DCGM_FI_DEV_ECC_DBE_VOL_TOTAL Total number of double-bit volatile ECC errors.",
         "# TYPE DCGM_FI_DEV_ECC_DBE_VOL_TOTAL counter",
@@ -36,6 +38,11 @@ def dcgm_text(ecc: dict[str, int], thermal: dict[str, int]) -> str:
     lines += [
         f"DCGM_FI_DEV_THERMAL_VIOLATION{{{LABELS.format(i=i, bus=bus)}}} {v}"
         for i, (bus, v) in enumerate(thermal.items())
+    ]
+    lines += ["# TYPE DCGM_FI_DEV_XID_ERRORS gauge"]
+    lines += [
+        f"DCGM_FI_DEV_XID_ERRORS{{{LABELS.format(i=i, bus=bus)}}} {v}"
+        for i, (bus, v) in enumerate((xid or {}).items())
     ]
     # a MIG-level series is not the GPU's own
     lines.append(
@@ -79,14 +86,17 @@ def exporter() -> Iterator[Exporter]:
     e.close()
 
 
-def gpu(ecc: int | None, thermal: bool | None) -> SnapshotGpu:
-    return SnapshotGpu(
-        uuid="GPU-x",
-        name="H100",
-        memoryTotalMiB=1,
-        migMode=False,
-        eccUncorrectable=ecc,
-        thermalViolation=thermal,
+def gpu(ecc: int | None, thermal: bool | None, **more: object) -> SnapshotGpu:
+    return SnapshotGpu.model_validate(
+        {
+            "uuid": "GPU-x",
+            "name": "H100",
+            "memoryTotalMiB": 1,
+            "migMode": False,
+            "eccUncorrectable": ecc,
+            "thermalViolation": thermal,
+            **more,
+        }
     )
 
 
@@ -99,28 +109,54 @@ def test_nvml_readings() -> None:
             "0000:2b:00.0": gpu(3, False),
             "0000:3b:00.0": gpu(0, True),
             "0000:4b:00.0": gpu(None, None),
+            "0000:6b:00.0": gpu(0, False, xidErrors=[13, 43]),  # the application's own
+            "0000:7b:00.0": gpu(0, False, xidErrors=[13, 79]),  # fell off the bus
+            "0000:8b:00.0": gpu(None, None, rowRemapFailure=True),
+            "0000:9b:00.0": gpu(0, False, rowRemapFailure=False, rowRemapPending=True),
         },
         errors={"0000:5b:00.0": "NVML: GPU is lost"},
     )
     out = gpu_health(readings, None)
     assert out["0000:1b:00.0"] == GpuHealth(True)
     assert out["0000:2b:00.0"] == GpuHealth(False, "uncorrectable ECC errors: 3")
-    assert out["0000:3b:00.0"] == GpuHealth(False, "thermal throttling active")
+    # thermal slowdown is the GPU protecting itself, not a fault
+    assert out["0000:3b:00.0"] == GpuHealth(True)
     assert out["0000:4b:00.0"].healthy is None
-    assert out["0000:5b:00.0"] == GpuHealth(None, "NVML: GPU is lost")
+    # a GPU NVML enumerates but cannot read is a fault: it stays published, tainted
+    assert out["0000:5b:00.0"] == GpuHealth(False, "NVML cannot read this GPU: NVML: GPU is lost")
+    assert out["0000:6b:00.0"] == GpuHealth(True)
+    assert out["0000:7b:00.0"] == GpuHealth(False, "critical Xid errors: 79")
+    assert out["0000:8b:00.0"] == GpuHealth(False, "row remapping failed")
+    assert out["0000:9b:00.0"] == GpuHealth(False, "row remapping pending (the GPU needs a reset)")
     assert gpu_health(None, None) == {}
 
 
-def test_dcgm_exporter_ecc_and_active_throttling(exporter: Exporter) -> None:
+def test_link_error_counters_judge_their_growth_between_passes() -> None:
     state = DcgmState()
-    exporter.body = dcgm_text({"1B": 0, "2B": 2}, {"1B": 1000, "2B": 0})
+
+    def health(pcie: int, nvlink: int) -> GpuHealth:
+        g = gpu(0, False, pcieReplayCounter=pcie, nvlinkErrors=nvlink)
+        nvml = NvmlReadings(source="snapshot", available=True, gpus={"0000:1b:00.0": g})
+        return gpu_health(nvml, None, state=state)["0000:1b:00.0"]
+
+    assert health(5000, 70000) == GpuHealth(True)  # history since boot: not judged
+    assert health(5050, 70000) == GpuHealth(True)  # a few corrected replays are normal
+    assert health(6000, 70500) == GpuHealth(
+        False,
+        "PCIe replays: 950 since the previous pass; NVLink errors: 500 since the previous pass",
+    )
+    assert health(6000, 70500) == GpuHealth(True)
+
+
+def test_dcgm_exporter_ecc_and_xid(exporter: Exporter) -> None:
+    state = DcgmState()
+    exporter.body = dcgm_text({"1B": 0, "2B": 2, "3B": 0}, {"1B": 1000}, {"1B": 0, "3B": 48})
     first = gpu_health(None, exporter.url, state=state)
-    assert first["0000:1b:00.0"] == GpuHealth(True)  # throttled once, long ago: not active
+    assert first["0000:1b:00.0"] == GpuHealth(True)
     assert first["0000:2b:00.0"] == GpuHealth(False, "uncorrectable ECC errors: 2")
-    exporter.body = dcgm_text({"1B": 0, "2B": 2}, {"1B": 5000, "2B": 0})
-    second = gpu_health(None, exporter.url, state=state)
-    assert second["0000:1b:00.0"] == GpuHealth(False, "thermal throttling active")
-    exporter.body = dcgm_text({"1B": 0, "2B": 2}, {"1B": 5000, "2B": 0})
+    assert first["0000:3b:00.0"] == GpuHealth(False, "critical Xid errors: 48")
+    # throttling time growing (hot GPU under load) changes nothing
+    exporter.body = dcgm_text({"1B": 0, "2B": 2}, {"1B": 5000}, {"1B": 31})
     assert gpu_health(None, exporter.url, state=state)["0000:1b:00.0"] == GpuHealth(True)
 
 
@@ -197,3 +233,26 @@ def test_an_unhealthy_gpu_stays_unhealthy_while_it_cannot_be_read() -> None:
     assert keep_unhealthy(kept, kept) == kept  # the note is not stacked pass after pass
     healed = {"0000:1b:00.0": GpuHealth(True)}
     assert keep_unhealthy(healed, kept) == healed  # only a healthy reading clears it
+
+
+def test_a_gpu_nvml_does_not_report_is_unhealthy_while_nvml_answers() -> None:
+    from fabricdra.api.inventory import Accelerator
+    from fabricdra.kubeletplugin.health import nvidia_bound
+
+    accelerators = [
+        Accelerator(vendor="nvidia", vendorId="0x10de", pciBusId="0000:1b:00.0", driver="nvidia"),
+        Accelerator(vendor="nvidia", vendorId="0x10de", pciBusId="0000:2b:00.0", driver="nvidia"),
+        # passed through to a VM: not NVML's to see
+        Accelerator(vendor="nvidia", vendorId="0x10de", pciBusId="0000:3b:00.0", driver="vfio-pci"),
+    ]
+    expected = nvidia_bound(accelerators)
+    assert expected == ["0000:1b:00.0", "0000:2b:00.0"]
+    one = NvmlReadings(source="library", available=True, gpus={"0000:1b:00.0": gpu(0, False)})
+    out = gpu_health(one, None, expected=expected)
+    assert out["0000:1b:00.0"] == GpuHealth(True)
+    assert out["0000:2b:00.0"].healthy is False  # lost: it stays published, tainted
+    assert "NVML does not report this GPU" in (out["0000:2b:00.0"].reason or "")
+    assert "0000:3b:00.0" not in out
+    # NVML not answering at all is no reading, not a fault of every GPU
+    down = NvmlReadings(source="library", available=False, reason="nvmlInit: driver not loaded")
+    assert gpu_health(down, None, expected=expected) == {}

@@ -45,3 +45,37 @@ def test_a_gpus_own_device_is_found_by_its_node(tmp_path: Path) -> None:
     )
     assert specs.gpu_id(None, 1) == "nvidia.com/gpu=gpu1"
     assert specs.gpu_id(None, 0) is None
+
+
+def test_a_mig_instance_never_resolves_to_the_all_device(tmp_path: Path) -> None:
+    # nvidia-ctk with the type-index naming strategy: `all` (every GPU, every capability)
+    # sorts before the instance's own device and holds a superset of its nodes.
+    caps = ["/dev/nvidia-caps/nvidia-cap21", "/dev/nvidia-caps/nvidia-cap22"]
+    every = ["/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl", *caps]
+    every += ["/dev/nvidia-caps/nvidia-cap31", "/dev/nvidia-caps/nvidia-cap32"]
+    specs = _spec(
+        tmp_path / "cdi",
+        [
+            {"name": "all", "containerEdits": _nodes(*every)},
+            {"name": "mig-1:0", "containerEdits": _nodes("/dev/nvidia1", "/dev/nvidiactl", *caps)},
+        ],
+    )
+    assert specs.mig_id(None, 1, caps) == "nvidia.com/gpu=mig-1:0"
+
+
+def test_a_mig_instance_without_its_own_device_gets_no_toolkit_id(tmp_path: Path) -> None:
+    caps = ["/dev/nvidia-caps/nvidia-cap21", "/dev/nvidia-caps/nvidia-cap22"]
+    specs = _spec(
+        tmp_path / "cdi",
+        [
+            {"name": "all", "containerEdits": _nodes("/dev/nvidia0", "/dev/nvidia1", *caps)},
+            # another GPU's node with the same caps (a stale spec): not this instance
+            {"name": "mig-0:0", "containerEdits": _nodes("/dev/nvidia0", *caps)},
+            # the instance plus a second one's caps: more than it was granted
+            {
+                "name": "two",
+                "containerEdits": _nodes("/dev/nvidia1", *caps, "/dev/nvidia-caps/nvidia-cap9"),
+            },
+        ],
+    )
+    assert specs.mig_id(None, 1, caps) is None

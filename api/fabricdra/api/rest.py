@@ -96,6 +96,7 @@ class Rest:
         body: Any,
         content_type: str,
         timeout: Any,
+        retries: bool | None = None,
     ) -> Any:
         q = [(k, v) for k, v in (query or {}).items() if v is not None]
         headers = {"Accept": "application/json", "Content-Type": content_type}
@@ -114,6 +115,9 @@ class Rest:
             limit = urllib3.Timeout(connect=timeout[0], read=timeout[1])
         else:
             limit = urllib3.Timeout(total=timeout)
+        # retries=False: exactly one attempt, so `timeout` bounds the whole call (urllib3's
+        # default retries would multiply it); None keeps the pool's default.
+        extra = {} if retries is None else {"retries": retries}
         try:
             resp = self.api.rest_client.pool_manager.request(
                 method,
@@ -122,6 +126,7 @@ class Rest:
                 headers=headers,
                 preload_content=False,
                 timeout=limit,
+                **extra,
             )
         except (urllib3.exceptions.HTTPError, OSError) as e:  # refused, reset, timeouts
             raise ApiError(0, str(e)) from None
@@ -138,8 +143,9 @@ class Rest:
         body: Any = None,
         content_type: str = "application/json",
         timeout: float | None = 30.0,
+        retries: bool | None = None,
     ) -> JSON:
-        resp = self._send(method, path, query, body, content_type, timeout)
+        resp = self._send(method, path, query, body, content_type, timeout, retries)
         raw = resp.data
         doc: JSON = json.loads(raw) if raw else {}
         return doc

@@ -3,6 +3,7 @@ API client and stop signals."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -23,6 +24,37 @@ def print_json(doc: object) -> None:
 def env(name: str, default: str | None = None) -> str | None:
     """A flag's default from its environment variable `FABRICDRA_<NAME>` (the flag wins)."""
     return os.environ.get(f"FABRICDRA_{name}", default)
+
+
+def add_node_plugin_flags(
+    p: argparse.ArgumentParser, *, plugin_dir: str, plugin_dir_help: str
+) -> None:
+    """The flags every kubelet plugin takes, defined once (each driver's plugin folder
+    differs only in its default)."""
+    a = p.add_argument
+    a("--node-name", default=env("NODE_NAME"), help="this node's name [FABRICDRA_NODE_NAME]")
+    a(
+        "--kubeconfig",
+        default=env("KUBECONFIG"),
+        help="kubeconfig file; default: the in-cluster service account [FABRICDRA_KUBECONFIG]",
+    )
+    a(
+        "--cdi-dir",
+        default=env("CDI_DIR", "/var/run/cdi"),
+        help="where claim CDI specs are written (default /var/run/cdi) [FABRICDRA_CDI_DIR]",
+    )
+    a(
+        "--plugin-dir",
+        default=env("PLUGIN_DIR", plugin_dir),
+        help=f"{plugin_dir_help} (default {plugin_dir}) [FABRICDRA_PLUGIN_DIR]",
+    )
+    a(
+        "--registry-dir",
+        default=env("REGISTRY_DIR", "/var/lib/kubelet/plugins_registry"),
+        help="kubelet's plugin registration folder [FABRICDRA_REGISTRY_DIR]",
+    )
+    a("--dev-root", default=env("DEV_ROOT", "/dev"), help="host /dev [FABRICDRA_DEV_ROOT]")
+    a("--proc-root", default=env("PROC_ROOT", "/proc"), help="host /proc [FABRICDRA_PROC_ROOT]")
 
 
 def api_client(kubeconfig: str | None, user_agent: str | None = None) -> Any:

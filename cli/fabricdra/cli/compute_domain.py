@@ -11,12 +11,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-import structlog
-
-from fabricdra.cli.common import UsageError, api_client, stop_event
+from fabricdra.cli.common import UsageError, add_node_plugin_flags, api_client, stop_event
 from fabricdra.cli.common import env as _env
-
-log = structlog.get_logger("fabricdra.compute-domain-plugin")
 
 
 def register(sub: Any) -> None:
@@ -29,36 +25,10 @@ def register(sub: Any) -> None:
         "brackets.",
     )
     a = p.add_argument
-    a("--node-name", default=_env("NODE_NAME"), help="this node's name [FABRICDRA_NODE_NAME]")
-    a(
-        "--kubeconfig",
-        default=_env("KUBECONFIG"),
-        help="kubeconfig file; default: the in-cluster service account [FABRICDRA_KUBECONFIG]",
-    )
-    a(
-        "--cdi-dir",
-        default=_env("CDI_DIR", "/var/run/cdi"),
-        help="where claim CDI specs are written (default /var/run/cdi) [FABRICDRA_CDI_DIR]",
-    )
-    a(
-        "--plugin-dir",
-        default=_env("PLUGIN_DIR", "/var/lib/kubelet/plugins/compute-domain.fabricdra.io"),
-        help="socket, checkpoint and per-domain folders [FABRICDRA_PLUGIN_DIR]",
-    )
-    a(
-        "--registry-dir",
-        default=_env("REGISTRY_DIR", "/var/lib/kubelet/plugins_registry"),
-        help="kubelet's plugin registration folder [FABRICDRA_REGISTRY_DIR]",
-    )
-    a(
-        "--proc-root",
-        default=_env("PROC_ROOT", "/proc"),
-        help="procfs root, for devices (default /proc) [FABRICDRA_PROC_ROOT]",
-    )
-    a(
-        "--dev-root",
-        default=_env("DEV_ROOT", "/dev"),
-        help="device root where channel nodes are created (default /dev) [FABRICDRA_DEV_ROOT]",
+    add_node_plugin_flags(
+        p,
+        plugin_dir="/var/lib/kubelet/plugins/compute-domain.fabricdra.io",
+        plugin_dir_help="socket, checkpoint and per-domain folders",
     )
     a(
         "--imex-ctl",
@@ -116,71 +86,29 @@ def register(sub: Any) -> None:
 
 
 def run_plugin(args: argparse.Namespace) -> int:
-    from fabricdra.api import computedomain as cd
-    from fabricdra.api import labels
-    from fabricdra.api.rest import NODES, Rest
-    from fabricdra.kubeletplugin.computedomain.driver import ComputeDomainDriver, NodeConfig
-    from fabricdra.kubeletplugin.kubelet import PluginPaths, PluginServer
+    from fabricdra.kubeletplugin.computedomain.plugin import ComputeDomainPlugin, PluginConfig
     from fabricdra.kubeletplugin.kubelet.server import PluginServerError
 
     if not args.node_name:
         raise UsageError("--node-name (or FABRICDRA_NODE_NAME) is required")
+    config = PluginConfig(
+        node_name=args.node_name,
+        cdi_dir=Path(args.cdi_dir),
+        plugin_dir=Path(args.plugin_dir),
+        registry_dir=Path(args.registry_dir),
+        proc_root=Path(args.proc_root),
+        dev_root=Path(args.dev_root),
+        imex_ctl=args.imex_ctl,
+        report_namespace=args.report_namespace,
+        host_imex_interval=args.host_imex_interval,
+    )
     api = api_client(args.kubeconfig, "fabricdra-compute-domain-plugin/0.1.0")
-    rest = Rest(api)
-    node = rest.get(NODES, args.node_name)
-    fabric = node["metadata"].get("labels", {}).get(labels.FABRIC_DOMAIN, "")
-    driver = ComputeDomainDriver(
-        rest,
-        NodeConfig(
-            node_name=args.node_name,
-            cdi_dir=Path(args.cdi_dir),
-            plugin_dir=Path(args.plugin_dir),
-            proc_root=Path(args.proc_root),
-            dev_root=Path(args.dev_root),
-            fabric_domain=fabric,
-            imex_ctl=args.imex_ctl,
-        ),
-    )
-    paths = PluginPaths.for_driver(
-        cd.DRIVER, registry_dir=args.registry_dir, plugin_dir=args.plugin_dir
-    )
-    stop = stop_event()
-    server = PluginServer(driver, paths)
+    plugin = ComputeDomainPlugin(config, api)
     try:
-        server.start()
+        plugin.run(stop_event())
     except PluginServerError as e:
         raise UsageError(str(e)) from None
-    try:
-        if node["metadata"].get("labels", {}).get(cd.PLUGIN_NODE_LABEL) != "true":
-            rest.patch(
-                NODES, args.node_name, {"metadata": {"labels": {cd.PLUGIN_NODE_LABEL: "true"}}}
-            )
-        if args.host_imex_interval > 0:
-            _report_host_imex(driver, rest, args, stop)
-        else:
-            stop.wait()
-    finally:
-        server.stop()
     return 0
-
-
-def _report_host_imex(driver: Any, rest: Any, args: argparse.Namespace, stop: Any) -> None:
-    """Ask the host's IMEX service every interval and say what it answered in the host report
-    Lease (written only when the answer changed), so a host-mode domain on a broken service
-    shows Degraded instead of Ready."""
-    from fabricdra.api.rest import ApiError
-    from fabricdra.kubeletplugin.computedomain.report import write_host_report
-
-    while True:
-        ready, message = driver.host_imex()
-        try:
-            write_host_report(
-                rest, args.report_namespace, args.node_name, ready=ready, message=message
-            )
-        except ApiError as e:  # transient: the next interval tries again
-            log.error("host IMEX report not written", error=str(e))
-        if stop.wait(args.host_imex_interval):
-            return
 
 
 def run_daemon(args: argparse.Namespace) -> int:

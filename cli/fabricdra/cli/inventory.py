@@ -107,12 +107,15 @@ def run_inventory(args: argparse.Namespace) -> int:
 def _resource_slices(result: Discovery, node_name: str) -> list[dict[str, Any]]:
     """Exactly what NodePublisher would publish for this discovery (same builders, same
     health rules), so a node's slices can be inspected without a cluster."""
-    from fabricdra.kubeletplugin.devices import build_devices
-    from fabricdra.kubeletplugin.health import gpu_health
+    from fabricdra.kubeletplugin.devices import build_devices, gpu_info
+    from fabricdra.kubeletplugin.health import gpu_health, nvidia_bound
     from fabricdra.kubeletplugin.resourceslices import build_slices
 
     inventory = build_devices(
-        result.interfaces or [], result.accelerators or [], gpu_health=gpu_health(result.nvml, None)
+        result.interfaces or [],
+        result.accelerators or [],
+        gpu_health=gpu_health(result.nvml, None, expected=nvidia_bound(result.accelerators)),
+        gpu_info=gpu_info(result.nvml),
     )
     plan = build_slices(inventory, node_name)
     for device, omitted in plan.omitted.items():

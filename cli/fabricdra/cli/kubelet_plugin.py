@@ -15,7 +15,7 @@ from typing import Any
 import structlog
 
 from fabricdra.cli import logs
-from fabricdra.cli.common import UsageError, api_client
+from fabricdra.cli.common import UsageError, add_node_plugin_flags, api_client
 from fabricdra.cli.common import env as _env
 
 log = structlog.get_logger("fabricdra.kubelet-plugin")
@@ -32,11 +32,10 @@ def register(sub: Any) -> None:
         "gRPC API. Each flag can also be set by the environment variable in brackets.",
     )
     a = p.add_argument
-    a("--node-name", default=_env("NODE_NAME"), help="this node's name [FABRICDRA_NODE_NAME]")
-    a(
-        "--kubeconfig",
-        default=_env("KUBECONFIG"),
-        help="kubeconfig file; default: the in-cluster service account [FABRICDRA_KUBECONFIG]",
+    add_node_plugin_flags(
+        p,
+        plugin_dir="/var/lib/kubelet/plugins/devices.fabricdra.io",
+        plugin_dir_help="folder of the DRA socket dra.sock",
     )
     a("--sysfs-root", default=_env("SYSFS_ROOT", "/sys"), help="sysfs root [FABRICDRA_SYSFS_ROOT]")
     a(
@@ -46,33 +45,16 @@ def register(sub: Any) -> None:
         help="recorded NVML answers instead of the library [FABRICDRA_NVML_SNAPSHOT]",
     )
     a(
-        "--cdi-dir",
-        default=_env("CDI_DIR", "/var/run/cdi"),
-        help="where claim CDI specs are written (default /var/run/cdi) [FABRICDRA_CDI_DIR]",
-    )
-    a(
         "--toolkit-cdi-dirs",
         default=_env("TOOLKIT_CDI_DIRS", "/etc/cdi,/var/run/cdi"),
         help="comma-separated folders searched for the NVIDIA container toolkit's CDI spec "
         "[FABRICDRA_TOOLKIT_CDI_DIRS]",
     )
     a(
-        "--plugin-dir",
-        default=_env("PLUGIN_DIR", "/var/lib/kubelet/plugins/devices.fabricdra.io"),
-        help="folder of the DRA socket dra.sock [FABRICDRA_PLUGIN_DIR]",
-    )
-    a(
-        "--registry-dir",
-        default=_env("REGISTRY_DIR", "/var/lib/kubelet/plugins_registry"),
-        help="kubelet's plugin registration folder [FABRICDRA_REGISTRY_DIR]",
-    )
-    a(
         "--state-dir",
         default=_env("STATE_DIR"),
         help="folder of checkpoint.json; default: the plugin dir [FABRICDRA_STATE_DIR]",
     )
-    a("--dev-root", default=_env("DEV_ROOT", "/dev"), help="host /dev [FABRICDRA_DEV_ROOT]")
-    a("--proc-root", default=_env("PROC_ROOT", "/proc"), help="host /proc [FABRICDRA_PROC_ROOT]")
     a(
         "--rdma-mode",
         default=_env("RDMA_MODE", "exclusive"),
@@ -84,6 +66,20 @@ def register(sub: Any) -> None:
         type=int,
         default=int(_env("RDMA_SHARED_HOLDERS", "64") or 64),
         help="holders per endpoint in shared mode (default 64) [FABRICDRA_RDMA_SHARED_HOLDERS]",
+    )
+    a(
+        "--efa",
+        action="store_true",
+        default=(_env("EFA", "") or "").lower() in ("1", "true", "yes"),
+        help="also offer EFA endpoints (RDMA devices of driver efa); off by default, as AWS "
+        "nodes advertise them through their own device plugin [FABRICDRA_EFA=true]",
+    )
+    a(
+        "--claim-sweep-interval",
+        type=float,
+        default=float(_env("CLAIM_SWEEP_INTERVAL", "600") or 600),
+        help="seconds between sweeps that unprepare checkpointed claims no longer in the API "
+        "(default 600) [FABRICDRA_CLAIM_SWEEP_INTERVAL]",
     )
     a(
         "--resource-model",
@@ -151,8 +147,12 @@ def build_config(args: argparse.Namespace) -> Any:
         raise UsageError(f"--discovery-interval must be positive, not {args.discovery_interval}")
     if args.verify_interval < 0:
         raise UsageError(f"--verify-interval must be 0 or positive, not {args.verify_interval}")
+    if args.claim_sweep_interval <= 0:
+        raise UsageError(
+            f"--claim-sweep-interval must be positive, not {args.claim_sweep_interval}"
+        )
     try:
-        devices = DeviceConfig(args.rdma_mode, args.rdma_shared_holders)
+        devices = DeviceConfig(args.rdma_mode, args.rdma_shared_holders, efa=args.efa)
     except ValueError as e:
         raise UsageError(str(e)) from None
     return AgentConfig(
@@ -168,6 +168,7 @@ def build_config(args: argparse.Namespace) -> Any:
         proc_root=Path(args.proc_root),
         devices=devices,
         discovery_interval=args.discovery_interval,
+        sweep_interval=args.claim_sweep_interval,
         dcgm_url=args.dcgm_exporter_url or None,
         metrics_port=args.metrics_port or None,
         resource_model=args.resource_model,

@@ -16,7 +16,15 @@ Verification (docs/verification.md) runs inside a pass, before publishing, whene
 (`verification.runner.Schedule`): the first pass runs it, so a new node is never offered on
 trust; the publisher applies the gate from the last run.
 The first pass runs before the sockets open, so kubelet never reaches a plugin without an
-inventory. Discovery or API failures are logged and the previous state kept; the loop goes on.
+inventory. After each registration, passes also run `REGISTRATION_RECHECKS` seconds later:
+kubelet wipes the node's slices in the background when it starts, and that wipe can land
+after the pass the registration triggered; the recheck brings the slices back within seconds
+instead of one discovery period.
+
+Claim hygiene: at start-up the checkpoint drops entries of another boot (their spec files are
+removed); every `sweep_interval` seconds claims checkpointed here that no longer exist in the
+API are unprepared (`DevicesDriver.sweep`). Discovery or API failures are logged and the
+previous state kept; the loop goes on.
 """
 
 from __future__ import annotations
@@ -31,15 +39,22 @@ import structlog
 from prometheus_client import start_http_server
 
 from . import metrics
-from .devices import DeviceConfig, DeviceInventory, GpuHealth, build_devices, holder_name
+from .devices import (
+    DeviceConfig,
+    DeviceInventory,
+    GpuHealth,
+    build_devices,
+    gpu_info,
+    holder_name,
+)
 from .discovery.node import Discovery, NvmlSource, Previous, discover
 from .discovery.nvml import load_snapshot, read_live
 from .discovery.sysfs import SysfsTree
-from .health import DcgmState, gpu_health, keep_unhealthy
+from .health import DcgmState, gpu_health, keep_unhealthy, nvidia_bound
 from .hostdevices import HostLayout
 from .kubelet import DeviceHealth, HealthBroadcaster, PluginPaths, PluginServer
 from .kubelet.cdi import CdiWriter
-from .kubelet.checkpoint import Checkpoint
+from .kubelet.checkpoint import Checkpoint, current_boot_id
 from .nvidiacdi import DEFAULT_SPEC_DIRS, ToolkitSpecs
 from .prepare import CDI_KIND, DRIVER_NAME, ApiClaimReader, ClaimReader, DevicesDriver
 from .verification import GateInput, Tools, fingerprint
@@ -47,6 +62,8 @@ from .verification import metrics as verification_metrics
 from .verification.runner import CHANGED, FIRST_RUN, Schedule, run_once
 
 log = structlog.get_logger("fabricdra.agent")
+
+REGISTRATION_RECHECKS = (2.0, 5.0, 15.0)  # seconds after a registration: extra passes
 
 
 class Publisher(Protocol):
@@ -73,6 +90,7 @@ class AgentConfig:
     metrics_port: int | None = None  # None or 0: no metrics HTTP server
     metrics_address: str = "0.0.0.0"
     health_resend_seconds: float = 10.0
+    sweep_interval: float = 600.0  # seconds between sweeps of claims gone from the API
     # "auto": from the API server's version; "current"/"basic" override it (docs/attributes.md).
     resource_model: Literal["auto", "current", "basic"] = "auto"
     # The verification gate (docs/verification.md): off only where discovery is trusted.
@@ -118,14 +136,19 @@ class Agent:
         self._restored = False
         self._fingerprint = ""
         self.wake = threading.Event()
+        self._rechecks: list[float] = []  # monotonic times of extra passes still due
+        self.passes = 0  # discovery passes done
+        reader = ApiClaimReader(api)
+        checkpoint = Checkpoint(config.checkpoint_path, boot_id=current_boot_id())
         self.driver = DevicesDriver(
             node_name=config.node_name,
             inventory=lambda: self.inventory,
-            claims=claims or ApiClaimReader(api),
+            claims=claims or reader,
             cdi=CdiWriter(config.cdi_dir, CDI_KIND),
-            checkpoint=Checkpoint(config.checkpoint_path),
+            checkpoint=checkpoint,
             host=HostLayout(config.dev_root, config.proc_root, config.sysfs_root),
             toolkit=ToolkitSpecs(config.toolkit_cdi_dirs),
+            events=reader,
         )
         self.server = PluginServer(
             self.driver,
@@ -133,8 +156,14 @@ class Agent:
                 DRIVER_NAME, registry_dir=config.registry_dir, plugin_dir=config.plugin_dir
             ),
             health=self.health,
-            on_registration=lambda status: self.wake.set() if status.registered else None,
+            on_registration=self._registered,
         )
+
+    def _registered(self, status: Any) -> None:
+        if status.registered:
+            now = time.monotonic()
+            self._rechecks = [now + d for d in REGISTRATION_RECHECKS]
+            self.wake.set()
 
     def pass_once(self) -> DeviceInventory:
         """One discovery + publish pass; returns the inventory it swapped in."""
@@ -165,15 +194,25 @@ class Agent:
         for part, reason in discovery.failures.items():
             log.error("discovery failed; keeping the previous record", part=part, error=reason)
         gpus = keep_unhealthy(
-            gpu_health(discovery.nvml, self.config.dcgm_url, state=self.dcgm_state),
+            gpu_health(
+                discovery.nvml,
+                self.config.dcgm_url,
+                state=self.dcgm_state,
+                expected=nvidia_bound(discovery.accelerators),
+            ),
             self._gpu_health,
         )
         self._gpu_health = gpus
         inventory = build_devices(
-            discovery.interfaces or [], discovery.accelerators or [], self.config.devices, gpus
+            discovery.interfaces or [],
+            discovery.accelerators or [],
+            self.config.devices,
+            gpus,
+            gpu_info(discovery.nvml),
         )
         self.inventory = inventory
         metrics.DISCOVERY_SECONDS.observe(time.perf_counter() - start)
+        self.passes += 1
         self.previous = Previous(discovery.interfaces, discovery.accelerators)
         self.health.publish(health_reports(self.config.node_name, inventory))
         _count_devices(inventory)
@@ -242,21 +281,54 @@ class Agent:
                 http.shutdown()
                 http.server_close()
 
+    def seed_history(self) -> None:
+        """Start from the link history this node last published (NodeDevices), so a failure's
+        first-seen time — the taint's timeAdded — survives a plugin restart. Best effort: an
+        unreadable record means starting afresh, as before."""
+        recorded = getattr(self.publisher, "recorded_interfaces", None)
+        if self.previous is not None or recorded is None:
+            return
+        try:
+            interfaces = recorded()
+        except Exception as e:
+            log.warning(
+                "cannot read the published NodeDevices; link history starts now", error=str(e)
+            )
+            return
+        if interfaces is not None:
+            self.previous = Previous(interfaces, None)
+
     def _serve(self, stop: threading.Event) -> None:
+        self.seed_history()
         self.pass_once()
         self.server.start()
+        next_sweep = time.monotonic() + self.config.sweep_interval
         try:
             while not stop.is_set():
-                self.wake.wait(self.config.discovery_interval)
+                self.wake.wait(self._until_next_pass())
                 self.wake.clear()
                 if stop.is_set():
                     break
+                now = time.monotonic()
+                self._rechecks = [t for t in self._rechecks if t > now]
                 try:
                     self.pass_once()
                 except Exception:
                     log.exception("discovery pass failed")
+                if now >= next_sweep:
+                    next_sweep = now + self.config.sweep_interval
+                    try:
+                        self.driver.sweep()
+                    except Exception:
+                        log.exception("claim sweep failed")
         finally:
             self.server.stop()
+
+    def _until_next_pass(self) -> float:
+        wait = self.config.discovery_interval
+        if self._rechecks:
+            wait = min(wait, max(0.0, min(self._rechecks) - time.monotonic()))
+        return wait
 
     def stop_event_wakes(self, stop: threading.Event) -> None:
         """Make `stop` also end the wait between passes (call from the signal handler)."""

@@ -13,7 +13,9 @@ Rules (issue 4, seeds 000 "The RDMA resource keys" and 003 "MIG profiles", "Heal
   instances, the GPU offers nothing until instances exist; NodeDevices still records it).
 * Every RDMA endpoint is offered in the node's mode. A physical function with virtual
   functions configured offers only its VFs (mode `vf`); otherwise the whole function is
-  offered `exclusive` or `shared` as `DeviceConfig.rdma_mode` says. An endpoint without a
+  offered `exclusive` or `shared` as `DeviceConfig.rdma_mode` says. EFA endpoints (driver
+  `efa`) are skipped unless `DeviceConfig.efa` is on: AWS nodes advertise them through their
+  own device plugin, and offering them twice would hand one out twice. An endpoint without a
   bound RDMA device name is offered in no mode: the name is what prepare resolves to a verbs
   character device, so without it there is nothing to hand over.
 * Names are DNS labels derived from the PCI bus id (and MIG GPU/compute instance ids), never
@@ -39,6 +41,8 @@ from typing import Literal
 
 from fabricdra.api.inventory import Accelerator, Endpoint, Interface, MigDevice
 
+from .discovery.nvml import NvmlReadings
+
 RdmaMode = Literal["exclusive", "shared"]
 DeviceType = Literal["gpu", "mig", "rdma"]
 EndpointMode = Literal["exclusive", "shared", "vf"]
@@ -55,6 +59,7 @@ class DeviceConfig:
 
     rdma_mode: RdmaMode = "exclusive"
     rdma_shared_holders: int = DEFAULT_SHARED_HOLDERS
+    efa: bool = False  # offer EFA endpoints (driver `efa`) too
 
     def __post_init__(self) -> None:
         if self.rdma_mode not in ("exclusive", "shared"):
@@ -73,6 +78,67 @@ class GpuHealth:
 
 
 @dataclass(frozen=True)
+class GpuInfo:
+    """What NVML says about one NVIDIA GPU beyond the inventory record: the facts users of
+    NVIDIA's DRA driver select on, in that driver's forms (versions as semver strings), and
+    each MIG instance's compute capacities keyed by its UUID."""
+
+    driver_version: str | None = None  # "550.54.15"
+    cuda_driver_version: str | None = None  # "12.4.0"
+    cuda_compute_capability: str | None = None  # "9.0.0"
+    architecture: str | None = None
+    brand: str | None = None
+    mig_capacity: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+
+
+def gpu_info(nvml: NvmlReadings | None) -> dict[str, GpuInfo]:
+    """Per PCI bus id, from this pass's NVML readings (nothing where NVML had no answer)."""
+    if nvml is None or not nvml.available:
+        return {}
+    out = {}
+    for bus, g in nvml.gpus.items():
+        cuda = g.cudaDriverVersion
+        out[bus] = GpuInfo(
+            driver_version=semver(g.driverVersion),
+            cuda_driver_version=None if cuda is None else f"{cuda // 1000}.{cuda % 1000 // 10}.0",
+            cuda_compute_capability=semver(g.cudaComputeCapability),
+            architecture=g.architecture,
+            brand=g.brand,
+            mig_capacity={
+                m.uuid: {
+                    k: v
+                    for k, v in (
+                        ("multiprocessors", m.multiprocessors),
+                        ("copyEngines", m.copyEngines),
+                        ("decoders", m.decoders),
+                        ("encoders", m.encoders),
+                        ("jpegEngines", m.jpegEngines),
+                        ("ofaEngines", m.ofaEngines),
+                    )
+                    if v is not None
+                }
+                for m in g.migDevices
+            },
+        )
+    return out
+
+
+_SEMVER_PART = re.compile(r"^(0|[1-9][0-9]*)$")
+
+
+def semver(version: str | None) -> str | None:
+    """A dotted numeric version as a semver string (`9.0` -> `9.0.0`, `550.54.15` kept;
+    leading zeros dropped: `535.104.05` -> `535.104.5`); None when it is not one."""
+    if not version:
+        return None
+    parts = version.strip().split(".")
+    if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+        return None
+    nums = [str(int(p)) for p in parts] + ["0"] * (3 - len(parts))
+    return ".".join(nums) if all(_SEMVER_PART.match(n) for n in nums) else None
+
+
+@dataclass(frozen=True)
 class Device:
     name: str
     type: DeviceType
@@ -83,6 +149,7 @@ class Device:
     mode: EndpointMode | None  # rdma only
     health: Health
     health_reason: str | None
+    info: GpuInfo | None = None  # gpu and mig: NVML's facts about the (parent) GPU
 
 
 @dataclass(frozen=True)
@@ -126,11 +193,13 @@ def build_devices(
     accelerators: Sequence[Accelerator],
     config: DeviceConfig = DeviceConfig(),  # frozen: one shared default is safe
     gpu_health: Mapping[str, GpuHealth] | None = None,
+    gpu_info: Mapping[str, GpuInfo] | None = None,
 ) -> DeviceInventory:
     """Every device this node offers, sorted by name (a stable order for slices and diffs)."""
     out: list[Device] = []
     for acc in accelerators:
-        out.extend(_accelerator_devices(acc, gpu_health or {}))
+        info = (gpu_info or {}).get(acc.pciBusId)
+        out.extend(_accelerator_devices(acc, gpu_health or {}, info))
     for iface in interfaces:
         out.extend(_rdma_devices(iface, config))
     out.sort(key=lambda d: d.name)
@@ -140,7 +209,9 @@ def build_devices(
 # --- accelerators -------------------------------------------------------------------------
 
 
-def _accelerator_devices(acc: Accelerator, gpu_health: Mapping[str, GpuHealth]) -> list[Device]:
+def _accelerator_devices(
+    acc: Accelerator, gpu_health: Mapping[str, GpuHealth], info: GpuInfo | None
+) -> list[Device]:
     health, reason = _gpu_health(gpu_health.get(acc.pciBusId))
     if not acc.migMode:
         return [
@@ -154,6 +225,7 @@ def _accelerator_devices(acc: Accelerator, gpu_health: Mapping[str, GpuHealth]) 
                 mode=None,
                 health=health,
                 health_reason=reason,
+                info=info,
             )
         ]
     return [
@@ -167,6 +239,7 @@ def _accelerator_devices(acc: Accelerator, gpu_health: Mapping[str, GpuHealth]) 
             mode=None,
             health=health,
             health_reason=reason,
+            info=info,
         )
         for mig in acc.migDevices
     ]
@@ -193,6 +266,8 @@ def _gpu_health(reading: GpuHealth | None) -> tuple[Health, str | None]:
 
 
 def _rdma_devices(iface: Interface, config: DeviceConfig) -> list[Device]:
+    if iface.driver == "efa" and not config.efa:
+        return []
     if iface.sriovVfsConfigured or iface.virtualFunctions:
         # A PF with VFs configured serves the partitioned mode only: the node was put in that
         # state before we started, and offering the PF whole too would hand its link out twice.

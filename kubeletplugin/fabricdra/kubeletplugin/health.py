@@ -1,24 +1,38 @@
-"""GPU health for the devices this node offers (seed 003, "Health states"): unhealthy on
-uncorrectable ECC errors (cumulative since boot: any is too many) or active thermal throttling.
+"""GPU health for the devices this node offers (seed 003, "Health states").
+
+Unhealthy on what means the GPU cannot be trusted with work:
+- uncorrectable ECC errors (cumulative since boot: any is too many);
+- a critical Xid error (every Xid except those an application causes itself: 13, 31, 43,
+  45, 68, 109 — the NVIDIA device plugin's rule);
+- a row-remapping failure, or a remapping pending (the GPU needs a reset to apply it);
+- PCIe replays or NVLink errors growing by more than `COUNTER_LIMIT` between two passes
+  (the counters are cumulative and a few corrected errors are normal);
+- NVML failing to read a GPU it enumerates (e.g. GPU_IS_LOST), or not reporting at all a GPU
+  the kernel has bound to the `nvidia` driver while it answers for the others: a GPU that fell
+  off the bus is a fault, so it stays published, tainted.
+Thermal or power slowdown is *not* unhealthy: the GPU protects itself and recovers, and
+flipping health with the load would taint and rewrite the pool on every flip.
 
 Two sources, one answer per GPU keyed by PCI bus id (`0000:1b:00.0`):
-- NVML's readings from the discovery pass (`eccUncorrectable`, `thermalViolation`).
+- NVML's readings from the discovery pass (`eccUncorrectable`, `xidErrors`,
+  `rowRemapFailure`, `rowRemapPending`, `pcieReplayCounter`, `nvlinkErrors`).
 - Where a DCGM exporter URL is configured, its metrics `DCGM_FI_DEV_ECC_DBE_VOL_TOTAL`
-  (uncorrectable volatile ECC) and `DCGM_FI_DEV_THERMAL_VIOLATION` (a cumulative counter of
-  throttled time: throttling is *active* when it grew since the previous scrape, so the first
-  scrape judges ECC only). DCGM wins for the GPUs it reports; GPUs it does not report, or a
-  scrape that fails, fall back to NVML.
+  (uncorrectable volatile ECC), `DCGM_FI_DEV_XID_ERRORS` (the last Xid) and
+  `DCGM_FI_DEV_ROW_REMAP_FAILURE`. A problem either source sees counts; GPUs DCGM does not
+  report, or a scrape that fails, fall back to NVML.
 A GPU neither source can read is `GpuHealth(None)` (Unknown), never healthy by default.
 """
 
 from __future__ import annotations
 
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import structlog
 from prometheus_client.parser import text_string_to_metric_families
+
+from fabricdra.api.inventory import Accelerator
 
 from .devices import GpuHealth
 from .discovery.nvml import NvmlReadings, normalise_bus_id
@@ -26,36 +40,59 @@ from .discovery.nvml import NvmlReadings, normalise_bus_id
 log = structlog.get_logger("fabricdra.health")
 
 DCGM_ECC = "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"
-DCGM_THERMAL = "DCGM_FI_DEV_THERMAL_VIOLATION"
+DCGM_XID = "DCGM_FI_DEV_XID_ERRORS"
+DCGM_ROW_REMAP_FAILURE = "DCGM_FI_DEV_ROW_REMAP_FAILURE"
 SCRAPE_TIMEOUT = 2.0
+
+# Xids an application causes (bad address, illegal instruction, ...): not the GPU's fault.
+APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+COUNTER_LIMIT = 100  # PCIe replays / NVLink errors per pass above which a GPU is unhealthy
 
 
 @dataclass(frozen=True, slots=True)
 class DcgmReading:
     ecc_uncorrectable: float | None = None
-    thermal_violation: float | None = None  # cumulative counter
+    xid: float | None = None  # the last Xid (0: none)
+    row_remap_failure: float | None = None
 
 
 @dataclass
 class DcgmState:
-    """The previous scrape's thermal counters, to tell active throttling from history."""
+    """The previous pass's cumulative counters (PCIe replays, NVLink errors) per GPU, to tell
+    errors happening now from history."""
 
-    thermal: dict[str, float] = field(default_factory=dict)
+    counters: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 def gpu_health(
-    nvml: NvmlReadings | None, dcgm_url: str | None, *, state: DcgmState | None = None
+    nvml: NvmlReadings | None,
+    dcgm_url: str | None,
+    *,
+    state: DcgmState | None = None,
+    expected: Iterable[str] = (),
 ) -> dict[str, GpuHealth]:
-    out = nvml_health(nvml)
+    """Health per GPU bus id. `expected`: the bus ids of the GPUs the kernel has bound to the
+    nvidia driver, which NVML must report when it answers at all."""
+    out = nvml_health(nvml, state)
+    if nvml is not None and nvml.available:
+        for bus in expected:
+            if bus not in out:
+                out[bus] = GpuHealth(False, "NVML does not report this GPU (lost, or off the bus)")
     if dcgm_url:
         try:
             readings = parse_dcgm(scrape(dcgm_url))
         except Exception as e:
             log.warning("DCGM exporter scrape failed; using NVML", url=dcgm_url, error=str(e))
         else:
-            for bus, reading in dcgm_health(readings, state).items():
+            for bus, reading in dcgm_health(readings).items():
                 out[bus] = _merge(out[bus], reading) if bus in out else reading
     return out
+
+
+def nvidia_bound(accelerators: Iterable[Accelerator] | None) -> list[str]:
+    """Bus ids of the GPUs bound to the nvidia kernel driver: the ones NVML must report (a GPU
+    on vfio-pci for a VM is not NVML's to see)."""
+    return [a.pciBusId for a in accelerators or () if a.driver == "nvidia"]
 
 
 def keep_unhealthy(
@@ -85,42 +122,67 @@ def _merge(a: GpuHealth, b: GpuHealth) -> GpuHealth:
     return GpuHealth(None, a.reason or b.reason)
 
 
-def nvml_health(nvml: NvmlReadings | None) -> dict[str, GpuHealth]:
+def nvml_health(nvml: NvmlReadings | None, state: DcgmState | None = None) -> dict[str, GpuHealth]:
     if nvml is None:
         return {}
-    out = {bus: GpuHealth(None, reason) for bus, reason in nvml.errors.items()}
+    out = {
+        bus: GpuHealth(False, f"NVML cannot read this GPU: {reason}")
+        for bus, reason in nvml.errors.items()
+    }
     for bus, gpu in nvml.gpus.items():
-        out[bus] = _judge(gpu.eccUncorrectable, gpu.thermalViolation)
+        reasons = []
+        if gpu.eccUncorrectable:
+            reasons.append(f"uncorrectable ECC errors: {gpu.eccUncorrectable}")
+        critical = [x for x in gpu.xidErrors or () if x not in APPLICATION_XIDS]
+        if critical:
+            reasons.append(f"critical Xid errors: {', '.join(map(str, sorted(set(critical))))}")
+        if gpu.rowRemapFailure:
+            reasons.append("row remapping failed")
+        if gpu.rowRemapPending:
+            reasons.append("row remapping pending (the GPU needs a reset)")
+        for key, what, value in (
+            ("pcie", "PCIe replays", gpu.pcieReplayCounter),
+            ("nvlink", "NVLink errors", gpu.nvlinkErrors),
+        ):
+            grew = _growth(state, bus, key, value)
+            if grew is not None and grew > COUNTER_LIMIT:
+                reasons.append(f"{what}: {grew} since the previous pass")
+        readings = (gpu.eccUncorrectable, gpu.xidErrors, gpu.rowRemapFailure)
+        if reasons:
+            out[bus] = GpuHealth(False, "; ".join(reasons))
+        elif all(r is None for r in readings):
+            out[bus] = GpuHealth(None, "no ECC, Xid or row-remapping reading")
+        else:
+            out[bus] = GpuHealth(True)
     return out
 
 
-def dcgm_health(
-    readings: Mapping[str, DcgmReading], state: DcgmState | None = None
-) -> dict[str, GpuHealth]:
+def _growth(state: DcgmState | None, bus: str, key: str, value: int | None) -> int | None:
+    """How much a cumulative counter grew since the previous pass (None: first reading)."""
+    if value is None or state is None:
+        return None
+    before = state.counters.get((bus, key))
+    state.counters[(bus, key)] = value
+    return None if before is None or value < before else value - before
+
+
+def dcgm_health(readings: Mapping[str, DcgmReading]) -> dict[str, GpuHealth]:
     out: dict[str, GpuHealth] = {}
     for bus, r in readings.items():
-        throttling: bool | None = None
-        if r.thermal_violation is not None and state is not None:
-            before = state.thermal.get(bus)
-            if before is not None:
-                throttling = r.thermal_violation > before
-            state.thermal[bus] = r.thermal_violation
-        ecc = None if r.ecc_uncorrectable is None else int(r.ecc_uncorrectable)
-        out[bus] = _judge(ecc, throttling)
+        reasons = []
+        if r.ecc_uncorrectable:
+            reasons.append(f"uncorrectable ECC errors: {int(r.ecc_uncorrectable)}")
+        if r.xid and int(r.xid) not in APPLICATION_XIDS:
+            reasons.append(f"critical Xid errors: {int(r.xid)}")
+        if r.row_remap_failure:
+            reasons.append("row remapping failed")
+        if reasons:
+            out[bus] = GpuHealth(False, "; ".join(reasons))
+        elif r.ecc_uncorrectable is None and r.xid is None and r.row_remap_failure is None:
+            out[bus] = GpuHealth(None, "no ECC, Xid or row-remapping reading")
+        else:
+            out[bus] = GpuHealth(True)
     return out
-
-
-def _judge(ecc: int | None, throttling: bool | None) -> GpuHealth:
-    reasons = []
-    if ecc:
-        reasons.append(f"uncorrectable ECC errors: {ecc}")
-    if throttling:
-        reasons.append("thermal throttling active")
-    if reasons:
-        return GpuHealth(False, "; ".join(reasons))
-    if ecc is None and throttling is None:
-        return GpuHealth(None, "no ECC or thermal reading")
-    return GpuHealth(True)
 
 
 def scrape(url: str) -> str:
@@ -132,19 +194,20 @@ def scrape(url: str) -> str:
 def parse_dcgm(text: str) -> dict[str, DcgmReading]:
     """Per-GPU readings from dcgm-exporter's text exposition (label `pci_bus_id`, in NVML's
     `00000000:1B:00.0` form; MIG-level series, labelled `GPU_I_ID`, are skipped)."""
-    ecc: dict[str, float] = {}
-    thermal: dict[str, float] = {}
+    series: dict[str, dict[str, float]] = {DCGM_ECC: {}, DCGM_XID: {}, DCGM_ROW_REMAP_FAILURE: {}}
     for family in text_string_to_metric_families(text):
         # Match the family: the parser renames a counter's samples to `<name>_total`.
-        if family.name not in (DCGM_ECC, DCGM_THERMAL):
+        target = series.get(family.name)
+        if target is None:
             continue
-        target = ecc if family.name == DCGM_ECC else thermal
         for sample in family.samples:
             if sample.name.endswith("_created") or sample.labels.get("GPU_I_ID"):
                 continue
             bus = sample.labels.get("pci_bus_id")
             if bus:
                 target[normalise_bus_id(bus)] = float(sample.value)
+    ecc, xid, remap = series[DCGM_ECC], series[DCGM_XID], series[DCGM_ROW_REMAP_FAILURE]
     return {
-        bus: DcgmReading(ecc.get(bus), thermal.get(bus)) for bus in sorted(set(ecc) | set(thermal))
+        bus: DcgmReading(ecc.get(bus), xid.get(bus), remap.get(bus))
+        for bus in sorted(set(ecc) | set(xid) | set(remap))
     }

@@ -3,8 +3,12 @@ kind `nvidia.com/gpu`): the ids prepare returns for granted GPUs and MIG instanc
 runtime mounts the driver libraries the supported way.
 
 A toolkit device is matched to a GPU by UUID (its name, with the `uuid` naming strategy) or
-else by the device nodes it injects (`/dev/nvidiaN` for a whole GPU; the MIG instance's
-`/dev/nvidia-caps/nvidia-capN` pair), which holds whatever naming strategy generated it.
+else by the device nodes it injects, which holds whatever naming strategy generated it: a
+whole GPU's device holds exactly its `/dev/nvidiaN` and no capability node; a MIG instance's
+device holds exactly its parent's `/dev/nvidiaN` and exactly the instance's
+`/dev/nvidia-caps/nvidia-capN` pair. A device with any other GPU or capability node (the
+toolkit's `all`, which sorts first under the `type-index` strategy) is never a match: it would
+hand the container GPUs or instances nobody was granted.
 Files are re-read only when their modification time or size changes.
 """
 
@@ -28,12 +32,21 @@ DEFAULT_SPEC_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
 
 
 _GPU_NODE = re.compile(r"/dev/nvidia[0-9]+")
+_CAP_NODE = re.compile(r"/dev/nvidia-caps/nvidia-cap[0-9]+")
 
 
 @dataclass(frozen=True, slots=True)
 class ToolkitDevice:
     name: str
     node_paths: frozenset[str]  # container paths of its device nodes
+
+    @property
+    def gpu_nodes(self) -> frozenset[str]:
+        return frozenset(p for p in self.node_paths if _GPU_NODE.fullmatch(p))
+
+    @property
+    def cap_nodes(self) -> frozenset[str]:
+        return frozenset(p for p in self.node_paths if _CAP_NODE.fullmatch(p))
 
     @property
     def cdi_id(self) -> str:
@@ -78,21 +91,23 @@ class ToolkitSpecs:
             return None
         node = f"/dev/nvidia{minor}"
         for d in sorted(devices.values(), key=lambda d: d.name):
-            # Exactly this GPU's node: the toolkit's `all` device (and any other multi-GPU
-            # device) holds every /dev/nvidiaN and would hand out GPUs nobody was granted.
-            gpu_nodes = {p for p in d.node_paths if _GPU_NODE.fullmatch(p)}
-            if gpu_nodes == {node} and not any("nvidia-caps" in p for p in d.node_paths):
+            if d.gpu_nodes == {node} and not d.cap_nodes:
                 return d.cdi_id
         return None
 
-    def mig_id(self, uuid: str | None, cap_paths: Sequence[str] = ()) -> str | None:
+    def mig_id(
+        self, uuid: str | None, minor: int | None = None, cap_paths: Sequence[str] = ()
+    ) -> str | None:
+        """The toolkit id of one MIG instance: by UUID, else the device holding exactly the
+        parent GPU's node `/dev/nvidia<minor>` and exactly the instance's capability pair."""
         devices = self.devices()
         if uuid and uuid in devices:
             return devices[uuid].cdi_id
-        if not cap_paths:
+        if minor is None or not cap_paths:
             return None
+        node, caps = f"/dev/nvidia{minor}", frozenset(cap_paths)
         for d in sorted(devices.values(), key=lambda d: d.name):
-            if set(cap_paths) <= d.node_paths:
+            if d.gpu_nodes == {node} and d.cap_nodes == caps:
                 return d.cdi_id
         return None
 

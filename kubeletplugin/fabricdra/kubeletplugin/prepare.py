@@ -5,60 +5,130 @@ take the allocation results for this driver and this node's pool, resolve each d
 against the *current* `DeviceInventory`, and write one CDI spec for the claim:
 
 - RDMA endpoint: its own verbs character device (`/dev/infiniband/uverbsN`, major/minor from
-  the host's node). Once per claim, in a claim-level CDI device every RDMA device's ids
-  include: `/dev/infiniband/rdma_cm` where the host has it, and `NCCL_IB_HCA` naming the
-  granted RDMA devices, comma-joined. Never the whole /dev/infiniband folder.
+  the host's node). Once per *request*, in a request-level CDI device every RDMA device of
+  that request includes: `/dev/infiniband/rdma_cm` where the host has it, and
+  `NCCL_IB_HCA==<its RDMA devices>` (the leading `=` makes NCCL match names exactly, so
+  `mlx5_1` never also selects `mlx5_10`). A container is told only about the HCAs of the
+  requests it is given. Never the whole /dev/infiniband folder.
 - GPU / MIG instance: the NVIDIA container toolkit's own CDI id when its spec is on the host
   (driver libraries then come the supported way); otherwise the device nodes
-  (`/dev/nvidiaN`, `/dev/nvidiactl`, UVM; for MIG also the instance's two capability nodes).
-  An AMD GPU gets `/dev/kfd` and its own `/dev/dri/renderDN`.
+  (`/dev/nvidiaN`, `/dev/nvidiactl`, UVM; for MIG also the instance's two capability nodes)
+  and nothing else: no driver libraries (the image brings its own). An AMD GPU gets
+  `/dev/kfd` and its own `/dev/dri/renderDN`. Every spec we write sets
+  `NVIDIA_VISIBLE_DEVICES=void`, so a legacy-mode nvidia-container-runtime never honours an
+  image's `NVIDIA_VISIBLE_DEVICES=all` and injects GPUs nobody was granted.
   No NUMA or CPU settings are injected: a MIG slice or a shared GPU cannot honour them.
+
+Refusals (the driver is the last line of defence): a device another prepared claim holds
+(unless it is offered shared, has a share id, or either request has admin access); opaque
+configuration addressed to this driver (it takes none); anything not offered by this node.
+
+Never stalling kubelet: the claim is read before any lock, in one attempt, within
+`READ_BUDGET` and at least `DEADLINE_MARGIN` before kubelet's deadline; a call kubelet has
+cancelled or given up on stops before it writes anything.
 
 CDI device names are `<device>-<claim uid>` (`-<shareID>` added for a shared allocation):
 unique per claim and across claims, and they start with a letter, so plain specs stay at
-cdiVersion 0.3.0. The spec is rewritten only when its content changed; a repeated prepare
-returns the same ids. The checkpoint records which spec files each claim created (written
-before the spec, so a crash in between leaves nothing unknown), so unprepare removes exactly
-those — also in a later process. Nothing else is recorded: responses come from the inventory.
+cdiVersion 0.3.0. The spec is rewritten only when its content changed. The checkpoint records,
+before the spec is written, the spec file and the devices kubelet is told (so a crash leaves
+nothing unknown); a repeated prepare returns exactly those, without reading the API or
+re-resolving against an inventory that may have changed since. Unprepare removes exactly
+what was recorded — also in a later process.
 """
 
 from __future__ import annotations
 
 import json
+import threading
+import uuid as uuidlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from fabricdra.api.rest import CLAIMS, Rest
+import structlog
+
+from fabricdra.api.rest import CLAIMS, EVENTS, ApiError, Rest
 
 from .devices import Device, DeviceInventory
 from .hostdevices import DeviceNodeError, HostLayout
-from .kubelet import ClaimRef, PreparedDevice, PrepareError
+from .kubelet import ClaimRef, PreparedDevice, PrepareError, current_call
 from .kubelet.cdi import CdiDevice, CdiSpec, CdiWriter, ContainerEdits, DeviceNode
-from .kubelet.checkpoint import Checkpoint, ClaimEntry
+from .kubelet.checkpoint import Checkpoint, ClaimEntry, PreparedRecord
 from .nvidiacdi import ToolkitSpecs
+
+log = structlog.get_logger("fabricdra.prepare")
 
 DRIVER_NAME = "devices.fabricdra.io"
 NVIDIA, AMD = "0x10de", "0x1002"  # PCI vendor ids
 CDI_KIND = "k8s.devices.fabricdra.io/device"
+VOID_GPUS = "NVIDIA_VISIBLE_DEVICES=void"
+
+READ_BUDGET = 10.0  # seconds one claim read may take
+DEADLINE_MARGIN = 5.0  # seconds kept before kubelet's deadline to write and answer
+EVENT_BUDGET = 4.0  # seconds the advisory events of one prepare may take
 
 
 class ClaimReader(Protocol):
-    def read_claim(self, namespace: str, name: str) -> dict[str, Any]:
-        """The ResourceClaim as JSON (`resource.k8s.io/v1`); raise when it cannot be read."""
+    def read_claim(self, namespace: str, name: str, timeout: float) -> dict[str, Any]:
+        """The ResourceClaim as JSON (`resource.k8s.io/v1`), in one attempt within `timeout`
+        seconds; raise when it cannot be read (`ApiError` with status 404: it does not
+        exist)."""
+        ...
+
+
+class EventRecorder(Protocol):
+    def warn(self, claim: dict[str, Any], reason: str, message: str, timeout: float) -> None:
+        """Record a Warning event about the ResourceClaim `claim` (best effort, one attempt
+        within `timeout` seconds)."""
         ...
 
 
 class ApiClaimReader:
     """Reads claims from the API server as raw JSON, not the client's models (cheaper, and
-    fields newer than the client library survive)."""
+    fields newer than the client library survive), and records events about them."""
 
     def __init__(self, api: Any) -> None:
         self._rest = Rest(api)
 
-    def read_claim(self, namespace: str, name: str) -> dict[str, Any]:
-        return self._rest.call("GET", CLAIMS.path(namespace, name), timeout=20.0)
+    def read_claim(self, namespace: str, name: str, timeout: float) -> dict[str, Any]:
+        # No retries: urllib3's default of 3 would make the timeout up to 4x as long.
+        return self._rest.call("GET", CLAIMS.path(namespace, name), timeout=timeout, retries=False)
+
+    def warn(self, claim: dict[str, Any], reason: str, message: str, timeout: float) -> None:
+        meta = claim.get("metadata") or {}
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "metadata": {
+                "name": f"{meta.get('name')}.{uuidlib.uuid4().hex[:12]}",
+                "namespace": meta.get("namespace"),
+            },
+            "involvedObject": {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "name": meta.get("name"),
+                "namespace": meta.get("namespace"),
+                "uid": meta.get("uid"),
+            },
+            "type": "Warning",
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": "fabricdra-kubelet-plugin"},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self._rest.call(
+                "POST",
+                EVENTS.path(meta.get("namespace")),
+                body=body,
+                timeout=timeout,
+                retries=False,
+            )
+        except ApiError as e:  # an event is advice: never fail a prepare over it
+            log.warning("cannot record event", reason=reason, error=str(e))
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +139,13 @@ class Grant:
     device: Device
     device_name: str  # as allocated (a shared holder name resolves to its endpoint)
     share_id: str | None
+    admin_access: bool = False
+
+    @property
+    def shared(self) -> bool:
+        """Several claims may hold the device: offered shared, or allocated with a share id
+        (consumable capacity)."""
+        return self.device.mode == "shared" or self.share_id is not None
 
 
 @dataclass
@@ -82,6 +159,22 @@ class DevicesDriver:
     checkpoint: Checkpoint
     host: HostLayout = field(default_factory=HostLayout)
     toolkit: ToolkitSpecs = field(default_factory=ToolkitSpecs)
+    events: EventRecorder | None = None
+    # Reads happen outside the lock; resolving, the in-use check and writing inside it.
+    locks_itself = True
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # Entries of another boot: their containers are gone; so must their spec files be
+        # (/var/run/cdi is emptied on boot, but the folder is configurable).
+        for entry in self.checkpoint.dropped:
+            for spec in entry.cdi_specs:
+                Path(spec).unlink(missing_ok=True)
+        if self.checkpoint.dropped:
+            log.info(
+                "dropped the checkpoint entries of another boot",
+                claims=len(self.checkpoint.dropped),
+            )
 
     @property
     def driver_name(self) -> str:
@@ -90,27 +183,103 @@ class DevicesDriver:
     # -- prepare ---------------------------------------------------------------------------
 
     def prepare(self, claim: ClaimRef) -> Sequence[PreparedDevice]:
-        obj = self.claims.read_claim(claim.namespace, claim.name)
-        grants = self.grants(claim, obj)
+        done = self._already_prepared(claim)
+        if done is not None:
+            return done
+        call = current_call()
+        timeout = min(READ_BUDGET, call.remaining() - DEADLINE_MARGIN)
+        if timeout <= 0:
+            raise PrepareError("too little time left before kubelet's deadline to read the claim")
         try:
-            spec, prepared = self.build(claim, grants)
-        except DeviceNodeError as e:
-            raise PrepareError(str(e)) from None
+            obj = self.claims.read_claim(claim.namespace, claim.name, timeout)
+        except ApiError as e:
+            if e.not_found:
+                raise PrepareError(
+                    f"ResourceClaim {claim.namespace}/{claim.name} not found"
+                ) from None
+            raise PrepareError(f"cannot read the ResourceClaim: {e}") from None
+        with self._lock:
+            if not call.active():
+                raise PrepareError("kubelet gave up on this call; nothing was prepared")
+            done = self._already_prepared(claim)  # a concurrent call for the same claim
+            if done is not None:
+                return done
+            grants = self.grants(claim, obj)
+            self._refuse_in_use(claim, grants)
+            try:
+                spec, prepared = self.build(claim, grants)
+            except DeviceNodeError as e:
+                raise PrepareError(str(e)) from None
+            self._record(claim, obj, grants, spec, prepared)
+        self._warn_about_hca_lists(claim, obj, grants)
+        return prepared
+
+    def _already_prepared(self, claim: ClaimRef) -> list[PreparedDevice] | None:
+        """The recorded answer of an earlier prepare of this claim (same UID), while every
+        spec file it wrote is still there; None: prepare it (again)."""
+        entry = self.checkpoint.get(claim.uid)
+        if entry is None or entry.devices is None:
+            return None
+        if not all(Path(p).exists() for p in entry.cdi_specs):
+            return None
+        return [
+            PreparedDevice(
+                pool_name=self.node_name,
+                device_name=r.device_name,
+                cdi_device_ids=r.cdi_device_ids,
+                request_names=r.request_names,
+                share_id=r.share_id,
+            )
+            for r in entry.devices
+        ]
+
+    def _record(
+        self,
+        claim: ClaimRef,
+        obj: dict[str, Any],
+        grants: Sequence[Grant],
+        spec: CdiSpec | None,
+        prepared: Sequence[PreparedDevice],
+    ) -> None:
         path = self.cdi.path_for(claim.uid)
+        consumers = tuple(
+            str(r["uid"])
+            for r in (obj.get("status") or {}).get("reservedFor") or []
+            if isinstance(r, dict) and r.get("uid")
+        )
         entry = ClaimEntry(
             uid=claim.uid,
             namespace=claim.namespace,
             name=claim.name,
             cdi_specs=(str(path),) if spec is not None else (),
+            devices=tuple(
+                PreparedRecord(
+                    device_name=p.device_name,
+                    base_name=g.device.name,
+                    cdi_device_ids=p.cdi_device_ids,
+                    request_names=p.request_names,
+                    share_id=p.share_id,
+                    admin_access=g.admin_access,
+                )
+                for g, p in zip(grants, prepared, strict=True)
+            ),
+            consumers=consumers,
         )
+        before = self.checkpoint.get(claim.uid)
         self.checkpoint.put(entry)  # first: a spec on disk is always one we know to remove
-        if spec is not None:
-            data = spec.to_dict()
-            if _current(path) != data:
-                self.cdi.write(claim.uid, spec)
-        else:
-            self.cdi.remove(claim.uid)
-        return prepared
+        try:
+            if spec is not None:
+                if _current(path) != spec.to_dict():
+                    self.cdi.write(claim.uid, spec)
+            else:
+                self.cdi.remove(claim.uid)
+        except BaseException:
+            # Nothing half-prepared holds devices: back to what was recorded before.
+            if before is None:
+                self.checkpoint.remove(claim.uid)
+            else:
+                self.checkpoint.put(before)
+            raise
 
     def grants(self, claim: ClaimRef, obj: dict[str, Any]) -> list[Grant]:
         meta = obj.get("metadata") or {}
@@ -122,10 +291,12 @@ class DevicesDriver:
         allocation = (obj.get("status") or {}).get("allocation")
         if not allocation:
             raise PrepareError("the claim is not allocated")
-        results = (allocation.get("devices") or {}).get("results") or []
+        devices = allocation.get("devices") or {}
+        results = devices.get("results") or []
         ours = [r for r in results if r.get("driver") == self.driver_name]
         if not ours:
             raise PrepareError(f"the allocation has no devices of driver {self.driver_name}")
+        self._refuse_config(devices.get("config") or [], ours)
         inventory = self.inventory()
         grants = []
         for r in ours:
@@ -151,9 +322,88 @@ class DevicesDriver:
                     device=device,
                     device_name=name,
                     share_id=r.get("shareID"),
+                    admin_access=bool(r.get("adminAccess")),
                 )
             )
         return grants
+
+    def _refuse_config(self, config: Sequence[Any], ours: Sequence[dict[str, Any]]) -> None:
+        """This driver takes no configuration: opaque parameters addressed to it are a
+        mistake the user must hear about, not something to ignore."""
+        requests = {str(r.get("request", "")).split("/", 1)[0] for r in ours}
+        for c in config:
+            opaque = (c or {}).get("opaque") or {}
+            if opaque.get("driver") != self.driver_name:
+                continue
+            applies = [str(x).split("/", 1)[0] for x in c.get("requests") or []]
+            if applies and not requests.intersection(applies):
+                continue
+            raise PrepareError(
+                f"opaque configuration for driver {self.driver_name} "
+                f"(source {c.get('source', '?')}, requests {applies or 'all'}) is not "
+                "understood: this driver takes no configuration parameters; remove it from "
+                "the claim or its DeviceClass"
+            )
+
+    def _refuse_in_use(self, claim: ClaimRef, grants: Sequence[Grant]) -> None:
+        """The checkpoint says which claims hold which devices: an exclusive device prepared
+        for another claim is refused (admin access and shared devices excepted)."""
+        wanted = {g.device.name: g for g in grants if not g.shared and not g.admin_access}
+        if not wanted:
+            return
+        for entry in self.checkpoint.entries():
+            if entry.uid == claim.uid:
+                continue
+            for r in entry.devices or ():
+                if r.base_name in wanted and not r.admin_access:
+                    g = wanted[r.base_name]
+                    raise PrepareError(
+                        f"device {g.device_name} (request {g.request}) is already prepared "
+                        f"for claim {entry.namespace}/{entry.name} (uid {entry.uid}) and is "
+                        "not shared: refusing to hand it to a second claim"
+                    )
+
+    def _warn_about_hca_lists(
+        self, claim: ClaimRef, obj: dict[str, Any], grants: Sequence[Grant]
+    ) -> None:
+        """CDI environment is last-wins, so a container given RDMA devices through several
+        requests (of this claim, or of several claims) sees one request's NCCL_IB_HCA.
+        Advice only: skipped when kubelet's deadline is near, never delaying the answer past
+        it."""
+        budget = min(EVENT_BUDGET, current_call().remaining() - 1.0)
+        if self.events is None or budget <= 0:
+            return
+        rdma_requests = sorted({g.request for g in grants if g.device.type == "rdma"})
+        if len(rdma_requests) > 1:
+            self.events.warn(
+                obj,
+                "NcclIbHcaPerRequest",
+                f"RDMA devices come through requests {', '.join(rdma_requests)}: a container "
+                "given more than one of them sees only the NCCL_IB_HCA of the last one "
+                "(CDI environment is last-wins); request a container's NICs in one request "
+                "or set NCCL_IB_HCA in the pod",
+                budget / 2,
+            )
+        if not rdma_requests:
+            return
+        entry = self.checkpoint.get(claim.uid)
+        mine = set(entry.consumers if entry else ())
+        others = sorted(
+            f"{e.namespace}/{e.name}"
+            for e in self.checkpoint.entries()
+            if e.uid != claim.uid
+            and mine.intersection(e.consumers)
+            and any(r.base_name.startswith("rdma-") for r in e.devices or ())
+        )
+        if others:
+            self.events.warn(
+                obj,
+                "NcclIbHcaPerClaim",
+                f"a pod of this claim also gets RDMA devices through {', '.join(others)}: a "
+                "container given several of these claims sees only one claim's NCCL_IB_HCA "
+                "(CDI environment is last-wins); set NCCL_IB_HCA in the pod to use all",
+                budget / 2,
+            )
 
     def build(
         self, claim: ClaimRef, grants: Sequence[Grant]
@@ -162,9 +412,8 @@ class DevicesDriver:
         devices kubelet is told about, in allocation order."""
         cdi_devices: list[CdiDevice] = []
         prepared: list[PreparedDevice] = []
-        hcas: list[str] = []
-        common = f"rdma-{claim.uid}"
-        rdma_ids: list[int] = []  # indexes into `prepared` that also get the claim-level id
+        hcas: dict[str, list[str]] = {}  # request -> its RDMA devices, in allocation order
+        rdma_ids: list[int] = []  # indexes into `prepared` that also get their request's id
         for g in grants:
             dev = g.device
             name = f"{g.device_name}-{claim.uid}" + (f"-{g.share_id}" if g.share_id else "")
@@ -176,8 +425,9 @@ class DevicesDriver:
                 node = self.host.verbs_device(ep.rdmaDevice, ep.verbsDevice)
                 cdi_devices.append(CdiDevice(name, ContainerEdits(device_nodes=(node,))))
                 ids = [self.cdi.device_id(name)]
-                if ep.rdmaDevice not in hcas:
-                    hcas.append(ep.rdmaDevice)
+                names = hcas.setdefault(g.request, [])
+                if ep.rdmaDevice not in names:
+                    names.append(ep.rdmaDevice)
                 rdma_ids.append(len(prepared))
             else:
                 toolkit_id, nodes = self._gpu(dev)
@@ -199,18 +449,28 @@ class DevicesDriver:
             cm: tuple[DeviceNode, ...] = ()
             if self.host.has_char_device("/dev/infiniband/rdma_cm"):
                 cm = (self.host.char_device("/dev/infiniband/rdma_cm"),)
-            edits = ContainerEdits(env=(f"NCCL_IB_HCA={','.join(hcas)}",), device_nodes=cm)
-            cdi_devices.append(CdiDevice(common, edits))
+            for request, names in hcas.items():
+                # `=`: exact names (NCCL matches prefixes otherwise: mlx5_1 ~ mlx5_10..17)
+                edits = ContainerEdits(env=(f"NCCL_IB_HCA=={','.join(names)}",), device_nodes=cm)
+                cdi_devices.append(CdiDevice(_request_device(claim, request), edits))
             for i in rdma_ids:  # the device's own id first: kubelet reports health by it
                 p = prepared[i]
+                request = p.request_names[0] if p.request_names else ""
+                common = self.cdi.device_id(_request_device(claim, request))
                 prepared[i] = PreparedDevice(
                     p.pool_name,
                     p.device_name,
-                    (*p.cdi_device_ids, self.cdi.device_id(common)),
+                    (*p.cdi_device_ids, common),
                     p.request_names,
                     p.share_id,
                 )
-        spec = CdiSpec(kind=self.cdi.kind, devices=tuple(cdi_devices)) if cdi_devices else None
+        spec = None
+        if cdi_devices:
+            spec = CdiSpec(
+                kind=self.cdi.kind,
+                devices=tuple(cdi_devices),
+                edits=ContainerEdits(env=(VOID_GPUS,)),
+            )
         return spec, prepared
 
     def _gpu(self, dev: Device) -> tuple[str | None, list[DeviceNode]]:
@@ -239,7 +499,7 @@ class DevicesDriver:
                 )
             return toolkit, []
         caps = self.host.mig_cap_nodes(minor, mig.gpuInstanceId, mig.computeInstanceId)
-        toolkit = self.toolkit.mig_id(mig.uuid, [c.path for c in caps])
+        toolkit = self.toolkit.mig_id(mig.uuid, minor, [c.path for c in caps])
         if toolkit is not None:
             return toolkit, []
         return None, [*self.host.nvidia_gpu_nodes(minor), *caps]
@@ -248,12 +508,48 @@ class DevicesDriver:
 
     def unprepare(self, claim: ClaimRef) -> None:
         """Remove what this claim's prepare created; a claim never prepared is a success."""
-        entry = self.checkpoint.get(claim.uid)
-        if entry is not None:
-            for spec in entry.cdi_specs:
-                Path(spec).unlink(missing_ok=True)
-        self.cdi.remove(claim.uid)  # the claim's own spec name, also without a checkpoint entry
-        self.checkpoint.remove(claim.uid)
+        with self._lock:
+            entry = self.checkpoint.get(claim.uid)
+            if entry is not None:
+                for spec in entry.cdi_specs:
+                    Path(spec).unlink(missing_ok=True)
+            self.cdi.remove(claim.uid)  # its own spec name, also without a checkpoint entry
+            self.checkpoint.remove(claim.uid)
+
+    # -- hygiene ---------------------------------------------------------------------------
+
+    def sweep(self) -> list[str]:
+        """Unprepare checkpointed claims that no longer exist in the API (deleted, or
+        recreated under a new UID) — kubelet may never ask, e.g. after it lost its own state.
+        Each claim is read outside the lock; an entry is removed only while it is still the
+        one read (a prepare in between wins). A read that fails is not "gone": kept.
+        Returns the UIDs swept."""
+        swept = []
+        for entry in self.checkpoint.entries():
+            try:
+                obj = self.claims.read_claim(entry.namespace, entry.name, READ_BUDGET)
+            except ApiError as e:
+                if not e.not_found:
+                    continue
+                obj = None
+            if obj is not None and (obj.get("metadata") or {}).get("uid") == entry.uid:
+                continue
+            with self._lock:
+                if self.checkpoint.remove_if(entry):
+                    for spec in entry.cdi_specs:
+                        Path(spec).unlink(missing_ok=True)
+                    swept.append(entry.uid)
+                    log.info(
+                        "swept a claim that no longer exists",
+                        claim=f"{entry.namespace}/{entry.name}",
+                        uid=entry.uid,
+                    )
+        return swept
+
+
+def _request_device(claim: ClaimRef, request: str) -> str:
+    """The CDI device with one request's `rdma_cm` and NCCL_IB_HCA."""
+    return f"rdma-{claim.uid}-{request}" if request else f"rdma-{claim.uid}"
 
 
 def _current(path: Path) -> Any:

@@ -42,7 +42,7 @@ from typing import Any
 import structlog
 
 from fabricdra.api import labels as label_keys
-from fabricdra.api.inventory import group_accelerators
+from fabricdra.api.inventory import Interface, group_accelerators
 from fabricdra.api.nodedevices import API_VERSION as ND_API_VERSION
 from fabricdra.api.nodedevices import KIND as ND_KIND
 from fabricdra.api.nodedevices import PLURAL as ND_PLURAL
@@ -83,6 +83,9 @@ class SyncResult:
     @property
     def ok(self) -> bool:
         return not self.errors
+
+
+SLICE_ATTEMPTS = 3  # list-and-write rounds per pass when a slice write conflicts
 
 
 class NodePublisher:
@@ -204,6 +207,26 @@ class NodePublisher:
         result: SyncResult,
         gate: Gate | None = None,
     ) -> None:
+        """Bring the pool to the desired slices. A conflict (409: someone else wrote a slice
+        since we listed them, e.g. kubelet's wipe or another pod of ours during a rolling
+        update) midway through a rewrite would leave slices of two generations until the
+        next pass: the pass lists again and finishes the rewrite at once instead."""
+        for attempt in range(1, SLICE_ATTEMPTS + 1):
+            try:
+                self._sync_slices_once(devices, owner, result, gate)
+                return
+            except ApiError as e:
+                if not e.conflict or attempt == SLICE_ATTEMPTS:
+                    raise
+                log.info("slice write conflicted; listing again", attempt=attempt, error=str(e))
+
+    def _sync_slices_once(
+        self,
+        devices: DeviceInventory,
+        owner: dict[str, Any] | None,
+        result: SyncResult,
+        gate: Gate | None,
+    ) -> None:
         features = self._features()
         live_list = self.rest.list(
             SLICES, field_selector=f"spec.nodeName={self.node_name},spec.driver={self.driver}"
@@ -273,6 +296,13 @@ class NodePublisher:
             )
 
     # -- NodeDevices ----------------------------------------------------------------------
+
+    def recorded_interfaces(self) -> list[Interface] | None:
+        """The interfaces of the live NodeDevices record (None: no record, or unreadable):
+        what a restarted plugin seeds its link history from, so a failure's first-seen time
+        survives the restart."""
+        spec = _parse_spec(self.rest.get_or_none(NODE_DEVICES, self.node_name))
+        return None if spec is None else spec.interfaces
 
     def _sync_node_devices(
         self,

@@ -21,7 +21,9 @@ Two API models (docs/attributes.md, "Kubernetes versions"):
   a shared endpoint is published as `holders` separate devices `<name>-s<k>` (which
   `DeviceInventory.get` resolves back to the endpoint), and no taints are sent (the API server
   would drop the field, and the publisher would then see a difference on every pass); health
-  still reaches kubelet through the health stream and the `linkVerdict` attribute.
+  still reaches kubelet through the health stream, the `linkVerdict` attribute and a `health`
+  attribute (`Healthy`/`Unhealthy`/`Unknown`) users select on, e.g.
+  `device.attributes["devices.fabricdra.io"].health != "Unhealthy"`.
 
 Shared counters (partitionable devices) are not needed: every endpoint is offered in exactly
 one mode (the node's), so no two published devices draw on the same hardware. That is also
@@ -38,6 +40,13 @@ from typing import Any, Literal
 from fabricdra.api.inventory import Accelerator, Endpoint, PciTopology
 
 from .devices import Device, DeviceInventory, holder_name
+
+
+class Version(str):
+    """An attribute value published as a semver `version` (CEL: `.compareTo(semver("12.4.0"))`)."""
+
+
+Value = str | int | bool | None
 
 DRIVER_NAME = "devices.fabricdra.io"
 API_VERSION = "resource.k8s.io/v1"
@@ -176,6 +185,12 @@ def _published(
     if memory is not None:
         capacity["memory"] = {"value": binary_quantity(memory * 1024 * 1024)}
 
+    for name, count in _mig_capacity(device).items():
+        capacity[name] = {"value": str(count)}
+    if not features.device_taints:
+        # No taints on this model: the health attribute is what a selector can see.
+        attrs["health"] = {"string": device.health}
+        attrs = dict(sorted(attrs.items()))
     base: dict[str, Any] = {"name": device.name, "attributes": attrs}
     if device.mode == "shared" and not features.consumable_capacity:
         return [
@@ -227,6 +242,14 @@ def _taint(device: Device) -> dict[str, Any]:
     return taint
 
 
+def _mig_capacity(device: Device) -> dict[str, int]:
+    """A MIG instance's compute capacities (multiprocessors, copy/decoder/encoder/jpeg/ofa
+    engines) as NVML reported them; none where it did not."""
+    if device.type != "mig" or device.mig is None or device.info is None:
+        return {}
+    return dict(device.info.mig_capacity.get(device.mig.uuid, {}))
+
+
 def _memory_mib(device: Device) -> int | None:
     if device.type == "mig" and device.mig is not None:
         return device.mig.memoryMiB
@@ -240,7 +263,7 @@ def _memory_mib(device: Device) -> int | None:
 
 def device_attributes(device: Device) -> tuple[dict[str, Any], dict[str, str]]:
     """A device's attributes (wire form, sorted by name) and those omitted, with why."""
-    values: list[tuple[str, str | int | bool | None]] = [("type", device.type)]
+    values: list[tuple[str, Value]] = [("type", device.type)]
     if device.accelerator is not None:
         values += _accelerator_values(device, device.accelerator)
     if device.endpoint is not None:
@@ -251,7 +274,9 @@ def device_attributes(device: Device) -> tuple[dict[str, Any], dict[str, str]]:
     for name, value in values:
         if value is None:
             continue  # an unknown fact is an absent attribute, never a stand-in
-        if isinstance(value, bool):
+        if isinstance(value, Version):
+            attrs[name] = {"version": str(value)}
+        elif isinstance(value, bool):
             attrs[name] = {"bool": value}
         elif isinstance(value, int):
             attrs[name] = {"int": value}
@@ -259,14 +284,16 @@ def device_attributes(device: Device) -> tuple[dict[str, Any], dict[str, str]]:
             omitted[name] = f"value longer than {MAX_STRING_VALUE} characters: {value!r}"
         else:
             attrs[name] = {"string": value}
-    if len(attrs) > MAX_ATTRIBUTES_AND_CAPACITIES - 2:  # leave room for memory/holders
+    # Leave room for the capacities (memory/holders, a MIG instance's six engine counts) and
+    # the health attribute.
+    if len(attrs) + len(_mig_capacity(device)) > MAX_ATTRIBUTES_AND_CAPACITIES - 3:
         raise AssertionError(f"{device.name}: {len(attrs)} attributes exceed the API's limit")
     return dict(sorted(attrs.items())), omitted
 
 
 def _pci_values(
     topology: PciTopology, bus_id: str | None, numa: int | None
-) -> list[tuple[str, str | int | bool | None]]:
+) -> list[tuple[str, Value]]:
     # pciSwitch/pciRoot only where the root complex is known too: that is when discovery's
     # distance rules can speak (a missing pcieRoot is UNK), so an equal value keeps its promise.
     known = topology.pcieRoot is not None
@@ -279,11 +306,16 @@ def _pci_values(
     ]
 
 
-def _accelerator_values(
-    device: Device, acc: Accelerator
-) -> list[tuple[str, str | int | bool | None]]:
+def _accelerator_values(device: Device, acc: Accelerator) -> list[tuple[str, Value]]:
     mig = device.mig
+    info = device.info
     return [
+        # NVIDIA's driver's names and types (docs/attributes.md has the mapping)
+        ("driverVersion", _version(info.driver_version if info else None)),
+        ("cudaDriverVersion", _version(info.cuda_driver_version if info else None)),
+        ("cudaComputeCapability", _version(info.cuda_compute_capability if info else None)),
+        ("architecture", info.architecture if info else None),
+        ("brand", info.brand if info else None),
         *_pci_values(acc.topology, acc.pciBusId, acc.numaNode),
         ("vendor", acc.vendor),
         ("deviceClass", mig.deviceClass if mig else acc.deviceClass),
@@ -295,7 +327,11 @@ def _accelerator_values(
     ]
 
 
-def _endpoint_values(device: Device, ep: Endpoint) -> list[tuple[str, str | int | bool | None]]:
+def _version(v: str | None) -> Version | None:
+    return None if v is None else Version(v)
+
+
+def _endpoint_values(device: Device, ep: Endpoint) -> list[tuple[str, Value]]:
     parent = device.interface
     is_vf = parent is not None and ep is not parent
     # A VF with no NUMA node of its own has its parent's (the seed's hint rule).

@@ -2,7 +2,13 @@
 
 A snapshot is a JSON object keyed by PCI bus id (`0000:1b:00.0`) whose values carry at least
 `uuid`, `name`, `memoryTotalMiB`, `migMode` and `fabric {clusterUuid, cliqueId, state, status}`,
-with state/status in NVML's words. `fabricdra nvml-snapshot` records one on a GPU host, so
+with state/status in NVML's words. Optional, where NVML offers them: the identity users select
+on (`driverVersion`, `cudaDriverVersion` as NVML's integer, e.g. 12040, `cudaComputeCapability`
+"9.0", `architecture`, `brand`), per-MIG-instance compute capacities (`multiprocessors`,
+`copyEngines`, `decoders`, `encoders`, `jpegEngines`, `ofaEngines`) and health inputs
+(`eccUncorrectable`, `xidErrors` seen, `rowRemapFailure`, `rowRemapPending`,
+`pcieReplayCounter`, `nvlinkErrors`; `thermalViolation` is recorded but judges nothing).
+`fabricdra nvml-snapshot` records one on a GPU host, so
 hosts without GPUs (CI, laptops) can replay a real machine's answers.
 """
 
@@ -42,6 +48,13 @@ class SnapshotMigDevice(BaseModel):
     memoryTotalMiB: int | None = None
     gpuInstanceId: int | None = None
     computeInstanceId: int | None = None
+    # Compute capacities of the instance (nvmlDeviceGetAttributes on the MIG handle).
+    multiprocessors: int | None = None
+    copyEngines: int | None = None
+    decoders: int | None = None
+    encoders: int | None = None
+    jpegEngines: int | None = None
+    ofaEngines: int | None = None
 
 
 class SnapshotNvLink(BaseModel):
@@ -64,8 +77,21 @@ class SnapshotGpu(BaseModel):
     migMode: bool
     fabric: SnapshotFabric | None = None
     migDevices: list[SnapshotMigDevice] = Field(default_factory=list)
-    # Health inputs (optional): uncorrectable ECC since boot, active thermal slowdown.
+    # Identity users write CEL against (NVIDIA's DRA driver publishes the same facts).
+    driverVersion: str | None = None
+    cudaDriverVersion: int | None = None  # NVML's form: 1000 * major + 10 * minor
+    cudaComputeCapability: str | None = None  # "major.minor"
+    architecture: str | None = None
+    brand: str | None = None
+    # Health inputs (optional): uncorrectable ECC since boot, critical Xid errors seen,
+    # row remapping, and the link error counters (cumulative); active thermal slowdown is
+    # recorded but is not a fault (the GPU protects itself and recovers).
     eccUncorrectable: int | None = None
+    xidErrors: list[int] | None = None
+    rowRemapFailure: bool | None = None
+    rowRemapPending: bool | None = None
+    pcieReplayCounter: int | None = None
+    nvlinkErrors: int | None = None
     thermalViolation: bool | None = None
     # NVLink links as NVML reports them; None: not recorded / not asked (verification: NotRun).
     nvlinks: list[SnapshotNvLink] | None = None
@@ -144,11 +170,16 @@ def read_live() -> NvmlReadings:
     errors: dict[str, str] = {}
     try:
         for i in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            bus = normalise_bus_id(_text(pynvml.nvmlDeviceGetPciInfo(handle).busId))
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                bus = normalise_bus_id(_text(pynvml.nvmlDeviceGetPciInfo(handle).busId))
+            except pynvml.NVMLError:
+                # A GPU that cannot even name its bus (lost): the others are still read, and
+                # health finds it as a GPU the kernel has but NVML does not report.
+                continue
             try:
                 gpus[bus] = SnapshotGpu.model_validate(_read_gpu(pynvml, handle))
-            except pynvml.NVMLError as e:
+            except pynvml.NVMLError as e:  # e.g. GPU_IS_LOST: a fault, not an absence
                 errors[bus] = str(e)
     except pynvml.NVMLError as e:
         return NvmlReadings(source="library", available=False, reason=f"enumeration: {e}")
@@ -177,6 +208,7 @@ def _read_gpu(pynvml: Any, handle: Any) -> dict[str, Any]:
         "fabric": _read_fabric(pynvml, handle),
         "migDevices": _read_mig(pynvml, handle) if mig_mode else [],
     }
+    out.update(_read_identity(pynvml, handle))
     out.update(_read_health(pynvml, handle))
     out["nvlinks"] = _read_nvlinks(pynvml, handle)
     return out
@@ -195,6 +227,59 @@ def _read_nvlinks(pynvml: Any, handle: Any) -> list[dict[str, Any]] | None:
             return None
         links.append({"link": link, "active": state == pynvml.NVML_FEATURE_ENABLED})
     return links or None
+
+
+_ARCHITECTURES = {
+    2: "Kepler",
+    3: "Maxwell",
+    4: "Pascal",
+    5: "Volta",
+    6: "Turing",
+    7: "Ampere",
+    8: "Ada",
+    9: "Hopper",
+    10: "Blackwell",
+}
+_BRANDS = {
+    0: "Unknown",
+    1: "Quadro",
+    2: "Tesla",
+    3: "NVS",
+    4: "Grid",
+    5: "GeForce",
+    6: "Titan",
+    7: "NvidiaVApps",
+    8: "NvidiaVPC",
+    9: "NvidiaVCS",
+    10: "NvidiaVWS",
+    11: "NvidiaCloudGaming",
+    12: "QuadroRTX",
+    13: "NvidiaRTX",
+    14: "Nvidia",
+    15: "GeForceRTX",
+    16: "TitanRTX",
+}
+
+
+def _read_identity(pynvml: Any, handle: Any) -> dict[str, Any]:
+    """Each fact only when NVML answers (older drivers lack some calls)."""
+    out: dict[str, Any] = {}
+    with contextlib.suppress(pynvml.NVMLError, AttributeError):
+        out["driverVersion"] = _text(pynvml.nvmlSystemGetDriverVersion())
+    with contextlib.suppress(pynvml.NVMLError, AttributeError):
+        out["cudaDriverVersion"] = int(pynvml.nvmlSystemGetCudaDriverVersion())
+    with contextlib.suppress(pynvml.NVMLError, AttributeError):
+        major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
+        out["cudaComputeCapability"] = f"{int(major)}.{int(minor)}"
+    with contextlib.suppress(pynvml.NVMLError, AttributeError):
+        arch = int(pynvml.nvmlDeviceGetArchitecture(handle))
+        if arch in _ARCHITECTURES:
+            out["architecture"] = _ARCHITECTURES[arch]
+    with contextlib.suppress(pynvml.NVMLError, AttributeError):
+        brand = int(pynvml.nvmlDeviceGetBrand(handle))
+        if brand in _BRANDS:
+            out["brand"] = _BRANDS[brand]
+    return out
 
 
 def _read_fabric(pynvml: Any, handle: Any) -> dict[str, Any] | None:
@@ -231,15 +316,41 @@ def _read_mig(pynvml: Any, handle: Any) -> list[dict[str, Any]]:
                 "memoryTotalMiB": pynvml.nvmlDeviceGetMemoryInfo(mig).total // (1024 * 1024),
                 "gpuInstanceId": pynvml.nvmlDeviceGetGpuInstanceId(mig),
                 "computeInstanceId": pynvml.nvmlDeviceGetComputeInstanceId(mig),
+                **_read_mig_capacities(pynvml, mig),
             }
         )
     return out
 
 
+def _read_mig_capacities(pynvml: Any, mig: Any) -> dict[str, Any]:
+    try:
+        a = pynvml.nvmlDeviceGetAttributes(mig)
+    except (pynvml.NVMLError, AttributeError):
+        return {}
+    return {
+        "multiprocessors": int(a.multiprocessorCount),
+        "copyEngines": int(a.sharedCopyEngineCount),
+        "decoders": int(a.sharedDecoderCount),
+        "encoders": int(a.sharedEncoderCount),
+        "jpegEngines": int(a.sharedJpegCount),
+        "ofaEngines": int(a.sharedOfaCount),
+    }
+
+
 def _read_health(pynvml: Any, handle: Any) -> dict[str, Any]:
-    """Uncorrectable (double-bit) volatile ECC errors and active thermal slowdown, each only
-    when the GPU answers; a GPU that cannot say is not reported healthy or unhealthy here."""
+    """Uncorrectable (double-bit) volatile ECC errors, row remapping, PCIe replays, NVLink
+    error counters and active thermal slowdown, each only when the GPU answers; a GPU that
+    cannot say is not reported healthy or unhealthy here. (Xid errors arrive as NVML events,
+    which a pass cannot wait for: they are read from the DCGM exporter where one is given.)"""
     out: dict[str, Any] = {}
+    with contextlib.suppress(pynvml.NVMLError, AttributeError):
+        _corr, _unc, pending, failure = pynvml.nvmlDeviceGetRemappedRows(handle)
+        out["rowRemapPending"] = bool(pending)
+        out["rowRemapFailure"] = bool(failure)
+    with contextlib.suppress(pynvml.NVMLError, AttributeError):
+        out["pcieReplayCounter"] = int(pynvml.nvmlDeviceGetPcieReplayCounter(handle))
+    with contextlib.suppress(pynvml.NVMLError, AttributeError):
+        out["nvlinkErrors"] = _nvlink_errors(pynvml, handle)
     with contextlib.suppress(pynvml.NVMLError):
         out["eccUncorrectable"] = int(
             pynvml.nvmlDeviceGetTotalEccErrors(
@@ -256,6 +367,27 @@ def _read_health(pynvml: Any, handle: Any) -> dict[str, Any]:
     except (pynvml.NVMLError, AttributeError):
         pass
     return out
+
+
+def _nvlink_errors(pynvml: Any, handle: Any) -> int:
+    """Replay + recovery + CRC errors over the GPU's links (cumulative since boot)."""
+    total = 0
+    kinds = (
+        pynvml.NVML_NVLINK_ERROR_DL_REPLAY,
+        pynvml.NVML_NVLINK_ERROR_DL_RECOVERY,
+        pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT,
+        pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA,
+    )
+    for link in range(pynvml.NVML_NVLINK_MAX_LINKS):
+        try:
+            if not pynvml.nvmlDeviceGetNvLinkState(handle, link):
+                continue
+        except pynvml.NVMLError:
+            continue
+        for kind in kinds:
+            with contextlib.suppress(pynvml.NVMLError):
+                total += int(pynvml.nvmlDeviceGetNvLinkErrorCounter(handle, link, kind))
+    return total
 
 
 def dump_snapshot(readings: NvmlReadings) -> str:

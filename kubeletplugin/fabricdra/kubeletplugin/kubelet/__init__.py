@@ -4,7 +4,8 @@ Public surface (import from `fabricdra.kubeletplugin.kubelet`):
 
 - `DraDriver` (protocol): `driver_name`, `prepare(ClaimRef) -> Sequence[PreparedDevice]`,
   `unprepare(ClaimRef) -> None`; `ClaimRef`, `PreparedDevice`, `DeviceHealth`,
-  `PrepareError` — see `driver.py`.
+  `PrepareError`; `current_call()` (the kubelet call being served: deadline, still active)
+  — see `driver.py`.
 - `PluginServer(driver, PluginPaths.for_driver(name, registry_dir=..., plugin_dir=...),
   health=HealthBroadcaster())`: `start()`, `stop()`, context manager; `registered` is an
   Event set when kubelet confirms the registration — see `server.py`.
@@ -18,7 +19,17 @@ Nothing here knows about a particular driver's devices: `fabricdra.kubeletplugin
 (devices.fabricdra.io) and the ComputeDomain driver both plug into it.
 """
 
-from .driver import ClaimRef, DeviceHealth, DraDriver, Health, PreparedDevice, PrepareError
+from .driver import (
+    KUBELET_DEADLINE,
+    Call,
+    ClaimRef,
+    DeviceHealth,
+    DraDriver,
+    Health,
+    PreparedDevice,
+    PrepareError,
+    current_call,
+)
 from .healthstream import HealthBroadcaster
 from .server import (
     DRA_V1_SERVICE,
@@ -35,7 +46,9 @@ __all__ = [
     "DRA_V1BETA1_SERVICE",
     "DRA_V1_SERVICE",
     "HEALTH_V1ALPHA1_SERVICE",
+    "KUBELET_DEADLINE",
     "PLUGIN_TYPE",
+    "Call",
     "ClaimRef",
     "DeviceHealth",
     "DraDriver",
@@ -47,4 +60,5 @@ __all__ = [
     "PrepareError",
     "PreparedDevice",
     "RegistrationStatus",
+    "current_call",
 ]

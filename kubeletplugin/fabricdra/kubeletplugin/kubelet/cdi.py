@@ -216,7 +216,9 @@ class CdiWriter:
         if spec.kind != self.kind:
             raise CdiError(f"spec kind {spec.kind} is not this writer's {self.kind}")
         path = self.path_for(claim_uid)
-        data = json.dumps(spec.to_dict(), indent=2, sort_keys=True).encode() + b"\n"
+        # Compact: json's C encoder only runs without indent (indenting a 16-device spec in
+        # pure Python took a third of a prepare); `jq .` shows it indented.
+        data = json.dumps(spec.to_dict(), separators=(",", ":"), sort_keys=True).encode() + b"\n"
         # No fsync: the spec folder is /var/run/cdi (tmpfs, emptied on boot), and after a
         # machine crash no container that used the spec survives either; atomicity is what
         # a runtime reading the folder needs.

@@ -1,15 +1,21 @@
-"""The plugin's checkpoint: what each prepared claim created, so unprepare removes exactly that,
-also after a restart (kubelet may unprepare in a later plugin process, or a new pod).
+"""The plugin's checkpoint: what each prepared claim was given and what it created, so a
+repeated prepare answers the same, unprepare removes exactly what was created (also after a
+restart: kubelet may unprepare in a later plugin process, or a new pod), and prepare can refuse
+a device another claim already holds.
 
-Public surface: `Checkpoint(path)` with `get(uid)`, `put(entry)`, `remove(uid)`, `entries()`;
-`ClaimEntry` (namespace, name, uid, the CDI spec files written).
+Public surface: `Checkpoint(path, boot_id=...)` with `get(uid)`, `put(entry)`, `remove(uid)`,
+`remove_if(entry)`, `entries()`, `dropped` (entries of another boot found at load);
+`ClaimEntry` (namespace, name, uid, the CDI spec files written, the devices prepared);
+`PreparedRecord` (one device of a prepared claim, as kubelet was told, plus whether it was
+granted with admin access); `current_boot_id()`.
+
 Every change rewrites the whole file atomically (temp + fsync + rename): a crash leaves the old
 or the new checkpoint, never a torn one. A checkpoint that cannot be parsed is a clear error at
 start-up (`CheckpointError`), never silently treated as empty, since that would strand the
-specs it names.
-
-Only what a claim *created* is recorded; responses are recomputed from the current inventory
-(seed 000: "nothing an allocation does is written down" beyond what is needed to undo it).
+specs it names. The file records the boot it was written in: entries of another boot are
+dropped at load (the containers that used them are gone, and /var/run/cdi with their specs),
+and listed in `dropped` so the caller can remove the spec files they name. Version 1 files
+(no devices, no boot id) are read as entries of this boot without recorded devices.
 """
 
 from __future__ import annotations
@@ -23,11 +29,58 @@ from typing import Any
 
 from .cdi import write_atomic
 
-VERSION = 1
+VERSION = 2
+READABLE = (1, 2)
+BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 
 
 class CheckpointError(Exception):
     """The checkpoint file exists but is not one this version can read."""
+
+
+def current_boot_id(path: Path = BOOT_ID_PATH) -> str | None:
+    """The kernel's id of this boot; None where it cannot be read (never "a new boot")."""
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedRecord:
+    """One device of a prepared claim: kubelet's answer, and whether the request had admin
+    access (such a grant holds nothing: it never makes another claim's prepare fail)."""
+
+    device_name: str  # as allocated (a shared holder name stays a holder name)
+    base_name: str  # the inventory device it resolved to
+    cdi_device_ids: tuple[str, ...]
+    request_names: tuple[str, ...]
+    share_id: str | None
+    admin_access: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "device": self.device_name,
+            "base": self.base_name,
+            "cdiDeviceIds": list(self.cdi_device_ids),
+            "requests": list(self.request_names),
+        }
+        if self.admin_access:
+            out["adminAccess"] = True
+        if self.share_id is not None:
+            out["shareId"] = self.share_id
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PreparedRecord:
+        return cls(
+            device_name=str(d["device"]),
+            base_name=str(d["base"]),
+            cdi_device_ids=tuple(str(i) for i in d["cdiDeviceIds"]),
+            request_names=tuple(str(r) for r in d.get("requests", ())),
+            share_id=None if d.get("shareId") is None else str(d["shareId"]),
+            admin_access=bool(d.get("adminAccess", False)),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,29 +89,45 @@ class ClaimEntry:
     namespace: str
     name: str
     cdi_specs: tuple[str, ...]  # absolute paths of the spec files this claim wrote
+    # What kubelet was told, in order; None for an entry of a version 1 checkpoint (its
+    # devices were never recorded, so a repeated prepare resolves them afresh).
+    devices: tuple[PreparedRecord, ...] | None = None
+    consumers: tuple[str, ...] = ()  # uids of the pods the claim was reserved for
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "uid": self.uid,
             "namespace": self.namespace,
             "name": self.name,
             "cdiSpecs": list(self.cdi_specs),
         }
+        if self.devices is not None:
+            out["devices"] = [d.to_dict() for d in self.devices]
+        if self.consumers:
+            out["consumers"] = list(self.consumers)
+        return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ClaimEntry:
+        devices = d.get("devices")
         return cls(
             uid=str(d["uid"]),
             namespace=str(d["namespace"]),
             name=str(d["name"]),
             cdi_specs=tuple(str(p) for p in d.get("cdiSpecs", ())),
+            devices=None
+            if devices is None
+            else tuple(PreparedRecord.from_dict(x) for x in devices),
+            consumers=tuple(str(c) for c in d.get("consumers", ())),
         )
 
 
 class Checkpoint:
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, boot_id: str | None = None) -> None:
         self.path = Path(path)
+        self.boot_id = boot_id
         self._lock = threading.Lock()
+        self.dropped: list[ClaimEntry] = []
         self._claims: dict[str, ClaimEntry] = self._load()
 
     def _load(self) -> dict[str, ClaimEntry]:
@@ -68,15 +137,21 @@ class Checkpoint:
             return {}
         try:
             doc = json.loads(raw)
-            if doc.get("version") != VERSION:
+            if doc.get("version") not in READABLE:
                 raise CheckpointError(
-                    f"checkpoint {self.path}: version {doc.get('version')!r}, expected {VERSION}"
+                    f"checkpoint {self.path}: version {doc.get('version')!r}, expected one "
+                    f"of {', '.join(map(str, READABLE))}"
                 )
             entries = [ClaimEntry.from_dict(c) for c in doc["claims"]]
+            written_in = doc.get("bootId")
         except CheckpointError:
             raise
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise CheckpointError(f"checkpoint {self.path} cannot be read: {e}") from e
+        # Only a known, different boot drops entries: an unreadable id is not a reboot.
+        if written_in and self.boot_id and written_in != self.boot_id:
+            self.dropped = entries
+            return {}
         return {e.uid: e for e in entries}
 
     def get(self, uid: str) -> ClaimEntry | None:
@@ -104,11 +179,24 @@ class Checkpoint:
             self._claims = claims
             return True
 
+    def remove_if(self, entry: ClaimEntry) -> bool:
+        """Remove the claim's entry only while it is still exactly `entry` (a sweep must not
+        drop what a prepare recorded after the sweep looked)."""
+        with self._lock:
+            if self._claims.get(entry.uid) != entry:
+                return False
+            claims = {k: v for k, v in self._claims.items() if k != entry.uid}
+            self._save(claims)
+            self._claims = claims
+            return True
+
     def _save(self, claims: dict[str, ClaimEntry]) -> None:
-        doc = {
+        doc: dict[str, Any] = {
             "version": VERSION,
             "claims": [claims[k].to_dict() for k in sorted(claims)],
         }
+        if self.boot_id:
+            doc["bootId"] = self.boot_id
         # Compact: the whole file is rewritten on every change, and json's C encoder only
         # runs without indent (with it, 200 claims cost tens of ms per prepare).
         data = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode() + b"\n"

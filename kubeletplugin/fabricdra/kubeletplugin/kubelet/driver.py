@@ -14,15 +14,63 @@ claim kubelet names (one claim at a time, serialized: the server holds one lock 
 
 `ClaimRef` is all kubelet sends: namespace, name and UID of a ResourceClaim. Anything else
 (the allocation) the driver reads from the API server itself.
+
+`current_call()` is the gRPC call the driver is working for (set by the server around each
+driver call): its deadline (kubelet's own, at most `KUBELET_DEADLINE` seconds) and whether
+kubelet is still waiting, so a driver can bound its API reads below the deadline and stop
+working for a caller that has gone. A driver that sets `locks_itself = True` is called
+without the server's lock: it serializes what must be serialized itself (the devices driver
+reads claims from the API outside its lock, so one slow read never delays another claim).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
 Health = Literal["Healthy", "Unhealthy", "Unknown"]
+
+# kubelet gives each NodePrepareResources/NodeUnprepareResources call 45 s
+# (pkg/kubelet/cm/dra/manager.go, defaultTimeout in the plugin client).
+KUBELET_DEADLINE = 45.0
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """The kubelet call a driver is serving: answer before `deadline` (time.monotonic());
+    `active()` turns False once kubelet cancelled it or gave up."""
+
+    deadline: float
+    active: Callable[[], bool]
+
+    def remaining(self) -> float:
+        return self.deadline - time.monotonic()
+
+
+_CALL: ContextVar[Call | None] = ContextVar("fabricdra_kubelet_call", default=None)
+
+
+def current_call() -> Call:
+    """The call being served; outside one (a direct driver call), kubelet's full deadline from
+    now and always active."""
+    call = _CALL.get()
+    if call is None:
+        return Call(time.monotonic() + KUBELET_DEADLINE, lambda: True)
+    return call
+
+
+@contextmanager
+def serving(call: Call) -> Iterator[Call]:
+    """Make `call` the `current_call()` of this thread for the block."""
+    token = _CALL.set(call)
+    try:
+        yield call
+    finally:
+        _CALL.reset(token)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,11 @@ Kubelet's side of the contract, as this server meets it (kubelet v1.34-v1.36):
   `k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin` and `v1alpha1.DRAResourceHealth`.
 - every claim in a request gets exactly one entry in the response (kubelet fails the whole
   batch otherwise); a driver exception becomes that claim's `error`.
-- driver calls are serialized by one lock, like the Go helper's default.
+- driver calls are serialized by one lock, like the Go helper's default, unless the driver
+  says it `locks_itself` (then it is called concurrently and serializes what it must).
+- each driver call runs inside `serving(Call(...))`: the deadline is kubelet's (the gRPC
+  deadline, at most `KUBELET_DEADLINE`), and `active()` follows the gRPC context, so a driver
+  stops working for a call kubelet has given up on.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +51,7 @@ from fabricdra.proto.gen.dra_v1beta1 import api_pb2_grpc as v1beta1_grpc
 from fabricdra.proto.gen.pluginregistration_v1 import api_pb2 as reg_pb2
 from fabricdra.proto.gen.pluginregistration_v1 import api_pb2_grpc as reg_grpc
 
-from .driver import ClaimRef, DraDriver, PreparedDevice
+from .driver import KUBELET_DEADLINE, Call, ClaimRef, DraDriver, PreparedDevice, serving
 from .healthstream import HealthBroadcaster
 
 log = structlog.get_logger("fabricdra.kubelet")
@@ -108,9 +113,19 @@ class _Claims:
 
     def __init__(self, driver: DraDriver, lock: threading.Lock) -> None:
         self.driver = driver
-        self.lock = lock
+        self.lock: AbstractContextManager[Any] = (
+            nullcontext() if getattr(driver, "locks_itself", False) else lock
+        )
 
-    def prepare(self, pb: Any, request: Any, with_share_id: bool) -> Any:
+    def prepare(self, pb: Any, request: Any, with_share_id: bool, call: Call) -> Any:
+        with serving(call):
+            return self._prepare(pb, request, with_share_id)
+
+    def unprepare(self, pb: Any, request: Any, call: Call) -> Any:
+        with serving(call):
+            return self._unprepare(pb, request)
+
+    def _prepare(self, pb: Any, request: Any, with_share_id: bool) -> Any:
         response = pb.NodePrepareResourcesResponse()
         name = self.driver.driver_name
         for c in request.claims:
@@ -133,7 +148,7 @@ class _Claims:
                 metrics.PREPARE_SECONDS.labels(name).observe(time.perf_counter() - start)
         return response
 
-    def unprepare(self, pb: Any, request: Any) -> Any:
+    def _unprepare(self, pb: Any, request: Any) -> Any:
         response = pb.NodeUnprepareResourcesResponse()
         name = self.driver.driver_name
         for c in request.claims:
@@ -155,6 +170,14 @@ class _Claims:
         return response
 
 
+def _call(context: Any) -> Call:
+    """The driver's view of a gRPC call: kubelet's deadline (capped at KUBELET_DEADLINE) and
+    whether the caller is still there."""
+    remaining = context.time_remaining()
+    budget = KUBELET_DEADLINE if remaining is None else min(remaining, KUBELET_DEADLINE)
+    return Call(time.monotonic() + budget, context.is_active)
+
+
 def _device(pb: Any, d: PreparedDevice, with_share_id: bool) -> Any:
     device = pb.Device(
         request_names=list(d.request_names),
@@ -172,10 +195,10 @@ class _DraV1(v1_grpc.DRAPluginServicer):
         self.claims = claims
 
     def NodePrepareResources(self, request: Any, context: Any) -> Any:
-        return self.claims.prepare(v1_pb2, request, with_share_id=True)
+        return self.claims.prepare(v1_pb2, request, True, _call(context))
 
     def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
-        return self.claims.unprepare(v1_pb2, request)
+        return self.claims.unprepare(v1_pb2, request, _call(context))
 
 
 class _DraV1beta1(v1beta1_grpc.DRAPluginServicer):
@@ -183,10 +206,10 @@ class _DraV1beta1(v1beta1_grpc.DRAPluginServicer):
         self.claims = claims
 
     def NodePrepareResources(self, request: Any, context: Any) -> Any:
-        return self.claims.prepare(v1beta1_pb2, request, with_share_id=False)
+        return self.claims.prepare(v1beta1_pb2, request, False, _call(context))
 
     def NodeUnprepareResources(self, request: Any, context: Any) -> Any:
-        return self.claims.unprepare(v1beta1_pb2, request)
+        return self.claims.unprepare(v1beta1_pb2, request, _call(context))
 
 
 class _Health(health_grpc.DRAResourceHealthServicer):
@@ -255,7 +278,9 @@ class PluginServer:
         *,
         health: HealthBroadcaster | None = None,
         on_registration: Callable[[RegistrationStatus], None] | None = None,
-        max_workers: int = 8,
+        # Each open health stream holds a worker, and a prepare waiting on a slow API read
+        # holds one until its budget ends: enough workers that an unprepare still gets one.
+        max_workers: int = 16,
     ) -> None:
         self.driver = driver
         self.on_registration = on_registration

@@ -1,0 +1,105 @@
+"""The compute-domain.fabricdra.io node plugin: its driver behind the shared plugin server, the
+node label that tells the controller to publish this node's devices, and the host IMEX report.
+
+    plugin = ComputeDomainPlugin(PluginConfig(node_name="gpu-7"), api_client)
+    plugin.run(stop_event)      # returns when stop_event is set (SIGTERM/SIGINT in the CLI)
+
+Built like the devices plugin (`fabricdra.kubeletplugin.agent`): a driver module (`driver.py`:
+what prepare and unprepare do) and a plugin module (this one: the run loop), so the CLI only
+parses flags and a third driver is one more package of the same shape.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from fabricdra.api import computedomain as cd
+from fabricdra.api import labels
+from fabricdra.api.rest import NODES, ApiError, Rest
+from fabricdra.kubeletplugin.kubelet import PluginPaths, PluginServer
+
+from .driver import ComputeDomainDriver, NodeConfig
+from .report import write_host_report
+
+log = structlog.get_logger("fabricdra.compute-domain-plugin")
+
+
+@dataclass(frozen=True)
+class PluginConfig:
+    node_name: str
+    cdi_dir: Path = Path("/var/run/cdi")
+    plugin_dir: Path = Path("/var/lib/kubelet/plugins") / cd.DRIVER
+    registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
+    proc_root: Path = Path("/proc")
+    dev_root: Path = Path("/dev")
+    imex_ctl: str = "nvidia-imex-ctl"
+    report_namespace: str = "fabricdra-system"
+    host_imex_interval: float = 30.0  # 0: no host IMEX report
+
+
+class ComputeDomainPlugin:
+    def __init__(self, config: PluginConfig, api: Any) -> None:
+        self.config = config
+        self.rest = Rest(api)
+        node = self.rest.get(NODES, config.node_name)
+        self.node_labels: dict[str, str] = node["metadata"].get("labels", {}) or {}
+        self.driver = ComputeDomainDriver(
+            self.rest,
+            NodeConfig(
+                node_name=config.node_name,
+                cdi_dir=config.cdi_dir,
+                plugin_dir=config.plugin_dir,
+                proc_root=config.proc_root,
+                dev_root=config.dev_root,
+                fabric_domain=self.node_labels.get(labels.FABRIC_DOMAIN, ""),
+                imex_ctl=config.imex_ctl,
+            ),
+        )
+        self.server = PluginServer(
+            self.driver,
+            PluginPaths.for_driver(
+                cd.DRIVER, registry_dir=config.registry_dir, plugin_dir=config.plugin_dir
+            ),
+        )
+
+    def run(self, stop: threading.Event) -> None:
+        """Serve kubelet until `stop` is set (raises `PluginServerError` if the sockets
+        cannot be opened)."""
+        self.server.start()
+        try:
+            if self.node_labels.get(cd.PLUGIN_NODE_LABEL) != "true":
+                self.rest.patch(
+                    NODES,
+                    self.config.node_name,
+                    {"metadata": {"labels": {cd.PLUGIN_NODE_LABEL: "true"}}},
+                )
+            if self.config.host_imex_interval > 0:
+                self._report_host_imex(stop)
+            else:
+                stop.wait()
+        finally:
+            self.server.stop()
+
+    def _report_host_imex(self, stop: threading.Event) -> None:
+        """Ask the host's IMEX service every interval and say what it answered in the host
+        report Lease (written only when the answer changed), so a host-mode domain on a broken
+        service shows Degraded instead of Ready."""
+        while True:
+            ready, message = self.driver.host_imex()
+            try:
+                write_host_report(
+                    self.rest,
+                    self.config.report_namespace,
+                    self.config.node_name,
+                    ready=ready,
+                    message=message,
+                )
+            except ApiError as e:  # transient: the next interval tries again
+                log.error("host IMEX report not written", error=str(e))
+            if stop.wait(self.config.host_imex_interval):
+                return

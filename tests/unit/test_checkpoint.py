@@ -1,0 +1,83 @@
+"""The plugin checkpoint: what it keeps across restarts and what it drops across boots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fabricdra.kubeletplugin.kubelet.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    ClaimEntry,
+    PreparedRecord,
+    current_boot_id,
+)
+
+RECORD = PreparedRecord(
+    device_name="rdma-0000-19-00-0",
+    base_name="rdma-0000-19-00-0",
+    cdi_device_ids=("k8s.devices.fabricdra.io/device=rdma-0000-19-00-0-u1",),
+    request_names=("nic",),
+    share_id=None,
+)
+ENTRY = ClaimEntry("u1", "ns", "c", ("/run/cdi/x_u1.json",), devices=(RECORD,), consumers=("p",))
+
+
+def test_entries_and_their_devices_survive_a_restart(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    Checkpoint(path, boot_id="b1").put(ENTRY)
+    again = Checkpoint(path, boot_id="b1")
+    assert again.get("u1") == ENTRY
+    assert again.dropped == []
+    assert json.loads(path.read_text())["bootId"] == "b1"
+
+
+def test_entries_of_another_boot_are_dropped_and_listed(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    Checkpoint(path, boot_id="b1").put(ENTRY)
+    after_reboot = Checkpoint(path, boot_id="b2")
+    assert after_reboot.entries() == []
+    assert after_reboot.dropped == [ENTRY]
+
+
+def test_an_unknown_boot_id_drops_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    Checkpoint(path, boot_id="b1").put(ENTRY)
+    assert Checkpoint(path, boot_id=None).get("u1") == ENTRY  # unreadable now: not a reboot
+    # and a file without a boot id (written where none could be read) is kept too
+    Checkpoint(tmp_path / "other.json", boot_id=None).put(ENTRY)
+    assert Checkpoint(tmp_path / "other.json", boot_id="b2").get("u1") == ENTRY
+
+
+def test_a_version_1_checkpoint_is_read_without_devices(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    old = {"uid": "u1", "namespace": "ns", "name": "c", "cdiSpecs": ["/run/cdi/x_u1.json"]}
+    path.write_text(json.dumps({"version": 1, "claims": [old]}))
+    entry = Checkpoint(path, boot_id="b1").get("u1")
+    assert entry == ClaimEntry("u1", "ns", "c", ("/run/cdi/x_u1.json",), devices=None)
+
+
+def test_an_unknown_version_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    path.write_text(json.dumps({"version": 9, "claims": []}))
+    with pytest.raises(CheckpointError, match="version 9"):
+        Checkpoint(path)
+
+
+def test_remove_if_leaves_an_entry_that_changed(tmp_path: Path) -> None:
+    cp = Checkpoint(tmp_path / "checkpoint.json")
+    cp.put(ENTRY)
+    newer = ClaimEntry("u1", "ns", "c", (), devices=())
+    cp.put(newer)
+    assert not cp.remove_if(ENTRY)
+    assert cp.get("u1") == newer
+    assert cp.remove_if(newer)
+    assert cp.get("u1") is None
+
+
+def test_the_boot_id_is_read_from_the_kernel_file(tmp_path: Path) -> None:
+    (tmp_path / "boot_id").write_text("1c6f0c7e-4e39-4b0a-a0a4-2a3d9a0e0a51\n")
+    assert current_boot_id(tmp_path / "boot_id") == "1c6f0c7e-4e39-4b0a-a0a4-2a3d9a0e0a51"
+    assert current_boot_id(tmp_path / "missing") is None

@@ -1,0 +1,110 @@
+"""GPU attributes users of NVIDIA's DRA driver select on, MIG compute capacities, the health
+attribute of the basic model, and EFA endpoints: ResourceSlices built from real discovery over
+kernel-shaped sysfs trees and recorded NVML answers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fabricdra.kubeletplugin.devices import DeviceConfig, GpuHealth, build_devices, gpu_info, semver
+from fabricdra.kubeletplugin.discovery.node import discover
+from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
+from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
+from fabricdra.kubeletplugin.resourceslices import ApiFeatures, build_slices
+from tests.sysfs.builder import SysfsBuilder
+from tests.sysfs.nodes import h100_snapshot, hgx_h100, rdma_node, write_json
+
+IDENTITY = {
+    "driverVersion": "550.54.15",
+    "cudaDriverVersion": 12040,
+    "cudaComputeCapability": "9.0",
+    "architecture": "Hopper",
+    "brand": "Nvidia",
+}
+ENGINES = {
+    "multiprocessors": 60,
+    "copyEngines": 3,
+    "decoders": 3,
+    "encoders": 0,
+    "jpegEngines": 3,
+    "ofaEngines": 0,
+}
+
+
+def _slices(tmp_path: Path, model: str = "current", **snap_extra: Any) -> dict[str, Any]:
+    b = SysfsBuilder(tmp_path / "sys")
+    hgx = hgx_h100(b)
+    snap = h100_snapshot(hgx.gpus, mig_gpu=1)
+    for entry in snap.values():
+        entry.update(IDENTITY, **snap_extra)
+        for mig in entry.get("migDevices", []):
+            mig.update(ENGINES)
+    readings = load_snapshot(write_json(tmp_path / "nvml.json", snap))
+    d = discover(SysfsTree(str(b.root)), nvml_source=lambda: readings)
+    health = {hgx.gpus[2]: GpuHealth(False, "uncorrectable ECC errors: 1")}
+    inventory = build_devices(
+        d.interfaces or [], d.accelerators or [], gpu_health=health, gpu_info=gpu_info(d.nvml)
+    )
+    plan = build_slices(inventory, "n", features=ApiFeatures(model))  # type: ignore[arg-type]
+    return {x["name"]: x for s in plan.slices for x in s["spec"].get("devices", [])}
+
+
+def test_gpus_carry_nvidias_attribute_names_and_types(tmp_path: Path) -> None:
+    devs = _slices(tmp_path)
+    gpu = devs["gpu-0000-18-00-0"]["attributes"]
+    assert gpu["driverVersion"] == {"version": "550.54.15"}
+    assert gpu["cudaDriverVersion"] == {"version": "12.4.0"}
+    assert gpu["cudaComputeCapability"] == {"version": "9.0.0"}
+    assert gpu["architecture"] == {"string": "Hopper"}
+    assert gpu["brand"] == {"string": "Nvidia"}
+    mig = devs["mig-0000-3a-00-0-gi1-ci0"]
+    assert mig["attributes"]["cudaComputeCapability"] == {"version": "9.0.0"}
+    # a MIG instance's compute capacities beside its memory
+    assert mig["capacity"] == {
+        "memory": {"value": "40192Mi"},
+        **{k: {"value": str(v)} for k, v in ENGINES.items()},
+    }
+
+
+def test_facts_nvml_did_not_give_are_absent(tmp_path: Path) -> None:
+    b = SysfsBuilder(tmp_path / "sys")
+    hgx = hgx_h100(b)
+    readings = load_snapshot(write_json(tmp_path / "nvml.json", h100_snapshot(hgx.gpus)))
+    d = discover(SysfsTree(str(b.root)), nvml_source=lambda: readings)
+    inventory = build_devices(d.interfaces or [], d.accelerators or [], gpu_info=gpu_info(d.nvml))
+    devs = {x["name"]: x for s in build_slices(inventory, "n").slices for x in s["spec"]["devices"]}
+    attrs = devs["gpu-0000-18-00-0"]["attributes"]
+    assert not {"driverVersion", "cudaDriverVersion", "architecture", "brand"} & set(attrs)
+
+
+def test_versions_are_semver() -> None:
+    assert semver("9.0") == "9.0.0"
+    assert semver("535.104.05") == "535.104.5"
+    assert semver("550.54.15") == "550.54.15"
+    assert semver("r550") is None
+    assert semver(None) is None
+
+
+def test_the_basic_model_publishes_health_as_an_attribute(tmp_path: Path) -> None:
+    basic = _slices(tmp_path / "b", "basic")
+    assert basic["gpu-0000-4b-00-0"]["attributes"]["health"] == {"string": "Unhealthy"}
+    assert basic["gpu-0000-18-00-0"]["attributes"]["health"] == {"string": "Unknown"}
+    assert "taints" not in basic["gpu-0000-4b-00-0"]
+    current = _slices(tmp_path / "c", "current")
+    assert "health" not in current["gpu-0000-4b-00-0"]["attributes"]  # the taint says it
+    assert current["gpu-0000-4b-00-0"]["taints"][0]["key"] == "fabricdra.io/unhealthy"
+
+
+def test_efa_endpoints_are_offered_only_when_enabled(tmp_path: Path) -> None:
+    b = SysfsBuilder(tmp_path / "sys")
+    rdma_node(b, [None], gpu=False)
+    # an EFA function beside the Mellanox NIC, as on an AWS p5 node
+    rp = b.bridge(b.root_bus("pci0000:40"), "0000:40:01.0")
+    efa = b.nic(rp, "0000:41:00.0", "efa0", driver="efa")
+    b.rdma(efa, "rdmap64s0")
+    d = discover(SysfsTree(str(b.root)))
+    default = build_devices(d.interfaces or [], d.accelerators or [])
+    assert [x.name for x in default if x.type == "rdma"] == []
+    enabled = build_devices(d.interfaces or [], d.accelerators or [], DeviceConfig(efa=True))
+    assert [x.endpoint.rdmaDevice for x in enabled if x.endpoint] == ["rdmap64s0"]
