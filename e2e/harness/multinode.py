@@ -201,8 +201,9 @@ class WorkerNode:
                 f"--config={config_path}",
                 f"--kubeconfig={kubeconfig}",
                 f"--root-dir={self.kubelet_root}",
+                # The name is the address: the kubelet takes an IP-shaped hostname as its
+                # InternalIP (--node-ip refuses loopback addresses).
                 f"--hostname-override={self.node_name}",
-                f"--node-ip={self.ip}",
                 "--v=2",
             ],
             self.logs_dir / "kubelet.log",
@@ -300,7 +301,8 @@ class MultiNodeCluster:
                 "create cgroups and set sysctls)"
             )
         began = time.monotonic()
-        self._take_lock()
+        if self._lock_fd is None:
+            self.take_machine()
         atexit.register(self.stop)  # pods, mounts and sysctls outlive the daemons
         try:
             self._start()
@@ -309,8 +311,12 @@ class MultiNodeCluster:
             raise
         self.start_seconds = time.monotonic() - began
 
-    def stop(self) -> None:
-        """Stop everything and undo what start() did to the machine. Idempotent."""
+    def stop(self, *, release: bool = True) -> None:
+        """Stop everything and undo what start() did to the machine. Idempotent.
+
+        `release=False` keeps the machine lock (to look at the machine before another
+        cluster may start); release_machine() lets it go.
+        """
         atexit.unregister(self.stop)
         try:
             for node in self.nodes:
@@ -328,11 +334,13 @@ class MultiNodeCluster:
             if "iptables_chains" in self._saved:
                 _remove_kubelet_chains(keep=self._saved.pop("iptables_chains"))
         finally:
-            self._release_lock()
+            if release:
+                self.release_machine()
 
     # -- start ------------------------------------------------------------------------------
 
-    def _take_lock(self) -> None:
+    def take_machine(self) -> None:
+        """Wait for the machine-wide node-cluster lock (start() takes it if not held)."""
         if LOCK_HOLDER:
             raise HarnessError(
                 f"this process already runs a {LOCK_HOLDER[0]} (it holds {LOCK_PATH}); "
@@ -355,13 +363,13 @@ class MultiNodeCluster:
         LOCK_HOLDER.append("multi-node cluster")
         running = _running_daemons(DEFAULT_BASE / "cluster.json")
         if running:
-            self._release_lock()
+            self.release_machine()
             raise HarnessError(
                 f"a cluster started by e2e/cluster/up.sh is running (pids {running}): stop it "
                 "with e2e/cluster/down.sh first"
             )
 
-    def _release_lock(self) -> None:
+    def release_machine(self) -> None:
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # closing drops the flock
             self._lock_fd = None

@@ -160,7 +160,7 @@ def env(
                     plugin.proc.poll() is None
                     and rest.get(NODES, name)["metadata"]["labels"].get(cd.PLUGIN_NODE_LABEL)
                     == "true"
-                    and (plugin.node.plugins_registry_dir).glob(f"{cd.DRIVER}*")
+                    and any(plugin.node.plugins_registry_dir.glob(f"{cd.DRIVER}*"))
                 ),
                 timeout=60,
                 what=f"the compute-domain plugin on {name} (log {plugin.log})",

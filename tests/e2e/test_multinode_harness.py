@@ -88,55 +88,62 @@ def test_three_nodes_run_pods_and_leave_nothing_behind(
     cluster = MultiNodeCluster(base, nodes=3)
     bridges = [n.cni_bridge for n in cluster.nodes]
     cgroup_roots = [n.cgroup_root for n in cluster.nodes]
-    before = _machine_state(base, bridges, cgroup_roots)
-    assert not before["processes"], "a node cluster is already running on this machine"
-
-    began = time.monotonic()
-    with cluster:
-        print(f"\n3 nodes Ready in {cluster.start_seconds:.1f}s")
-        names = [n.node_name for n in cluster.nodes]
-        assert len(set(names)) == 3
-        with cluster.api_client() as api:
-            core = client.CoreV1Api(api)
-            nodes = {n.metadata.name: n for n in core.list_node().items}
-            assert sorted(nodes) == sorted(names)
-            for node in cluster.nodes:
-                obj = nodes[node.node_name]
-                ready = {c.type: c.status for c in obj.status.conditions}["Ready"]
-                assert ready == "True"
-                internal = [a.address for a in obj.status.addresses if a.type == "InternalIP"]
-                assert internal == [node.ip]  # distinct per node: IMEX peers differ by it
-                assert obj.status.daemon_endpoints.kubelet_endpoint.port == node.kubelet_port
-            ns = f"mn-{uuid.uuid4().hex[:8]}"
-            cluster.control_plane.create_namespace(ns)
-            markers = {n.node_name: uuid.uuid4().hex for n in cluster.nodes}
-            for i, node in enumerate(cluster.nodes):
-                core.create_namespaced_pod(
-                    ns, _pod(f"p{i}", node.node_name, markers[node.node_name])
-                )
-            for i, node in enumerate(cluster.nodes):
-                phase = wait_for(
-                    lambda i=i: (
-                        (p := core.read_namespaced_pod(f"p{i}", ns).status.phase)
-                        in ("Succeeded", "Failed")
-                        and p
-                    ),
-                    timeout=120,
-                    what=f"pod p{i} to finish",
-                )
-                pod = core.read_namespaced_pod(f"p{i}", ns)
-                assert phase == "Succeeded"
-                assert pod.spec.node_name == node.node_name
-                # Its own node's bridge network: the pod IP is in that node's subnet.
-                subnet = ipaddress.ip_network(f"10.245.{node.index}.0/24")
-                assert ipaddress.ip_address(pod.status.pod_ip) in subnet
-                # Logs come from this node's kubelet, through the apiserver.
-                logs = core.read_namespaced_pod_log(f"p{i}", ns, container="c")
-                assert logs.split() == [markers[node.node_name]]
-            # Each kubelet keeps its pods under its own cgroup root.
-            for node in cluster.nodes:
-                assert (CGROUP_ROOT / "memory" / node.cgroup_root / "kubepods").is_dir()
-    print(f"start, pods and stop took {time.monotonic() - began:.1f}s")
-
-    after = _machine_state(base, bridges, cgroup_roots)
+    cluster.take_machine()  # no other node cluster changes the machine while we compare
+    try:
+        before = _machine_state(base, bridges, cgroup_roots)
+        assert not before["processes"], "a node cluster's processes are left on this machine"
+        began = time.monotonic()
+        cluster.start()
+        try:
+            _run_a_pod_on_each_node(cluster)
+        finally:
+            cluster.stop(release=False)
+        print(f"start, pods and stop took {time.monotonic() - began:.1f}s")
+        after = _machine_state(base, bridges, cgroup_roots)
+    finally:
+        cluster.release_machine()
     assert after == before
+
+
+def _run_a_pod_on_each_node(cluster: MultiNodeCluster) -> None:
+    print(f"\n3 nodes Ready in {cluster.start_seconds:.1f}s")
+    names = [n.node_name for n in cluster.nodes]
+    assert len(set(names)) == 3
+    with cluster.api_client() as api:
+        core = client.CoreV1Api(api)
+        nodes = {n.metadata.name: n for n in core.list_node().items}
+        assert sorted(nodes) == sorted(names)
+        for node in cluster.nodes:
+            obj = nodes[node.node_name]
+            ready = {c.type: c.status for c in obj.status.conditions}["Ready"]
+            assert ready == "True"
+            internal = [a.address for a in obj.status.addresses if a.type == "InternalIP"]
+            assert internal == [node.ip]  # distinct per node: IMEX peers differ by it
+            assert obj.status.daemon_endpoints.kubelet_endpoint.port == node.kubelet_port
+        ns = f"mn-{uuid.uuid4().hex[:8]}"
+        cluster.control_plane.create_namespace(ns)
+        markers = {n.node_name: uuid.uuid4().hex for n in cluster.nodes}
+        for i, node in enumerate(cluster.nodes):
+            core.create_namespaced_pod(ns, _pod(f"p{i}", node.node_name, markers[node.node_name]))
+        for i, node in enumerate(cluster.nodes):
+            phase = wait_for(
+                lambda i=i: (
+                    (p := core.read_namespaced_pod(f"p{i}", ns).status.phase)
+                    in ("Succeeded", "Failed")
+                    and p
+                ),
+                timeout=120,
+                what=f"pod p{i} to finish",
+            )
+            pod = core.read_namespaced_pod(f"p{i}", ns)
+            assert phase == "Succeeded"
+            assert pod.spec.node_name == node.node_name
+            # Its own node's bridge network: the pod IP is in that node's subnet.
+            subnet = ipaddress.ip_network(f"10.245.{node.index}.0/24")
+            assert ipaddress.ip_address(pod.status.pod_ip) in subnet
+            # Logs come from this node's kubelet, through the apiserver.
+            logs = core.read_namespaced_pod_log(f"p{i}", ns, container="c")
+            assert logs.split() == [markers[node.node_name]]
+        # Each kubelet keeps its pods under its own cgroup root.
+        for node in cluster.nodes:
+            assert (CGROUP_ROOT / "memory" / node.cgroup_root / "kubepods").is_dir()
