@@ -6,8 +6,9 @@ Used by the `multi_node_cluster` pytest fixture (e2e.harness.pytest_plugin). Eac
 - its own address and name: node i is `127.0.0.<11+i>` (the whole 127/8 is loopback, so the
   apiserver reaches each kubelet at its node's Hostname address, and each node reports a
   distinct InternalIP: IMEX peers are told apart by it);
-- its own kubelet root dir, ports (kubelet, healthz), containerd root/state/socket, CDI spec
-  dir, CNI bridge and pod subnet, pod log dir;
+- its own kubelet root dir (under a short /tmp/fdra-mn-<random>/: plugin sockets go there,
+  and a unix socket path holds 107 bytes), ports (kubelet, healthz), containerd
+  root/state/socket, CDI spec dir, CNI bridge and pod subnet, pod log dir;
 - its own cgroup root (`/fabricdra-e2e-node-<i>`): kubelets sharing `/kubepods` would each
   remove the others' pod cgroups as orphans.
 
@@ -25,7 +26,9 @@ import fcntl
 import json
 import os
 import shutil
+import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -77,6 +80,8 @@ class WorkerNode:
     index: int
     base: Path
     control_plane: ControlPlane
+    # Unix socket paths hold 107 bytes: plugin sockets under a pytest tmp dir would not fit.
+    kubelet_root: Path
     kubelet_port: int = 0
     _kubelet: Daemon | None = field(default=None, repr=False)
     _containerd: Daemon | None = field(default=None, repr=False)
@@ -89,10 +94,6 @@ class WorkerNode:
     def node_name(self) -> str:
         # The apiserver prefers the Hostname address: it must resolve to the kubelet's address.
         return self.ip
-
-    @property
-    def kubelet_root(self) -> Path:
-        return self.base / "kubelet"
 
     @property
     def plugins_registry_dir(self) -> Path:
@@ -262,7 +263,12 @@ class MultiNodeCluster:
         self.base = base
         self.control_plane = ControlPlane(base / "control-plane")
         self.logs_dir = self.control_plane.logs_dir
-        self.nodes = [WorkerNode(i, base / f"node-{i}", self.control_plane) for i in range(nodes)]
+        # Kubelet roots go in a short folder of their own (plugin socket paths must fit).
+        self.kubelet_roots = Path(tempfile.gettempdir()) / f"fdra-mn-{uuid.uuid4().hex[:8]}"
+        self.nodes = [
+            WorkerNode(i, base / f"node-{i}", self.control_plane, self.kubelet_roots / str(i))
+            for i in range(nodes)
+        ]
         self._lock_fd: int | None = None
         self._bin_dir: Path | None = None
         self._saved: dict[str, Any] = {}
@@ -300,9 +306,9 @@ class MultiNodeCluster:
                 "the multi-node cluster needs root (containerd, runc and the kubelets mount, "
                 "create cgroups and set sysctls)"
             )
-        began = time.monotonic()
         if self._lock_fd is None:
             self.take_machine()
+        began = time.monotonic()  # what start-up costs, not the wait for the machine
         atexit.register(self.stop)  # pods, mounts and sysctls outlive the daemons
         try:
             self._start()
@@ -323,7 +329,9 @@ class MultiNodeCluster:
                 node.teardown(self._bin_dir)
             _kill_pod_processes()  # whatever escaped its task (the lock makes them ours)
             self.control_plane.stop()
-            _unmount_under(self.base)
+            for folder in (self.base, self.kubelet_roots):
+                _unmount_under(folder)
+            shutil.rmtree(self.kubelet_roots, ignore_errors=True)
             for node in self.nodes:
                 with contextlib.suppress(FileNotFoundError):
                     _run(["ip", "link", "del", node.cni_bridge])
@@ -380,6 +388,7 @@ class MultiNodeCluster:
         if self.base.exists():
             shutil.rmtree(self.base)
         self.base.mkdir(parents=True)
+        self.kubelet_roots.mkdir(mode=0o700)
         self._saved = {"sysctls": _read_sysctls(), "iptables_chains": _kubelet_chains()}
         self.control_plane._bin_dir = bin_dir
 
