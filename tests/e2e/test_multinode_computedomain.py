@@ -584,6 +584,7 @@ def left(env: Env) -> Iterator[Left]:
 
 @pytest.mark.xfail(
     strict=True,
+    raises=AssertionError,
     reason="issue 11 point 10 (helper C): a node whose kubelet and plugin stopped stays a "
     "Ready row; the domain must use heartbeats (Lease renew time) to mark it not ready",
 )
@@ -591,9 +592,11 @@ def test_node_leaving_marks_its_row_not_ready(env: Env, left: Left) -> None:
     """Node 2 died: its row turns not ready, and the domain (numNodes 3) is no longer Ready
     and says Degraded."""
     began = time.monotonic()
+    seen: list[dict[str, Any]] = []
 
     def reflected() -> dict[str, Any] | None:
         obj = env.rest.get(COMPUTE_DOMAINS, "leave", left.ns)
+        seen[:] = [obj.get("status", {})]
         rows = {r["name"]: r for r in obj["status"].get("nodes", [])}
         row = rows.get(left.gone.node_name)
         ready = (condition(obj, cd.READY) or {}).get("status")
@@ -606,6 +609,11 @@ def test_node_leaving_marks_its_row_not_ready(env: Env, left: Left) -> None:
         # The KCM marks the node NotReady after 20 s without heartbeats; allow the
         # controller as long again.
         wait_for(reflected, timeout=60, what=f"{left.gone.node_name}'s row not ready")
+    except AssertionError as e:
+        status = seen[0] if seen else {}
+        rows = [(r["name"], r["ready"]) for r in status.get("nodes", [])]
+        conds = [(c["type"], c["status"], c["reason"]) for c in status.get("conditions", [])]
+        raise AssertionError(f"{e}\nlast rows {rows}\nlast conditions {conds}") from None
     finally:
         print(f"\nnode leaving: {time.monotonic() - began:.1f}s")
 
