@@ -178,7 +178,7 @@ class WorkerNode:
                     )
 
     def start_kubelet(self, bin_dir: Path) -> None:
-        """Start (or restart, after stop_kubelet) the kubelet; its Node registers itself."""
+        """Start the kubelet; its Node registers itself."""
         cp = self.control_plane
         _make_cgroup_root(self.cgroup_root)
         kubeconfig = cp.kubeconfig_for(
