@@ -25,6 +25,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -385,6 +386,7 @@ class MultiNodeCluster:
 
     def _start(self) -> None:
         self._bin_dir = bin_dir = binaries.ensure(binaries.CONTROL_PLANE + binaries.NODE, node=True)
+        sweep_crashed_runs()
         if self.base.exists():
             shutil.rmtree(self.base)
         self.base.mkdir(parents=True)
@@ -418,6 +420,23 @@ class MultiNodeCluster:
             node.wait_ready()
 
 
+def sweep_crashed_runs() -> None:
+    """Undo what a killed earlier run left behind: its daemons died with it (parent-death
+    signal), but its pods, mounts, bridges and cgroup roots outlive them.
+
+    Call only while holding the machine lock: then no other node cluster uses these names.
+    """
+    _kill_pod_processes()
+    for link in Path("/sys/class/net").iterdir():
+        if re.fullmatch(r"fdra-mn\d+", link.name):
+            _run(["ip", "link", "del", link.name])
+    for root in {p.name for p in CGROUP_ROOT.glob("*/fabricdra-e2e-node-*")}:
+        _remove_kubepods_cgroups(root)
+    for folder in Path(tempfile.gettempdir()).glob("fdra-mn-*"):
+        _unmount_under(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _make_cgroup_root(name: str) -> None:
     """The kubelet refuses a cgroup root that does not exist in every v1 hierarchy.
 
@@ -435,4 +454,4 @@ def _make_cgroup_root(name: str) -> None:
                 (path / knob).write_text(parent.read_text())
 
 
-__all__ = ["FIRST_HOST", "MultiNodeCluster", "WorkerNode"]
+__all__ = ["FIRST_HOST", "MultiNodeCluster", "WorkerNode", "sweep_crashed_runs"]

@@ -6,6 +6,7 @@ the machine is as it was (processes, mounts, cgroups, bridges, iptables chains, 
 from __future__ import annotations
 
 import ipaddress
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -16,7 +17,7 @@ from kubernetes import client
 
 from e2e.harness.controlplane import wait_for
 from e2e.harness.images import TEST_IMAGE
-from e2e.harness.multinode import MultiNodeCluster
+from e2e.harness.multinode import MAX_NODES, MultiNodeCluster
 from e2e.harness.nodecluster import CGROUP_ROOT, _kubelet_chains, _read_sysctls, _run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.multinode]
@@ -92,8 +93,13 @@ def test_three_nodes_run_pods_and_leave_nothing_behind(
     try:
         before = _machine_state(base, bridges, cgroup_roots)
         assert not before["processes"], "a node cluster's processes are left on this machine"
+        crashed = _leftovers_of_a_killed_run()
         began = time.monotonic()
         cluster.start()
+        # start() swept what a killed run had left.
+        assert _run(["ip", "link", "show", crashed["bridge"]]).returncode != 0
+        assert not Path(crashed["cgroup"]).exists()
+        assert not Path(crashed["kubelet_roots"]).exists()
         try:
             _run_a_pod_on_each_node(cluster)
         finally:
@@ -103,6 +109,19 @@ def test_three_nodes_run_pods_and_leave_nothing_behind(
     finally:
         cluster.release_machine()
     assert after == before
+
+
+def _leftovers_of_a_killed_run() -> dict[str, str]:
+    """A bridge, a cgroup root and a kubelet-roots folder with a mount in it, as a multi-node
+    run killed with SIGKILL leaves them (its daemons die with it; these do not)."""
+    bridge = f"fdra-mn{MAX_NODES - 1}"
+    assert _run(["ip", "link", "add", bridge, "type", "bridge"]).returncode == 0
+    cgroup = CGROUP_ROOT / "memory" / f"fabricdra-e2e-node-{MAX_NODES - 1}" / "kubepods"
+    cgroup.mkdir(parents=True)
+    roots = Path(tempfile.gettempdir()) / "fdra-mn-crashed"
+    (roots / "0" / "pods").mkdir(parents=True)
+    assert _run(["mount", "-t", "tmpfs", "tmpfs", str(roots / "0" / "pods")]).returncode == 0
+    return {"bridge": bridge, "cgroup": str(cgroup.parent), "kubelet_roots": str(roots)}
 
 
 def _run_a_pod_on_each_node(cluster: MultiNodeCluster) -> None:
