@@ -638,7 +638,9 @@ def test_removed_node_leaves_the_domain(env: Env, left: Left) -> None:
     # The pod GC deletes the pods of a vanished node after a 40 s quarantine.
     obj = wait_for(without_it, timeout=120, what=f"{gone.node_name} to leave the domain")
     print(f"\nnode removed -> row gone: {time.monotonic() - began:.1f}s")
-    assert (condition(obj, cd.READY) or {}).get("reason") == "WaitingForNodes"
+    # Too few nodes joined; with issue 11 point 13 the fabric itself (two nodes left) is now
+    # smaller than numNodes, which the controller says instead.
+    assert (condition(obj, cd.READY) or {}).get("reason") in ("WaitingForNodes", "FabricTooSmall")
     assert e.rest.get_or_none(SLICES, slice_name(gone.node_name)) is None
     assert any(
         ev["reason"] == "NodeLeft" and gone.node_name in ev["message"]
