@@ -64,6 +64,9 @@ KUBELET_CHAINS = {
 }
 IPTABLES = ("iptables", "ip6tables")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+# What in this process holds LOCK_PATH (NodeCluster or the multi-node cluster): a second
+# cluster in one pytest session would wait on its own process; it fails at once instead.
+LOCK_HOLDER: list[str] = []
 
 
 class NodeCluster:
@@ -173,6 +176,8 @@ class NodeCluster:
         self.state_file.write_text(json.dumps(self._state, indent=2) + "\n")
 
     def _take_lock(self) -> None:
+        if LOCK_HOLDER:
+            raise HarnessError(f"this process already runs a {LOCK_HOLDER[0]} ({LOCK_PATH})")
         fd = os.open(LOCK_PATH, os.O_RDWR | os.O_CREAT, 0o644)
         deadline = time.monotonic() + LOCK_WAIT
         while True:
@@ -187,6 +192,7 @@ class NodeCluster:
                     ) from None
                 time.sleep(2)
         self._lock_fd = fd
+        LOCK_HOLDER.append("single-node cluster")
         running = _running_daemons(DEFAULT_BASE / "cluster.json")
         if running and self.base != DEFAULT_BASE:
             self._release_lock()
@@ -200,6 +206,7 @@ class NodeCluster:
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # closing drops the flock
             self._lock_fd = None
+            LOCK_HOLDER.clear()
 
     def _start(self) -> None:
         bin_dir = binaries.ensure(binaries.CONTROL_PLANE + binaries.NODE, node=True)
@@ -230,30 +237,7 @@ class NodeCluster:
 
     def _start_containerd(self, bin_dir: Path) -> None:
         cni_conf = self.base / "cni" / "net.d"
-        cni_conf.mkdir(parents=True)
-        # The node stays NotReady without a CNI config, even if every pod uses host networking.
-        (cni_conf / "10-fabricdra-e2e.conflist").write_text(
-            json.dumps(
-                {
-                    "cniVersion": "1.0.0",
-                    "name": "fabricdra-e2e",
-                    "plugins": [
-                        {
-                            "type": "bridge",
-                            "bridge": CNI_BRIDGE,
-                            "isGateway": True,
-                            "ipMasq": False,
-                            "ipam": {
-                                "type": "host-local",
-                                "ranges": [[{"subnet": "10.244.0.0/24"}]],
-                                "dataDir": str(self.base / "cni" / "ipam"),
-                            },
-                        }
-                    ],
-                },
-                indent=2,
-            )
-        )
+        write_cni_config(cni_conf, CNI_BRIDGE, "10.244.0.0/24", self.base / "cni" / "ipam")
         config = self.base / "containerd.toml"
         config.write_text(
             _CONTAINERD_TOML.format(
@@ -308,41 +292,13 @@ class NodeCluster:
             "kubelet", f"system:node:{self.node_name}", ("system:nodes",)
         )
         self.kubelet_port = free_port()
-        config = {
-            "apiVersion": "kubelet.config.k8s.io/v1beta1",
-            "kind": "KubeletConfiguration",
-            "address": "127.0.0.1",
-            "port": self.kubelet_port,
-            "healthzBindAddress": "127.0.0.1",
-            "healthzPort": free_port(),
-            "readOnlyPort": 0,
-            "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
-            # No systemd and cgroup v1 hybrid: cgroupfs, and failCgroupV1 (1.35+ defaults to
-            # refusing v1; the setting exists only in the config file).
-            "cgroupDriver": "cgroupfs",
-            "failCgroupV1": False,
-            "failSwapOn": False,
-            # The VM refuses negative oom_score_adj; the default -999 would be refused too.
-            "oomScoreAdj": 0,
-            "authentication": {
-                "anonymous": {"enabled": False},
-                "webhook": {"enabled": True},
-                "x509": {"clientCAFile": str(cp.pki.ca.cert)},
-            },
-            "authorization": {"mode": "Webhook"},
-            "imageGCHighThresholdPercent": 100,  # never GC the imported images
-            "imageGCLowThresholdPercent": 99,
-            "evictionHard": {
-                "memory.available": "50Mi",
-                "nodefs.available": "1%",
-                "nodefs.inodesFree": "1%",
-                "imagefs.available": "1%",
-            },
-            "serializeImagePulls": False,
-            "resolvConf": "/etc/resolv.conf",
-            "podLogsDir": str(self.base / "pod-logs"),
-            "volumePluginDir": str(self.base / "volume-plugins"),
-        }
+        config = kubelet_config(
+            address="127.0.0.1",
+            port=self.kubelet_port,
+            containerd_socket=self.containerd_socket,
+            client_ca=cp.pki.ca.cert,
+            base=self.base,
+        )
         config_path = self.base / "kubelet.json"
         config_path.write_text(json.dumps(config, indent=2))
         self._kubelet = Daemon(
@@ -372,6 +328,90 @@ class NodeCluster:
             return conditions.get("Ready") == "True" and not (spec and spec.taints)
 
         wait_until(ready, timeout=NODE_READY_TIMEOUT, what="a Ready node", daemon=self._kubelet)
+
+
+def write_cni_config(conf_dir: Path, bridge: str, subnet: str, ipam_dir: Path) -> None:
+    """A bridge network for the node's pods.
+
+    The node stays NotReady without a CNI config, even if every pod uses host networking.
+    """
+    conf_dir.mkdir(parents=True)
+    (conf_dir / "10-fabricdra-e2e.conflist").write_text(
+        json.dumps(
+            {
+                "cniVersion": "1.0.0",
+                "name": "fabricdra-e2e",
+                "plugins": [
+                    {
+                        "type": "bridge",
+                        "bridge": bridge,
+                        "isGateway": True,
+                        "ipMasq": False,
+                        "ipam": {
+                            "type": "host-local",
+                            "ranges": [[{"subnet": subnet}]],
+                            "dataDir": str(ipam_dir),
+                        },
+                    }
+                ],
+            },
+            indent=2,
+        )
+    )
+
+
+def kubelet_config(
+    *,
+    address: str,
+    port: int,
+    containerd_socket: Path,
+    client_ca: Path,
+    base: Path,
+    cgroup_root: str | None = None,
+) -> dict[str, Any]:
+    """The KubeletConfiguration of a harness node listening on `address`.
+
+    `cgroup_root`: where the node's /kubepods tree goes (default: the machine's root); several
+    kubelets on one machine each need their own, or each would remove the others' pods.
+    """
+    config: dict[str, Any] = {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "address": address,
+        "port": port,
+        "healthzBindAddress": address,
+        "healthzPort": free_port(),
+        "readOnlyPort": 0,
+        "containerRuntimeEndpoint": f"unix://{containerd_socket}",
+        # No systemd and cgroup v1 hybrid: cgroupfs, and failCgroupV1 (1.35+ defaults to
+        # refusing v1; the setting exists only in the config file).
+        "cgroupDriver": "cgroupfs",
+        "failCgroupV1": False,
+        "failSwapOn": False,
+        # The VM refuses negative oom_score_adj; the default -999 would be refused too.
+        "oomScoreAdj": 0,
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": True},
+            "x509": {"clientCAFile": str(client_ca)},
+        },
+        "authorization": {"mode": "Webhook"},
+        "imageGCHighThresholdPercent": 100,  # never GC the imported images
+        "imageGCLowThresholdPercent": 99,
+        "evictionHard": {
+            "memory.available": "50Mi",
+            "nodefs.available": "1%",
+            "nodefs.inodesFree": "1%",
+            "imagefs.available": "1%",
+        },
+        "serializeImagePulls": False,
+        "resolvConf": "/etc/resolv.conf",
+        "podLogsDir": str(base / "pod-logs"),
+        "volumePluginDir": str(base / "volume-plugins"),
+    }
+    if cgroup_root is not None:
+        config["cgroupRoot"] = cgroup_root
+    return config
 
 
 _CONTAINERD_TOML = """\
@@ -538,10 +578,11 @@ def _unmount_under(base: Path) -> None:
         _run(["umount", "-l", target])
 
 
-def _remove_kubepods_cgroups() -> None:
+def _remove_kubepods_cgroups(top_name: str = "kubepods") -> None:
+    """Remove the cgroup tree `top_name` (relative to each hierarchy's root), deepest first."""
     with contextlib.suppress(OSError):
         for hierarchy in CGROUP_ROOT.iterdir():
-            top = hierarchy / "kubepods"
+            top = hierarchy / top_name
             if not top.is_dir():
                 continue
             for dirpath, _, _ in sorted(os.walk(top), key=lambda w: len(w[0]), reverse=True):

@@ -5,6 +5,8 @@
 - `node_cluster` (alias `cluster`): a one-node cluster with kubelet + containerd
   (e2e.harness.nodecluster.NodeCluster), or the existing cluster that
   FABRICDRA_E2E_KUBECONFIG names (e2e.harness.existing.ExistingCluster)
+- `multi_node_cluster` (module scope): one control plane and three nodes, each with its own
+  kubelet and containerd (e2e.harness.multinode.MultiNodeCluster)
 
 If the binaries are missing they are built with e2e/cluster/build.sh; if that fails, the tests
 using these fixtures fail with the reason (they never skip). When such a test fails, its report
@@ -22,6 +24,7 @@ import pytest
 from e2e.harness.controlplane import ControlPlane, KubeControllerManager, KubeScheduler
 from e2e.harness.errors import HarnessError
 from e2e.harness.existing import KUBECONFIG_ENV, ExistingCluster
+from e2e.harness.multinode import MultiNodeCluster
 from e2e.harness.nodecluster import NodeCluster
 
 _LOGS_KEY = pytest.StashKey[list[str]]()
@@ -120,9 +123,39 @@ def cluster(node_cluster: NodeCluster | ExistingCluster) -> NodeCluster | Existi
     return node_cluster
 
 
+@pytest.fixture(scope="module")
+def multi_node_cluster(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[MultiNodeCluster]:
+    """Three real nodes (kubelet + containerd each) on one control plane (e2e tests).
+
+    Module scope: it shares the machine-wide lock with `node_cluster` (session scope), so the
+    modules using it run first and each tears its cluster down before the next module.
+    """
+    cluster = MultiNodeCluster(tmp_path_factory.mktemp("multi-node"), nodes=3)
+    try:
+        cluster.start()
+    except HarnessError as e:
+        pytest.fail(f"multi-node cluster unavailable: {e}", pytrace=False)
+    request.config.stash.setdefault(_LOGS_KEY, []).append(
+        " ".join(str(p) for p in (cluster.logs_dir, *(n.logs_dir for n in cluster.nodes)))
+    )
+    print(f"\nmulti-node cluster: {len(cluster.nodes)} nodes Ready in {cluster.start_seconds:.1f}s")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that use the node cluster are e2e tests, whether or not they say so."""
+    """Tests that use a node cluster are e2e tests, whether or not they say so. Multi-node
+    tests run first: the single-node cluster, once up, holds the machine until the end."""
     for item in items:
-        if {"node_cluster", "cluster"} & set(getattr(item, "fixturenames", ())):
+        if {"node_cluster", "cluster", "multi_node_cluster"} & set(
+            getattr(item, "fixturenames", ())
+        ):
             item.add_marker(pytest.mark.e2e)
+        if "multi_node_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.multinode)
+    items.sort(key=lambda item: item.get_closest_marker("multinode") is None)
