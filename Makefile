@@ -10,14 +10,17 @@ PYTEST_ARGS ?=
 
 all: test
 
-# The virtual environment with the package (editable) and its development tools.
-$(BIN)/fabricdra: pyproject.toml
+# The virtual environment with the package (editable) and its development tools. The target is
+# a stamp of its own, not $(BIN)/fabricdra: README's first command makes a venv with the package
+# alone, and that file would otherwise pass for a venv that has ruff, mypy and pytest.
+DEV_STAMP := $(VENV)/.fabricdra-dev
+$(DEV_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
 	@touch $@
 
-venv: $(BIN)/fabricdra
+venv: $(DEV_STAMP)
 
 # Debian packages the cluster harness needs (openssl, runc's libseccomp, CNI plugins, ...).
 deps:

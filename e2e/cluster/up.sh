@@ -13,5 +13,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 "$here/install-deps.sh"
 "$here/build.sh" --node >&2
-py="$repo/.venv/bin/python"; [ -x "$py" ] || py=python3
+# The harness needs the package's dependencies (kubernetes client, ...): the system python3
+# has none of them, so make the project's virtual environment first (a no-op when it is there).
+make -C "$repo" --no-print-directory venv >&2
+py="$repo/.venv/bin/python"
 cd "$repo" && exec "$py" -m e2e.harness.nodecluster up "$@"
