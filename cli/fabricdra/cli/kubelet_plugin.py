@@ -86,6 +86,19 @@ def register(sub: Any) -> None:
         help="holders per endpoint in shared mode (default 64) [FABRICDRA_RDMA_SHARED_HOLDERS]",
     )
     a(
+        "--gpus",
+        default=_env("GPUS", "true"),
+        choices=["true", "false"],
+        help="offer GPUs and MIG devices; false beside NVIDIA's GPU driver (default true) "
+        "[FABRICDRA_GPUS]",
+    )
+    a(
+        "--rdma",
+        default=_env("RDMA", "true"),
+        choices=["true", "false"],
+        help="offer RDMA endpoints (default true) [FABRICDRA_RDMA]",
+    )
+    a(
         "--resource-model",
         default=_env("RESOURCE_MODEL", "auto"),
         choices=["auto", "current", "basic"],
@@ -129,7 +142,12 @@ def build_config(args: argparse.Namespace) -> Any:
     if args.discovery_interval <= 0:
         raise UsageError(f"--discovery-interval must be positive, not {args.discovery_interval}")
     try:
-        devices = DeviceConfig(args.rdma_mode, args.rdma_shared_holders)
+        devices = DeviceConfig(
+            args.rdma_mode,
+            args.rdma_shared_holders,
+            offer_gpus=args.gpus == "true",
+            offer_rdma=args.rdma == "true",
+        )
     except ValueError as e:
         raise UsageError(str(e)) from None
     return AgentConfig(
