@@ -163,3 +163,17 @@ def test_dashboards_ship_as_sidecar_configmaps_when_present(chart: Chart) -> Non
     dashboards = sorted((CHART_DIR / "dashboards").glob("*.json"))
     maps = _kinds(chart.template()).get("ConfigMap", [])
     assert maps == [f"fabricdra-dashboard-{p.stem}" for p in dashboards]
+
+
+def test_device_nodes_are_seen_at_their_host_path(chart: Chart) -> None:
+    # CDI specs name the host's device node paths: the agent must see them where the host has
+    # them, or the runtime is handed a path that exists only inside the agent's container.
+    docs = chart.template({"devRoot": "/srv/dev"})
+    pod = _one(docs, "DaemonSet", "fabricdra-node")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
+    for c in pod["containers"]:
+        assert "--dev-root=/srv/dev" in c["args"]
+        mounts = {m["mountPath"]: volumes[m["name"]] for m in c["volumeMounts"]}
+        assert mounts["/srv/dev"] == "/srv/dev"
+        for host in ("/var/lib/kubelet/plugins_registry", "/var/run/cdi"):
+            assert mounts[host] == host  # sockets and CDI specs too
