@@ -286,6 +286,13 @@ class NodeCluster:
     def _ctr(self, bin_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
         return _ctr(bin_dir, self.containerd_socket, *args)
 
+    def import_image(self, archive: Path) -> None:
+        """Load an image archive (docker-archive or OCI, e.g. deployments/container/build.sh's)
+        into the node's containerd, where pods with imagePullPolicy Never find it."""
+        done = self._ctr(binaries.bin_dir(), "images", "import", str(archive))
+        if done.returncode != 0:
+            raise HarnessError(f"ctr images import {archive} failed: {done.stderr.strip()}")
+
     def _import_images(self, bin_dir: Path) -> None:
         image_dir = self.base / "images"
         image_dir.mkdir()
