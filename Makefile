@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: all venv deps cluster-binaries lint typecheck unit test bench clean
+.PHONY: all venv deps cluster-binaries image chart-sync lint typecheck unit test bench clean
 
 all: test
 
@@ -26,10 +26,18 @@ venv: $(DEV_STAMP)
 deps:
 	e2e/cluster/install-deps.sh
 
-# etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, containerd, runc:
-# built from the Go module proxy into ~/.cache/fabricdra (reused when already there).
+# etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, containerd, runc and
+# helm: built from the Go module proxy into ~/.cache/fabricdra (reused when already there).
 cluster-binaries: deps
-	e2e/cluster/build.sh --node
+	e2e/cluster/build.sh --all
+
+# The fabricdra image, Docker-free (mmdebstrap + umoci): build/image/fabricdra-image.tar.
+image: deps
+	deployments/container/build.sh
+
+# The chart's copies of api/crds and api/deviceclasses (a unit test fails when they drift).
+chart-sync:
+	charts/fabricdra/sync-api.sh
 
 lint: venv
 	$(BIN)/ruff check .
@@ -50,6 +58,7 @@ bench: venv cluster-binaries
 	$(BIN)/python -m bench.discovery
 	$(BIN)/python -m bench.prepare
 	$(BIN)/python -m bench.controller
+	$(BIN)/python -m bench.e2e
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -91,3 +91,29 @@ class Chart:
             f"--namespace={namespace}",
             "--wait",
         )
+
+
+def harness_values(
+    cluster: Any, image: str, *, sysfs: Path, dev: Path, proc: Path, nvml: Path
+) -> dict[str, Any]:
+    """Chart values for the harness's node cluster (`e2e.harness.nodecluster.NodeCluster`): where
+    the made-up node's files are, the image imported into its containerd (pull policy Never),
+    and, since the harness has no kube-proxy, host networking with the API server's loopback
+    address. One controller replica: two on one host network would share a metrics port."""
+    repository, _, tag = image.rpartition(":")
+    port = str(cluster.server).rsplit(":", 1)[1]
+    return {
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+        "kubeletRootDir": str(cluster.kubelet_root),
+        "sysfsRoot": str(sysfs),
+        "devRoot": str(dev),
+        "procRoot": str(proc),
+        "nvmlSnapshot": str(nvml),
+        "discoveryInterval": 2,
+        "extraEnv": [
+            {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+            {"name": "KUBERNETES_SERVICE_PORT", "value": port},
+        ],
+        "node": {"hostNetwork": True},
+        "controller": {"hostNetwork": True, "replicas": 1},
+    }

@@ -22,7 +22,7 @@ from kubernetes import client
 
 from e2e.harness.controlplane import wait_for
 from e2e.harness.existing import ExistingCluster
-from e2e.harness.helm import Chart
+from e2e.harness.helm import Chart, harness_values
 from e2e.harness.images import TEST_IMAGE, fabricdra_image
 from e2e.harness.nodecluster import NodeCluster
 from tests.integration.kubelethost import Host, build_host
@@ -42,29 +42,6 @@ class Installed:
     values: dict[str, Any]
 
 
-def harness_values(cluster: NodeCluster, host: Host, image: str) -> dict[str, Any]:
-    """The values this harness needs: where the fake node's files are, and, since the harness has
-    no kube-proxy, host networking with the API server's loopback address."""
-    repository, _, tag = image.rpartition(":")
-    port = cluster.server.rsplit(":", 1)[1]
-    return {
-        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
-        "kubeletRootDir": str(cluster.kubelet_root),
-        "sysfsRoot": str(host.root / "sys"),
-        "devRoot": str(host.layout.dev_root),
-        "procRoot": str(host.layout.proc_root),
-        "nvmlSnapshot": str(host.nvml_snapshot),
-        "discoveryInterval": 2,
-        "extraEnv": [
-            {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
-            {"name": "KUBERNETES_SERVICE_PORT", "value": port},
-        ],
-        "node": {"hostNetwork": True},
-        # One replica: with host networking two replicas on one node would share a metrics port.
-        "controller": {"hostNetwork": True, "replicas": 1},
-    }
-
-
 @pytest.fixture(scope="module")
 def installed(
     node_cluster: NodeCluster | ExistingCluster, tmp_path_factory: pytest.TempPathFactory
@@ -75,7 +52,14 @@ def installed(
     archive, image = fabricdra_image(tmp_path_factory.mktemp("image"))
     node_cluster.import_image(archive)
     chart = Chart()
-    values = harness_values(node_cluster, host, image)
+    values = harness_values(
+        node_cluster,
+        image,
+        sysfs=host.root / "sys",
+        dev=host.layout.dev_root,
+        proc=host.layout.proc_root,
+        nvml=host.nvml_snapshot,
+    )
     chart.install(node_cluster.kubeconfig, NAMESPACE, values=values)
     yield Installed(node_cluster, host, chart, values)
     chart.uninstall(node_cluster.kubeconfig, NAMESPACE)
