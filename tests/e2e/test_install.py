@@ -84,7 +84,7 @@ def test_install_publishes_slices_record_and_labels_and_is_ready(installed: Inst
         devices = wait_for(
             lambda: _offered_untainted(api, node), timeout=120, what="untainted devices"
         )
-        types = {d.attributes[f"{DRIVER}/type"].string for d in devices}
+        types = {d.attributes["type"].string for d in devices}
         assert {"gpu", "rdma"} <= types
         record = client.CustomObjectsApi(api).get_cluster_custom_object(
             "fabricdra.io", "v1alpha1", "nodedevices", node
@@ -150,7 +150,7 @@ def test_gpu_and_its_own_nic_reach_the_pod_and_nothing_else(installed: Installed
         core.delete_namespace(ns)
 
     lines = log.split()
-    rdma_device = nic.attributes[f"{DRIVER}/rdmaDevice"].string
+    rdma_device = nic.attributes["rdmaDevice"].string
     assert f"NCCL_IB_HCA={rdma_device}" in lines
     verbs = {
         ep.rdmaDevice: ep.verbsDevice
@@ -158,3 +158,73 @@ def test_gpu_and_its_own_nic_reach_the_pod_and_nothing_else(installed: Installed
         for ep in iface.endpoints()
     }[rdma_device]
     assert sorted(lines[1:]) == sorted([verbs, "rdma_cm"])
+
+
+def _wait_running(core: client.CoreV1Api, ns: str, name: str) -> Any:
+    def running() -> Any:
+        pod = core.read_namespaced_pod(name, ns)
+        return pod if pod.status.phase == "Running" else None
+
+    return wait_for(running, timeout=120, what=f"pod {ns}/{name} to run")
+
+
+def test_helm_upgrade_keeps_running_claims_and_new_pods_start(installed: Installed) -> None:
+    node = installed.cluster.node_name
+    ns = f"upgrade-{uuid.uuid4().hex[:6]}"
+    with installed.cluster.api_client() as api:
+        core, resource, apps = (
+            client.CoreV1Api(api),
+            client.ResourceV1Api(api),
+            client.AppsV1Api(api),
+        )
+        wait_for(lambda: _offered_untainted(api, node), timeout=120, what="untainted devices")
+        core.create_namespace({"metadata": {"name": ns}})
+        wait_for(lambda: core.read_namespaced_service_account("default", ns), what="default SA")
+        claim = yaml.safe_load((EXAMPLES / "gpu-nic-pxb.yaml").read_text())
+        resource.create_namespaced_resource_claim(ns, claim)
+        _run_pod(api, ns, "before", claim["metadata"]["name"])
+        before = _wait_running(core, ns, "before")
+        old_pod = (
+            core.list_namespaced_pod(NAMESPACE, label_selector="app.kubernetes.io/component=node")
+            .items[0]
+            .metadata.name
+        )
+
+        # A changed pod template rolls the DaemonSet, as a new image tag would.
+        installed.chart.install(
+            installed.cluster.kubeconfig,
+            NAMESPACE,
+            values={**installed.values, "logLevel": "debug"},
+        )
+
+        def rolled() -> bool:
+            pods = core.list_namespaced_pod(
+                NAMESPACE, label_selector="app.kubernetes.io/component=node"
+            ).items
+            return [p.metadata.name for p in pods] != [old_pod] and all(
+                p.status.phase == "Running" for p in pods
+            )
+
+        wait_for(rolled, timeout=180, what="the node DaemonSet to roll")
+        ds = apps.read_namespaced_daemon_set("fabricdra-node", NAMESPACE)
+        wait_for(
+            lambda: (
+                apps.read_namespaced_daemon_set("fabricdra-node", NAMESPACE).status.number_ready
+                == 1
+            ),
+            timeout=120,
+            what="the new node pod Ready",
+        )
+        second = {**claim, "metadata": {"name": "after"}}
+        resource.create_namespaced_resource_claim(ns, second)
+        _run_pod(api, ns, "after", "after")
+        _wait_running(core, ns, "after")
+        still = core.read_namespaced_pod("before", ns)
+        kept = resource.read_namespaced_resource_claim(claim["metadata"]["name"], ns)
+        core.delete_namespace(ns)
+
+    assert ds.spec.template.spec.containers[0].args[0] == "--log-level=debug"
+    assert still.status.phase == "Running"
+    assert still.metadata.uid == before.metadata.uid
+    assert still.status.container_statuses[0].restart_count == 0
+    assert [r.uid for r in kept.status.reserved_for] == [before.metadata.uid]
