@@ -21,9 +21,9 @@ repo=$(cd "$here/../.." && pwd)
 SUITE=bookworm
 MIRROR=${FABRICDRA_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 IMAGE_NAME=${FABRICDRA_IMAGE_NAME:-ghcr.io/fabricdra/fabricdra}
-# What the node agent, the plugins, the controller and the IMEX daemon need at run time; the
-# `essential` variant brings the rest (dpkg, coreutils, bash).
-PACKAGES=python3,ca-certificates,kmod
+# What the node agent, the plugins, the controller and the IMEX daemon need at run time (grpcio
+# links libstdc++); the `essential` variant brings the rest (dpkg, coreutils, bash).
+PACKAGES=python3,libstdc++6,ca-certificates,kmod
 out=$repo/build/image
 tag=
 while [ $# -gt 0 ]; do
@@ -74,6 +74,8 @@ from fabricdra.cli import main
 sys.exit(main())
 PY
 chmod 0755 "\$root/usr/local/bin/fabricdra"
+# Every entry point's imports, native extensions included, load in the image itself.
+chroot "\$root" python3 -c 'import grpc, kubernetes, pydantic, fabricdra.cli, fabricdra.kubeletplugin.agent, fabricdra.kubeletplugin.computedomain.driver, fabricdra.controller.manager'
 chroot "\$root" python3 -m compileall -q -j0 --invalidation-mode unchecked-hash /usr/local/lib/python3.11/dist-packages >/dev/null
 # The controller's user (the node plugins run as root: kubelet's folders, /dev, the CDI folder).
 echo 'fabricdra:x:65532:65532:fabricdra:/nonexistent:/usr/sbin/nologin' >> "\$root/etc/passwd"
