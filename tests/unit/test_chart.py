@@ -177,3 +177,14 @@ def test_device_nodes_are_seen_at_their_host_path(chart: Chart) -> None:
         assert mounts["/srv/dev"] == "/srv/dev"
         for host in ("/var/lib/kubelet/plugins_registry", "/var/run/cdi"):
             assert mounts[host] == host  # sockets and CDI specs too
+
+
+def test_nvml_comes_from_the_driver_root_without_shadowing_the_images_libraries(
+    chart: Chart,
+) -> None:
+    docs = chart.template()
+    devices = _one(docs, "DaemonSet", "fabricdra-node")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in devices["env"]}
+    folders = env["LD_LIBRARY_PATH"].split(":")
+    first_host = next(i for i, f in enumerate(folders) if f.startswith("/driver-root"))
+    assert "/usr/lib/x86_64-linux-gnu" in folders[:first_host]
