@@ -188,3 +188,14 @@ def test_nvml_comes_from_the_driver_root_without_shadowing_the_images_libraries(
     folders = env["LD_LIBRARY_PATH"].split(":")
     first_host = next(i for i, f in enumerate(folders) if f.startswith("/driver-root"))
     assert "/usr/lib/x86_64-linux-gnu" in folders[:first_host]
+
+
+def test_node_plugins_run_as_root_and_the_controller_does_not(chart: Chart) -> None:
+    # The image's default user is 65532: a node plugin left to it cannot bind its socket in
+    # the kubelet's root-owned plugin folder.
+    docs = chart.template()
+    node = _one(docs, "DaemonSet", "fabricdra-node")["spec"]["template"]["spec"]
+    for c in node["containers"]:
+        assert c["securityContext"]["runAsUser"] == 0, c["name"]
+    controller = _one(docs, "Deployment", "fabricdra-controller")["spec"]["template"]["spec"]
+    assert controller["securityContext"]["runAsNonRoot"] is True
