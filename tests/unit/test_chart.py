@@ -68,6 +68,8 @@ def test_default_render_has_every_component(chart: Chart) -> None:
         assert "readinessProbe" in c
     dep = _one(docs, "Deployment", "fabricdra-controller")
     assert dep["spec"]["replicas"] == 2
+    # No surge pod: on a small or host-network cluster it could never be placed.
+    assert dep["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0
     assert "--leader-elect=true" in dep["spec"]["template"]["spec"]["containers"][0]["args"]
     assert _one(docs, "PodDisruptionBudget", "fabricdra-controller")["spec"]["minAvailable"] == 1
     assert len(kinds["ValidatingAdmissionPolicy"]) == len(kinds["ValidatingAdmissionPolicyBinding"])
