@@ -93,10 +93,14 @@ def test_install_publishes_slices_record_and_labels_and_is_ready(installed: Inst
         labels = client.CoreV1Api(api).read_node(node).metadata.labels
         assert any(k.startswith("fabricdra.io/") for k in labels)
         apps = client.AppsV1Api(api)
-        ds = apps.read_namespaced_daemon_set("fabricdra-node", NAMESPACE)
-        assert ds.status.number_ready == ds.status.desired_number_scheduled == 1
-        dep = apps.read_namespaced_deployment("fabricdra-controller", NAMESPACE)
-        assert dep.status.ready_replicas == 1
+
+        def ready() -> bool:
+            # helm --wait accepts a DaemonSet with maxUnavailable pods not Ready, so wait here.
+            ds = apps.read_namespaced_daemon_set("fabricdra-node", NAMESPACE).status
+            dep = apps.read_namespaced_deployment("fabricdra-controller", NAMESPACE).status
+            return ds.number_ready == ds.desired_number_scheduled == 1 and dep.ready_replicas == 1
+
+        wait_for(ready, timeout=120, what="every component Ready")
 
 
 def _run_pod(api: client.ApiClient, ns: str, name: str, claim: str | None) -> Any:
