@@ -6,27 +6,38 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: all venv deps cluster-binaries lint typecheck unit test bench clean
+.PHONY: all venv deps cluster-binaries image chart-sync lint typecheck unit test bench clean
 
 all: test
 
-# The virtual environment with the package (editable) and its development tools.
-$(BIN)/fabricdra: pyproject.toml
+# The virtual environment with the package (editable) and its development tools. The target is
+# a stamp of its own, not $(BIN)/fabricdra: README's first command makes a venv with the package
+# alone, and that file would otherwise pass for a venv that has ruff, mypy and pytest.
+DEV_STAMP := $(VENV)/.fabricdra-dev
+$(DEV_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
 	@touch $@
 
-venv: $(BIN)/fabricdra
+venv: $(DEV_STAMP)
 
 # Debian packages the cluster harness needs (openssl, runc's libseccomp, CNI plugins, ...).
 deps:
 	e2e/cluster/install-deps.sh
 
-# etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, containerd, runc:
-# built from the Go module proxy into ~/.cache/fabricdra (reused when already there).
+# etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, containerd, runc and
+# helm: built from the Go module proxy into ~/.cache/fabricdra (reused when already there).
 cluster-binaries: deps
-	e2e/cluster/build.sh --node
+	e2e/cluster/build.sh --all
+
+# The fabricdra image, Docker-free (mmdebstrap + umoci): build/image/fabricdra-image.tar.
+image: deps
+	deployments/container/build.sh
+
+# The chart's copies of api/crds and api/deviceclasses (a unit test fails when they drift).
+chart-sync:
+	charts/fabricdra/sync-api.sh
 
 lint: venv
 	$(BIN)/ruff check .
@@ -48,6 +59,7 @@ bench: venv cluster-binaries
 	$(BIN)/python -m bench.prepare
 	$(BIN)/python -m bench.controller
 	$(BIN)/python -m bench.fleet
+	$(BIN)/python -m bench.e2e
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

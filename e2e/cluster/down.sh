@@ -7,5 +7,8 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
-py="$repo/.venv/bin/python"; [ -x "$py" ] || py=python3
+# The harness needs the package's dependencies (kubernetes client, ...): the system python3
+# has none of them, so make the project's virtual environment first (a no-op when it is there).
+make -C "$repo" --no-print-directory venv >&2
+py="$repo/.venv/bin/python"
 cd "$repo" && exec "$py" -m e2e.harness.nodecluster down "$@"

@@ -18,6 +18,7 @@ BUILD_SCRIPT = CLUSTER_DIR / "build.sh"
 
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 NODE = ("kubelet", "containerd", "containerd-shim-runc-v2", "ctr", "runc")
+HELM = ("helm",)
 
 
 def kubernetes_version() -> str:
@@ -37,7 +38,9 @@ def bin_dir() -> Path:
     return cache / f"k8s-{kubernetes_version()}" / "bin"
 
 
-def ensure(names: tuple[str, ...] = CONTROL_PLANE, *, node: bool = False) -> Path:
+def ensure(
+    names: tuple[str, ...] = CONTROL_PLANE, *, node: bool = False, helm: bool = False
+) -> Path:
     """Return the bin dir holding `names`, running build.sh first if any is missing.
 
     A failed build raises HarnessError with the end of build.sh's output: tests that need
@@ -46,7 +49,7 @@ def ensure(names: tuple[str, ...] = CONTROL_PLANE, *, node: bool = False) -> Pat
     directory = bin_dir()
     if all(os.access(directory / n, os.X_OK) for n in names):
         return directory
-    args = [str(BUILD_SCRIPT), *(["--node"] if node else [])]
+    args = [str(BUILD_SCRIPT), *(["--node"] if node else []), *(["--helm"] if helm else [])]
     try:
         done = subprocess.run(args, capture_output=True, text=True, check=False)
     except OSError as e:

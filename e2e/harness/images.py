@@ -126,3 +126,16 @@ if __name__ == "__main__":
     out.mkdir(parents=True, exist_ok=True)
     for tarball in (pause_image(out), busybox_image(out)):
         print(tarball)
+
+
+def fabricdra_image(directory: Path) -> tuple[Path, str]:
+    """The product image built from this checkout by deployments/container/build.sh (Docker-free:
+    mmdebstrap + umoci); returns the OCI archive and the image reference it carries."""
+    script = Path(__file__).resolve().parents[2] / "deployments" / "container" / "build.sh"
+    done = subprocess.run(
+        [str(script), "--out", str(directory)], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        tail = "\n".join(done.stderr.strip().splitlines()[-20:])
+        raise HarnessError(f"{script} failed (exit {done.returncode}):\n{tail}")
+    return Path(done.stdout.strip().splitlines()[-1]), (directory / "image-ref").read_text().strip()

@@ -270,6 +270,13 @@ class NodeCluster:
     def _ctr(self, bin_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
         return _ctr(bin_dir, self.containerd_socket, *args)
 
+    def import_image(self, archive: Path) -> None:
+        """Load an image archive (docker-archive or OCI, e.g. deployments/container/build.sh's)
+        into the node's containerd, where pods with imagePullPolicy Never find it."""
+        done = self._ctr(binaries.bin_dir(), "images", "import", str(archive))
+        if done.returncode != 0:
+            raise HarnessError(f"ctr images import {archive} failed: {done.stderr.strip()}")
+
     def _import_images(self, bin_dir: Path) -> None:
         image_dir = self.base / "images"
         image_dir.mkdir()
@@ -608,6 +615,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=["up", "down"])
     parser.add_argument("--base", type=Path, default=DEFAULT_BASE, help="working directory")
     parser.add_argument("--node-name", default="127.0.0.1")
+    parser.add_argument(
+        "--install",
+        action="store_true",
+        help="up: also install fabricdra with its chart on the sample node (e2e.harness.install)",
+    )
     args = parser.parse_args(argv)
     base: Path = args.base.resolve()
     if args.action == "down":
@@ -630,6 +642,15 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     cluster._release_lock()
     print(f"node {cluster.node_name} Ready; logs in {cluster.logs_dir}", file=sys.stderr)
+    if args.install:
+        from e2e.harness.install import install_sample
+
+        try:
+            install_sample(cluster, base / "fabricdra")
+        except HarnessError as e:
+            print(f"install failed (the cluster stays up): {e}", file=sys.stderr)
+            print(cluster.kubeconfig)
+            return 1
     print(cluster.kubeconfig)
     return 0
 

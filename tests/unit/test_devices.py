@@ -219,3 +219,17 @@ def test_holder_names_resolve_to_their_shared_endpoint(tmp_path: Path) -> None:
     assert shared.get(f"{name}-s01") is None  # not a name we publish
     exclusive = _build(d)
     assert exclusive.get(f"{name}-s0") is None  # exclusive endpoints have no holders
+
+
+def test_gpus_off_offers_only_rdma_beside_nvidias_driver(tmp_path: Path) -> None:
+    d, hgx = _discover(tmp_path)
+    inv = _build(d, config=DeviceConfig(offer_gpus=False))
+    assert {x.type for x in inv.devices} == {"rdma"}
+    assert len(inv) == len(hgx.nics)
+
+
+def test_rdma_off_offers_only_gpus(tmp_path: Path) -> None:
+    d, hgx = _discover(tmp_path)
+    inv = _build(d, config=DeviceConfig(offer_rdma=False))
+    assert {x.type for x in inv.devices} == {"gpu"}
+    assert len(inv) == len(hgx.gpus)

@@ -82,6 +82,19 @@ def register(sub: Any) -> None:
         "(default 600) [FABRICDRA_CLAIM_SWEEP_INTERVAL]",
     )
     a(
+        "--gpus",
+        default=_env("GPUS", "true"),
+        choices=["true", "false"],
+        help="offer GPUs and MIG devices; false beside NVIDIA's GPU driver (default true) "
+        "[FABRICDRA_GPUS]",
+    )
+    a(
+        "--rdma",
+        default=_env("RDMA", "true"),
+        choices=["true", "false"],
+        help="offer RDMA endpoints (default true) [FABRICDRA_RDMA]",
+    )
+    a(
         "--resource-model",
         default=_env("RESOURCE_MODEL", "auto"),
         choices=["auto", "current", "basic"],
@@ -152,7 +165,13 @@ def build_config(args: argparse.Namespace) -> Any:
             f"--claim-sweep-interval must be positive, not {args.claim_sweep_interval}"
         )
     try:
-        devices = DeviceConfig(args.rdma_mode, args.rdma_shared_holders, efa=args.efa)
+        devices = DeviceConfig(
+            args.rdma_mode,
+            args.rdma_shared_holders,
+            efa=args.efa,
+            offer_gpus=args.gpus == "true",
+            offer_rdma=args.rdma == "true",
+        )
     except ValueError as e:
         raise UsageError(str(e)) from None
     return AgentConfig(

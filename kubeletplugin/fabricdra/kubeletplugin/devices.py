@@ -60,6 +60,10 @@ class DeviceConfig:
     rdma_mode: RdmaMode = "exclusive"
     rdma_shared_holders: int = DEFAULT_SHARED_HOLDERS
     efa: bool = False  # offer EFA endpoints (driver `efa`) too
+    # Which kinds this node offers at all: GPUs off lets fabricdra run beside NVIDIA's GPU DRA
+    # driver (which then owns the GPUs) offering only NICs; discovery still reports everything.
+    offer_gpus: bool = True
+    offer_rdma: bool = True
 
     def __post_init__(self) -> None:
         if self.rdma_mode not in ("exclusive", "shared"):
@@ -197,11 +201,13 @@ def build_devices(
 ) -> DeviceInventory:
     """Every device this node offers, sorted by name (a stable order for slices and diffs)."""
     out: list[Device] = []
-    for acc in accelerators:
-        info = (gpu_info or {}).get(acc.pciBusId)
-        out.extend(_accelerator_devices(acc, gpu_health or {}, info))
-    for iface in interfaces:
-        out.extend(_rdma_devices(iface, config))
+    if config.offer_gpus:
+        for acc in accelerators:
+            info = (gpu_info or {}).get(acc.pciBusId)
+            out.extend(_accelerator_devices(acc, gpu_health or {}, info))
+    if config.offer_rdma:
+        for iface in interfaces:
+            out.extend(_rdma_devices(iface, config))
     out.sort(key=lambda d: d.name)
     return DeviceInventory(tuple(out), shared_holders=config.rdma_shared_holders)
 

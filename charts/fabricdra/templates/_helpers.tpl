@@ -1,0 +1,22 @@
+{{/* The image every fabricdra pod runs: repository:tag, the tag defaulting to appVersion. */}}
+{{- define "fabricdra.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+
+{{- define "fabricdra.labels" -}}
+app.kubernetes.io/name: fabricdra
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
+{{- end }}
+
+{{/* Service account names: fixed, because the admission policy and the controller's IMEX
+DaemonSets name them. */}}
+{{- define "fabricdra.nodeServiceAccount" -}}fabricdra-node{{- end }}
+{{- define "fabricdra.controllerServiceAccount" -}}fabricdra-controller{{- end }}
+{{- define "fabricdra.imexServiceAccount" -}}fabricdra-imex-daemon{{- end }}
+
+{{- define "fabricdra.devicesEnabled" -}}
+{{- if or .Values.gpus.enabled .Values.rdma.enabled }}true{{ end }}
+{{- end }}

@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Builds the fabricdra OCI image without Docker: a Debian root file system from Debian's own
+# packages (mmdebstrap), the fabricdra wheel and its locked dependencies installed into it, packed
+# as one OCI layer by umoci. The result is an OCI image archive that `ctr images import`,
+# `skopeo copy oci-archive:...` or `podman load` take. Containerfile beside this script builds
+# the same image with Docker.
+#
+#   deployments/container/build.sh [--out DIR] [--tag TAG]
+#       DIR  where fabricdra-image.tar goes (default: build/image)
+#       TAG  image tag (default: the package version from pyproject.toml)
+#   last line printed: the archive's path
+#
+# Pinned inputs: Debian $SUITE (the mirror's current state of that stable suite; the installed
+# package versions are written to DIR/debian-packages.txt), Python packages from
+# requirements.lock (exact versions and sha256 hashes; refresh with lock.sh), and the wheel
+# built from this checkout. SOURCE_DATE_EPOCH (default: the last commit's time) fixes every
+# timestamp in the layer and the image config. Needs root, mmdebstrap and umoci (apt).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+SUITE=bookworm
+MIRROR=${FABRICDRA_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+IMAGE_NAME=${FABRICDRA_IMAGE_NAME:-ghcr.io/fabricdra/fabricdra}
+# What the node agent, the plugins, the controller and the IMEX daemon need at run time (grpcio
+# links libstdc++); the `essential` variant brings the rest (dpkg, coreutils, bash).
+PACKAGES=python3,libstdc++6,ca-certificates,kmod
+out=$repo/build/image
+tag=
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) out=$2; shift 2 ;;
+    --tag) tag=$2; shift 2 ;;
+    *) echo "build.sh: unknown argument '$1' (expected --out DIR, --tag TAG)" >&2; exit 2 ;;
+  esac
+done
+for tool in mmdebstrap umoci; do
+  command -v "$tool" >/dev/null || {
+    echo "build.sh: '$tool' is missing: apt-get install $tool" >&2; exit 1; }
+done
+version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$repo/pyproject.toml" | head -1)
+tag=${tag:-$version}
+export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git -C "$repo" log -1 --format=%ct 2>/dev/null || date +%s)}
+log() { printf '[image %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+mkdir -p "$out"
+work=$(mktemp -d "${TMPDIR:-/tmp}/fabricdra-image.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+start=$(date +%s)
+
+log "building the wheel from $repo"
+python3 -m pip wheel --quiet --no-deps --wheel-dir "$work/wheel" "$repo" >&2
+wheel=$(ls "$work"/wheel/fabricdra-*.whl)
+
+# The customize hook runs with the new root as $1, before mmdebstrap packs it. pip runs on the
+# host (same Debian release, same CPython minor) and installs into the image's dist-packages,
+# so the image carries no pip and no compiler.
+cat > "$work/customize.sh" <<HOOK
+#!/bin/sh
+set -eu
+root=\$1
+export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
+site=\$root/usr/local/lib/python3.11/dist-packages
+python3 -m pip install --quiet --no-cache-dir --no-compile --only-binary=:all: \
+  --require-hashes --no-deps --target "\$site" -r "$here/requirements.lock"
+python3 -m pip install --quiet --no-cache-dir --no-compile --no-deps --target "\$site" "$wheel"
+# pip --target puts console scripts here with the host's interpreter in them: ours is below.
+rm -rf "\$site/bin"
+cat > "\$root/usr/local/bin/fabricdra" <<'PY'
+#!/usr/bin/python3
+import sys
+
+from fabricdra.cli import main
+
+sys.exit(main())
+PY
+chmod 0755 "\$root/usr/local/bin/fabricdra"
+# Every entry point's imports, native extensions included, load in the image itself.
+chroot "\$root" python3 -c 'import grpc, kubernetes, pydantic, fabricdra.cli, fabricdra.kubeletplugin.agent, fabricdra.kubeletplugin.computedomain.driver, fabricdra.controller.manager'
+chroot "\$root" python3 -m compileall -q -j0 --invalidation-mode unchecked-hash /usr/local/lib/python3.11/dist-packages >/dev/null
+# The controller's user (the node plugins run as root: kubelet's folders, /dev, the CDI folder).
+echo 'fabricdra:x:65532:65532:fabricdra:/nonexistent:/usr/sbin/nologin' >> "\$root/etc/passwd"
+echo 'fabricdra:x:65532:' >> "\$root/etc/group"
+chroot "\$root" dpkg-query -W -f '\${Package} \${Version}\n' > "$out/debian-packages.txt"
+rm -rf "\$root/var/lib/apt/lists"/* "\$root/var/cache"/* "\$root/var/log"/* "\$root/etc/machine-id"
+HOOK
+chmod +x "$work/customize.sh"
+
+log "mmdebstrap $SUITE ($PACKAGES)"
+mmdebstrap --quiet --variant=essential --include="$PACKAGES" \
+  --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
+  --dpkgopt='path-include=/usr/share/doc/*/copyright' --dpkgopt='path-exclude=/usr/share/locale/*' \
+  --dpkgopt='path-exclude=/usr/share/info/*' \
+  --customize-hook="$work/customize.sh \"\$1\"" \
+  "$SUITE" "$work/rootfs.tar" "$MIRROR" >&2
+
+log "packing the OCI image $IMAGE_NAME:$tag"
+created=$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y-%m-%dT%H:%M:%SZ)
+oci="$work/oci"
+umoci init --layout "$oci"
+umoci new --image "$oci:$tag"
+umoci raw add-layer --image "$oci:$tag" --history.created "$created" \
+  --history.created_by "deployments/container/build.sh: mmdebstrap $SUITE + fabricdra $version" \
+  "$work/rootfs.tar"
+umoci config --image "$oci:$tag" --created "$created" --history.created "$created" \
+  --history.created_by "deployments/container/build.sh: config" \
+  --author "fabricdra" --os linux --architecture amd64 --config.user 65532:65532 \
+  --config.entrypoint /usr/local/bin/fabricdra --config.workingdir / \
+  --config.env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+  --config.env PYTHONDONTWRITEBYTECODE=1 \
+  --config.label "org.opencontainers.image.version=$version" \
+  --config.label "org.opencontainers.image.source=https://github.com/fabricdra/fabricdra" \
+  --manifest.annotation "org.opencontainers.image.version=$version"
+umoci gc --layout "$oci"
+# containerd names an imported image after this annotation (ctr images import).
+python3 - "$oci/index.json" "$IMAGE_NAME:$tag" <<'PY'
+import json, sys
+path, ref = sys.argv[1], sys.argv[2]
+index = json.load(open(path))
+for m in index["manifests"]:
+    m.setdefault("annotations", {})["io.containerd.image.name"] = ref
+json.dump(index, open(path, "w"), separators=(",", ":"))
+PY
+archive="$out/fabricdra-image.tar"
+tar --sort=name --mtime="@$SOURCE_DATE_EPOCH" --owner=0 --group=0 --numeric-owner \
+  -C "$oci" -cf "$archive.tmp" .
+mv "$archive.tmp" "$archive"
+echo "$IMAGE_NAME:$tag" > "$out/image-ref"
+log "done in $(( $(date +%s) - start )) s: $IMAGE_NAME:$tag, layer $(du -h "$work/rootfs.tar" | cut -f1) uncompressed, archive $(du -h "$archive" | cut -f1)"
+echo "$archive"

@@ -1,0 +1,119 @@
+"""The fabricdra Helm chart, rendered and installed with the real helm (built by build.sh --helm).
+
+chart = Chart()                                   # builds helm first if it is missing
+docs = chart.template(values={"rdma": {"mode": "shared"}})   # parsed manifests
+chart.install(kubeconfig, namespace, values=...)  # helm upgrade --install --wait
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from e2e.harness import binaries
+from e2e.harness.errors import HarnessError
+
+CHART_DIR = Path(__file__).resolve().parents[2] / "charts" / "fabricdra"
+# Rendering needs a cluster version; ours is the pinned one (the chart requires >= 1.34).
+KUBE_VERSION = binaries.kubernetes_version()
+
+
+class Chart:
+    def __init__(self, chart_dir: Path = CHART_DIR) -> None:
+        self.chart_dir = chart_dir
+        self.helm = binaries.ensure(binaries.HELM, helm=True) / "helm"
+
+    def run(self, *args: str, check: bool = True, timeout: float = 600) -> str:
+        done = subprocess.run(
+            [str(self.helm), *args], capture_output=True, text=True, check=False, timeout=timeout
+        )
+        if check and done.returncode != 0:
+            raise HarnessError(
+                f"helm {' '.join(args)} failed (exit {done.returncode}):\n{done.stderr.strip()}"
+            )
+        return done.stdout if done.returncode == 0 else done.stderr
+
+    def _values(self, values: dict[str, Any] | None) -> list[str]:
+        # --set-json per top-level key: exact types, no helm --set string parsing.
+        return [f"--set-json={k}={json.dumps(v)}" for k, v in (values or {}).items()]
+
+    def lint(self) -> str:
+        return self.run("lint", "--strict", f"--kube-version={KUBE_VERSION}", str(self.chart_dir))
+
+    def render(
+        self, values: dict[str, Any] | None = None, *, namespace: str = "fabricdra-system"
+    ) -> str:
+        return self.run(
+            "template",
+            "fabricdra",
+            str(self.chart_dir),
+            f"--namespace={namespace}",
+            f"--kube-version={KUBE_VERSION}",
+            *self._values(values),
+        )
+
+    def template(
+        self, values: dict[str, Any] | None = None, *, namespace: str = "fabricdra-system"
+    ) -> list[dict[str, Any]]:
+        return [d for d in yaml.safe_load_all(self.render(values, namespace=namespace)) if d]
+
+    def install(
+        self,
+        kubeconfig: Path,
+        namespace: str,
+        *,
+        release: str = "fabricdra",
+        values: dict[str, Any] | None = None,
+        timeout: str = "5m",
+    ) -> str:
+        return self.run(
+            "upgrade",
+            "--install",
+            release,
+            str(self.chart_dir),
+            f"--kubeconfig={kubeconfig}",
+            f"--namespace={namespace}",
+            "--create-namespace",
+            "--wait",
+            f"--timeout={timeout}",
+            *self._values(values),
+        )
+
+    def uninstall(self, kubeconfig: Path, namespace: str, *, release: str = "fabricdra") -> str:
+        return self.run(
+            "uninstall",
+            release,
+            f"--kubeconfig={kubeconfig}",
+            f"--namespace={namespace}",
+            "--wait",
+        )
+
+
+def harness_values(
+    cluster: Any, image: str, *, sysfs: Path, dev: Path, proc: Path, nvml: Path
+) -> dict[str, Any]:
+    """Chart values for the harness's node cluster (`e2e.harness.nodecluster.NodeCluster`): where
+    the made-up node's files are, the image imported into its containerd (pull policy Never),
+    and, since the harness has no kube-proxy, host networking with the API server's loopback
+    address. One controller replica: two on one host network would share a metrics port."""
+    repository, _, tag = image.rpartition(":")
+    port = str(cluster.server).rsplit(":", 1)[1]
+    return {
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+        "kubeletRootDir": str(cluster.kubelet_root),
+        "sysfsRoot": str(sysfs),
+        "devRoot": str(dev),
+        "procRoot": str(proc),
+        "nvmlSnapshot": str(nvml),
+        "discoveryInterval": 2,
+        "extraEnv": [
+            {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+            {"name": "KUBERNETES_SERVICE_PORT", "value": port},
+        ],
+        "node": {"hostNetwork": True},
+        "controller": {"hostNetwork": True, "replicas": 1},
+    }

@@ -1,0 +1,234 @@
+"""fabricdra installed the way users install it: the image built from this checkout, the chart
+installed unmodified with helm, on the harness's real kubelet + containerd node.
+
+The node is made to look like an 8-GPU HGX node the honest way (tests/integration/kubelethost.py):
+a sysfs tree laid out as the kernel does, recorded NVML answers, the NVIDIA driver's /proc files
+and real character device nodes (mknod) for every device the CDI specs name. Only values point
+the chart at them (sysfsRoot, devRoot, procRoot, nvmlSnapshot), as an operator would on a node
+with an unusual layout.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from e2e.harness.controlplane import wait_for
+from e2e.harness.existing import ExistingCluster
+from e2e.harness.helm import Chart, harness_values
+from e2e.harness.images import TEST_IMAGE, fabricdra_image
+from e2e.harness.nodecluster import NodeCluster
+from tests.integration.kubelethost import Host, build_host
+
+pytestmark = pytest.mark.e2e
+
+NAMESPACE = "fabricdra-system"
+DRIVER = "devices.fabricdra.io"
+EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
+
+
+@dataclass
+class Installed:
+    cluster: NodeCluster
+    host: Host
+    chart: Chart
+    values: dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def installed(
+    node_cluster: NodeCluster | ExistingCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Installed]:
+    if not isinstance(node_cluster, NodeCluster):
+        pytest.fail("the install tests build the node's files locally: run them on the harness")
+    host = build_host(tmp_path_factory.mktemp("hgx"))
+    archive, image = fabricdra_image(tmp_path_factory.mktemp("image"))
+    node_cluster.import_image(archive)
+    chart = Chart()
+    values = harness_values(
+        node_cluster,
+        image,
+        sysfs=host.root / "sys",
+        dev=host.layout.dev_root,
+        proc=host.layout.proc_root,
+        nvml=host.nvml_snapshot,
+    )
+    chart.install(node_cluster.kubeconfig, NAMESPACE, values=values)
+    yield Installed(node_cluster, host, chart, values)
+    chart.uninstall(node_cluster.kubeconfig, NAMESPACE)
+
+
+def _own_slices(api: client.ApiClient, node: str) -> list[Any]:
+    slices = client.ResourceV1Api(api).list_resource_slice().items
+    return [s for s in slices if s.spec.driver == DRIVER and s.spec.node_name == node]
+
+
+def _offered_untainted(api: client.ApiClient, node: str) -> list[Any] | None:
+    """The node's devices once every one is offered without a taint (verification passed)."""
+    devices = [d for s in _own_slices(api, node) for d in s.spec.devices or []]
+    if not devices or any(d.taints for d in devices):
+        return None
+    return devices
+
+
+def test_install_publishes_slices_record_and_labels_and_is_ready(installed: Installed) -> None:
+    node = installed.cluster.node_name
+    with installed.cluster.api_client() as api:
+        devices = wait_for(
+            lambda: _offered_untainted(api, node), timeout=120, what="untainted devices"
+        )
+        types = {d.attributes["type"].string for d in devices}
+        assert {"gpu", "rdma"} <= types
+        record = client.CustomObjectsApi(api).get_cluster_custom_object(
+            "fabricdra.io", "v1alpha1", "nodedevices", node
+        )
+        assert len(record["spec"]["groups"]) > 0
+        labels = client.CoreV1Api(api).read_node(node).metadata.labels
+        assert any(k.startswith("fabricdra.io/") for k in labels)
+        apps = client.AppsV1Api(api)
+
+        def ready() -> bool:
+            # helm --wait accepts a DaemonSet with maxUnavailable pods not Ready, so wait here.
+            ds = apps.read_namespaced_daemon_set("fabricdra-node", NAMESPACE).status
+            dep = apps.read_namespaced_deployment("fabricdra-controller", NAMESPACE).status
+            return ds.number_ready == ds.desired_number_scheduled == 1 and dep.ready_replicas == 1
+
+        wait_for(ready, timeout=120, what="every component Ready")
+
+
+def _run_pod(api: client.ApiClient, ns: str, name: str, claim: str | None) -> Any:
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "containers": [
+            {
+                "name": "c",
+                "image": TEST_IMAGE,
+                "imagePullPolicy": "Never",
+                "command": [
+                    "sh",
+                    "-c",
+                    "echo NCCL_IB_HCA=$NCCL_IB_HCA; ls /dev/infiniband; sleep 3600",
+                ],
+            }
+        ],
+    }
+    if claim:
+        spec["resourceClaims"] = [{"name": "dev", "resourceClaimName": claim}]
+        spec["containers"][0]["resources"] = {"claims": [{"name": "dev"}]}
+    return client.CoreV1Api(api).create_namespaced_pod(
+        ns, {"metadata": {"name": name}, "spec": spec}
+    )
+
+
+def test_gpu_and_its_own_nic_reach_the_pod_and_nothing_else(installed: Installed) -> None:
+    node = installed.cluster.node_name
+    ns = f"install-{uuid.uuid4().hex[:6]}"
+    with installed.cluster.api_client() as api:
+        core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
+        wait_for(lambda: _offered_untainted(api, node), timeout=120, what="untainted devices")
+        core.create_namespace({"metadata": {"name": ns}})
+        wait_for(lambda: core.read_namespaced_service_account("default", ns), what="default SA")
+        claim = yaml.safe_load((EXAMPLES / "gpu-nic-pxb.yaml").read_text())
+        resource.create_namespaced_resource_claim(ns, claim)
+        _run_pod(api, ns, "p", claim["metadata"]["name"])
+
+        def running() -> Any:
+            pod = core.read_namespaced_pod("p", ns)
+            return pod if pod.status.phase == "Running" else None
+
+        wait_for(running, timeout=120, what="the pod with its claim to run")
+        log = wait_for(
+            lambda: core.read_namespaced_pod_log("p", ns) or None, what="the pod's output"
+        )
+        allocated = resource.read_namespaced_resource_claim(claim["metadata"]["name"], ns)
+        results = {r.request: r.device for r in allocated.status.allocation.devices.results}
+        devices = {d.name: d for s in _own_slices(api, node) for d in s.spec.devices or []}
+        nic = devices[results["nic"]]
+        core.delete_namespace(ns)
+
+    lines = log.split()
+    rdma_device = nic.attributes["rdmaDevice"].string
+    assert f"NCCL_IB_HCA={rdma_device}" in lines
+    verbs = {
+        ep.rdmaDevice: ep.verbsDevice
+        for iface in installed.host.discovery.interfaces or []
+        for ep in iface.endpoints()
+    }[rdma_device]
+    assert sorted(lines[1:]) == sorted([verbs, "rdma_cm"])
+
+
+def _wait_running(core: client.CoreV1Api, ns: str, name: str) -> Any:
+    def running() -> Any:
+        pod = core.read_namespaced_pod(name, ns)
+        return pod if pod.status.phase == "Running" else None
+
+    return wait_for(running, timeout=120, what=f"pod {ns}/{name} to run")
+
+
+def test_helm_upgrade_keeps_running_claims_and_new_pods_start(installed: Installed) -> None:
+    node = installed.cluster.node_name
+    ns = f"upgrade-{uuid.uuid4().hex[:6]}"
+    with installed.cluster.api_client() as api:
+        core, resource, apps = (
+            client.CoreV1Api(api),
+            client.ResourceV1Api(api),
+            client.AppsV1Api(api),
+        )
+        wait_for(lambda: _offered_untainted(api, node), timeout=120, what="untainted devices")
+        core.create_namespace({"metadata": {"name": ns}})
+        wait_for(lambda: core.read_namespaced_service_account("default", ns), what="default SA")
+        claim = yaml.safe_load((EXAMPLES / "gpu-nic-pxb.yaml").read_text())
+        resource.create_namespaced_resource_claim(ns, claim)
+        _run_pod(api, ns, "before", claim["metadata"]["name"])
+        before = _wait_running(core, ns, "before")
+        old_pod = (
+            core.list_namespaced_pod(NAMESPACE, label_selector="app.kubernetes.io/component=node")
+            .items[0]
+            .metadata.name
+        )
+
+        # A changed pod template rolls the DaemonSet, as a new image tag would.
+        installed.chart.install(
+            installed.cluster.kubeconfig,
+            NAMESPACE,
+            values={**installed.values, "logLevel": "debug"},
+        )
+
+        def rolled() -> bool:
+            pods = core.list_namespaced_pod(
+                NAMESPACE, label_selector="app.kubernetes.io/component=node"
+            ).items
+            return [p.metadata.name for p in pods] != [old_pod] and all(
+                p.status.phase == "Running" for p in pods
+            )
+
+        wait_for(rolled, timeout=180, what="the node DaemonSet to roll")
+        ds = apps.read_namespaced_daemon_set("fabricdra-node", NAMESPACE)
+        wait_for(
+            lambda: (
+                apps.read_namespaced_daemon_set("fabricdra-node", NAMESPACE).status.number_ready
+                == 1
+            ),
+            timeout=120,
+            what="the new node pod Ready",
+        )
+        second = {**claim, "metadata": {"name": "after"}}
+        resource.create_namespaced_resource_claim(ns, second)
+        _run_pod(api, ns, "after", "after")
+        _wait_running(core, ns, "after")
+        still = core.read_namespaced_pod("before", ns)
+        kept = resource.read_namespaced_resource_claim(claim["metadata"]["name"], ns)
+        core.delete_namespace(ns)
+
+    assert ds.spec.template.spec.containers[0].args[0] == "--log-level=debug"
+    assert still.status.phase == "Running"
+    assert still.metadata.uid == before.metadata.uid
+    assert still.status.container_statuses[0].restart_count == 0
+    assert [r.uid for r in kept.status.reserved_for] == [before.metadata.uid]

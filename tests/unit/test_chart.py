@@ -1,0 +1,203 @@
+"""The Helm chart, rendered by the real helm: lint, shapes per values, and what it must not drift
+from (api/ CRDs and DeviceClasses, the controller's RBAC rules, the package version)."""
+
+from __future__ import annotations
+
+import filecmp
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e.harness.errors import HarnessError
+from e2e.harness.helm import CHART_DIR, Chart
+from fabricdra.controller import rbac
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def chart() -> Chart:
+    return Chart()
+
+
+def _kinds(docs: list[dict[str, Any]]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for d in docs:
+        out.setdefault(d["kind"], []).append(d["metadata"]["name"])
+    return out
+
+
+def _one(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind}/{name}: {len(found)} rendered"
+    return found[0]
+
+
+def test_chart_lints_clean(chart: Chart) -> None:
+    assert "0 chart(s) failed" in chart.lint()
+
+
+@pytest.mark.parametrize("kind", ["crds", "deviceclasses"])
+def test_chart_api_objects_are_exact_copies_of_api(kind: str) -> None:
+    # Refresh with charts/fabricdra/sync-api.sh after changing api/.
+    source = sorted(p.name for p in (REPO / "api" / kind).glob("*.yaml"))
+    copy = sorted(p.name for p in (CHART_DIR / "files" / kind).glob("*.yaml"))
+    assert copy == source, "run charts/fabricdra/sync-api.sh"
+    _, mismatch, errors = filecmp.cmpfiles(
+        REPO / "api" / kind, CHART_DIR / "files" / kind, source, shallow=False
+    )
+    assert mismatch == errors == [], "run charts/fabricdra/sync-api.sh"
+
+
+def test_default_render_has_every_component(chart: Chart) -> None:
+    docs = chart.template()
+    kinds = _kinds(docs)
+    assert sorted(kinds["CustomResourceDefinition"]) == [
+        "computedomains.fabricdra.io",
+        "nodedevices.fabricdra.io",
+    ]
+    assert len(kinds["DeviceClass"]) == 5
+    ds = _one(docs, "DaemonSet", "fabricdra-node")
+    containers = {c["name"]: c for c in ds["spec"]["template"]["spec"]["containers"]}
+    assert sorted(containers) == ["compute-domain", "devices"]
+    for c in containers.values():
+        assert "startupProbe" in c
+        assert "readinessProbe" in c
+    dep = _one(docs, "Deployment", "fabricdra-controller")
+    assert dep["spec"]["replicas"] == 2
+    # No surge pod: on a small or host-network cluster it could never be placed.
+    assert dep["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0
+    assert "--leader-elect=true" in dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert _one(docs, "PodDisruptionBudget", "fabricdra-controller")["spec"]["minAvailable"] == 1
+    assert len(kinds["ValidatingAdmissionPolicy"]) == len(kinds["ValidatingAdmissionPolicyBinding"])
+
+
+def test_imex_daemon_image_is_this_image_at_the_chart_version(chart: Chart) -> None:
+    version = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())["appVersion"]
+    dep = _one(chart.template(), "Deployment", "fabricdra-controller")
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    image = f"ghcr.io/fabricdra/fabricdra:{version}"
+    assert c["image"] == image
+    assert f"--image={image}" in c["args"]
+
+
+def test_chart_version_is_the_package_version() -> None:
+    pyproject = (REPO / "pyproject.toml").read_text()
+    found = re.search(r'^version = "(.*)"$', pyproject, re.M)
+    assert found is not None
+    meta = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
+    assert meta["version"] == meta["appVersion"] == found.group(1)
+
+
+def test_beside_nvidias_driver_gpus_off_offers_only_nics_and_domains(chart: Chart) -> None:
+    docs = chart.template({"gpus": {"enabled": False}})
+    assert sorted(_kinds(docs)["DeviceClass"]) == [
+        "rdma-shared.fabricdra.io",
+        "rdma-vf.fabricdra.io",
+        "rdma.fabricdra.io",
+    ]
+    ds = _one(docs, "DaemonSet", "fabricdra-node")
+    devices = ds["spec"]["template"]["spec"]["containers"][0]
+    assert "--gpus=false" in devices["args"]
+    assert all(m["name"] != "driver-root" for m in devices["volumeMounts"])
+
+
+def test_compute_domains_off_drops_controller_and_plugin(chart: Chart) -> None:
+    docs = chart.template({"computeDomains": {"enabled": False}})
+    kinds = _kinds(docs)
+    assert "Deployment" not in kinds
+    assert kinds["CustomResourceDefinition"] == ["nodedevices.fabricdra.io"]
+    ds = _one(docs, "DaemonSet", "fabricdra-node")
+    assert [c["name"] for c in ds["spec"]["template"]["spec"]["containers"]] == ["devices"]
+
+
+def test_rdma_mode_and_paths_reach_the_agent(chart: Chart) -> None:
+    docs = chart.template(
+        {
+            "rdma": {"mode": "shared", "sharedHolders": 8},
+            "kubeletRootDir": "/data/kubelet",
+            "nvmlSnapshot": "/etc/nvml.json",
+        }
+    )
+    ds = _one(docs, "DaemonSet", "fabricdra-node")
+    args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--rdma-mode=shared" in args
+    assert "--rdma-shared-holders=8" in args
+    assert "--plugin-dir=/data/kubelet/plugins/devices.fabricdra.io" in args
+    assert "--nvml-snapshot=/etc/fabricdra/nvml.json" in args
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        ({"rdma": {"mode": "bogus"}}, "/rdma/mode"),
+        ({"image": {"tag": "latest"}}, "/image/tag"),
+        ({"kubeletRootDir": "relative"}, "/kubeletRootDir"),
+        ({"nosuch": 1}, "nosuch"),
+    ],
+)
+def test_schema_refuses_bad_values_naming_them(
+    chart: Chart, values: dict[str, Any], complaint: str
+) -> None:
+    with pytest.raises(HarnessError, match=re.escape(complaint)):
+        chart.template(values)
+
+
+def _rules(role: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in r.items() if v} for r in role["rules"]]
+
+
+def test_compute_domain_rbac_is_the_controllers_own_rule_set(chart: Chart) -> None:
+    docs = chart.template()
+    assert _rules(_one(docs, "ClusterRole", "fabricdra-controller")) == rbac.CONTROLLER
+    assert _rules(_one(docs, "ClusterRole", "fabricdra-node-compute-domain")) == rbac.NODE_PLUGIN
+    assert _rules(_one(docs, "ClusterRole", "fabricdra-imex-daemon")) == rbac.IMEX_DAEMON
+    # The controller names the IMEX DaemonSets' service account; the chart must create it.
+    from fabricdra.controller.objects import DaemonSettings
+
+    assert DaemonSettings().service_account in _kinds(docs)["ServiceAccount"]
+
+
+def test_dashboards_ship_as_sidecar_configmaps_when_present(chart: Chart) -> None:
+    dashboards = sorted((CHART_DIR / "dashboards").glob("*.json"))
+    maps = _kinds(chart.template()).get("ConfigMap", [])
+    assert maps == [f"fabricdra-dashboard-{p.stem}" for p in dashboards]
+
+
+def test_device_nodes_are_seen_at_their_host_path(chart: Chart) -> None:
+    # CDI specs name the host's device node paths: the agent must see them where the host has
+    # them, or the runtime is handed a path that exists only inside the agent's container.
+    docs = chart.template({"devRoot": "/srv/dev"})
+    pod = _one(docs, "DaemonSet", "fabricdra-node")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
+    for c in pod["containers"]:
+        assert "--dev-root=/srv/dev" in c["args"]
+        mounts = {m["mountPath"]: volumes[m["name"]] for m in c["volumeMounts"]}
+        assert mounts["/srv/dev"] == "/srv/dev"
+        for host in ("/var/lib/kubelet/plugins_registry", "/var/run/cdi"):
+            assert mounts[host] == host  # sockets and CDI specs too
+
+
+def test_nvml_comes_from_the_driver_root_without_shadowing_the_images_libraries(
+    chart: Chart,
+) -> None:
+    docs = chart.template()
+    devices = _one(docs, "DaemonSet", "fabricdra-node")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in devices["env"]}
+    folders = env["LD_LIBRARY_PATH"].split(":")
+    first_host = next(i for i, f in enumerate(folders) if f.startswith("/driver-root"))
+    assert "/usr/lib/x86_64-linux-gnu" in folders[:first_host]
+
+
+def test_node_plugins_run_as_root_and_the_controller_does_not(chart: Chart) -> None:
+    # The image's default user is 65532: a node plugin left to it cannot bind its socket in
+    # the kubelet's root-owned plugin folder.
+    docs = chart.template()
+    node = _one(docs, "DaemonSet", "fabricdra-node")["spec"]["template"]["spec"]
+    for c in node["containers"]:
+        assert c["securityContext"]["runAsUser"] == 0, c["name"]
+    controller = _one(docs, "Deployment", "fabricdra-controller")["spec"]["template"]["spec"]
+    assert controller["securityContext"]["runAsNonRoot"] is True
