@@ -16,6 +16,8 @@ names the folder holding every component's log.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
@@ -105,7 +107,11 @@ def node_cluster(
             pytest.fail(f"{KUBECONFIG_ENV}: {e}", pytrace=False)
         yield named
         return
-    cluster = NodeCluster(tmp_path_factory.mktemp("node-cluster"))
+    # Not under pytest's tmp folder: its numbered path (/tmp/pytest-of-root/pytest-123/...)
+    # grows with every run on a machine, and the plugin sockets under the kubelet root must fit
+    # the 107 bytes of a unix socket path.
+    base = Path(tempfile.mkdtemp(prefix="fdra-e2e-"))
+    cluster = NodeCluster(base)
     try:
         cluster.start()
     except HarnessError as e:
@@ -115,6 +121,18 @@ def node_cluster(
         yield cluster
     finally:
         cluster.stop()
+        _remove_if_clean(base, keep=request.session.testsfailed > 0)
+
+
+def _remove_if_clean(base: Path, *, keep: bool) -> None:
+    """Remove a cluster's folder after its teardown, unless a test failed (its logs are
+    reported) or something is still mounted below it (never delete through a mount)."""
+    if keep:
+        return
+    mounts = Path("/proc/self/mountinfo").read_text().splitlines()
+    if any(line.split()[4].startswith(f"{base}/") for line in mounts):
+        return
+    shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
