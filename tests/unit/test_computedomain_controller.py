@@ -202,7 +202,7 @@ def test_host_mode_surfaces_the_host_imex_report() -> None:
 
 
 def test_a_claim_speaks_only_for_a_domain_of_its_own_namespace() -> None:
-    from fabricdra.controller.manager import _claim_views
+    from fabricdra.controller.claims import claim_views as _claim_views
 
     def claim(namespace: str) -> dict[str, object]:
         return {

@@ -110,7 +110,21 @@ def register(sub: Any) -> None:
         "--interval",
         type=float,
         default=float(_env("IMEX_INTERVAL", "2") or 2),
-        help="seconds between passes (default 2) [FABRICDRA_IMEX_INTERVAL]",
+        help="seconds between IMEX health passes; domain changes are watched, not polled "
+        "(default 2) [FABRICDRA_IMEX_INTERVAL]",
+    )
+    b(
+        "--hosts-file",
+        default=_env("IMEX_HOSTS_FILE", "/etc/hosts"),
+        help="hosts file that resolves the IMEX peer names (default /etc/hosts) "
+        "[FABRICDRA_IMEX_HOSTS_FILE]",
+    )
+    b(
+        "--max-peers",
+        type=int,
+        default=int(_env("IMEX_MAX_PEERS", "18") or 18),
+        help="peer name slots in IMEX's nodes config (default 18: an NVL72 rack) "
+        "[FABRICDRA_IMEX_MAX_PEERS]",
     )
     d.set_defaults(run=run_daemon)
 
@@ -193,12 +207,16 @@ def run_daemon(args: argparse.Namespace) -> int:
         imex_bin=args.imex_bin,
         imex_ctl=args.imex_ctl,
         bind_ip=args.pod_ip,
+        hosts_file=Path(args.hosts_file),
+        max_peers=args.max_peers,
     )
     supervisor = ImexSupervisor(settings)
     if args.check:
         state = supervisor.query()
         print(state.message)
         return 0 if state.ready else 1
+    if args.max_peers < 1:
+        raise UsageError(f"--max-peers must be at least 1, got {args.max_peers}")
     missing = [
         f
         for f in ("node_name", "domain_name", "domain_namespace", "domain_uid")
