@@ -19,6 +19,7 @@ from e2e.harness.controlplane import ControlPlane, wait_for
 from fabricdra.api import computedomain as cd
 from fabricdra.api.computedomain import ComputeDomain
 from fabricdra.api.rest import (
+    CLAIM_TEMPLATES,
     CLAIMS,
     COMPUTE_DOMAINS,
     LEASES,
@@ -464,6 +465,39 @@ def test_fabric_conflict_reaches_status(control_plane: ControlPlane, rest: Rest)
         wait_for(
             lambda: _status_of(rest, ns, "fab", cd.DEGRADED).get("reason") == "AsExpected",
             what="conflict cleared once the claim is gone",
+        )
+
+
+def _selector(rest: Rest, ns: str, name: str) -> str:
+    rct = rest.get(CLAIM_TEMPLATES, name, ns)
+    return str(rct["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"][0]["cel"])
+
+
+def test_a_pinned_domain_selects_only_its_fabric_until_it_holds_nothing(
+    control_plane: ControlPlane, rest: Rest
+) -> None:
+    """Point 11: once pinned, the workload template matches only nodes of the domain's
+    fabric domain (a pod that cannot fit stays Pending instead of failing binding on other
+    fabrics); a domain that holds nothing any more is unpinned."""
+    ns, driver_ns = _ns(control_plane, "cd-pin"), unique("cd-system")
+    node = unique("pin-node")
+    create_plugin_node(control_plane, node, "fabric-pin")
+    with running_controller(control_plane, driver_ns, leader_election=False):
+        rest.create(COMPUTE_DOMAINS, domain_body("pin", mode="host"), ns)
+        template = _workload_template(rest, _wait_channel(rest, ns, "pin"))
+        assert "fabricDomain" not in _selector(rest, ns, "pin-channel")
+        allocate_claim(rest, ns, template, node, "only", binding_conditions=True)
+        wait_for(
+            lambda: "fabricDomain == 'fabric-pin'" in _selector(rest, ns, "pin-channel"),
+            what="template pinned to the fabric",
+        )
+        rest.delete(CLAIMS, "only", ns)
+        wait_for(
+            lambda: (
+                "fabricDomain" not in _selector(rest, ns, "pin-channel")
+                and not rest.get(COMPUTE_DOMAINS, "pin", ns)["status"].get("fabricDomain")
+            ),
+            what="unpinned once it holds nothing",
         )
 
 

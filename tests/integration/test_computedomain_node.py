@@ -36,6 +36,7 @@ from .computedomain_helpers import (
     create_plugin_node,
     domain_body,
     install_crd,
+    report_daemon,
     running_controller,
     unique,
     wait_gone,
@@ -89,10 +90,25 @@ def test_prepare_injects_exactly_the_domains_channel(
                 proc_root=roots["proc"],
                 dev_root=roots["dev"],
                 fabric_domain="rack-7",
+                imex_wait_seconds=1.0,
             ),
         )
 
         ref = allocate_claim(rest, ns, template, node, "train-0")
+        # IMEX is not READY on this node yet: refused after the bounded wait, nothing written.
+        with pytest.raises(PrepareError, match=r"IMEX .* is not ready on node"):
+            driver.prepare(ref)
+        assert driver.checkpoint.get(ref.uid) is None
+        assert not (roots["cdi"] / f"fabricdra.io-compute-domain_{ref.uid}.json").exists()
+        uid = domain["metadata"]["uid"]
+        report_daemon(rest, driver_ns, uid, node, ready=True, message="READY", ip="10.0.0.7")
+        wait_for(
+            lambda: any(
+                r["name"] == node and r["ready"]
+                for r in rest.get(COMPUTE_DOMAINS, "train", ns)["status"].get("nodes", [])
+            ),
+            what="the node's IMEX reported READY",
+        )
         prepared = driver.prepare(ref)
         assert [(p.pool_name, p.device_name) for p in prepared] == [(node, cd.CHANNEL_DEVICE)]
         spec_file = roots["cdi"] / f"fabricdra.io-compute-domain_{ref.uid}.json"
@@ -194,6 +210,7 @@ def test_host_mode_prepare_checks_the_host_imex_service(
             dev_root=roots["dev"],
             imex_ctl=str(STAND_INS / "nvidia-imex-ctl"),
             imex_ctl_args=("-c", str(roots["plugin"] / "host.cfg"), "-q"),
+            imex_wait_seconds=1.0,
         )
         port = _free_port()
         roots["plugin"].mkdir(parents=True, exist_ok=True)

@@ -196,7 +196,13 @@ def test_host_mode_surfaces_the_host_imex_report() -> None:
     cond = {c.type: c for c in st.conditions}
     assert (cond[cd.READY].status, cond[cd.DEGRADED].reason) == ("False", "ImexError")
     assert "UNAVAILABLE" in cond[cd.DEGRADED].message
-    st, _ = status.compute(host, _obs(["n1"], {}), "t0")  # no report: prepare still checks
+    # No report from the node plugin: not ready (unknown is not READY), and it says so.
+    st, _ = status.compute(host, _obs(["n1"], {}), "t0")
+    cond = {c.type: c for c in st.conditions}
+    assert (cond[cd.READY].status, cond[cd.DAEMONS_READY].reason) == ("False", "WaitingForDaemons")
+    assert st.nodes[0].ready is False
+    up = status.DaemonReport(True, "host IMEX service READY")
+    st, _ = status.compute(host, _obs(["n1"], {"n1": up}), "t0")
     cond = {c.type: c for c in st.conditions}
     assert (cond[cd.READY].status, cond[cd.DAEMONS_READY].reason) == ("True", "HostManaged")
 

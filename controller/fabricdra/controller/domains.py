@@ -131,9 +131,30 @@ class DomainReconciler:
             else:
                 rest.patch(kind, meta["name"], desired, ns)
 
+    def _has_allocated_claims(self, domain: ComputeDomain) -> bool:
+        return any(
+            domain_uid(cl) == domain.uid
+            and cl["metadata"]["namespace"] == domain.namespace
+            and claim_nodes(cl)
+            for cl in self.c.claims.items()
+        )
+
+    def _pin(self, domain: ComputeDomain) -> str | None:
+        """The fabric domain the workload template is restricted to: the one fixed by the
+        first admission, while the domain holds a node or an allocated claim. None: unpinned
+        (never pinned, pinned to nodes without a fabric, or holding nothing any more)."""
+        own = self.c.ownership
+        pinned = domain.status.fabricDomain or own.pin_of(domain.uid)
+        if not pinned:
+            return None
+        if not own.nodes_of(domain.uid) and not self._has_allocated_claims(domain):
+            own.unpin(domain.uid)
+            return None
+        return pinned
+
     def _ensure_objects(self, domain: ComputeDomain, channel: int) -> tuple[bool, str]:
         c = self.c
-        rct = objects.workload_claim_template(domain, channel)
+        rct = objects.workload_claim_template(domain, channel, self._pin(domain))
         try:
             self._ensure(CLAIM_TEMPLATES, rct, c.templates)
             if domain.spec.imexMode == "managed":
@@ -229,6 +250,8 @@ class DomainReconciler:
             reports,
             fabric_conflicts=self._fabric_conflicts(domain),
             objects_reason=reason,
+            unpin=self.c.ownership.pin_of(domain.uid) is None
+            and not self._has_allocated_claims(domain),
         )
         new, events = status.compute(domain, observed, now())
         if not recorded:

@@ -44,6 +44,7 @@ class Observed:
     reports: Mapping[str, DaemonReport]
     fabric_conflicts: Sequence[str] = ()  # claims of the domain allocated outside its fabric
     objects_reason: str = "CreatingObjects"  # Ready's reason while objects_ready is False
+    unpin: bool = False  # no node and no allocated claim left: the fabric domain is free again
 
 
 @dataclass(frozen=True)
@@ -67,8 +68,8 @@ def node_rows(domain: ComputeDomain, obs: Observed) -> list[NodeStatus]:
             taken.add(index)
         report = obs.reports.get(held.name)
         if host_mode and report is None:
-            # No report from the node plugin (yet): prepare still checks the host service.
-            ready, message = True, "IMEX is run by the host (no report from the node plugin)"
+            # No report is not READY: the node plugin has not said the host's IMEX serves.
+            ready, message = False, "waiting for the node plugin's report on the host IMEX"
         elif report is None:
             ready, message = False, "waiting for the IMEX daemon to report"
         else:
@@ -184,7 +185,9 @@ def compute(
             "conditions": conditions,
             "nodes": rows,
             "observedGeneration": gen,
-            "fabricDomain": domain.status.fabricDomain
+            "fabricDomain": ""
+            if obs.unpin and not rows
+            else domain.status.fabricDomain
             or next((r.fabricDomain for r in rows if r.fabricDomain), ""),
         }
     )
