@@ -8,6 +8,7 @@ import json
 import os
 import socket
 import stat
+import time
 from pathlib import Path
 
 import grpc
@@ -401,3 +402,66 @@ def test_plugin_process_reports_the_host_imex_service(
         _, err = proc.communicate(timeout=30)
         shutil.rmtree(sockets, ignore_errors=True)
     assert proc.returncode == 0, err.decode()
+
+
+def test_imex_daemon_watches_its_domain_instead_of_polling(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """Point 14: one LIST+WATCH (field selector on the name), no GET per interval; and the
+    readiness file the DaemonSet's probe checks follows IMEX's READY."""
+    import threading
+    import uuid
+
+    rest = Rest(control_plane.api_client())
+    install_crd(rest)
+    ns, driver_ns = unique("cd-watch"), unique("cd-system")
+    control_plane.create_namespace(ns)
+    node = unique("watcher")
+    create_plugin_node(control_plane, node, fabric="rack-w")
+    with running_controller(control_plane, driver_ns):
+        rest.create(COMPUTE_DOMAINS, domain_body("w", rct="w-imex", num_nodes=1), ns)
+        template = wait_for(lambda: rest.get_or_none(CLAIM_TEMPLATES, "w-imex", ns), what="rct")
+        uid = template["metadata"]["labels"][cd.DOMAIN_LABEL]
+        allocate_claim(rest, ns, template, node, "w-0")
+        agent = f"imex-daemon-test-{uuid.uuid4().hex[:8]}"
+        api = control_plane.api_client()
+        api.user_agent = agent
+        settings = ImexSettings(
+            config_dir=tmp_path / "imexd",
+            imex_bin=str(STAND_INS / "nvidia-imex"),
+            imex_ctl=str(STAND_INS / "nvidia-imex-ctl"),
+            cmd_port=_free_port(),
+        )
+        daemon = ImexDaemon(
+            Rest(api),
+            DaemonIdentity(node, "127.0.0.1", ns, "w", uid, driver_ns),
+            ImexSupervisor(settings),
+        )
+        stop = threading.Event()
+        runner = threading.Thread(target=daemon.run, args=(stop, 0.2), daemon=True)
+        runner.start()
+        try:
+            wait_for(
+                lambda: (
+                    (condition(rest.get(COMPUTE_DOMAINS, "w", ns), cd.READY) or {}).get("status")
+                    == "True"
+                ),
+                what="Ready through the watching daemon",
+                timeout=30,
+            )
+            assert (settings.config_dir / "ready").exists()
+            time.sleep(1.0)  # five more intervals: none may read the domain again
+        finally:
+            stop.set()
+            runner.join(timeout=20)
+        assert not (settings.config_dir / "ready").exists()
+        seen = [
+            e
+            for e in control_plane.audit_events(user_agent=agent)
+            if (e.get("objectRef") or {}).get("resource") == "computedomains"
+        ]
+        verbs = [e["verb"] for e in seen]
+        assert "watch" in verbs
+        assert "get" not in verbs
+        rest.delete(COMPUTE_DOMAINS, "w", ns)
+        wait_gone(lambda: rest.get_or_none(COMPUTE_DOMAINS, "w", ns), "w deleted")
