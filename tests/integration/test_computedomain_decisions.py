@@ -521,3 +521,58 @@ def test_channels_exhausted_reaches_status(control_plane: ControlPlane, rest: Re
             lambda: rest.get(COMPUTE_DOMAINS, "second", ns)["status"].get("channels") == [0],
             what="the freed channel goes to the waiting domain",
         )
+
+
+# -- point 12: gangs -------------------------------------------------------------------------
+
+
+def _conds(rest: Rest, ns: str, claim: str) -> dict[str, dict[str, Any]]:
+    devices = rest.get(CLAIMS, claim, ns)["status"].get("devices", []) or []
+    return {c["type"]: c for d in devices for c in d.get("conditions", []) or []}
+
+
+def test_a_gang_is_admitted_together(control_plane: ControlPlane, rest: Rest) -> None:
+    """numNodes=2: the first allocation is held at binding until the second exists in the
+    same fabric domain; then both are admitted."""
+    ns, driver_ns = _ns(control_plane, "cd-gang"), unique("cd-system")
+    nodes = [unique("gang-a"), unique("gang-b")]
+    for n in nodes:
+        create_plugin_node(control_plane, n, "fabric-gang")
+    with running_controller(control_plane, driver_ns, leader_election=False):
+        rest.create(COMPUTE_DOMAINS, domain_body("gang", mode="host", num_nodes=2), ns)
+        template = _workload_template(rest, _wait_channel(rest, ns, "gang"))
+        allocate_claim(rest, ns, template, nodes[0], "g0", binding_conditions=True)
+        # Decided (the node is held for the domain: its row is listed) but not admitted.
+        wait_for(
+            lambda: (
+                [r["name"] for r in rest.get(COMPUTE_DOMAINS, "gang", ns)["status"]["nodes"]]
+                == [nodes[0]]
+            ),
+            what="first node held",
+        )
+        assert cd.ADMITTED_CONDITION not in _conds(rest, ns, "g0")
+        allocate_claim(rest, ns, template, nodes[1], "g1", binding_conditions=True)
+        for claim in ("g0", "g1"):
+            wait_for(
+                lambda claim=claim: cd.ADMITTED_CONDITION in _conds(rest, ns, claim),
+                what=f"{claim} admitted with its gang",
+            )
+
+
+def test_an_incomplete_gang_is_released_after_the_timeout(
+    control_plane: ControlPlane, rest: Rest
+) -> None:
+    ns, driver_ns = _ns(control_plane, "cd-gangto"), unique("cd-system")
+    node = unique("gang-lone")
+    create_plugin_node(control_plane, node, "fabric-gangto")
+    with running_controller(
+        control_plane, driver_ns, leader_election=False, gang_timeout_seconds=1.0
+    ):
+        rest.create(COMPUTE_DOMAINS, domain_body("lone", mode="host", num_nodes=3), ns)
+        template = _workload_template(rest, _wait_channel(rest, ns, "lone"))
+        allocate_claim(rest, ns, template, node, "l0", binding_conditions=True)
+        released = wait_for(
+            lambda: _conds(rest, ns, "l0").get(cd.CONFLICT_CONDITION), what="released"
+        )
+        assert released["reason"] == "GangTimeout"
+        assert cd.ADMITTED_CONDITION not in _conds(rest, ns, "l0")

@@ -73,6 +73,7 @@ class ControllerConfig:
     install_device_classes: bool = True
     lease_seconds: float = 15.0  # leader Lease duration; renew deadline is 2/3 of it
     channel_count: int = cd.CHANNEL_COUNT  # the nvidia driver's NVreg_ImexChannelCount
+    gang_timeout_seconds: float = 300.0  # numNodes domains: how long a partial gang is held
 
 
 class Controller:

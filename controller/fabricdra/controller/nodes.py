@@ -60,7 +60,17 @@ class NodeReconciler:
         self._ensure_slice(node, decision.owner, fabric)
         self._ensure_node_label(node, decision.owner)
         by_key = {f"{cl['metadata']['namespace']}/{cl['metadata']['name']}": cl for cl in claims}
-        for key in decision.admit:
+        admit, timed_out = self._gang(name, fabric, decision.admit, by_key)
+        for key in timed_out:
+            why = (
+                f"the ComputeDomain's {self._want(by_key[key])} nodes were not all allocated in "
+                f"fabric domain {fabric or '(none)'} within "
+                f"{c.config.gang_timeout_seconds:.0f}s; released so other jobs can use node {name}"
+            )
+            self._answer(by_key[key], name, cd.CONFLICT_CONDITION, "GangTimeout", why)
+            metrics.ADMISSIONS.labels("conflict").inc()
+            self._conflict_event(by_key[key], why)
+        for key in admit:
             self._answer(
                 by_key[key],
                 name,
@@ -78,6 +88,49 @@ class NodeReconciler:
             domain_key = c.ownership.key_of(uid)
             if domain_key:
                 c.domain_queue.add(domain_key)
+
+    def _want(self, claim: JSON) -> int:
+        """The claim's domain's numNodes (1 when unset or unknown)."""
+        key = self.c.ownership.key_of(domain_uid(claim))
+        obj = self.c.domains.get(key) if key else None
+        return int(((obj or {}).get("spec") or {}).get("numNodes") or 1)
+
+    def _gang(
+        self, node: str, fabric: str, keys: list[str], by_key: dict[str, JSON]
+    ) -> tuple[list[str], list[str]]:
+        """Gang admission for domains with numNodes: a claim is admitted only once claims of
+        its domain are allocated on numNodes nodes of this fabric domain, so two jobs never
+        hold each other's nodes half-admitted; a claim held longer than the gang timeout is
+        released (conflict) so the nodes go back to the pool. Returns (admit, timed out)."""
+        c = self.c
+        admit, timed_out = [], []
+        for key in keys:
+            claim = by_key[key]
+            want = self._want(claim)
+            if want <= 1:
+                admit.append(key)
+                continue
+            # The nodes held for the domain in this fabric domain (held = a claim of the
+            # domain is allocated there and fits; this node was just decided).
+            members = {
+                n
+                for n in c.ownership.nodes_of(domain_uid(claim))
+                if node_fabric(c.nodes.get(n) or {}) == fabric
+            }
+            if len(members) >= want:
+                c.ownership.gang_done(key)
+                admit.append(key)
+                for n in members - {node}:  # their held claims can go too
+                    c.node_queue.add(n)
+                continue
+            waited = c.ownership.gang_waiting(key)
+            left = c.config.gang_timeout_seconds - waited
+            if left <= 0:
+                c.ownership.gang_done(key)
+                timed_out.append(key)
+            else:
+                c.node_queue.add_after(node, left + 0.05)
+        return admit, timed_out
 
     def _ensure_slice(self, node: JSON, owner: str, fabric: str) -> None:
         c = self.c

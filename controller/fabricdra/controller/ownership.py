@@ -10,6 +10,7 @@ restarted controller rebuilds it from the API before deciding anything (`rebuild
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable
 
 from fabricdra.api.computedomain import FREE_OWNER
@@ -25,6 +26,7 @@ class Ownership:
         self._reserved: dict[str, int] = {}  # domain UID -> channel, until status shows it
         self._keys: dict[str, str] = {}  # domain UID -> "namespace/name"
         self._waiting_for_channel: set[str] = set()  # domain keys refused a channel
+        self._gang_since: dict[str, float] = {}  # claim key -> monotonic time first held
 
     # -- nodes -----------------------------------------------------------------------------
     def owner(self, node: str) -> str:
@@ -78,6 +80,17 @@ class Ownership:
     def key_of(self, uid: str) -> str | None:
         with self._lock:
             return self._keys.get(uid)
+
+    # -- gangs -----------------------------------------------------------------------------
+    def gang_waiting(self, claim_key: str) -> float:
+        """Seconds this claim has been held for its gang (0 the first time it is asked)."""
+        now = time.monotonic()
+        with self._lock:
+            return now - self._gang_since.setdefault(claim_key, now)
+
+    def gang_done(self, claim_key: str) -> None:
+        with self._lock:
+            self._gang_since.pop(claim_key, None)
 
     # -- channels --------------------------------------------------------------------------
     def channel_for(self, uid: str, key: str, held: Callable[[], Iterable[int]], count: int) -> int:
