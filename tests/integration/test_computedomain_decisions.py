@@ -576,3 +576,31 @@ def test_an_incomplete_gang_is_released_after_the_timeout(
         )
         assert released["reason"] == "GangTimeout"
         assert cd.ADMITTED_CONDITION not in _conds(rest, ns, "l0")
+
+
+# -- point 13: the size limit comes from the fabric -------------------------------------------
+
+
+def test_num_nodes_beyond_the_fabric_is_said_not_capped(
+    control_plane: ControlPlane, rest: Rest
+) -> None:
+    """No hard cap of 18: 500 nodes are accepted by the API, and the status says whether the
+    fabric can hold them."""
+    ns, driver_ns = _ns(control_plane, "cd-size"), unique("cd-system")
+    fabric = unique("fabric-size")
+    for _ in range(2):
+        create_plugin_node(control_plane, unique("size-node"), fabric)
+    with running_controller(control_plane, driver_ns, leader_election=False):
+        rest.create(COMPUTE_DOMAINS, domain_body("big", mode="host", num_nodes=500), ns)
+        ready = wait_for(
+            lambda: (c := _status_of(rest, ns, "big", cd.READY)).get("reason") and c,
+            what="Ready written",
+        )
+        assert ready["reason"] == "FabricTooSmall"
+        assert "numNodes 500 cannot fit" in ready["message"]
+        rest.create(COMPUTE_DOMAINS, domain_body("fits", mode="host", num_nodes=2), ns)
+        fits = wait_for(
+            lambda: (c := _status_of(rest, ns, "fits", cd.READY)).get("reason") and c,
+            what="Ready written",
+        )
+        assert fits["reason"] != "FabricTooSmall"

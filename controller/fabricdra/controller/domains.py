@@ -6,6 +6,7 @@ cache is refused (409) instead of written back."""
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -229,6 +230,30 @@ class DomainReconciler:
                     )
         return sorted(out)
 
+    def _too_large(self, domain: ComputeDomain) -> str:
+        """numNodes is limited by the fabric, not by a constant: it must fit the domain's
+        fabric domain (the one it is pinned to, else the largest one known), counted from the
+        nodes carrying its fabricdra.io/fabric.domain label. Nodes without a fabric are not
+        judged (no multi-node NVLink there)."""
+        want = domain.spec.numNodes
+        if not want or want <= 1:
+            return ""
+        sizes = Counter(f for n in self.c.nodes.items() if (f := node_fabric(n)))
+        if not sizes:
+            return ""
+        pinned = domain.status.fabricDomain or self.c.ownership.pin_of(domain.uid)
+        if pinned:
+            fabric, size = pinned, sizes.get(pinned, 0)
+        else:
+            fabric, size = max(sizes.items(), key=lambda kv: (kv[1], kv[0]))
+        if want <= size:
+            return ""
+        which = "its" if pinned else "the largest"
+        return (
+            f"numNodes {want} cannot fit: {which} NVLink fabric domain {fabric} has {size} "
+            "node(s) with the compute-domain plugin; a domain never spans two fabric domains"
+        )
+
     def _update_status(
         self,
         domain: ComputeDomain,
@@ -252,6 +277,7 @@ class DomainReconciler:
             objects_reason=reason,
             unpin=self.c.ownership.pin_of(domain.uid) is None
             and not self._has_allocated_claims(domain),
+            too_large=self._too_large(domain),
         )
         new, events = status.compute(domain, observed, now())
         if not recorded:

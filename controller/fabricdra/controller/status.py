@@ -45,6 +45,7 @@ class Observed:
     fabric_conflicts: Sequence[str] = ()  # claims of the domain allocated outside its fabric
     objects_reason: str = "CreatingObjects"  # Ready's reason while objects_ready is False
     unpin: bool = False  # no node and no allocated claim left: the fabric domain is free again
+    too_large: str = ""  # why numNodes can never fit one fabric domain ("" when it can)
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,8 @@ def compute(
 
     if not obs.objects_ready:
         ready = (False, obs.objects_reason, obs.objects_message)
+    elif obs.too_large:
+        ready = (False, "FabricTooSmall", obs.too_large)
     elif not daemons[0]:
         ready = (False, daemons[1], daemons[2])
     elif want is not None and len(ready_rows) < want:
