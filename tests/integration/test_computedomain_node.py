@@ -324,7 +324,9 @@ def test_imex_daemon_reports_through_the_controller(
             wait_for(ready, what="Ready=True", timeout=30)
             obj = rest.get(COMPUTE_DOMAINS, "sim", ns)
             assert obj["status"]["nodes"][0]["ipAddress"] == "127.0.0.1"
-            assert (tmp_path / "imexd" / "nodes.cfg").read_text() == "127.0.0.1\n"
+            names = (tmp_path / "imexd" / "nodes.cfg").read_text().splitlines()
+            assert names[0] == "fabricdra-imex-0"
+            assert "127.0.0.1\tfabricdra-imex-0" in (tmp_path / "imexd" / "hosts").read_text()
             assert condition(obj, cd.DEGRADED)["status"] == "False"  # type: ignore[index]
         finally:
             good.supervisor.stop()

@@ -216,3 +216,39 @@ def test_imex_daemon_check_is_the_readiness_probe(
     _until_ready(supervisor, ["10.0.0.1"])
     assert main(probe) == 0
     assert capsys.readouterr().out.strip() == "READY"
+
+
+def test_imex_daemon_gets_the_drivers_imex_and_the_fabric_capability(tmp_path: Path) -> None:
+    """Point 1: the host driver's nvidia-imex / nvidia-imex-ctl (read-only) and the
+    fabric-imex-mgmt capability device, laid out as the driver lays them out."""
+    from fabricdra.kubeletplugin.computedomain.imexfiles import imex_injection
+
+    root = tmp_path / "run-nvidia-driver"  # as the GPU operator mounts it
+    (root / "usr" / "bin").mkdir(parents=True)
+    for name in ("nvidia-imex", "nvidia-imex-ctl"):
+        (root / "usr" / "bin" / name).write_text("#!/bin/sh\n")
+    proc = tmp_path / "proc"
+    (proc / "driver" / "nvidia" / "capabilities").mkdir(parents=True)
+    (proc / "driver" / "nvidia" / "capabilities" / "fabric-imex-mgmt").write_text(
+        "DeviceFileMinor: 7\nDeviceFileMode: 256\nDeviceFileModify: 1\n"
+    )
+    (proc / "devices").write_text(
+        "Character devices:\n195 nvidia\n237 nvidia-caps-imex-channels\n238 nvidia-caps\n\n"
+        "Block devices:\n238 not-this-one\n"
+    )
+    got = imex_injection(Path("/run/nvidia/driver"), root, proc)
+    assert got.missing == ()
+    assert [(m.host_path, m.container_path) for m in got.mounts] == [
+        ("/run/nvidia/driver/usr/bin/nvidia-imex", "/usr/bin/nvidia-imex"),
+        ("/run/nvidia/driver/usr/bin/nvidia-imex-ctl", "/usr/bin/nvidia-imex-ctl"),
+    ]
+    assert all("ro" in m.options for m in got.mounts)
+    (node,) = got.device_nodes
+    assert (node.path, node.major, node.minor) == ("/dev/nvidia-caps/nvidia-cap7", 238, 7)
+
+    # A driver without IMEX: nothing made up, and what is missing is named.
+    bare = imex_injection(Path("/"), tmp_path / "empty", tmp_path / "noproc")
+    assert bare.mounts == ()
+    assert bare.device_nodes == ()
+    assert any("nvidia-imex" in m for m in bare.missing)
+    assert any("fabric-imex-mgmt" in m for m in bare.missing)

@@ -66,6 +66,26 @@ def register(sub: Any) -> None:
         help="host IMEX mode: the host service's control tool [FABRICDRA_IMEX_CTL]",
     )
     a(
+        "--driver-root",
+        default=_env("DRIVER_ROOT", "/"),
+        help="host path of the NVIDIA driver install, whose nvidia-imex and nvidia-imex-ctl "
+        "IMEX daemons get (default /; /run/nvidia/driver with the GPU operator) "
+        "[FABRICDRA_DRIVER_ROOT]",
+    )
+    a(
+        "--container-driver-root",
+        default=_env("CONTAINER_DRIVER_ROOT"),
+        help="where this plugin sees --driver-root (default: the same path) "
+        "[FABRICDRA_CONTAINER_DRIVER_ROOT]",
+    )
+    a(
+        "--imex-wait-seconds",
+        type=float,
+        default=float(_env("IMEX_WAIT_SECONDS", "20") or 20),
+        help="how long prepare waits for IMEX on this node to be READY before failing the "
+        "claim (kubelet retries; default 20, below kubelet's 45 s) [FABRICDRA_IMEX_WAIT_SECONDS]",
+    )
+    a(
         "--report-namespace",
         default=_env("REPORT_NAMESPACE", "fabricdra-system"),
         help="namespace of the host IMEX report Lease: the controller's "
@@ -139,6 +159,11 @@ def run_plugin(args: argparse.Namespace) -> int:
 
     if not args.node_name:
         raise UsageError("--node-name (or FABRICDRA_NODE_NAME) is required")
+    if not 0 <= args.imex_wait_seconds <= 40:
+        raise UsageError(
+            f"--imex-wait-seconds must be between 0 and 40 (kubelet's deadline is 45 s), "
+            f"got {args.imex_wait_seconds}"
+        )
     api = api_client(args.kubeconfig, "fabricdra-compute-domain-plugin/0.1.0")
     rest = Rest(api)
     node = rest.get(NODES, args.node_name)
@@ -153,6 +178,11 @@ def run_plugin(args: argparse.Namespace) -> int:
             dev_root=Path(args.dev_root),
             fabric_domain=fabric,
             imex_ctl=args.imex_ctl,
+            imex_wait_seconds=args.imex_wait_seconds,
+            driver_root=Path(args.driver_root),
+            driver_root_view=Path(args.container_driver_root)
+            if args.container_driver_root
+            else None,
         ),
     )
     paths = PluginPaths.for_driver(

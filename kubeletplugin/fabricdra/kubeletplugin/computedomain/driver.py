@@ -21,6 +21,7 @@ unprepare(claim) removes exactly what the checkpoint says the claim created.
 from __future__ import annotations
 
 import contextlib
+import logging
 import subprocess
 import threading
 import time
@@ -43,6 +44,9 @@ from fabricdra.kubeletplugin.kubelet.cdi import (
 from fabricdra.kubeletplugin.kubelet.checkpoint import Checkpoint, ClaimEntry
 
 from .channels import ChannelError, ChannelNode, ensure_host_node, imex_major
+from .imexfiles import imex_injection
+
+log = logging.getLogger("fabricdra.compute-domain-plugin")
 
 CDI_KIND = "fabricdra.io/compute-domain"
 JSON = dict[str, Any]
@@ -59,6 +63,8 @@ class NodeConfig:
     imex_ctl: str = "nvidia-imex-ctl"  # host mode: the host IMEX service's control tool
     imex_ctl_args: tuple[str, ...] = field(default=("-q",))
     imex_wait_seconds: float = 20.0  # how long prepare waits for IMEX to become READY
+    driver_root: Path = Path("/")  # host path of the NVIDIA driver install (CDI mount source)
+    driver_root_view: Path | None = None  # where this plugin sees it (None: driver_root)
 
 
 class ComputeDomainDriver:
@@ -272,8 +278,15 @@ class ComputeDomainDriver:
             f"FABRICDRA_DOMAIN_NAMESPACE={params['namespace']}",
             f"FABRICDRA_FABRIC_DOMAIN={self.config.fabric_domain}",
         )
+        cfg = self.config
+        view = cfg.driver_root_view or cfg.driver_root
+        imex = imex_injection(cfg.driver_root, view, cfg.proc_root)
+        if imex.missing:
+            log.warning("IMEX daemon prepared without: %s", "; ".join(imex.missing))
         return ContainerEdits(
-            env=env, mounts=(Mount(str(folder), "/imexd", ("rw", "nosuid", "nodev", "bind")),)
+            env=env,
+            mounts=(Mount(str(folder), "/imexd", ("rw", "nosuid", "nodev", "bind")), *imex.mounts),
+            device_nodes=imex.device_nodes,
         )
 
     def host_imex(self) -> tuple[bool, str]:
