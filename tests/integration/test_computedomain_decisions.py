@@ -5,7 +5,6 @@ daemon liveness from the report Lease, and every documented condition reachable.
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import threading
 import time
@@ -26,10 +25,10 @@ from fabricdra.api.rest import (
     NODES,
     SLICES,
     STRATEGIC_PATCH,
-    ApiError,
     Rest,
 )
 from fabricdra.controller import objects
+from fabricdra.controller.claims import channel_of
 from fabricdra.controller.leader import LeaderElector
 from fabricdra.controller.manager import Controller, ControllerConfig
 from fabricdra.controller.objects import DaemonSettings
@@ -271,33 +270,48 @@ def test_standby_keeps_its_caches_warm(control_plane: ControlPlane, rest: Rest) 
 def test_status_write_from_a_stale_cache_is_refused(
     control_plane: ControlPlane, rest: Rest
 ) -> None:
+    """The controller's domain cache lags (here: frozen) behind its own status writes. A
+    status computed from the old copy must not be written: it would move node b's index (b
+    joined first, index 0; the old copy has no rows, so b and a would be numbered afresh)."""
     ns, driver_ns = _ns(control_plane, "cd-stale"), unique("cd-system")
-    nodes = [unique("stale-a"), unique("stale-b")]
-    for n in nodes:
+    a_node, b_node = unique("stale-a"), unique("stale-b")
+    for n in (a_node, b_node):
         create_plugin_node(control_plane, n, "fab-stale")
     with running_controller(control_plane, driver_ns, leader_election=False) as controller:
         rest.create(COMPUTE_DOMAINS, domain_body("stale", mode="host"), ns)
         obj = _wait_channel(rest, ns, "stale")
         template = _workload_template(rest, obj)
-        for i, n in enumerate(nodes):
-            allocate_claim(rest, ns, template, n, f"c{i}")
         wait_for(
-            lambda: len(rest.get(COMPUTE_DOMAINS, "stale", ns)["status"].get("nodes", [])) == 2,
-            what="two rows",
+            lambda: (controller.domains.get(f"{ns}/stale") or {}).get("status", {}).get("channels"),
+            what="the cache shows the channel",
         )
-        controller.stop()  # its caches stop here: from now on they are stale
+        controller.domains.stop()  # from here on its copy of the domain is stale
+
+        def status_patches() -> list[dict[str, Any]]:
+            return [
+                e
+                for e in control_plane.audit_events(verbs=("patch",))
+                if (e.get("objectRef") or {}).get("namespace") == ns
+                and (e.get("objectRef") or {}).get("subresource") == "status"
+                and (e.get("objectRef") or {}).get("resource") == "computedomains"
+            ]
+
+        allocate_claim(rest, ns, template, b_node, "b")
+        wait_for(
+            lambda: (
+                [r["name"] for r in rest.get(COMPUTE_DOMAINS, "stale", ns)["status"]["nodes"]]
+                == [b_node]
+            ),
+            what="b joins with index 0",
+        )
+        seen = len(status_patches())
+        allocate_claim(rest, ns, template, a_node, "a")
+        wait_for(lambda: len(status_patches()) > seen, what="a status write attempted for a")
         time.sleep(0.5)
-        # Another writer (a newer leader) moves on: node b left, its row is gone.
-        live = rest.get(COMPUTE_DOMAINS, "stale", ns)
-        kept = [r for r in live["status"]["nodes"] if r["name"] == nodes[0]]
-        rest.patch(COMPUTE_DOMAINS, "stale", {"status": {"nodes": kept}}, ns, sub="status")
-        fresh = rest.get(COMPUTE_DOMAINS, "stale", ns)["status"]["nodes"]
-        rows_before = [(r["name"], r["index"]) for r in fresh]
-        # The old replica, from its stale cache, must not write its stale view back.
-        with contextlib.suppress(ApiError):  # a 409 is a fine answer too
-            controller.reconcile_domain(f"{ns}/stale")
-        after = rest.get(COMPUTE_DOMAINS, "stale", ns)["status"]["nodes"]
-        assert [(r["name"], r["index"]) for r in after] == rows_before
+        rows = rest.get(COMPUTE_DOMAINS, "stale", ns)["status"]["nodes"]
+        assert [(r["name"], r["index"]) for r in rows if r["name"] == b_node] == [(b_node, 0)]
+        refused = [e for e in status_patches()[seen:] if e["responseStatus"]["code"] == 409]
+        assert refused, "the stale write was not made conditional"
 
 
 # -- point 8: claim status keeps other drivers' entries ---------------------------------------
@@ -503,7 +517,17 @@ def test_a_pinned_domain_selects_only_its_fabric_until_it_holds_nothing(
 
 def test_channels_exhausted_reaches_status(control_plane: ControlPlane, rest: Rest) -> None:
     ns, driver_ns = _ns(control_plane, "cd-exh"), unique("cd-system")
-    with running_controller(control_plane, driver_ns, leader_election=False, channel_count=1):
+    # Other tests' domains and claims share this API server: size the range so that exactly
+    # one id is free.
+    held = {
+        ch
+        for o in rest.list(COMPUTE_DOMAINS)["items"]
+        for ch in o.get("status", {}).get("channels", [])
+    }
+    held |= {ch for c in rest.list(CLAIMS)["items"] if (ch := channel_of(c)) is not None}
+    count = next(n for n in range(1, 2049) if len(set(range(n)) - held) == 1)
+    free = (set(range(count)) - held).pop()
+    with running_controller(control_plane, driver_ns, leader_election=False, channel_count=count):
         rest.create(COMPUTE_DOMAINS, domain_body("first", mode="host"), ns)
         _wait_channel(rest, ns, "first")
         rest.create(COMPUTE_DOMAINS, domain_body("second", mode="host"), ns)
@@ -518,7 +542,7 @@ def test_channels_exhausted_reaches_status(control_plane: ControlPlane, rest: Re
         assert not rest.get(COMPUTE_DOMAINS, "second", ns)["status"].get("channels")
         rest.delete(COMPUTE_DOMAINS, "first", ns)
         wait_for(
-            lambda: rest.get(COMPUTE_DOMAINS, "second", ns)["status"].get("channels") == [0],
+            lambda: rest.get(COMPUTE_DOMAINS, "second", ns)["status"].get("channels") == [free],
             what="the freed channel goes to the waiting domain",
         )
 
