@@ -50,6 +50,7 @@ from fabricdra.api import computedomain as cd
 from fabricdra.api import labels as node_labels
 from fabricdra.api.rest import (
     CLAIM_TEMPLATES,
+    CLAIMS,
     COMPUTE_DOMAINS,
     DEVICE_CLASSES,
     NODES,
@@ -99,8 +100,23 @@ def _publish_nodes(cp: ControlPlane, names: list[str], fabrics: int) -> None:
         NodePublisher(api, name).sync(found, devices)
         # After the publisher (which owns the fabricdra.io/ labels it discovers; the sample is
         # an HGX node without a multi-node fabric): the simulated rack membership.
-        labels = {cd.PLUGIN_NODE_LABEL: "true", node_labels.FABRIC_DOMAIN: f"fabric-{i % fabrics}"}
+        labels = {
+            cd.PLUGIN_NODE_LABEL: "true",
+            node_labels.FABRIC_DOMAIN: f"fabric-{i % fabrics}",
+            "kubernetes.io/hostname": name,  # as a kubelet sets it (the pods' anti-affinity)
+        }
         rest.patch(NODES, name, {"metadata": {"labels": labels}})
+
+
+def _install_crds(rest: Rest) -> None:
+    """The node agent's NodeDevices CRD (the ComputeDomain one comes from install_crd)."""
+    crds = Kind("apiextensions.k8s.io", "v1", "customresourcedefinitions", False)
+    for path in sorted((DEVICE_CLASS_DIR.parent / "crds").glob("*.yaml")):
+        try:
+            rest.create(crds, yaml.safe_load(path.read_text()))
+        except ApiError as e:
+            if not e.conflict:
+                raise
 
 
 def _install_device_classes(rest: Rest) -> None:
@@ -253,8 +269,6 @@ def _bound(rest: Rest, ns: str) -> dict[str, str]:
 
 def _sched_rate(rest: Rest, ns: str, count: int, aligned: bool) -> float:
     """Pods bound per second, from the first creation to the last bind."""
-    from fabricdra.api.rest import CLAIMS
-
     prefix = "a" if aligned else "g"
     start = time.perf_counter()
     for i in range(count):
@@ -269,7 +283,49 @@ def _sched_rate(rest: Rest, ns: str, count: int, aligned: bool) -> float:
     return round(count / (time.perf_counter() - start), 1)
 
 
+def _stuck(rest: Rest, bound: int, total: int, ready: int) -> str:
+    """What is in the way, when the run does not finish."""
+    why: dict[str, int] = {}
+    for pod in rest.list(PODS, "jobs")["items"]:
+        for c in pod.get("status", {}).get("conditions", []) or []:
+            if c["type"] == "PodScheduled" and c["status"] != "True":
+                key = str(c.get("message", c.get("reason", "")))[:160]
+                why[key] = why.get(key, 0) + 1
+    domains = {
+        o["metadata"]["name"]: (condition(o, cd.READY) or {}).get("message", "")[:120]
+        for o in rest.list(COMPUTE_DOMAINS, "jobs")["items"]
+    }
+    claims = {
+        c["metadata"]["name"]: sorted(
+            r.get("pool", "")
+            for r in ((c.get("status") or {}).get("allocation") or {})
+            .get("devices", {})
+            .get("results", [])
+        )
+        for c in rest.list(CLAIMS, "jobs")["items"]
+    }
+    return json.dumps(
+        {
+            "bound": bound,
+            "pods": total,
+            "ready": ready,
+            "pending": why,
+            "domains": domains,
+            "claims": claims,
+        }
+    )
+
+
+def _quiet_logs() -> None:
+    import logging
+
+    import structlog
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    _quiet_logs()
     with tempfile.TemporaryDirectory(prefix="fabricdra-scale-") as tmp:
         cp = ControlPlane(Path(tmp) / "cp")
         cp.start()
@@ -284,6 +340,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             kcm.start()
             rest = Rest(cp.api_client())
             install_crd(rest)
+            _install_crds(rest)
             _install_device_classes(rest)
             out: dict[str, Any] = {
                 "nodes": args.nodes,
@@ -329,7 +386,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         ready_at.setdefault(obj["metadata"]["name"], now)
                 return bool(len(bound_at) >= total and len(ready_at) >= args.domains)
 
-            _until(progress, timeout=args.timeout, step=0.5)
+            try:
+                _until(progress, timeout=args.timeout, step=0.5)
+            except TimeoutError:
+                raise TimeoutError(_stuck(rest, len(bound_at), total, len(ready_at))) from None
             out["all_bound_s"] = round(max(bound_at.values()), 1)
             out["all_ready_s"] = round(max(ready_at.values()), 1)
             lags = [
