@@ -586,20 +586,26 @@ def test_a_gang_is_admitted_together(control_plane: ControlPlane, rest: Rest) ->
 def test_an_incomplete_gang_is_released_after_the_timeout(
     control_plane: ControlPlane, rest: Rest
 ) -> None:
+    """numNodes=3 with only 2 allocations: after the gang timeout both held claims are
+    released together (one released alone would keep the job pinned to its partial place)."""
     ns, driver_ns = _ns(control_plane, "cd-gangto"), unique("cd-system")
-    node = unique("gang-lone")
-    create_plugin_node(control_plane, node, "fabric-gangto")
+    nodes = [unique("gang-part"), unique("gang-part")]
+    for n in nodes:
+        create_plugin_node(control_plane, n, "fabric-gangto")
     with running_controller(
-        control_plane, driver_ns, leader_election=False, gang_timeout_seconds=1.0
+        control_plane, driver_ns, leader_election=False, gang_timeout_seconds=2.0
     ):
-        rest.create(COMPUTE_DOMAINS, domain_body("lone", mode="host", num_nodes=3), ns)
-        template = _workload_template(rest, _wait_channel(rest, ns, "lone"))
-        allocate_claim(rest, ns, template, node, "l0", binding_conditions=True)
-        released = wait_for(
-            lambda: _conds(rest, ns, "l0").get(cd.CONFLICT_CONDITION), what="released"
-        )
-        assert released["reason"] == "GangTimeout"
-        assert cd.ADMITTED_CONDITION not in _conds(rest, ns, "l0")
+        rest.create(COMPUTE_DOMAINS, domain_body("part", mode="host", num_nodes=3), ns)
+        template = _workload_template(rest, _wait_channel(rest, ns, "part"))
+        for i, n in enumerate(nodes):
+            allocate_claim(rest, ns, template, n, f"p{i}", binding_conditions=True)
+        for claim in ("p0", "p1"):
+            released = wait_for(
+                lambda claim=claim: _conds(rest, ns, claim).get(cd.CONFLICT_CONDITION),
+                what=f"{claim} released",
+            )
+            assert released["reason"] == "GangTimeout"
+            assert cd.ADMITTED_CONDITION not in _conds(rest, ns, claim)
 
 
 # -- point 13: the size limit comes from the fabric -------------------------------------------

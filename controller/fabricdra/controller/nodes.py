@@ -100,8 +100,9 @@ class NodeReconciler:
     ) -> tuple[list[str], list[str]]:
         """Gang admission for domains with numNodes: a claim is admitted only once claims of
         its domain are allocated on numNodes nodes of this fabric domain, so two jobs never
-        hold each other's nodes half-admitted; a claim held longer than the gang timeout is
-        released (conflict) so the nodes go back to the pool. Returns (admit, timed out)."""
+        hold each other's nodes half-admitted; when a gang has waited longer than the gang
+        timeout, all its held claims are released (conflict) together, so the nodes go back to
+        the pool and the job is placed again as a whole. Returns (admit, timed out)."""
         c = self.c
         admit, timed_out = [], []
         for key in keys:
@@ -117,17 +118,18 @@ class NodeReconciler:
                 for n in c.ownership.nodes_of(domain_uid(claim))
                 if node_fabric(c.nodes.get(n) or {}) == fabric
             }
+            gang = (domain_uid(claim), fabric)
             if len(members) >= want:
-                c.ownership.gang_done(key)
+                c.ownership.gang_done(key, gang)
                 admit.append(key)
                 for n in members - {node}:  # their held claims can go too
                     c.node_queue.add(n)
                 continue
-            waited = c.ownership.gang_waiting(key)
-            left = c.config.gang_timeout_seconds - waited
-            if left <= 0:
-                c.ownership.gang_done(key)
+            left = c.ownership.gang_hold(key, gang, c.config.gang_timeout_seconds)
+            if left is None:
                 timed_out.append(key)
+                for n in members - {node}:  # the whole gang is released, not just this one
+                    c.node_queue.add(n)
             else:
                 c.node_queue.add_after(node, left + 0.05)
         return admit, timed_out

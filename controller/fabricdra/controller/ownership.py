@@ -27,6 +27,8 @@ class Ownership:
         self._keys: dict[str, str] = {}  # domain UID -> "namespace/name"
         self._waiting_for_channel: set[str] = set()  # domain keys refused a channel
         self._gang_since: dict[str, float] = {}  # claim key -> monotonic time first held
+        self._gang_start: dict[tuple[str, str], float] = {}  # (uid, fabric) -> timer start
+        self._gang_cut: dict[tuple[str, str], float] = {}  # (uid, fabric) -> last release
 
     # -- nodes -----------------------------------------------------------------------------
     def owner(self, node: str) -> str:
@@ -82,15 +84,32 @@ class Ownership:
             return self._keys.get(uid)
 
     # -- gangs -----------------------------------------------------------------------------
-    def gang_waiting(self, claim_key: str) -> float:
-        """Seconds this claim has been held for its gang (0 the first time it is asked)."""
+    # One timer per gang (domain, fabric domain), started when its first claim is held: when it
+    # runs out, every claim held before that moment is released together, so the whole job is
+    # placed again (releasing claims one by one would leave the rest pinning the job there).
+    def gang_hold(self, claim_key: str, gang: tuple[str, str], timeout: float) -> float | None:
+        """Hold `claim_key` for `gang`: seconds left to wait, or None when it must be
+        released now (the gang's time ran out, now or for an earlier cut)."""
         now = time.monotonic()
         with self._lock:
-            return now - self._gang_since.setdefault(claim_key, now)
+            held_at = self._gang_since.setdefault(claim_key, now)
+            cut = self._gang_cut.get(gang)
+            if cut is not None and held_at <= cut:
+                self._gang_since.pop(claim_key, None)
+                return None
+            start = self._gang_start.setdefault(gang, held_at)
+            left = start + timeout - now
+            if left > 0:
+                return left
+            self._gang_cut[gang] = now
+            self._gang_start.pop(gang, None)
+            self._gang_since.pop(claim_key, None)
+            return None
 
-    def gang_done(self, claim_key: str) -> None:
+    def gang_done(self, claim_key: str, gang: tuple[str, str]) -> None:
         with self._lock:
             self._gang_since.pop(claim_key, None)
+            self._gang_start.pop(gang, None)
 
     # -- channels --------------------------------------------------------------------------
     def channel_for(self, uid: str, key: str, held: Callable[[], Iterable[int]], count: int) -> int:
