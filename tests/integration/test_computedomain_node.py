@@ -8,6 +8,7 @@ import json
 import os
 import socket
 import stat
+import time
 from pathlib import Path
 
 import grpc
@@ -36,6 +37,7 @@ from .computedomain_helpers import (
     create_plugin_node,
     domain_body,
     install_crd,
+    report_daemon,
     running_controller,
     unique,
     wait_gone,
@@ -89,10 +91,25 @@ def test_prepare_injects_exactly_the_domains_channel(
                 proc_root=roots["proc"],
                 dev_root=roots["dev"],
                 fabric_domain="rack-7",
+                imex_wait_seconds=1.0,
             ),
         )
 
         ref = allocate_claim(rest, ns, template, node, "train-0")
+        # IMEX is not READY on this node yet: refused after the bounded wait, nothing written.
+        with pytest.raises(PrepareError, match=r"IMEX .* is not ready on node"):
+            driver.prepare(ref)
+        assert driver.checkpoint.get(ref.uid) is None
+        assert not (roots["cdi"] / f"fabricdra.io-compute-domain_{ref.uid}.json").exists()
+        uid = domain["metadata"]["uid"]
+        report_daemon(rest, driver_ns, uid, node, ready=True, message="READY", ip="10.0.0.7")
+        wait_for(
+            lambda: any(
+                r["name"] == node and r["ready"]
+                for r in rest.get(COMPUTE_DOMAINS, "train", ns)["status"].get("nodes", [])
+            ),
+            what="the node's IMEX reported READY",
+        )
         prepared = driver.prepare(ref)
         assert [(p.pool_name, p.device_name) for p in prepared] == [(node, cd.CHANNEL_DEVICE)]
         spec_file = roots["cdi"] / f"fabricdra.io-compute-domain_{ref.uid}.json"
@@ -194,6 +211,7 @@ def test_host_mode_prepare_checks_the_host_imex_service(
             dev_root=roots["dev"],
             imex_ctl=str(STAND_INS / "nvidia-imex-ctl"),
             imex_ctl_args=("-c", str(roots["plugin"] / "host.cfg"), "-q"),
+            imex_wait_seconds=1.0,
         )
         port = _free_port()
         roots["plugin"].mkdir(parents=True, exist_ok=True)
@@ -306,7 +324,9 @@ def test_imex_daemon_reports_through_the_controller(
             wait_for(ready, what="Ready=True", timeout=30)
             obj = rest.get(COMPUTE_DOMAINS, "sim", ns)
             assert obj["status"]["nodes"][0]["ipAddress"] == "127.0.0.1"
-            assert (tmp_path / "imexd" / "nodes.cfg").read_text() == "127.0.0.1\n"
+            names = (tmp_path / "imexd" / "nodes.cfg").read_text().splitlines()
+            assert names[0] == "fabricdra-imex-0"
+            assert "127.0.0.1\tfabricdra-imex-0" in (tmp_path / "imexd" / "hosts").read_text()
             assert condition(obj, cd.DEGRADED)["status"] == "False"  # type: ignore[index]
         finally:
             good.supervisor.stop()
@@ -384,3 +404,66 @@ def test_plugin_process_reports_the_host_imex_service(
         _, err = proc.communicate(timeout=30)
         shutil.rmtree(sockets, ignore_errors=True)
     assert proc.returncode == 0, err.decode()
+
+
+def test_imex_daemon_watches_its_domain_instead_of_polling(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """Point 14: one LIST+WATCH (field selector on the name), no GET per interval; and the
+    readiness file the DaemonSet's probe checks follows IMEX's READY."""
+    import threading
+    import uuid
+
+    rest = Rest(control_plane.api_client())
+    install_crd(rest)
+    ns, driver_ns = unique("cd-watch"), unique("cd-system")
+    control_plane.create_namespace(ns)
+    node = unique("watcher")
+    create_plugin_node(control_plane, node, fabric="rack-w")
+    with running_controller(control_plane, driver_ns):
+        rest.create(COMPUTE_DOMAINS, domain_body("w", rct="w-imex", num_nodes=1), ns)
+        template = wait_for(lambda: rest.get_or_none(CLAIM_TEMPLATES, "w-imex", ns), what="rct")
+        uid = template["metadata"]["labels"][cd.DOMAIN_LABEL]
+        allocate_claim(rest, ns, template, node, "w-0")
+        agent = f"imex-daemon-test-{uuid.uuid4().hex[:8]}"
+        api = control_plane.api_client()
+        api.user_agent = agent
+        settings = ImexSettings(
+            config_dir=tmp_path / "imexd",
+            imex_bin=str(STAND_INS / "nvidia-imex"),
+            imex_ctl=str(STAND_INS / "nvidia-imex-ctl"),
+            cmd_port=_free_port(),
+        )
+        daemon = ImexDaemon(
+            Rest(api),
+            DaemonIdentity(node, "127.0.0.1", ns, "w", uid, driver_ns),
+            ImexSupervisor(settings),
+        )
+        stop = threading.Event()
+        runner = threading.Thread(target=daemon.run, args=(stop, 0.2), daemon=True)
+        runner.start()
+        try:
+            wait_for(
+                lambda: (
+                    (condition(rest.get(COMPUTE_DOMAINS, "w", ns), cd.READY) or {}).get("status")
+                    == "True"
+                ),
+                what="Ready through the watching daemon",
+                timeout=30,
+            )
+            assert (settings.config_dir / "ready").exists()
+            time.sleep(1.0)  # five more intervals: none may read the domain again
+        finally:
+            stop.set()
+            runner.join(timeout=20)
+        assert not (settings.config_dir / "ready").exists()
+        seen = [
+            e
+            for e in control_plane.audit_events(user_agent=agent)
+            if (e.get("objectRef") or {}).get("resource") == "computedomains"
+        ]
+        verbs = [e["verb"] for e in seen]
+        assert "watch" in verbs
+        assert "get" not in verbs
+        rest.delete(COMPUTE_DOMAINS, "w", ns)
+        wait_gone(lambda: rest.get_or_none(COMPUTE_DOMAINS, "w", ns), "w deleted")

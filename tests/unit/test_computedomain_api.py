@@ -49,7 +49,7 @@ def test_defaults_and_optional_node_count() -> None:
     [
         (_spec(imexMode="shared"), "imexMode"),
         (_spec(numNodes=0), "numNodes"),
-        (_spec(numNodes=19), "numNodes"),
+        (_spec(numNodes=1025), "numNodes"),
         ({"channel": {"resourceClaimTemplate": {"name": "Bad_Name"}}}, "name"),
         (
             {"channel": {"resourceClaimTemplate": {"name": "x"}, "allocationMode": "Some"}},

@@ -196,13 +196,19 @@ def test_host_mode_surfaces_the_host_imex_report() -> None:
     cond = {c.type: c for c in st.conditions}
     assert (cond[cd.READY].status, cond[cd.DEGRADED].reason) == ("False", "ImexError")
     assert "UNAVAILABLE" in cond[cd.DEGRADED].message
-    st, _ = status.compute(host, _obs(["n1"], {}), "t0")  # no report: prepare still checks
+    # No report from the node plugin: not ready (unknown is not READY), and it says so.
+    st, _ = status.compute(host, _obs(["n1"], {}), "t0")
+    cond = {c.type: c for c in st.conditions}
+    assert (cond[cd.READY].status, cond[cd.DAEMONS_READY].reason) == ("False", "WaitingForDaemons")
+    assert st.nodes[0].ready is False
+    up = status.DaemonReport(True, "host IMEX service READY")
+    st, _ = status.compute(host, _obs(["n1"], {"n1": up}), "t0")
     cond = {c.type: c for c in st.conditions}
     assert (cond[cd.READY].status, cond[cd.DAEMONS_READY].reason) == ("True", "HostManaged")
 
 
 def test_a_claim_speaks_only_for_a_domain_of_its_own_namespace() -> None:
-    from fabricdra.controller.manager import _claim_views
+    from fabricdra.controller.claims import claim_views as _claim_views
 
     def claim(namespace: str) -> dict[str, object]:
         return {
@@ -234,3 +240,22 @@ def test_a_claim_speaks_only_for_a_domain_of_its_own_namespace() -> None:
     # must not hold the node for A.
     (forged,) = _claim_views(claim("team-b"), "n1", domains)
     assert forged.domain == ""
+
+
+def test_a_domain_too_large_for_its_fabric_says_so() -> None:
+    d = _domain(channels=[1])
+    obs = status.Observed(True, "ok", [], {}, too_large="numNodes 40 cannot fit: …")
+    st, _ = status.compute(d, obs, "t0")
+    cond = {c.type: c for c in st.conditions}
+    assert (cond[cd.READY].status, cond[cd.READY].reason) == ("False", "FabricTooSmall")
+
+
+def test_a_silent_daemon_degrades_the_domain() -> None:
+    d = _domain(channels=[1]).model_copy(deep=True)
+    d.spec.numNodes = None
+    silent = status.DaemonReport(False, "no heartbeat for 41s", silent=True)
+    st, _ = status.compute(d, _obs(["n1"], {"n1": silent}), "t0")
+    cond = {c.type: c for c in st.conditions}
+    assert (cond[cd.DEGRADED].status, cond[cd.DEGRADED].reason) == ("True", "DaemonUnresponsive")
+    assert cond[cd.DAEMONS_READY].reason == "DaemonUnresponsive"
+    assert st.nodes[0].ready is False

@@ -63,8 +63,8 @@ def test_peers_are_this_fabric_domain_by_index() -> None:
             ]
         }
     }
-    assert peers_of(domain, "b") == ["10.0.0.1", "10.0.0.2"]
-    assert peers_of(domain, "unknown") == []
+    assert peers_of(domain, "b") == {0: "10.0.0.1", 1: "10.0.0.2"}
+    assert peers_of(domain, "unknown") == {}
 
 
 def _free_port() -> int:
@@ -88,7 +88,9 @@ def supervisor(tmp_path: Path) -> Iterator[ImexSupervisor]:
     sup.stop()
 
 
-def _until_ready(sup: ImexSupervisor, peers: list[str], timeout: float = 10) -> str:
+def _until_ready(
+    sup: ImexSupervisor, peers: list[str] | dict[int, str], timeout: float = 10
+) -> str:
     deadline = time.monotonic() + timeout
     state = sup.step(peers)
     while not state.ready and time.monotonic() < deadline:
@@ -100,29 +102,71 @@ def _until_ready(sup: ImexSupervisor, peers: list[str], timeout: float = 10) -> 
 
 def test_writes_config_starts_imex_and_reports_ready(supervisor: ImexSupervisor) -> None:
     _until_ready(supervisor, ["10.0.0.1", "10.0.0.2"])
-    assert supervisor.nodes_path.read_text() == "10.0.0.1\n10.0.0.2\n"
+    # Stable names, one per slot; the names resolve through our block of the hosts file.
+    names = supervisor.nodes_path.read_text().splitlines()
+    assert names == [f"fabricdra-imex-{i}" for i in range(18)]
+    hosts = supervisor.hosts_path.read_text()
+    assert "10.0.0.1\tfabricdra-imex-0\n10.0.0.2\tfabricdra-imex-1\n" in hosts
     cfg = supervisor.config_path.read_text()
     assert f"IMEX_NODE_CONFIG_FILE={supervisor.nodes_path}" in cfg
     assert "IMEX_CMD_ENABLED=1" in cfg
 
 
-def test_new_peer_restarts_imex_with_the_new_list(supervisor: ImexSupervisor) -> None:
-    _until_ready(supervisor, ["10.0.0.1"])
-    first = supervisor._proc
-    _until_ready(supervisor, ["10.0.0.1", "10.0.0.3"])
-    assert supervisor._proc is not first
-    assert supervisor.nodes_path.read_text() == "10.0.0.1\n10.0.0.3\n"
+def _fake_state(path: Path) -> dict[str, object]:
+    import json
+
+    doc: dict[str, object] = json.loads(path.read_text())
+    return doc
 
 
-def test_imex_failure_is_reported_with_its_message(supervisor: ImexSupervisor) -> None:
-    state = supervisor.step(["not-an-ip"])
+def test_a_join_reloads_imex_in_place(
+    supervisor: ImexSupervisor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A peer joining or changing its IP is a SIGUSR1 (re-resolve), never a restart: the
+    process, and the memory peers imported through it, stay."""
+    state_file = tmp_path / "fake-imex.json"
+    monkeypatch.setenv("FAKE_IMEX_STATE_FILE", str(state_file))
+    _until_ready(supervisor, {0: "10.0.0.1"})
+    first = supervisor.pid()
+    assert _fake_state(state_file)["reloads"] == 0
+    _until_ready(supervisor, {0: "10.0.0.1", 2: "10.0.0.3"})
+    assert supervisor.pid() == first
+    assert supervisor.reloads == 1
+    deadline = time.monotonic() + 10
+    while _fake_state(state_file)["reloads"] != 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    seen = _fake_state(state_file)
+    assert seen["pid"] == first
+    assert seen["peers"]["fabricdra-imex-2"] == "10.0.0.3"  # type: ignore[index]
+    assert seen["peers"]["fabricdra-imex-1"] is None  # type: ignore[index]
+    # Nothing changed: nothing is sent.
+    _until_ready(supervisor, {0: "10.0.0.1", 2: "10.0.0.3"})
+    assert supervisor.reloads == 1
+
+
+def test_a_node_missing_from_status_for_a_moment_keeps_imex(supervisor: ImexSupervisor) -> None:
+    _until_ready(supervisor, ["10.0.0.1", "10.0.0.2"])
+    first = supervisor.pid()
+    state = supervisor.step([])
+    assert not state.ready
+    assert "keeps running" in state.message
+    assert supervisor.pid() == first
+    _until_ready(supervisor, ["10.0.0.1", "10.0.0.2"])
+    assert supervisor.pid() == first
+
+
+def test_imex_failure_is_reported_with_its_message(
+    supervisor: ImexSupervisor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_IMEX_EXIT_AFTER", "0.2")
+    state = supervisor.step(["10.0.0.1"])
     deadline = time.monotonic() + 10
     while "exited" not in state.message and time.monotonic() < deadline:
         time.sleep(0.1)
-        state = supervisor.step(["not-an-ip"])
+        state = supervisor.step(["10.0.0.1"])
     assert not state.ready
-    assert "exited with status 1" in state.message
-    assert "invalid node address" in state.message
+    assert "exited with status 3" in state.message
+    assert "lost connection" in state.message
 
 
 def test_missing_binary_is_a_clear_state_not_a_crash(tmp_path: Path) -> None:
@@ -172,3 +216,39 @@ def test_imex_daemon_check_is_the_readiness_probe(
     _until_ready(supervisor, ["10.0.0.1"])
     assert main(probe) == 0
     assert capsys.readouterr().out.strip() == "READY"
+
+
+def test_imex_daemon_gets_the_drivers_imex_and_the_fabric_capability(tmp_path: Path) -> None:
+    """Point 1: the host driver's nvidia-imex / nvidia-imex-ctl (read-only) and the
+    fabric-imex-mgmt capability device, laid out as the driver lays them out."""
+    from fabricdra.kubeletplugin.computedomain.imexfiles import imex_injection
+
+    root = tmp_path / "run-nvidia-driver"  # as the GPU operator mounts it
+    (root / "usr" / "bin").mkdir(parents=True)
+    for name in ("nvidia-imex", "nvidia-imex-ctl"):
+        (root / "usr" / "bin" / name).write_text("#!/bin/sh\n")
+    proc = tmp_path / "proc"
+    (proc / "driver" / "nvidia" / "capabilities").mkdir(parents=True)
+    (proc / "driver" / "nvidia" / "capabilities" / "fabric-imex-mgmt").write_text(
+        "DeviceFileMinor: 7\nDeviceFileMode: 256\nDeviceFileModify: 1\n"
+    )
+    (proc / "devices").write_text(
+        "Character devices:\n195 nvidia\n237 nvidia-caps-imex-channels\n238 nvidia-caps\n\n"
+        "Block devices:\n238 not-this-one\n"
+    )
+    got = imex_injection(Path("/run/nvidia/driver"), root, proc)
+    assert got.missing == ()
+    assert [(m.host_path, m.container_path) for m in got.mounts] == [
+        ("/run/nvidia/driver/usr/bin/nvidia-imex", "/usr/bin/nvidia-imex"),
+        ("/run/nvidia/driver/usr/bin/nvidia-imex-ctl", "/usr/bin/nvidia-imex-ctl"),
+    ]
+    assert all("ro" in m.options for m in got.mounts)
+    (node,) = got.device_nodes
+    assert (node.path, node.major, node.minor) == ("/dev/nvidia-caps/nvidia-cap7", 238, 7)
+
+    # A driver without IMEX: nothing made up, and what is missing is named.
+    bare = imex_injection(Path("/"), tmp_path / "empty", tmp_path / "noproc")
+    assert bare.mounts == ()
+    assert bare.device_nodes == ()
+    assert any("nvidia-imex" in m for m in bare.missing)
+    assert any("fabric-imex-mgmt" in m for m in bare.missing)

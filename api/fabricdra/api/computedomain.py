@@ -66,7 +66,9 @@ HOST_REPORT = "host"
 # The IMEX channel range of one host IMEX domain (`nvidia-caps-imex-channels` minors).
 CHANNEL_COUNT = 2048
 # GB200/GB300 NVL72: 18 compute trays per NVLink domain, hence at most 18 IMEX peers.
-MAX_NODES_PER_IMEX_DOMAIN = 18
+# A guard against typos only: the real limit is the fabric's (the controller compares numNodes
+# with the node count of the NVLink fabric domain; an NVL72 rack has 18 compute trays).
+MAX_NODES_PER_DOMAIN = 1024
 
 AllocationMode = Literal["Single", "All"]
 ImexMode = Literal["managed", "host"]
@@ -107,9 +109,10 @@ class ComputeDomainSpec(_Model):
     numNodes: int | None = Field(
         default=None,
         ge=1,
-        le=MAX_NODES_PER_IMEX_DOMAIN,
+        le=MAX_NODES_PER_DOMAIN,
         description="Expected node count. Optional: when set, Ready waits for that many ready "
-        "nodes; when unset, Ready means every node that joined is ready.",
+        "nodes and the domain's claims are admitted together once that many are allocated in "
+        "one NVLink fabric domain; when unset, Ready means every node that joined is ready.",
     )
     imexMode: ImexMode = Field(
         default="managed",

@@ -11,7 +11,9 @@ watch event, keeps fields newer than the client library, and sends exactly the d
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -23,6 +25,7 @@ JSON = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 STRATEGIC_PATCH = "application/strategic-merge-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"  # server-side apply (a JSON body is valid YAML)
 
 
 @dataclass(frozen=True)
@@ -151,8 +154,10 @@ class Rest:
         return doc
 
     # -- verbs ---------------------------------------------------------------------------
-    def get(self, kind: Kind, name: str, namespace: str | None = None) -> JSON:
-        return self.call("GET", kind.path(namespace, name))
+    def get(
+        self, kind: Kind, name: str, namespace: str | None = None, *, timeout: float = 30.0
+    ) -> JSON:
+        return self.call("GET", kind.path(namespace, name), timeout=timeout)
 
     def get_or_none(self, kind: Kind, name: str, namespace: str | None = None) -> JSON | None:
         """The object, or None when it does not exist."""
@@ -174,8 +179,10 @@ class Rest:
         query = {"labelSelector": label_selector, "fieldSelector": field_selector}
         return self.call("GET", kind.path(namespace), query=query)
 
-    def create(self, kind: Kind, body: JSON, namespace: str | None = None) -> JSON:
-        return self.call("POST", kind.path(namespace), body=body)
+    def create(
+        self, kind: Kind, body: JSON, namespace: str | None = None, *, timeout: float = 30.0
+    ) -> JSON:
+        return self.call("POST", kind.path(namespace), body=body, timeout=timeout)
 
     def patch(
         self,
@@ -186,9 +193,36 @@ class Rest:
         *,
         sub: str = "",
         content_type: str = MERGE_PATCH,
+        timeout: float = 30.0,
     ) -> JSON:
         return self.call(
-            "PATCH", kind.path(namespace, name, sub), body=patch, content_type=content_type
+            "PATCH",
+            kind.path(namespace, name, sub),
+            body=patch,
+            content_type=content_type,
+            timeout=timeout,
+        )
+
+    def apply(
+        self,
+        kind: Kind,
+        name: str,
+        body: JSON,
+        namespace: str | None = None,
+        *,
+        field_manager: str,
+        sub: str = "",
+        force: bool = True,
+    ) -> JSON:
+        """Server-side apply: `body` states exactly the fields `field_manager` owns; fields of
+        other managers (other drivers' entries of a list-map) are left alone."""
+        query = {"fieldManager": field_manager, "force": "true" if force else None}
+        return self.call(
+            "PATCH",
+            kind.path(namespace, name, sub),
+            query=query,
+            body=body,
+            content_type=APPLY_PATCH,
         )
 
     def replace(self, kind: Kind, name: str, body: JSON, namespace: str | None = None) -> JSON:
@@ -213,6 +247,7 @@ class Rest:
         *,
         namespace: str | None = None,
         label_selector: str | None = None,
+        field_selector: str | None = None,
         timeout_seconds: int = 300,
     ) -> Iterator[JSON]:
         """Events after `resource_version` until the server closes the stream."""
@@ -222,6 +257,7 @@ class Rest:
             "allowWatchBookmarks": "true",
             "timeoutSeconds": timeout_seconds,
             "labelSelector": label_selector,
+            "fieldSelector": field_selector,
         }
         resp = self._send(
             "GET", kind.path(namespace), query, None, "application/json", (10, timeout_seconds + 30)
@@ -239,6 +275,89 @@ class Rest:
             raise ApiError(0, str(e)) from None
         finally:
             raw.release_conn()
+
+
+WriteHook = Callable[[Kind, str], None]  # (kind, verb) after a write the server accepted
+
+
+class CountingRest(Rest):
+    """The REST layer that counts every write the server accepted, by (resource, verb), in
+    one place: the controller and the node side use it, so "API writes per domain / per
+    node-minute" (bench/scale.py) and the Prometheus counter read the same numbers. A 409 or
+    404 answer changed nothing and is not counted; nor is a delete of something already gone."""
+
+    def __init__(self, api_client: Any, on_write: WriteHook | None = None) -> None:
+        super().__init__(api_client)
+        self._on_write = on_write
+        self._lock = threading.Lock()
+        self._counts: Counter[tuple[str, str]] = Counter()
+
+    def writes(self) -> dict[tuple[str, str], int]:
+        """(plural, verb) -> writes so far."""
+        with self._lock:
+            return dict(self._counts)
+
+    def total_writes(self) -> int:
+        with self._lock:
+            return sum(self._counts.values())
+
+    def _count(self, kind: Kind, verb: str) -> None:
+        with self._lock:
+            self._counts[(kind.plural, verb)] += 1
+        if self._on_write is not None:
+            self._on_write(kind, verb)
+
+    def create(
+        self, kind: Kind, body: JSON, namespace: str | None = None, *, timeout: float = 30.0
+    ) -> JSON:
+        out = super().create(kind, body, namespace, timeout=timeout)
+        self._count(kind, "create")
+        return out
+
+    def patch(
+        self,
+        kind: Kind,
+        name: str,
+        patch: Any,
+        namespace: str | None = None,
+        *,
+        sub: str = "",
+        content_type: str = MERGE_PATCH,
+        timeout: float = 30.0,
+    ) -> JSON:
+        out = super().patch(
+            kind, name, patch, namespace, sub=sub, content_type=content_type, timeout=timeout
+        )
+        self._count(kind, "patch")
+        return out
+
+    def apply(
+        self,
+        kind: Kind,
+        name: str,
+        body: JSON,
+        namespace: str | None = None,
+        *,
+        field_manager: str,
+        sub: str = "",
+        force: bool = True,
+    ) -> JSON:
+        out = super().apply(
+            kind, name, body, namespace, field_manager=field_manager, sub=sub, force=force
+        )
+        self._count(kind, "apply")
+        return out
+
+    def replace(self, kind: Kind, name: str, body: JSON, namespace: str | None = None) -> JSON:
+        out = super().replace(kind, name, body, namespace)
+        self._count(kind, "update")
+        return out
+
+    def delete(self, kind: Kind, name: str, namespace: str | None = None) -> bool:
+        gone = super().delete(kind, name, namespace)
+        if gone:
+            self._count(kind, "delete")
+        return gone
 
 
 def _message(body: Any) -> str:

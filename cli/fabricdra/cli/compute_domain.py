@@ -36,6 +36,26 @@ def register(sub: Any) -> None:
         help="host IMEX mode: the host service's control tool [FABRICDRA_IMEX_CTL]",
     )
     a(
+        "--driver-root",
+        default=_env("DRIVER_ROOT", "/"),
+        help="host path of the NVIDIA driver install, whose nvidia-imex and nvidia-imex-ctl "
+        "IMEX daemons get (default /; /run/nvidia/driver with the GPU operator) "
+        "[FABRICDRA_DRIVER_ROOT]",
+    )
+    a(
+        "--container-driver-root",
+        default=_env("CONTAINER_DRIVER_ROOT"),
+        help="where this plugin sees --driver-root (default: the same path) "
+        "[FABRICDRA_CONTAINER_DRIVER_ROOT]",
+    )
+    a(
+        "--imex-wait-seconds",
+        type=float,
+        default=float(_env("IMEX_WAIT_SECONDS", "20") or 20),
+        help="how long prepare waits for IMEX on this node to be READY before failing the "
+        "claim (kubelet retries; default 20, below kubelet's 45 s) [FABRICDRA_IMEX_WAIT_SECONDS]",
+    )
+    a(
         "--report-namespace",
         default=_env("REPORT_NAMESPACE", "fabricdra-system"),
         help="namespace of the host IMEX report Lease: the controller's "
@@ -80,7 +100,21 @@ def register(sub: Any) -> None:
         "--interval",
         type=float,
         default=float(_env("IMEX_INTERVAL", "2") or 2),
-        help="seconds between passes (default 2) [FABRICDRA_IMEX_INTERVAL]",
+        help="seconds between IMEX health passes; domain changes are watched, not polled "
+        "(default 2) [FABRICDRA_IMEX_INTERVAL]",
+    )
+    b(
+        "--hosts-file",
+        default=_env("IMEX_HOSTS_FILE", "/etc/hosts"),
+        help="hosts file that resolves the IMEX peer names (default /etc/hosts) "
+        "[FABRICDRA_IMEX_HOSTS_FILE]",
+    )
+    b(
+        "--max-peers",
+        type=int,
+        default=int(_env("IMEX_MAX_PEERS", "18") or 18),
+        help="peer name slots in IMEX's nodes config (default 18: an NVL72 rack) "
+        "[FABRICDRA_IMEX_MAX_PEERS]",
     )
     d.set_defaults(run=run_daemon)
 
@@ -91,6 +125,11 @@ def run_plugin(args: argparse.Namespace) -> int:
 
     if not args.node_name:
         raise UsageError("--node-name (or FABRICDRA_NODE_NAME) is required")
+    if not 0 <= args.imex_wait_seconds <= 40:
+        raise UsageError(
+            f"--imex-wait-seconds must be between 0 and 40 (kubelet's deadline is 45 s), "
+            f"got {args.imex_wait_seconds}"
+        )
     config = PluginConfig(
         node_name=args.node_name,
         cdi_dir=Path(args.cdi_dir),
@@ -99,6 +138,9 @@ def run_plugin(args: argparse.Namespace) -> int:
         proc_root=Path(args.proc_root),
         dev_root=Path(args.dev_root),
         imex_ctl=args.imex_ctl,
+        imex_wait_seconds=args.imex_wait_seconds,
+        driver_root=Path(args.driver_root),
+        driver_root_view=Path(args.container_driver_root) if args.container_driver_root else None,
         report_namespace=args.report_namespace,
         host_imex_interval=args.host_imex_interval,
     )
@@ -121,12 +163,16 @@ def run_daemon(args: argparse.Namespace) -> int:
         imex_bin=args.imex_bin,
         imex_ctl=args.imex_ctl,
         bind_ip=args.pod_ip,
+        hosts_file=Path(args.hosts_file),
+        max_peers=args.max_peers,
     )
     supervisor = ImexSupervisor(settings)
     if args.check:
         state = supervisor.query()
         print(state.message)
         return 0 if state.ready else 1
+    if args.max_peers < 1:
+        raise UsageError(f"--max-peers must be at least 1, got {args.max_peers}")
     missing = [
         f
         for f in ("node_name", "domain_name", "domain_namespace", "domain_uid")

@@ -64,6 +64,27 @@ def register(sub: Any) -> None:
         help="this replica's name in the leader Lease (default hostname-pid) [FABRICDRA_IDENTITY]",
     )
     a(
+        "--lease-seconds",
+        type=float,
+        default=float(_env("LEASE_SECONDS", "15") or 15),
+        help="leader Lease duration; a leader that cannot renew for 2/3 of it stops (default "
+        "15) [FABRICDRA_LEASE_SECONDS]",
+    )
+    a(
+        "--imex-channel-count",
+        type=int,
+        default=int(_env("IMEX_CHANNEL_COUNT", "2048") or 2048),
+        help="IMEX channels the nodes' nvidia driver offers (its NVreg_ImexChannelCount; "
+        "default 2048) [FABRICDRA_IMEX_CHANNEL_COUNT]",
+    )
+    a(
+        "--gang-timeout-seconds",
+        type=float,
+        default=float(_env("GANG_TIMEOUT_SECONDS", "300") or 300),
+        help="a domain with numNodes: how long its claims wait at binding for the whole gang "
+        "before they are released (default 300) [FABRICDRA_GANG_TIMEOUT_SECONDS]",
+    )
+    a(
         "--metrics-port",
         type=int,
         default=int(_env("METRICS_PORT", "8080") or 0),
@@ -83,6 +104,16 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--workers must be at least 1, got {args.workers}")
     if args.resync_seconds <= 0:
         raise UsageError(f"--resync-seconds must be positive, got {args.resync_seconds}")
+    if args.gang_timeout_seconds <= 0:
+        raise UsageError(
+            f"--gang-timeout-seconds must be positive, got {args.gang_timeout_seconds}"
+        )
+    if args.lease_seconds < 3:
+        raise UsageError(f"--lease-seconds must be at least 3, got {args.lease_seconds}")
+    if not 1 <= args.imex_channel_count <= 2048:
+        raise UsageError(
+            f"--imex-channel-count must be between 1 and 2048, got {args.imex_channel_count}"
+        )
     api = api_client(args.kubeconfig)
     cfg = ControllerConfig(
         namespace=args.namespace,
@@ -90,6 +121,9 @@ def run(args: argparse.Namespace) -> int:
         domain_workers=args.workers,
         resync_seconds=args.resync_seconds,
         leader_election=args.leader_elect == "true",
+        lease_seconds=args.lease_seconds,
+        channel_count=args.imex_channel_count,
+        gang_timeout_seconds=args.gang_timeout_seconds,
         **({"identity": args.identity} if args.identity else {}),
     )
     if args.metrics_port:

@@ -30,10 +30,12 @@ class Informer:
         *,
         namespace: str | None = None,
         label_selector: str | None = None,
+        field_selector: str | None = None,
         resync: float = 300.0,
     ) -> None:
         self.rest, self.kind = rest, kind
         self.namespace, self.label_selector, self.resync = namespace, label_selector, resync
+        self.field_selector = field_selector
         self._store: dict[str, JSON] = {}
         self._lock = threading.Lock()
         self._handlers: list[Handler] = []
@@ -77,7 +79,12 @@ class Informer:
                 log.exception("informer handler failed")
 
     def _relist(self) -> str:
-        listing = self.rest.list(self.kind, self.namespace, label_selector=self.label_selector)
+        listing = self.rest.list(
+            self.kind,
+            self.namespace,
+            label_selector=self.label_selector,
+            field_selector=self.field_selector,
+        )
         fresh = {key_of(o): o for o in listing.get("items", [])}
         with self._lock:
             old = self._store
@@ -118,6 +125,7 @@ class Informer:
             version,
             namespace=self.namespace,
             label_selector=self.label_selector,
+            field_selector=self.field_selector,
             timeout_seconds=max(1, int(self.resync)),
         )
         for event in stream:

@@ -77,7 +77,8 @@ NODE_PLUGIN: list[Rule] = [
 ]
 
 IMEX_DAEMON: list[Rule] = [
-    {"apiGroups": [cd.GROUP], "resources": ["computedomains"], "verbs": ["get"]},
+    # list/watch: the daemon watches its one domain (field selector on the name).
+    {"apiGroups": [cd.GROUP], "resources": ["computedomains"], "verbs": ["get", "list", "watch"]},
     {
         "apiGroups": ["coordination.k8s.io"],
         "resources": ["leases"],

@@ -33,6 +33,7 @@ class DaemonReport:
     ready: bool
     message: str = ""
     ip: str = ""
+    silent: bool = False  # its Lease missed its heartbeat (liveness.py): the node may be off
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,10 @@ class Observed:
     objects_message: str
     held: Sequence[HeldNode]
     reports: Mapping[str, DaemonReport]
-    fabric_conflicts: Sequence[str] = ()
+    fabric_conflicts: Sequence[str] = ()  # claims of the domain allocated outside its fabric
+    objects_reason: str = "CreatingObjects"  # Ready's reason while objects_ready is False
+    unpin: bool = False  # no node and no allocated claim left: the fabric domain is free again
+    too_large: str = ""  # why numNodes can never fit one fabric domain ("" when it can)
 
 
 @dataclass(frozen=True)
@@ -65,8 +69,8 @@ def node_rows(domain: ComputeDomain, obs: Observed) -> list[NodeStatus]:
             taken.add(index)
         report = obs.reports.get(held.name)
         if host_mode and report is None:
-            # No report from the node plugin (yet): prepare still checks the host service.
-            ready, message = True, "IMEX is run by the host (no report from the node plugin)"
+            # No report is not READY: the node plugin has not said the host's IMEX serves.
+            ready, message = False, "waiting for the node plugin's report on the host IMEX"
         elif report is None:
             ready, message = False, "waiting for the IMEX daemon to report"
         else:
@@ -116,6 +120,8 @@ def compute(
     want = domain.spec.numNodes
     ready_rows = [r for r in rows if r.ready]
     not_ready = [r for r in rows if not r.ready]
+    held_names = {h.name for h in obs.held}
+    silent = sorted(n for n, rep in obs.reports.items() if rep.silent and n in held_names)
 
     if domain.spec.imexMode == "host" and not not_ready:
         daemons = (
@@ -127,6 +133,8 @@ def compute(
     elif not_ready:
         failing = [r for r in not_ready if r.message and not r.message.startswith("waiting")]
         reason = "ImexNotReady" if failing else "WaitingForDaemons"
+        if silent:
+            reason = "DaemonUnresponsive"
         detail = "; ".join(f"{r.name}: {r.message}" for r in not_ready[:10])
         daemons = (False, reason, f"{len(ready_rows)}/{len(rows)} IMEX daemons ready; {detail}")
     elif want is not None and len(rows) < want:
@@ -135,7 +143,9 @@ def compute(
         daemons = (True, "AllDaemonsReady", f"{len(rows)} IMEX daemon(s) ready")
 
     if not obs.objects_ready:
-        ready = (False, "CreatingObjects", obs.objects_message)
+        ready = (False, obs.objects_reason, obs.objects_message)
+    elif obs.too_large:
+        ready = (False, "FabricTooSmall", obs.too_large)
     elif not daemons[0]:
         ready = (False, daemons[1], daemons[2])
     elif want is not None and len(ready_rows) < want:
@@ -154,7 +164,15 @@ def compute(
         if r.message and not r.message.startswith("waiting")
     ]
     if obs.fabric_conflicts:
-        degraded = (True, "FabricConflict", "; ".join(obs.fabric_conflicts))
+        degraded = (True, "FabricConflict", "; ".join(obs.fabric_conflicts[:10]))
+    elif silent:
+        degraded = (
+            True,
+            "DaemonUnresponsive",
+            "no heartbeat from the IMEX daemon (or host report) of "
+            + ", ".join(silent[:10])
+            + "; the node may be down",
+        )
     elif errors:
         degraded = (True, "ImexError", "; ".join(errors[:10]))
     else:
@@ -170,7 +188,9 @@ def compute(
             "conditions": conditions,
             "nodes": rows,
             "observedGeneration": gen,
-            "fabricDomain": domain.status.fabricDomain
+            "fabricDomain": ""
+            if obs.unpin and not rows
+            else domain.status.fabricDomain
             or next((r.fabricDomain for r in rows if r.fabricDomain), ""),
         }
     )

@@ -5,8 +5,11 @@ prepare(claim):
    opaque configuration the controller put in the claim template (domain, channel);
 2. checks, before touching anything: the claim's namespace is the domain's (workload claims),
    the domain exists with that UID, the channel in the claim is the one the domain holds, the
-   host can provide the channel (major in /proc/devices), and in host mode that the host's
-   IMEX service answers READY;
+   host can provide the channel (major in /proc/devices), and that IMEX on this node is READY
+   (managed mode: this node's row in the domain's status is ready, i.e. its IMEX daemon
+   reported READY; host mode: the host's IMEX service answers READY). IMEX not ready yet is
+   waited for, up to `imex_wait_seconds` (well inside kubelet's 45 s prepare deadline), outside
+   the driver's lock; then the claim fails with a clear error and kubelet retries it;
 3. creates the host channel device node if missing, writes the claim's CDI spec (atomic), then
    records the claim in the checkpoint; if the checkpoint write fails the spec is removed, so a
    claim is never left half-prepared.
@@ -18,8 +21,10 @@ unprepare(claim) removes exactly what the checkpoint says the claim created.
 from __future__ import annotations
 
 import contextlib
+import logging
 import subprocess
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +44,9 @@ from fabricdra.kubeletplugin.kubelet.cdi import (
 from fabricdra.kubeletplugin.kubelet.checkpoint import Checkpoint, ClaimEntry
 
 from .channels import ChannelError, ChannelNode, ensure_host_node, imex_major
+from .imexfiles import imex_injection
+
+log = logging.getLogger("fabricdra.compute-domain-plugin")
 
 CDI_KIND = "fabricdra.io/compute-domain"
 JSON = dict[str, Any]
@@ -54,6 +62,9 @@ class NodeConfig:
     fabric_domain: str = ""  # this node's fabricdra.io/fabric.domain ("" = no NVLink fabric)
     imex_ctl: str = "nvidia-imex-ctl"  # host mode: the host IMEX service's control tool
     imex_ctl_args: tuple[str, ...] = field(default=("-q",))
+    imex_wait_seconds: float = 20.0  # how long prepare waits for IMEX to become READY
+    driver_root: Path = Path("/")  # host path of the NVIDIA driver install (CDI mount source)
+    driver_root_view: Path | None = None  # where this plugin sees it (None: driver_root)
 
 
 class ComputeDomainDriver:
@@ -71,6 +82,7 @@ class ComputeDomainDriver:
 
     # -- prepare -------------------------------------------------------------------------
     def prepare(self, claim: ClaimRef) -> Sequence[PreparedDevice]:
+        self._await_imex(claim)  # before the lock: a wait must not hold up other claims
         with self._lock:
             obj = self._claim(claim)
             results = self._results(obj)
@@ -106,6 +118,46 @@ class ComputeDomainDriver:
             self.checkpoint.put(ClaimEntry(claim.uid, claim.namespace, claim.name, (str(path),)))
             self.cdi.write(claim.uid, CdiSpec(kind=CDI_KIND, devices=tuple(devices)))
             return prepared
+
+    def _imex_state(self, claim: ClaimRef) -> tuple[bool, str]:
+        """Is IMEX on this node ready for the claim's workload channels? (True for claims
+        that need none: daemon claims, or managed mode on a node without a fabric, where
+        nothing is imported.)"""
+        obj = self._claim(claim)
+        for result in self._results(obj):
+            if result["device"] != cd.CHANNEL_DEVICE:
+                continue
+            params = self._params(obj, result)
+            if params.get("imexMode") == "host":
+                return self.host_imex()
+            if not self.config.fabric_domain:
+                continue  # no multi-node fabric here: nothing is imported through IMEX
+            domain = self._domain(claim, params)
+            rows = domain.get("status", {}).get("nodes", []) or []
+            row = next((r for r in rows if r.get("name") == self.config.node_name), None)
+            if row is None:
+                return False, (
+                    f"IMEX of ComputeDomain {params.get('domainName')} is not ready on node "
+                    f"{self.config.node_name}: the node is not in the domain's status yet"
+                )
+            if not row.get("ready"):
+                return False, (
+                    f"IMEX of ComputeDomain {params.get('domainName')} is not ready on node "
+                    f"{self.config.node_name}: {row.get('message') or 'no report yet'}"
+                )
+        return True, ""
+
+    def _await_imex(self, claim: ClaimRef) -> None:
+        deadline = time.monotonic() + self.config.imex_wait_seconds
+        while True:
+            ready, message = self._imex_state(claim)
+            if ready:
+                return
+            if time.monotonic() >= deadline:
+                raise PrepareError(
+                    f"{message} (waited {self.config.imex_wait_seconds:.0f}s; kubelet retries)"
+                )
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
     def _claim(self, claim: ClaimRef) -> JSON:
         try:
@@ -176,7 +228,7 @@ class ComputeDomainDriver:
                     f"claim {claim} asks for all IMEX channels of a host-mode domain: the "
                     "host's channels are shared by every domain on it"
                 )
-            self._check_host_imex()
+            self._check_host_imex()  # again: it may have gone since the wait
         env = (
             f"FABRICDRA_COMPUTE_DOMAIN={params['domainName']}",
             f"FABRICDRA_COMPUTE_DOMAIN_UID={params['domainUID']}",
@@ -226,8 +278,15 @@ class ComputeDomainDriver:
             f"FABRICDRA_DOMAIN_NAMESPACE={params['namespace']}",
             f"FABRICDRA_FABRIC_DOMAIN={self.config.fabric_domain}",
         )
+        cfg = self.config
+        view = cfg.driver_root_view or cfg.driver_root
+        imex = imex_injection(cfg.driver_root, view, cfg.proc_root)
+        if imex.missing:
+            log.warning("IMEX daemon prepared without: %s", "; ".join(imex.missing))
         return ContainerEdits(
-            env=env, mounts=(Mount(str(folder), "/imexd", ("rw", "nosuid", "nodev", "bind")),)
+            env=env,
+            mounts=(Mount(str(folder), "/imexd", ("rw", "nosuid", "nodev", "bind")), *imex.mounts),
+            device_nodes=imex.device_nodes,
         )
 
     def host_imex(self) -> tuple[bool, str]:

@@ -1,11 +1,17 @@
 """Running NVIDIA IMEX for one ComputeDomain on one node (no API calls here).
 
 `ImexSupervisor.step(peers)` is one pass of the daemon loop: it writes the IMEX config and
-the nodes config (the domain's peer IPs, one per line, in index order) atomically, starts the
-`nvidia-imex` process or restarts it when the peer list changed (IMEX reads its nodes file at
-start), restarts it with a backoff when it died, and asks `nvidia-imex-ctl -q` whether the local
-daemon is READY. It returns a `State` the caller reports; on a host without the IMEX binary the
-state says so instead of failing silently.
+the nodes config, starts the `nvidia-imex` process, restarts it with a backoff when it died, and
+asks `nvidia-imex-ctl -q` whether the local daemon is READY. It returns a `State` the caller
+reports; on a host without the IMEX binary the state says so instead of failing silently.
+
+Joins reload in place, never restart (as NVIDIA's daemon does): the nodes config lists stable
+peer *names*, one per index slot (`fabricdra-imex-<index>`, `max_peers` of them), fixed for the
+daemon's life; the names resolve through a block this supervisor keeps in the hosts file.
+A peer joining, leaving or changing its IP rewrites only that block and sends IMEX `SIGUSR1`,
+which makes it resolve its peers again; the connections to the other peers, and the memory
+they imported, stay. Before, every join rewrote the nodes file and restarted IMEX on every node
+(18 nodes joining one by one: 153 restarts, each dropping the peers' imports).
 
 The interface used is IMEX's documented one: `nvidia-imex -c <config>` with
 `IMEX_NODE_CONFIG_FILE`, `SERVER_PORT`, `IMEX_CMD_ENABLED`/`IMEX_CMD_PORT` in the config, and
@@ -19,7 +25,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +46,10 @@ class ImexSettings:
     bind_ip: str = ""
     server_port: int = 50000
     cmd_port: int = 50005
+    # Where the peer names resolve: the CLI passes the pod's /etc/hosts (kubelet's per-pod
+    # copy, writable); None = `hosts` in config_dir (tests, and a safe default).
+    hosts_file: Path | None = None
+    max_peers: int = 18  # name slots in the nodes config: an NVL72 rack's compute trays
     restart_backoff: tuple[float, ...] = field(default=(0.5, 1.0, 2.0, 5.0, 10.0))
 
 
@@ -61,8 +71,37 @@ def render_config(settings: ImexSettings) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_nodes(peers: Sequence[str]) -> str:
-    return "".join(f"{ip}\n" for ip in peers)
+HOSTS_BEGIN = "# fabricdra imex-daemon peers: begin (rewritten on every change)"
+HOSTS_END = "# fabricdra imex-daemon peers: end"
+
+
+def peer_name(index: int) -> str:
+    return f"fabricdra-imex-{index}"
+
+
+def render_nodes(slots: int) -> str:
+    return "".join(f"{peer_name(i)}\n" for i in range(slots))
+
+
+def render_hosts(current: str, peers: Mapping[int, str]) -> str:
+    """`current` with our block replaced by one line per known peer (the rest kept as is)."""
+    kept, inside = [], False
+    for line in current.splitlines():
+        if line == HOSTS_BEGIN:
+            inside = True
+        elif line == HOSTS_END:
+            inside = False
+        elif not inside:
+            kept.append(line)
+    block = [HOSTS_BEGIN, *(f"{ip}\t{peer_name(i)}" for i, ip in sorted(peers.items())), HOSTS_END]
+    return "\n".join([*kept, *block]) + "\n"
+
+
+def as_slots(peers: Mapping[int, str] | Sequence[str]) -> dict[int, str]:
+    """Peers by index slot; a plain list counts from 0."""
+    if isinstance(peers, Mapping):
+        return dict(peers)
+    return dict(enumerate(peers))
 
 
 class ImexSupervisor:
@@ -72,7 +111,9 @@ class ImexSupervisor:
         self.nodes_path = settings.config_dir / "nodes.cfg"
         self.stderr_path = settings.config_dir / "nvidia-imex.stderr"
         self._proc: subprocess.Popen[bytes] | None = None
-        self._peers: tuple[str, ...] | None = None
+        self._peers: dict[int, str] | None = None
+        self._slots = 0
+        self.reloads = 0  # SIGUSR1s sent (joins, leaves, IP changes): for tests and logs
         self._failures = 0
         self._next_start = 0.0
         self._last_exit = ""
@@ -82,8 +123,8 @@ class ImexSupervisor:
             return name if os.access(name, os.X_OK) else None
         return shutil.which(name)
 
-    def step(self, peers: Sequence[str]) -> State:
-        """One pass; `peers` are the domain's node IPs (this node included), in index order."""
+    def step(self, peers: Mapping[int, str] | Sequence[str]) -> State:
+        """One pass; `peers`: the domain's node IPs (this node included) by index slot."""
         binary = self._find(self.settings.imex_bin)
         if binary is None:
             self.stop()
@@ -93,17 +134,33 @@ class ImexSupervisor:
                 "binary (install the NVIDIA IMEX package or use imexMode: host)",
             )
         if not peers:
-            self.stop()
+            if self.running():
+                # Missing from status.nodes for a moment (a controller failover, a stale
+                # read): stopping IMEX would drop every peer's imports; keep the last peers.
+                return State(
+                    False,
+                    "this node is missing from the domain's status.nodes; "
+                    "IMEX keeps running with its last peers",
+                )
             return State(False, "waiting for the controller to list this node's peers")
-        peers = tuple(peers)
+        slots_by_index = as_slots(peers)
         self.settings.config_dir.mkdir(parents=True, exist_ok=True)
         write_atomic(self.config_path, render_config(self.settings).encode())
-        if peers != self._peers:
-            write_atomic(self.nodes_path, render_nodes(peers).encode())
+        slots = max(self.settings.max_peers, max(slots_by_index) + 1)
+        if slots != self._slots:
+            # More peers than slots (a domain larger than the fabric was thought to be): the
+            # only change that needs a restart, as IMEX reads its nodes file at start.
+            write_atomic(self.nodes_path, render_nodes(slots).encode())
             if self._proc is not None:
-                self.stop()  # IMEX reads its nodes file at start
+                self.stop()
                 self._next_start = 0.0
-            self._peers = peers
+            self._slots = slots
+        if slots_by_index != self._peers:
+            self._write_hosts(slots_by_index)
+            if self._proc is not None and self._proc.poll() is None:
+                self._proc.send_signal(signal.SIGUSR1)  # re-resolve the peers; keep the rest
+                self.reloads += 1
+            self._peers = slots_by_index
         if self._proc is not None and self._proc.poll() is not None:
             code = self._proc.returncode
             err = _tail(self.stderr_path).strip().splitlines()
@@ -133,6 +190,27 @@ class ImexSupervisor:
         elif self._last_exit:
             return State(False, f"{self._last_exit}; now: {ready.message}")
         return ready
+
+    @property
+    def hosts_path(self) -> Path:
+        return self.settings.hosts_file or self.settings.config_dir / "hosts"
+
+    def _write_hosts(self, peers: Mapping[int, str]) -> None:
+        path = self.hosts_path
+        try:
+            current = path.read_text()
+        except FileNotFoundError:
+            current = ""
+        # In place, not by rename: in a pod /etc/hosts is a bind mount, which a rename over
+        # it cannot replace.
+        with path.open("w") as f:
+            f.write(render_hosts(current, peers))
+
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def pid(self) -> int | None:
+        return self._proc.pid if self.running() and self._proc is not None else None
 
     def query(self) -> State:
         """`nvidia-imex-ctl -c <config> -q`: READY or what it said instead."""

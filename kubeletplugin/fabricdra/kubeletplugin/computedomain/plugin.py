@@ -38,6 +38,9 @@ class PluginConfig:
     proc_root: Path = Path("/proc")
     dev_root: Path = Path("/dev")
     imex_ctl: str = "nvidia-imex-ctl"
+    imex_wait_seconds: float = 20.0  # prepare's bound on waiting for a READY IMEX
+    driver_root: Path = Path("/")  # host path of the NVIDIA driver install
+    driver_root_view: Path | None = None  # where this plugin sees driver_root (None: same)
     report_namespace: str = "fabricdra-system"
     host_imex_interval: float = 30.0  # 0: no host IMEX report
 
@@ -58,6 +61,9 @@ class ComputeDomainPlugin:
                 dev_root=config.dev_root,
                 fabric_domain=self.node_labels.get(labels.FABRIC_DOMAIN, ""),
                 imex_ctl=config.imex_ctl,
+                imex_wait_seconds=config.imex_wait_seconds,
+                driver_root=config.driver_root,
+                driver_root_view=config.driver_root_view,
             ),
         )
         self.server = PluginServer(

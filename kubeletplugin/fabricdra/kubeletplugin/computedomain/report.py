@@ -1,11 +1,15 @@
 """How an IMEX daemon reports to the controller: one Lease per (domain, node) in the driver's
-namespace, annotated with its state. Each daemon writes only its own object, and only when its
-state changes, so a thousand daemons never contend for one status (the controller folds the
-reports into the ComputeDomain's status as its single writer)."""
+namespace, annotated with its state. Each daemon writes only its own object, so a thousand
+daemons never contend for one status (the controller folds the reports into the
+ComputeDomain's status as its single writer). The annotations change only when the state
+does; `spec.renewTime` is also renewed as a heartbeat (like a kubelet's node Lease) when the
+report declares `leaseDurationSeconds`: the controller marks a report that misses it silent
+(the node may be off)."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from fabricdra.api import computedomain as cd
 from fabricdra.api.rest import LEASES, ApiError, Rest
@@ -25,8 +29,12 @@ def write_report(
     message: str = "",
     ip: str = "",
     name: str | None = None,
+    lease_seconds: int | None = None,
+    renew: bool = False,
 ) -> bool:
-    """Create or update the report; returns False when it already said exactly this."""
+    """Create or update the report; returns False when it already said exactly this (and
+    `renew` is not asked: a heartbeat rewrites renewTime even when nothing else changed).
+    `lease_seconds`: the heartbeat promise, `spec.leaseDurationSeconds`."""
     name = name or lease_name(domain_uid, node)
     annotations = {
         cd.REPORT_READY: "true" if ready else "false",
@@ -40,7 +48,7 @@ def write_report(
     except ApiError as e:
         if not e.not_found:
             raise
-        body = {
+        body: dict[str, Any] = {
             "metadata": {
                 "name": name,
                 "namespace": namespace,
@@ -49,16 +57,20 @@ def write_report(
             },
             "spec": {"holderIdentity": node, "renewTime": now},
         }
+        if lease_seconds is not None:
+            body["spec"]["leaseDurationSeconds"] = lease_seconds
         rest.create(LEASES, body, namespace)
         return True
-    if all(live["metadata"].get("annotations", {}).get(k) == v for k, v in annotations.items()):
-        return False
-    rest.patch(
-        LEASES,
-        name,
-        {"metadata": {"annotations": annotations}, "spec": {"renewTime": now}},
-        namespace,
+    same = all(live["metadata"].get("annotations", {}).get(k) == v for k, v in annotations.items())
+    same_promise = lease_seconds is None or (
+        live.get("spec", {}).get("leaseDurationSeconds") == lease_seconds
     )
+    if same and same_promise and not renew:
+        return False
+    spec: dict[str, object] = {"renewTime": now}
+    if lease_seconds is not None:
+        spec["leaseDurationSeconds"] = lease_seconds
+    rest.patch(LEASES, name, {"metadata": {"annotations": annotations}, "spec": spec}, namespace)
     return True
 
 

@@ -1,0 +1,446 @@
+"""ComputeDomains at fleet scale: a real kube-apiserver, kube-scheduler and
+kube-controller-manager (started here, stopped at exit), the controller as its own process,
+and simulated nodes without kubelets.
+
+Each simulated node is a Node object (compute-domain plugin label, one of `--fabrics` fabric
+domains) with the `devices.fabricdra.io` ResourceSlices our node agent publishes for the
+bundled sample node (8 GPUs, RDMA NICs), written through the real publisher code
+(NodePublisher.sync). Stand-in IMEX daemons report READY (and renew their report as the real
+daemon does) on every node the controller holds. Then `--domains` managed ComputeDomains of
+`--per-domain` nodes are created at once, each with `--per-domain` pods (one per node, kept in
+one fabric domain by podAffinity) claiming the domain's channel.
+
+Prints, as JSON:
+- nodes_setup_s: Nodes and their slices written (not a goal, for context);
+- all_bound_s / all_ready_s: domains created -> every pod bound / every domain Ready;
+- ready_after_bound_s: the worst domain's Ready time minus its last pod's bind (goal < 30 s);
+- writes_per_domain: the controller's API writes (audit log, by its user agent) during the
+  burst, per domain;
+- steady_writes_per_domain / steady_writes_per_node_minute: its writes over `--steady`
+  seconds once all are Ready (goal 0);
+- sched_gpu_only_pods_per_s / sched_aligned_pods_per_s / aligned_ratio: scheduler
+  throughput for `--sched-pods` pods with "1 GPU" claims, then as many with "1 GPU + 1 NIC
+  on one pciRoot" claims, on the same nodes (goal: ratio >= 0.5);
+- controller_rss_mb: the controller process's peak RSS.
+
+    python -m bench.scale [--nodes 1000] [--fabrics 5] [--domains 50] [--per-domain 18]
+
+The defaults are the issue's figures; on a 2-core VM shared with other work, start smaller
+(`--nodes 100 --domains 5 --per-domain 4 --sched-pods 40`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from e2e.harness.controlplane import ControlPlane, KubeControllerManager, KubeScheduler
+from fabricdra.api import computedomain as cd
+from fabricdra.api import labels as node_labels
+from fabricdra.api.rest import (
+    CLAIM_TEMPLATES,
+    CLAIMS,
+    COMPUTE_DOMAINS,
+    DEVICE_CLASSES,
+    NODES,
+    PODS,
+    ApiError,
+    Kind,
+    Rest,
+)
+from fabricdra.controller.manager import USER_AGENT
+from fabricdra.kubeletplugin.computedomain.report import write_report
+from tests.integration.computedomain_helpers import condition, domain_body, install_crd
+
+WRITE_VERBS = ("create", "patch", "update", "delete")
+DEVICE_CLASS_DIR = Path(__file__).resolve().parents[1] / "api" / "deviceclasses"
+NODE_LEASES = Kind("coordination.k8s.io", "v1", "leases", True)
+SYSTEM = "fabricdra-system"
+
+
+def _until(check: Callable[[], Any], timeout: float, step: float = 0.2) -> float:
+    start = time.perf_counter()
+    while not check():
+        if time.perf_counter() - start > timeout:
+            raise TimeoutError("benchmark condition not reached")
+        time.sleep(step)
+    return time.perf_counter() - start
+
+
+def _publish_nodes(cp: ControlPlane, names: list[str], fabrics: int) -> None:
+    """Node objects with the sample node's slices, published by the real NodePublisher."""
+    from fabricdra.kubeletplugin.devices import build_devices
+    from fabricdra.kubeletplugin.discovery.node import discover
+    from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
+    from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
+    from fabricdra.kubeletplugin.publisher import NodePublisher
+    from fabricdra.kubeletplugin.samples import sample_node
+
+    with sample_node() as (sys_root, snapshot):
+        readings = load_snapshot(str(snapshot))
+        found = discover(SysfsTree(str(sys_root)), nvml_source=lambda: readings)
+    assert found.interfaces is not None
+    assert found.accelerators is not None
+    devices = build_devices(found.interfaces, found.accelerators)
+    api = cp.api_client()
+    rest = Rest(api)
+    for i, name in enumerate(names):
+        cp.create_node(name)
+        NodePublisher(api, name).sync(found, devices)
+        # After the publisher (which owns the fabricdra.io/ labels it discovers; the sample is
+        # an HGX node without a multi-node fabric): the simulated rack membership.
+        labels = {
+            cd.PLUGIN_NODE_LABEL: "true",
+            node_labels.FABRIC_DOMAIN: f"fabric-{i % fabrics}",
+            "kubernetes.io/hostname": name,  # as a kubelet sets it (the pods' anti-affinity)
+        }
+        rest.patch(NODES, name, {"metadata": {"labels": labels}})
+
+
+def _install_crds(rest: Rest) -> None:
+    """The node agent's NodeDevices CRD (the ComputeDomain one comes from install_crd)."""
+    crds = Kind("apiextensions.k8s.io", "v1", "customresourcedefinitions", False)
+    for path in sorted((DEVICE_CLASS_DIR.parent / "crds").glob("*.yaml")):
+        try:
+            rest.create(crds, yaml.safe_load(path.read_text()))
+        except ApiError as e:
+            if not e.conflict:
+                raise
+
+
+def _install_device_classes(rest: Rest) -> None:
+    for path in sorted(DEVICE_CLASS_DIR.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc:
+                try:
+                    rest.create(DEVICE_CLASSES, doc)
+                except ApiError as e:
+                    if not e.conflict:
+                        raise
+
+
+def _controller(cp: ControlPlane) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "FABRICDRA_METRICS_PORT": "0"}
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fabricdra.cli",
+            "controller",
+            "--kubeconfig",
+            str(cp.kubeconfig),
+            "--namespace",
+            SYSTEM,
+            "--leader-elect",
+            "false",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def _peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
+
+
+class StandInDaemons:
+    """What each node's IMEX daemon does for the controller: a READY report Lease on every node
+    the controller holds for a domain, renewed as the real daemon renews it."""
+
+    def __init__(self, rest: Rest, lease_seconds: int = 40) -> None:
+        self.rest, self.lease_seconds = rest, lease_seconds
+        self.stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        renewed: dict[tuple[str, str], float] = {}
+        while not self.stop.wait(1.0):
+            listing = self.rest.list(NODES, label_selector=cd.DOMAIN_LABEL)
+            now = time.monotonic()
+            for node in listing.get("items", []):
+                name = node["metadata"]["name"]
+                uid = node["metadata"]["labels"][cd.DOMAIN_LABEL]
+                last = renewed.get((uid, name))
+                if last is not None and now - last < self.lease_seconds / 3:
+                    continue
+                try:
+                    write_report(
+                        self.rest,
+                        SYSTEM,
+                        uid,
+                        name,
+                        ready=True,
+                        message="READY",
+                        ip=f"10.{hash(name) % 250}.0.1",
+                        lease_seconds=self.lease_seconds,
+                        renew=last is not None,
+                    )
+                    renewed[(uid, name)] = now
+                except ApiError:
+                    pass
+
+
+def _workload_pod(name: str, job: str, template: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": {"job": job}},
+        "spec": {
+            "affinity": {
+                "podAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": [
+                        {
+                            "labelSelector": {"matchLabels": {"job": job}},
+                            "topologyKey": node_labels.FABRIC_DOMAIN,
+                        }
+                    ]
+                },
+                "podAntiAffinity": {  # one pod per node, as a multi-node job runs
+                    "requiredDuringSchedulingIgnoredDuringExecution": [
+                        {
+                            "labelSelector": {"matchLabels": {"job": job}},
+                            "topologyKey": "kubernetes.io/hostname",
+                        }
+                    ]
+                },
+            },
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "registry.invalid/none",
+                    "resources": {"claims": [{"name": "imex"}]},
+                }
+            ],
+            "resourceClaims": [{"name": "imex", "resourceClaimTemplateName": template}],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+
+
+def _device_pod(name: str, aligned: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    requests: list[dict[str, Any]] = [
+        {"name": "gpu", "exactly": {"deviceClassName": "gpu.fabricdra.io"}}
+    ]
+    claim: dict[str, Any] = {"devices": {"requests": requests}}
+    if aligned:
+        requests.append({"name": "nic", "exactly": {"deviceClassName": "rdma.fabricdra.io"}})
+        claim["devices"]["constraints"] = [
+            {"requests": ["gpu", "nic"], "matchAttribute": "devices.fabricdra.io/pciRoot"}
+        ]
+    return {
+        "metadata": {"name": name, "labels": {"bench": "sched"}},
+        "spec": {
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "registry.invalid/none",
+                    "resources": {"claims": [{"name": "dev"}]},
+                }
+            ],
+            "resourceClaims": [{"name": "dev", "resourceClaimName": name}],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }, {"metadata": {"name": name}, "spec": claim}
+
+
+def _bound(rest: Rest, ns: str) -> dict[str, str]:
+    return {
+        p["metadata"]["name"]: p["spec"]["nodeName"]
+        for p in rest.list(PODS, ns)["items"]
+        if p["spec"].get("nodeName")
+    }
+
+
+def _sched_rate(rest: Rest, ns: str, count: int, aligned: bool) -> float:
+    """Pods bound per second, from the first creation to the last bind."""
+    prefix = "a" if aligned else "g"
+    start = time.perf_counter()
+    for i in range(count):
+        pod, claim = _device_pod(f"{prefix}-{i:04d}", aligned)
+        rest.create(CLAIMS, claim, ns)
+        rest.create(PODS, pod, ns)
+    _until(
+        lambda: sum(1 for p in _bound(rest, ns) if p.startswith(prefix)) >= count,
+        timeout=900,
+        step=0.1,
+    )
+    return round(count / (time.perf_counter() - start), 1)
+
+
+def _stuck(rest: Rest, bound: int, total: int, ready: int) -> str:
+    """What is in the way, when the run does not finish."""
+    why: dict[str, int] = {}
+    for pod in rest.list(PODS, "jobs")["items"]:
+        for c in pod.get("status", {}).get("conditions", []) or []:
+            if c["type"] == "PodScheduled" and c["status"] != "True":
+                key = str(c.get("message", c.get("reason", "")))[:160]
+                why[key] = why.get(key, 0) + 1
+    domains = {
+        o["metadata"]["name"]: (condition(o, cd.READY) or {}).get("message", "")[:120]
+        for o in rest.list(COMPUTE_DOMAINS, "jobs")["items"]
+    }
+    claims = {
+        c["metadata"]["name"]: sorted(
+            r.get("pool", "")
+            for r in ((c.get("status") or {}).get("allocation") or {})
+            .get("devices", {})
+            .get("results", [])
+        )
+        for c in rest.list(CLAIMS, "jobs")["items"]
+    }
+    return json.dumps(
+        {
+            "bound": bound,
+            "pods": total,
+            "ready": ready,
+            "pending": why,
+            "domains": domains,
+            "claims": claims,
+        }
+    )
+
+
+def _quiet_logs() -> None:
+    import logging
+
+    import structlog
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    _quiet_logs()
+    with tempfile.TemporaryDirectory(prefix="fabricdra-scale-") as tmp:
+        cp = ControlPlane(Path(tmp) / "cp")
+        cp.start()
+        scheduler, kcm = (
+            KubeScheduler(cp),
+            KubeControllerManager(cp, node_monitor_grace_period="8760h"),
+        )
+        controller: subprocess.Popen[bytes] | None = None
+        daemons: StandInDaemons | None = None
+        try:
+            scheduler.start()
+            kcm.start()
+            rest = Rest(cp.api_client())
+            install_crd(rest)
+            _install_crds(rest)
+            _install_device_classes(rest)
+            out: dict[str, Any] = {
+                "nodes": args.nodes,
+                "fabrics": args.fabrics,
+                "domains": args.domains,
+                "per_domain": args.per_domain,
+            }
+            names = [f"node-{i:04d}" for i in range(args.nodes)]
+            start = time.perf_counter()
+            _publish_nodes(cp, names, args.fabrics)
+            out["nodes_setup_s"] = round(time.perf_counter() - start, 1)
+
+            controller = _controller(cp)
+            daemons = StandInDaemons(rest)
+            daemons.start()
+            cp.create_namespace("jobs")
+            before = len(cp.audit_events(user_agent=USER_AGENT, verbs=WRITE_VERBS))
+            start = time.perf_counter()
+            for d in range(args.domains):
+                rest.create(
+                    COMPUTE_DOMAINS,
+                    domain_body(f"job{d:03d}", rct=f"job{d:03d}-imex", num_nodes=args.per_domain),
+                    "jobs",
+                )
+            _until(
+                lambda: len(rest.list(CLAIM_TEMPLATES, "jobs")["items"]) >= args.domains,
+                timeout=600,
+            )
+            for d in range(args.domains):
+                for p in range(args.per_domain):
+                    body = _workload_pod(f"job{d:03d}-{p:02d}", f"job{d:03d}", f"job{d:03d}-imex")
+                    rest.create(PODS, body, "jobs")
+            total = args.domains * args.per_domain
+            bound_at: dict[str, float] = {}
+            ready_at: dict[str, float] = {}
+
+            def progress() -> bool:
+                now = time.perf_counter() - start
+                for pod in _bound(rest, "jobs"):
+                    bound_at.setdefault(pod, now)
+                for obj in rest.list(COMPUTE_DOMAINS, "jobs")["items"]:
+                    if (condition(obj, cd.READY) or {}).get("status") == "True":
+                        ready_at.setdefault(obj["metadata"]["name"], now)
+                return bool(len(bound_at) >= total and len(ready_at) >= args.domains)
+
+            try:
+                _until(progress, timeout=args.timeout, step=0.5)
+            except TimeoutError:
+                raise TimeoutError(_stuck(rest, len(bound_at), total, len(ready_at))) from None
+            out["all_bound_s"] = round(max(bound_at.values()), 1)
+            out["all_ready_s"] = round(max(ready_at.values()), 1)
+            lags = [
+                ready_at[f"job{d:03d}"]
+                - max(bound_at[f"job{d:03d}-{p:02d}"] for p in range(args.per_domain))
+                for d in range(args.domains)
+            ]
+            out["ready_after_bound_s"] = round(max(lags), 1)
+            time.sleep(2.0)  # trailing writes land in the audit log
+            burst = len(cp.audit_events(user_agent=USER_AGENT, verbs=WRITE_VERBS))
+            out["writes_per_domain"] = round((burst - before) / args.domains, 1)
+
+            time.sleep(args.steady)
+            steady = len(cp.audit_events(user_agent=USER_AGENT, verbs=WRITE_VERBS)) - burst
+            out["steady_seconds"] = args.steady
+            out["steady_writes_per_domain"] = round(steady / args.domains, 2)
+            out["steady_writes_per_node_minute"] = round(
+                steady / args.nodes / (args.steady / 60), 4
+            )
+
+            cp.create_namespace("sched")
+            gpu_only = _sched_rate(rest, "sched", args.sched_pods, aligned=False)
+            aligned = _sched_rate(rest, "sched", args.sched_pods, aligned=True)
+            out["sched_gpu_only_pods_per_s"] = gpu_only
+            out["sched_aligned_pods_per_s"] = aligned
+            out["aligned_ratio"] = round(aligned / gpu_only, 2) if gpu_only else None
+            out["controller_rss_mb"] = _peak_rss_mb(controller.pid)
+            return out
+        finally:
+            if daemons is not None:
+                daemons.stop.set()
+            if controller is not None:
+                controller.terminate()
+                controller.wait(timeout=30)
+            kcm.stop()
+            scheduler.stop()
+            cp.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--fabrics", type=int, default=5)
+    parser.add_argument("--domains", type=int, default=50)
+    parser.add_argument("--per-domain", type=int, default=18)
+    parser.add_argument("--steady", type=float, default=60.0, help="seconds of steady state")
+    parser.add_argument("--sched-pods", type=int, default=200)
+    parser.add_argument("--timeout", type=float, default=1800.0)
+    args = parser.parse_args()
+    print(json.dumps(run(args), indent=2))
+
+
+if __name__ == "__main__":
+    main()

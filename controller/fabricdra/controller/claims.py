@@ -1,0 +1,101 @@
+"""Reading ResourceClaims and Nodes as the controller needs them (pure: dicts in, facts out)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fabricdra.api import computedomain as cd
+from fabricdra.api import labels as node_labels
+
+from . import admission
+
+JSON = dict[str, Any]
+
+
+def dev_key(d: JSON) -> tuple[str, str, str, str]:
+    """The list-map key of `status.devices` (and of allocation results)."""
+    return (d.get("driver", ""), d.get("pool", ""), d.get("device", ""), d.get("shareID", ""))
+
+
+def results(claim: JSON) -> list[JSON]:
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    return list((allocation.get("devices") or {}).get("results") or [])
+
+
+def claim_nodes(claim: JSON) -> set[str]:
+    """Nodes whose compute-domain devices the claim is allocated."""
+    return {r["pool"] for r in results(claim) if r.get("driver") == cd.DRIVER and r.get("pool")}
+
+
+def domain_uid(claim: JSON) -> str:
+    return str(claim["metadata"].get("labels", {}).get(cd.DOMAIN_LABEL, ""))
+
+
+def channel_of(claim: JSON) -> int | None:
+    """The IMEX channel an allocated workload claim carries in its opaque configuration
+    (copied from the domain's template), None for other claims."""
+    if not results(claim):
+        return None
+    for config in (claim.get("spec") or {}).get("devices", {}).get("config", []) or []:
+        opaque = config.get("opaque") or {}
+        params = opaque.get("parameters") or {}
+        if opaque.get("driver") == cd.DRIVER and params.get("kind") == cd.OPAQUE_KIND:
+            channel = params.get("channel")
+            if isinstance(channel, int):
+                return channel
+    return None
+
+
+def claim_views(
+    claim: JSON, node: str, domain_namespaces: dict[str, str]
+) -> list[admission.ClaimOnNode]:
+    """`domain_namespaces`: domain UID -> its namespace. A claim speaks only for a domain of its
+    own namespace: the domain label is the user's to set, so a claim elsewhere that names a
+    domain's UID counts as naming no domain, and can neither hold a node for it nor block one."""
+    meta = claim["metadata"]
+    domain = domain_uid(claim)
+    if domain_namespaces.get(domain) != meta["namespace"]:
+        domain = ""
+    status_ = claim.get("status") or {}
+    allocation = status_.get("allocation") or {}
+    devices = {dev_key(d): d for d in status_.get("devices", []) or []}
+    views = []
+    for r in results(claim):
+        if r.get("driver") != cd.DRIVER or r.get("pool") != node:
+            continue
+        if r.get("device") != cd.CHANNEL_DEVICE:
+            continue
+        conds = {
+            c.get("type"): c.get("status")
+            for c in devices.get(dev_key(r), {}).get("conditions", []) or []
+        }
+        if conds.get(cd.ADMITTED_CONDITION) == "True" or not r.get("bindingConditions"):
+            state = "admitted"
+        elif conds.get(cd.CONFLICT_CONDITION) == "True":
+            state = "conflict"
+        else:
+            state = "pending"
+        views.append(
+            admission.ClaimOnNode(
+                key=f"{meta['namespace']}/{meta['name']}",
+                domain=domain,
+                state=state,
+                since=str(
+                    allocation.get("allocationTimestamp") or meta.get("creationTimestamp", "")
+                ),
+            )
+        )
+    return views
+
+
+def node_fabric(node: JSON) -> str:
+    return str(node.get("metadata", {}).get("labels", {}).get(node_labels.FABRIC_DOMAIN, ""))
+
+
+def node_ip(node: JSON) -> str:
+    addresses = node.get("status", {}).get("addresses", []) or []
+    for kind in ("InternalIP", "ExternalIP"):
+        for a in addresses:
+            if a.get("type") == kind:
+                return str(a.get("address", ""))
+    return ""

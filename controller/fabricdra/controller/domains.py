@@ -1,0 +1,347 @@
+"""The domain reconciler (`namespace/name` keys): finalizer, IMEX channel, claim templates,
+DaemonSet, status. Every write is idempotent and checked against what exists, and the status
+write is conditional on the resourceVersion it was computed from, so a view from a stale
+cache is refused (409) instead of written back."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from fabricdra.api import computedomain as cd
+from fabricdra.api.computedomain import ComputeDomain
+from fabricdra.api.rest import (
+    CLAIM_TEMPLATES,
+    COMPUTE_DOMAINS,
+    DAEMON_SETS,
+    JSON_PATCH,
+    ApiError,
+    Kind,
+)
+
+from . import channels, metrics, objects, status
+from .claims import channel_of, claim_nodes, domain_uid, node_fabric, node_ip
+from .informer import Informer, key_of
+from .writes import now
+
+if TYPE_CHECKING:
+    from .manager import Controller
+
+log = logging.getLogger("fabricdra.controller")
+JSON = dict[str, Any]
+
+
+class NotOurs(Exception):
+    """An object the controller would create exists and carries another owner's label."""
+
+
+class DomainReconciler:
+    def __init__(self, controller: Controller) -> None:
+        self.c = controller
+
+    def reconcile(self, key: str) -> None:
+        c = self.c
+        obj = c.domains.get(key)
+        if obj is None:
+            return
+        try:
+            domain = ComputeDomain.model_validate(obj)
+        except ValidationError as e:  # the CRD's schema should have refused it
+            log.error("ComputeDomain %s is invalid: %s", key, e)
+            return
+        if domain.deleting:
+            self._finalize(domain)
+            return
+        if cd.FINALIZER not in domain.metadata.get("finalizers", []):
+            self._add_finalizer(domain)
+        try:
+            channel: int | None = self._ensure_channel(domain, key)
+        except channels.ChannelsExhausted as e:
+            channel = None
+            ready, reason, message = False, "ChannelsExhausted", str(e)
+        else:
+            assert channel is not None
+            ready, message = self._ensure_objects(domain, channel)
+            reason = "CreatingObjects"
+        self._update_status(domain, key, ready, reason, message, channel)
+        self._count_domains()
+
+    def _count_domains(self) -> None:
+        counts = {"True": 0, "False": 0, "Unknown": 0}
+        for obj in self.c.domains.items():
+            conds = obj.get("status", {}).get("conditions", []) or []
+            ready = next((c.get("status") for c in conds if c.get("type") == cd.READY), None)
+            counts[ready if ready in counts else "Unknown"] += 1
+        for value, n in counts.items():
+            metrics.DOMAINS.labels(value).set(n)
+
+    def _add_finalizer(self, domain: ComputeDomain) -> None:
+        finalizers = [*domain.metadata.get("finalizers", []), cd.FINALIZER]
+        # resourceVersion makes the merge patch conditional: a list is replaced whole.
+        patch = {
+            "metadata": {
+                "finalizers": finalizers,
+                "resourceVersion": domain.metadata["resourceVersion"],
+            }
+        }
+        self.c.rest.patch(COMPUTE_DOMAINS, domain.name, patch, domain.namespace)
+
+    def held_channels(self) -> list[int]:
+        """Channels no new domain may take: those recorded in live domains' statuses, and
+        those still carried by an allocated claim (its domain may be gone, its pods not)."""
+        held = [
+            ch
+            for o in self.c.domains.items()
+            for ch in o.get("status", {}).get("channels", []) or []
+        ]
+        for claim in self.c.claims.items():
+            ch = channel_of(claim)
+            if ch is not None:
+                held.append(ch)
+        return held
+
+    def _ensure_channel(self, domain: ComputeDomain, key: str) -> int:
+        """The domain's channel: the recorded one, else the lowest free id, reserved in memory
+        until the status write that records it (the same pass's status patch) is seen."""
+        own = self.c.ownership
+        if domain.status.channels:
+            own.recorded(domain.uid)
+            own.no_longer_waiting(key)
+            return domain.status.channels[0]
+        return own.channel_for(domain.uid, key, self.held_channels, self.c.config.channel_count)
+
+    def _ensure(self, kind: Kind, desired: JSON, cache: Informer) -> None:
+        rest = self.c.rest
+        meta = desired["metadata"]
+        ns = meta.get("namespace")
+        live = cache.get(f"{ns}/{meta['name']}" if ns else meta["name"])
+        if live is None and self.c.writer.create(kind, desired, ns) is not None:
+            return
+        if live is None:
+            live = rest.get(kind, meta["name"], ns)
+        mine = desired["metadata"]["labels"][cd.DOMAIN_LABEL]
+        if live["metadata"].get("labels", {}).get(cd.DOMAIN_LABEL) != mine:
+            raise NotOurs(f"{kind.plural}/{meta['name']} exists and belongs to something else")
+        if objects.differs(desired, live):
+            if kind is CLAIM_TEMPLATES:  # spec is immutable: replace it
+                rest.delete(kind, meta["name"], ns)
+                self.c.writer.create(kind, desired, ns)
+            else:
+                rest.patch(kind, meta["name"], desired, ns)
+
+    def _has_allocated_claims(self, domain: ComputeDomain) -> bool:
+        return any(
+            domain_uid(cl) == domain.uid
+            and cl["metadata"]["namespace"] == domain.namespace
+            and claim_nodes(cl)
+            for cl in self.c.claims.items()
+        )
+
+    def _pin(self, domain: ComputeDomain) -> str | None:
+        """The fabric domain the workload template is restricted to: the one fixed by the
+        first admission, while the domain holds a node or an allocated claim. None: unpinned
+        (never pinned, pinned to nodes without a fabric, or holding nothing any more)."""
+        own = self.c.ownership
+        pinned = domain.status.fabricDomain or own.pin_of(domain.uid)
+        if not pinned:
+            return None
+        if not own.nodes_of(domain.uid) and not self._has_allocated_claims(domain):
+            own.unpin(domain.uid)
+            return None
+        return pinned
+
+    def _ensure_objects(self, domain: ComputeDomain, channel: int) -> tuple[bool, str]:
+        c = self.c
+        rct = objects.workload_claim_template(domain, channel, self._pin(domain))
+        try:
+            self._ensure(CLAIM_TEMPLATES, rct, c.templates)
+            if domain.spec.imexMode == "managed":
+                settings = c.config.daemon
+                self._ensure(
+                    CLAIM_TEMPLATES, objects.daemon_claim_template(domain, settings), c.templates
+                )
+                self._ensure(DAEMON_SETS, objects.daemon_set(domain, settings), c.daemonsets)
+        except NotOurs as e:
+            # Never take over or delete an object we did not create: say so in the status.
+            return False, f"{e}; choose another spec.channel.resourceClaimTemplate.name"
+        return True, "claim templates created"
+
+    def _held_nodes(self, uid: str) -> list[status.HeldNode]:
+        out = []
+        for node in self.c.ownership.nodes_of(uid):
+            obj = self.c.nodes.get(node) or {}
+            out.append(status.HeldNode(node, node_ip(obj), node_fabric(obj)))
+        return out
+
+    def _reports(self, uid: str, host_mode: bool) -> tuple[dict[str, status.DaemonReport], float]:
+        """Managed mode: the domain's daemons' reports. Host mode: the node plugins' reports
+        on their host's IMEX service (label value cd.HOST_REPORT). Also: seconds until the
+        next heartbeat is due (to look again then), or 0 if none is."""
+        out = {}
+        want = cd.HOST_REPORT if host_mode else uid
+        due: list[float] = []
+        for lease in self.c.leases.items():
+            meta = lease["metadata"]
+            if meta.get("labels", {}).get(cd.DOMAIN_LABEL) != want:
+                continue
+            ann = meta.get("annotations", {})
+            node = ann.get(cd.REPORT_NODE) or lease.get("spec", {}).get("holderIdentity", "")
+            lease_key = key_of(lease)
+            late = self.c.heartbeats.overdue(lease_key)
+            if late is not None:
+                out[node] = status.DaemonReport(
+                    False,
+                    f"no heartbeat for {late + _duration(lease):.0f}s "
+                    f"(Lease {meta['name']}); last report: {ann.get(cd.REPORT_MESSAGE, '')}",
+                    ann.get(cd.REPORT_IP, ""),
+                    silent=True,
+                )
+                continue
+            left = self.c.heartbeats.due_in(lease_key)
+            if left is not None:
+                due.append(left)
+            out[node] = status.DaemonReport(
+                ann.get(cd.REPORT_READY) == "true",
+                ann.get(cd.REPORT_MESSAGE, ""),
+                ann.get(cd.REPORT_IP, ""),
+            )
+        return out, min(due, default=0.0)
+
+    def _fabric_conflicts(self, domain: ComputeDomain) -> list[str]:
+        """Claims of the domain allocated on a node outside the domain's fabric domain (the
+        scheduler placed them before the pin was visible; their binding was refused)."""
+        pinned = domain.status.fabricDomain or self.c.ownership.pin_of(domain.uid)
+        if pinned is None:
+            return []
+        out = []
+        for claim in self.c.claims.items():
+            meta = claim["metadata"]
+            if domain_uid(claim) != domain.uid or meta["namespace"] != domain.namespace:
+                continue
+            for node in sorted(claim_nodes(claim)):
+                fabric = node_fabric(self.c.nodes.get(node) or {})
+                if fabric != pinned:
+                    out.append(
+                        f"claim {meta['name']} was allocated on node {node} in fabric domain "
+                        f"{fabric or '(none)'}, but the domain is in {pinned or '(none)'}"
+                    )
+        return sorted(out)
+
+    def _too_large(self, domain: ComputeDomain) -> str:
+        """numNodes is limited by the fabric, not by a constant: it must fit the domain's
+        fabric domain (the one it is pinned to, else the largest one known), counted from the
+        nodes carrying its fabricdra.io/fabric.domain label. Nodes without a fabric are not
+        judged (no multi-node NVLink there)."""
+        want = domain.spec.numNodes
+        if not want or want <= 1:
+            return ""
+        sizes = Counter(f for n in self.c.nodes.items() if (f := node_fabric(n)))
+        if not sizes:
+            return ""
+        pinned = domain.status.fabricDomain or self.c.ownership.pin_of(domain.uid)
+        if pinned:
+            fabric, size = pinned, sizes.get(pinned, 0)
+        else:
+            fabric, size = max(sizes.items(), key=lambda kv: (kv[1], kv[0]))
+        if want <= size:
+            return ""
+        which = "its" if pinned else "the largest"
+        return (
+            f"numNodes {want} cannot fit: {which} NVLink fabric domain {fabric} has {size} "
+            "node(s) with the compute-domain plugin; a domain never spans two fabric domains"
+        )
+
+    def _update_status(
+        self,
+        domain: ComputeDomain,
+        key: str,
+        ready: bool,
+        reason: str,
+        message: str,
+        channel: int | None,
+    ) -> None:
+        # The channel is recorded by the same write as the conditions: one write per pass.
+        domain = domain.model_copy(deep=True)
+        recorded = list(domain.status.channels)
+        domain.status.channels = recorded or ([channel] if channel is not None else [])
+        reports, next_due = self._reports(domain.uid, domain.spec.imexMode == "host")
+        observed = status.Observed(
+            ready,
+            message,
+            self._held_nodes(domain.uid),
+            reports,
+            fabric_conflicts=self._fabric_conflicts(domain),
+            objects_reason=reason,
+            unpin=self.c.ownership.pin_of(domain.uid) is None
+            and not self._has_allocated_claims(domain),
+            too_large=self._too_large(domain),
+        )
+        new, events = status.compute(domain, observed, now())
+        if not recorded:
+            domain.status.channels = []
+        patch = status.status_patch(domain.status, new)
+        if next_due > 0:  # look again when a heartbeat falls due
+            self.c.domain_queue.add_after(key, next_due + 0.05)
+        if patch is None:
+            return
+        # Conditional on the version this view was computed from: a stale cache gets a 409
+        # (the watch then delivers the newer object, which queues this key again).
+        patch["metadata"] = {"resourceVersion": domain.metadata["resourceVersion"]}
+        try:
+            self.c.rest.patch(COMPUTE_DOMAINS, domain.name, patch, domain.namespace, sub="status")
+        except ApiError as e:
+            if e.conflict:
+                log.info("status of %s changed meanwhile; recomputing", key)
+                self.c.domain_queue.add_after(key, 0.1)
+                return
+            raise
+        for ev in events:
+            self.c.writer.event(domain, ev)
+
+    def _finalize(self, domain: ComputeDomain) -> None:
+        """Delete in order: workload claim template, daemon objects; then drop the finalizer.
+        Each step is checked against the API, so a crash between steps resumes here."""
+        c = self.c
+        if cd.FINALIZER not in domain.metadata.get("finalizers", []):
+            return
+        remaining = []
+        rct = domain.spec.channel.resourceClaimTemplate.name
+        live = c.writer.get(CLAIM_TEMPLATES, rct, domain.namespace)
+        if (
+            live is not None
+            and live["metadata"].get("labels", {}).get(cd.DOMAIN_LABEL) == domain.uid
+        ):
+            c.rest.delete(CLAIM_TEMPLATES, rct, domain.namespace)
+            remaining.append(f"ResourceClaimTemplate {rct}")
+        ns = c.config.namespace
+        for kind in (DAEMON_SETS, CLAIM_TEMPLATES):
+            listing = c.rest.list(kind, ns, label_selector=f"{cd.DOMAIN_LABEL}={domain.uid}")
+            for obj in listing.get("items", []):
+                if not obj["metadata"].get("deletionTimestamp"):
+                    c.rest.delete(kind, obj["metadata"]["name"], ns)
+                remaining.append(f"{kind.plural}/{obj['metadata']['name']}")
+        if remaining:
+            # Deletion was requested; come back to check it happened before letting go.
+            c.domain_queue.add_after(f"{domain.namespace}/{domain.name}", 0.2)
+            return
+        finalizers = [f for f in domain.metadata.get("finalizers", []) if f != cd.FINALIZER]
+        idx = domain.metadata["finalizers"].index(cd.FINALIZER)
+        patch = [
+            {"op": "test", "path": f"/metadata/finalizers/{idx}", "value": cd.FINALIZER},
+            {"op": "replace", "path": "/metadata/finalizers", "value": finalizers},
+        ]
+        try:
+            c.rest.patch(
+                COMPUTE_DOMAINS, domain.name, patch, domain.namespace, content_type=JSON_PATCH
+            )
+        except ApiError as e:
+            if not e.not_found:
+                raise
+        c.ownership.forget_domain(domain.uid)
+
+
+def _duration(lease: JSON) -> float:
+    return float((lease.get("spec") or {}).get("leaseDurationSeconds") or 0)

@@ -1,0 +1,227 @@
+"""The node reconciler (node-name keys, one worker: ownership decisions are made one after the
+other): the node's compute-domain ResourceSlice, who holds the node, and the answers to
+workload claims waiting at binding time (admission.py decides; this module writes)."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from fabricdra.api import computedomain as cd
+from fabricdra.api.computedomain import ComputeDomain
+from fabricdra.api.rest import CLAIMS, NODES, SLICES, ApiError
+
+from . import admission, metrics, objects
+from .claims import claim_nodes, claim_views, dev_key, domain_uid, node_fabric
+from .status import Event
+from .writes import FIELD_MANAGER, now
+
+if TYPE_CHECKING:
+    from .manager import Controller
+
+log = logging.getLogger("fabricdra.controller")
+JSON = dict[str, Any]
+
+
+class NodeReconciler:
+    def __init__(self, controller: Controller) -> None:
+        self.c = controller
+
+    def live_domains(self) -> dict[str, str | None]:
+        live: dict[str, str | None] = {}
+        for obj in self.c.domains.items():
+            meta = obj["metadata"]
+            if meta.get("deletionTimestamp"):
+                continue
+            uid = meta["uid"]
+            live[uid] = obj.get("status", {}).get("fabricDomain") or self.c.ownership.pin_of(uid)
+        return live
+
+    def reconcile(self, name: str) -> None:
+        c = self.c
+        c.require_synced()
+        node = c.nodes.get(name)
+        claims = [cl for cl in c.claims.items() if name in claim_nodes(cl)]
+        previous = c.ownership.owner(name)
+        if node is None:
+            # No plugin here (or no node): no devices to offer. Held state lives on while
+            # claims are still allocated on it.
+            c.rest.delete(SLICES, objects.slice_name(name))
+            if not claims:
+                c.ownership.forget_node(name)
+            return
+        fabric = node_fabric(node)
+        namespaces = {o["metadata"]["uid"]: o["metadata"]["namespace"] for o in c.domains.items()}
+        views = [v for cl in claims for v in claim_views(cl, name, namespaces)]
+        decision = admission.decide(name, fabric, views, self.live_domains(), previous)
+        c.ownership.set_owner(name, decision.owner)
+        for uid, pinned in decision.fabric_pins.items():
+            c.ownership.pin(uid, pinned)
+        self._ensure_slice(node, decision.owner, fabric)
+        self._ensure_node_label(node, decision.owner)
+        by_key = {f"{cl['metadata']['namespace']}/{cl['metadata']['name']}": cl for cl in claims}
+        admit, timed_out = self._gang(name, fabric, decision.admit, by_key)
+        for key in timed_out:
+            why = (
+                f"the ComputeDomain's {self._want(by_key[key])} nodes were not all allocated in "
+                f"fabric domain {fabric or '(none)'} within "
+                f"{c.config.gang_timeout_seconds:.0f}s; released so other jobs can use node {name}"
+            )
+            self._answer(by_key[key], name, cd.CONFLICT_CONDITION, "GangTimeout", why)
+            metrics.ADMISSIONS.labels("conflict").inc()
+            self._conflict_event(by_key[key], why)
+        for key in admit:
+            self._answer(
+                by_key[key],
+                name,
+                cd.ADMITTED_CONDITION,
+                "Admitted",
+                f"node {name} is held by this claim's ComputeDomain",
+            )
+            metrics.ADMISSIONS.labels("admitted").inc()
+        for key, why in decision.conflicts:
+            self._answer(by_key[key], name, cd.CONFLICT_CONDITION, "NodeHeld", why)
+            metrics.ADMISSIONS.labels("conflict").inc()
+            self._conflict_event(by_key[key], why)
+        metrics.HELD_NODES.set(c.ownership.held_count())
+        for uid in {previous, decision.owner} - {cd.FREE_OWNER}:
+            domain_key = c.ownership.key_of(uid)
+            if domain_key:
+                c.domain_queue.add(domain_key)
+
+    def _want(self, claim: JSON) -> int:
+        """The claim's domain's numNodes (1 when unset or unknown)."""
+        key = self.c.ownership.key_of(domain_uid(claim))
+        obj = self.c.domains.get(key) if key else None
+        return int(((obj or {}).get("spec") or {}).get("numNodes") or 1)
+
+    def _gang(
+        self, node: str, fabric: str, keys: list[str], by_key: dict[str, JSON]
+    ) -> tuple[list[str], list[str]]:
+        """Gang admission for domains with numNodes: a claim is admitted only once claims of
+        its domain are allocated on numNodes nodes of this fabric domain, so two jobs never
+        hold each other's nodes half-admitted; when a gang has waited longer than the gang
+        timeout, all its held claims are released (conflict) together, so the nodes go back to
+        the pool and the job is placed again as a whole. Returns (admit, timed out)."""
+        c = self.c
+        admit, timed_out = [], []
+        for key in keys:
+            claim = by_key[key]
+            want = self._want(claim)
+            if want <= 1:
+                admit.append(key)
+                continue
+            # The nodes held for the domain in this fabric domain (held = a claim of the
+            # domain is allocated there and fits; this node was just decided).
+            members = {
+                n
+                for n in c.ownership.nodes_of(domain_uid(claim))
+                if node_fabric(c.nodes.get(n) or {}) == fabric
+            }
+            gang = (domain_uid(claim), fabric)
+            if len(members) >= want:
+                c.ownership.gang_done(key, gang)
+                admit.append(key)
+                for n in members - {node}:  # their held claims can go too
+                    c.node_queue.add(n)
+                continue
+            left = c.ownership.gang_hold(key, gang, c.config.gang_timeout_seconds)
+            if left is None:
+                timed_out.append(key)
+                for n in members - {node}:  # the whole gang is released, not just this one
+                    c.node_queue.add(n)
+            else:
+                c.node_queue.add_after(node, left + 0.05)
+        return admit, timed_out
+
+    def _ensure_slice(self, node: JSON, owner: str, fabric: str) -> None:
+        c = self.c
+        name = node["metadata"]["name"]
+        live = c.slices.get(objects.slice_name(name))
+        desired = objects.node_slice(name, node["metadata"]["uid"], owner, fabric, 1)
+        if live is None:
+            if c.writer.create(SLICES, desired) is not None:
+                return
+            live = c.rest.get(SLICES, objects.slice_name(name))
+        if not objects.differs(desired["spec"]["devices"], live["spec"].get("devices", [])):
+            return
+        # A new pool generation tells the scheduler the old devices are void.
+        desired["spec"]["pool"]["generation"] = int(live["spec"]["pool"]["generation"]) + 1
+        desired["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
+        c.rest.replace(SLICES, objects.slice_name(name), desired)
+
+    def _ensure_node_label(self, node: JSON, owner: str) -> None:
+        """The node label drives the domain's DaemonSet and shows the holder in kubectl."""
+        current = node["metadata"].get("labels", {}).get(cd.DOMAIN_LABEL)
+        want = None if owner == cd.FREE_OWNER else owner
+        if current != want:
+            self.c.rest.patch(
+                NODES, node["metadata"]["name"], {"metadata": {"labels": {cd.DOMAIN_LABEL: want}}}
+            )
+
+    def _answer(self, claim: JSON, node: str, condition: str, reason: str, message: str) -> None:
+        """Set the binding (or binding-failure) condition on the claim's channel result.
+
+        Server-side apply with our own field manager: `status.devices` has no patch strategy
+        (a strategic-merge or merge patch replaces the whole list), while an apply states
+        only the entries this manager owns, so other drivers' entries stay. The
+        resourceVersion makes it conditional: an allocation changed meanwhile is not
+        answered from an old view."""
+        results = claim["status"]["allocation"]["devices"]["results"]
+        entries = []
+        existing = {dev_key(d): d for d in claim["status"].get("devices", []) or []}
+        for r in results:
+            if r.get("driver") != cd.DRIVER:
+                continue
+            entry: JSON = {k: r[k] for k in ("driver", "pool", "device") if k in r}
+            if r.get("shareID"):
+                entry["shareID"] = r["shareID"]
+            before = existing.get(dev_key(r), {}).get("conditions", []) or []
+            conds = [dict(cond) for cond in before if cond.get("type") != condition]
+            if r.get("device") == cd.CHANNEL_DEVICE and r.get("pool") == node:
+                conds.append(
+                    {
+                        "type": condition,
+                        "status": "True",
+                        "reason": reason,
+                        "message": message[:1024],
+                        "lastTransitionTime": now(),
+                    }
+                )
+            entry["conditions"] = conds
+            entries.append(entry)
+        meta = claim["metadata"]
+        body = {
+            "apiVersion": CLAIMS.api_version,
+            "kind": "ResourceClaim",
+            "metadata": {
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "resourceVersion": meta["resourceVersion"],
+            },
+            "status": {"devices": entries},
+        }
+        try:
+            self.c.rest.apply(
+                CLAIMS,
+                meta["name"],
+                body,
+                meta["namespace"],
+                field_manager=FIELD_MANAGER,
+                sub="status",
+            )
+        except ApiError as e:
+            if e.conflict or e.not_found:  # the claim changed meanwhile; its event requeues
+                self.c.node_queue.add_after(node, 0.1)
+                return
+            raise
+
+    def _conflict_event(self, claim: JSON, why: str) -> None:
+        key = self.c.ownership.key_of(domain_uid(claim))
+        obj = self.c.domains.get(key) if key else None
+        if obj is not None:
+            domain = ComputeDomain.model_validate(obj)
+            self.c.writer.event(
+                domain,
+                Event("Warning", "NodeConflict", f"claim {claim['metadata']['name']}: {why}"),
+            )
