@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import fcntl
 import json
 import os
 import re
@@ -42,9 +41,6 @@ from e2e.harness.nodecluster import (
     _CONTAINERD_TOML,
     CGROUP_ROOT,
     DEFAULT_BASE,
-    LOCK_HOLDER,
-    LOCK_PATH,
-    LOCK_WAIT,
     NODE_READY_TIMEOUT,
     _ctr,
     _kill_pod_processes,
@@ -58,6 +54,8 @@ from e2e.harness.nodecluster import (
     _running_daemons,
     _unmount_under,
     kubelet_config,
+    release_machine_lock,
+    take_machine_lock,
     write_cni_config,
 )
 from e2e.harness.process import Daemon, free_port, kill_matching, wait_until
@@ -350,26 +348,10 @@ class MultiNodeCluster:
 
     def take_machine(self) -> None:
         """Wait for the machine-wide node-cluster lock (start() takes it if not held)."""
-        if LOCK_HOLDER:
-            raise HarnessError(
-                f"this process already runs a {LOCK_HOLDER[0]} (it holds {LOCK_PATH}); "
-                "multi-node tests run in a module of their own, before the single-node ones"
-            )
-        fd = os.open(LOCK_PATH, os.O_RDWR | os.O_CREAT, 0o644)
-        deadline = time.monotonic() + LOCK_WAIT
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    os.close(fd)
-                    raise HarnessError(
-                        f"another node cluster holds {LOCK_PATH} for over {LOCK_WAIT:.0f}s"
-                    ) from None
-                time.sleep(2)
-        self._lock_fd = fd
-        LOCK_HOLDER.append("multi-node cluster")
+        self._lock_fd = take_machine_lock(
+            "multi-node cluster",
+            "; multi-node tests run in a module of their own, before the single-node ones",
+        )
         running = _running_daemons(DEFAULT_BASE / "cluster.json")
         if running:
             self.release_machine()
@@ -380,9 +362,8 @@ class MultiNodeCluster:
 
     def release_machine(self) -> None:
         if self._lock_fd is not None:
-            os.close(self._lock_fd)  # closing drops the flock
+            release_machine_lock(self._lock_fd)
             self._lock_fd = None
-            LOCK_HOLDER.clear()
 
     def _start(self) -> None:
         self._bin_dir = bin_dir = binaries.ensure(binaries.CONTROL_PLANE + binaries.NODE, node=True)

@@ -69,6 +69,38 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 LOCK_HOLDER: list[str] = []
 
 
+def take_machine_lock(holder: str, hint: str = "") -> int:
+    """Wait for the machine-wide node-cluster lock; returns its fd (release_machine_lock).
+
+    One node cluster of any kind runs on a machine at a time: cgroups, the CNI bridges and the
+    kernel sysctls are machine-wide. A second cluster in the same process would wait on itself.
+    """
+    if LOCK_HOLDER:
+        raise HarnessError(
+            f"this process already runs a {LOCK_HOLDER[0]} (it holds {LOCK_PATH}){hint}"
+        )
+    fd = os.open(LOCK_PATH, os.O_RDWR | os.O_CREAT, 0o644)
+    deadline = time.monotonic() + LOCK_WAIT
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                os.close(fd)
+                raise HarnessError(
+                    f"another node cluster holds {LOCK_PATH} for over {LOCK_WAIT:.0f}s"
+                ) from None
+            time.sleep(2)
+    LOCK_HOLDER.append(holder)
+    return fd
+
+
+def release_machine_lock(fd: int) -> None:
+    os.close(fd)  # closing drops the flock
+    LOCK_HOLDER.clear()
+
+
 class NodeCluster:
     """etcd, kube-apiserver, scheduler, KCM, containerd and a kubelet, all on loopback.
 
@@ -176,23 +208,7 @@ class NodeCluster:
         self.state_file.write_text(json.dumps(self._state, indent=2) + "\n")
 
     def _take_lock(self) -> None:
-        if LOCK_HOLDER:
-            raise HarnessError(f"this process already runs a {LOCK_HOLDER[0]} ({LOCK_PATH})")
-        fd = os.open(LOCK_PATH, os.O_RDWR | os.O_CREAT, 0o644)
-        deadline = time.monotonic() + LOCK_WAIT
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    os.close(fd)
-                    raise HarnessError(
-                        f"another node cluster holds {LOCK_PATH} for over {LOCK_WAIT:.0f}s"
-                    ) from None
-                time.sleep(2)
-        self._lock_fd = fd
-        LOCK_HOLDER.append("single-node cluster")
+        self._lock_fd = take_machine_lock("single-node cluster")
         running = _running_daemons(DEFAULT_BASE / "cluster.json")
         if running and self.base != DEFAULT_BASE:
             self._release_lock()
@@ -204,9 +220,8 @@ class NodeCluster:
 
     def _release_lock(self) -> None:
         if self._lock_fd is not None:
-            os.close(self._lock_fd)  # closing drops the flock
+            release_machine_lock(self._lock_fd)
             self._lock_fd = None
-            LOCK_HOLDER.clear()
 
     def _start(self) -> None:
         bin_dir = binaries.ensure(binaries.CONTROL_PLANE + binaries.NODE, node=True)
