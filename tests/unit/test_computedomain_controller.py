@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -259,3 +260,16 @@ def test_a_silent_daemon_degrades_the_domain() -> None:
     assert (cond[cd.DEGRADED].status, cond[cd.DEGRADED].reason) == ("True", "DaemonUnresponsive")
     assert cond[cd.DAEMONS_READY].reason == "DaemonUnresponsive"
     assert st.nodes[0].ready is False
+
+
+def test_the_default_imex_image_is_this_release_never_latest() -> None:
+    """Issue 9: the daemons run the controller's own release, the chart's appVersion."""
+    from importlib.metadata import version
+
+    import yaml
+
+    from fabricdra.controller.objects import DEFAULT_IMAGE, DaemonSettings
+
+    chart = yaml.safe_load((Path(__file__).parents[2] / "charts/fabricdra/Chart.yaml").read_text())
+    assert DaemonSettings().image == DEFAULT_IMAGE
+    assert DEFAULT_IMAGE.rsplit(":", 1)[1] == version("fabricdra") == chart["appVersion"]

@@ -11,6 +11,7 @@ from typing import Any
 
 from fabricdra.cli.common import UsageError, api_client, stop_event
 from fabricdra.cli.common import env as _env
+from fabricdra.controller.objects import DEFAULT_IMAGE
 
 
 def register(sub: Any) -> None:
@@ -35,7 +36,7 @@ def register(sub: Any) -> None:
     )
     a(
         "--image",
-        default=_env("IMAGE", "ghcr.io/fabricdra/fabricdra:latest"),
+        default=_env("IMAGE", DEFAULT_IMAGE),
         help="image of the IMEX daemon pods [FABRICDRA_IMAGE]",
     )
     a(

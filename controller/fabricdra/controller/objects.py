@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib.metadata import version
 from typing import Any
 
 from fabricdra.api import computedomain as cd
@@ -18,13 +19,17 @@ from fabricdra.api.computedomain import ComputeDomain
 
 JSON = dict[str, Any]
 
+# The IMEX daemons run the controller's own release, never a moving tag: `latest` would let a
+# node pull a different build than the one the controller was tested with.
+DEFAULT_IMAGE = f"ghcr.io/fabricdra/fabricdra:{version('fabricdra')}"
+
 
 @dataclass(frozen=True)
 class DaemonSettings:
     """How the per-domain IMEX DaemonSet is run (controller flags)."""
 
     namespace: str = "fabricdra-system"
-    image: str = "ghcr.io/fabricdra/fabricdra:latest"
+    image: str = DEFAULT_IMAGE
     service_account: str = "fabricdra-imex-daemon"
     priority_class: str = "system-node-critical"
 
