@@ -155,7 +155,7 @@ def test_gpu_and_its_own_nic_reach_the_pod_and_nothing_else(installed: Installed
 
     lines = log.split()
     rdma_device = nic.attributes["rdmaDevice"].string
-    assert f"NCCL_IB_HCA={rdma_device}" in lines
+    assert f"NCCL_IB_HCA=={rdma_device}" in lines
     verbs = {
         ep.rdmaDevice: ep.verbsDevice
         for iface in installed.host.discovery.interfaces or []
