@@ -582,12 +582,6 @@ def left(env: Env) -> Iterator[Left]:
         ctl.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="issue 11 point 10 (helper C): a node whose kubelet and plugin stopped stays a "
-    "Ready row; the domain must use heartbeats (Lease renew time) to mark it not ready",
-)
 def test_node_leaving_marks_its_row_not_ready(env: Env, left: Left) -> None:
     """Node 2 died: its row turns not ready, and the domain (numNodes 3) is no longer Ready
     and says Degraded."""

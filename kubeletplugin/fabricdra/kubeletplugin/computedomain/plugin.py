@@ -11,7 +11,9 @@ parses flags and a third driver is one more package of the same shape.
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from fabricdra.api import labels
 from fabricdra.api.rest import NODES, ApiError, Rest
 from fabricdra.kubeletplugin.kubelet import PluginPaths, PluginServer
 
+from .daemon import REPORT_LEASE_SECONDS
 from .driver import ComputeDomainDriver, NodeConfig
 from .report import write_host_report
 
@@ -93,19 +96,28 @@ class ComputeDomainPlugin:
 
     def _report_host_imex(self, stop: threading.Event) -> None:
         """Ask the host's IMEX service every interval and say what it answered in the host
-        report Lease (written only when the answer changed), so a host-mode domain on a broken
-        service shows Degraded instead of Ready."""
+        report Lease, so a host-mode domain on a broken service shows Degraded instead of
+        Ready. The Lease is also this node's heartbeat: its renewTime is rewritten every third
+        of its duration (at least 3 intervals, at least the managed daemons' 40 s), so a node
+        that lost power turns its rows not ready, as a silent managed daemon does."""
+        interval = self.config.host_imex_interval
+        lease_seconds = max(REPORT_LEASE_SECONDS, math.ceil(3 * interval))
+        renewed_at: float | None = None
         while True:
             ready, message = self.driver.host_imex()
+            due = renewed_at is None or time.monotonic() - renewed_at >= lease_seconds / 3
             try:
-                write_host_report(
+                if write_host_report(
                     self.rest,
                     self.config.report_namespace,
                     self.config.node_name,
                     ready=ready,
                     message=message,
-                )
+                    lease_seconds=lease_seconds,
+                    renew=due,
+                ):
+                    renewed_at = time.monotonic()
             except ApiError as e:  # transient: the next interval tries again
                 log.error("host IMEX report not written", error=str(e))
-            if stop.wait(self.config.host_imex_interval):
+            if stop.wait(interval):
                 return

@@ -82,8 +82,18 @@ def host_lease_name(node: str) -> str:
     return f"imex-host-{node}"[:253].rstrip("-.")
 
 
-def write_host_report(rest: Rest, namespace: str, node: str, *, ready: bool, message: str) -> bool:
-    """The node plugin's report on its host's IMEX service (used by host-mode domains)."""
+def write_host_report(
+    rest: Rest,
+    namespace: str,
+    node: str,
+    *,
+    ready: bool,
+    message: str,
+    lease_seconds: int | None = None,
+    renew: bool = False,
+) -> bool:
+    """The node plugin's report on its host's IMEX service (used by host-mode domains); with
+    `lease_seconds` it is also the node's heartbeat, as a managed daemon's report is."""
     return write_report(
         rest,
         namespace,
@@ -92,4 +102,6 @@ def write_host_report(rest: Rest, namespace: str, node: str, *, ready: bool, mes
         ready=ready,
         message=message,
         name=host_lease_name(node),
+        lease_seconds=lease_seconds,
+        renew=renew,
     )
