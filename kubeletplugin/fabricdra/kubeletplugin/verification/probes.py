@@ -20,6 +20,7 @@ and a link stuck at a low speed shows up in the bandwidth probe.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from fabricdra.api.inventory import Accelerator, Interface
@@ -27,6 +28,7 @@ from fabricdra.api.verification import (
     ClassExpectation,
     Expectations,
     Outcome,
+    ProbeName,
     ProbeResult,
 )
 
@@ -71,6 +73,28 @@ def run_probes(
 
 
 # --- PCIe ---------------------------------------------------------------------------------
+
+
+def _reporter(
+    probe: ProbeName, device: str, row: ClassExpectation, expected: str
+) -> Callable[..., ProbeResult]:
+    """A probe's result maker: what varies between its outcomes is the outcome, what was
+    measured and why."""
+
+    def result(
+        outcome: Outcome, measured: str | None = None, reason: str | None = None
+    ) -> ProbeResult:
+        return ProbeResult(
+            probe=probe,
+            device=device,
+            deviceClass=row.name,
+            outcome=outcome,
+            measured=measured,
+            expected=expected,
+            reason=reason,
+        )
+
+    return result
 
 
 def _gts(speed: str) -> float | None:
@@ -141,18 +165,7 @@ def nvlink(acc: Accelerator, row: ClassExpectation, nvml: NvmlReadings | None) -
     want = row.nvlinkActiveLinks
     expected = f"at least {want} active links" if want is not None else "every link active"
 
-    def result(
-        outcome: Outcome, measured: str | None = None, reason: str | None = None
-    ) -> ProbeResult:
-        return ProbeResult(
-            probe="nvlink",
-            device=acc.pciBusId,
-            deviceClass=row.name,
-            outcome=outcome,
-            measured=measured,
-            expected=expected,
-            reason=reason,
-        )
+    result = _reporter("nvlink", acc.pciBusId, row, expected)
 
     if nvml is None:
         return result("NotRun", reason="NVML was not asked (no NVML source)")
@@ -210,18 +223,7 @@ def rdma_port(tree: SysfsTree, device: str, ports: list[int], row: ClassExpectat
         f"every port at least {want} Gb/s" if want is not None else "every port rate readable"
     )
 
-    def result(
-        outcome: Outcome, measured: str | None = None, reason: str | None = None
-    ) -> ProbeResult:
-        return ProbeResult(
-            probe="rdma-port",
-            device=device,
-            deviceClass=row.name,
-            outcome=outcome,
-            measured=measured,
-            expected=expected,
-            reason=reason,
-        )
+    result = _reporter("rdma-port", device, row, expected)
 
     if not ports:
         return result("NotRun", reason="no ports readable")
@@ -248,18 +250,7 @@ def rdma_errors(
     limits = row.rdmaErrorCounters
     expected = ", ".join(f"{k} <= {v}" for k, v in sorted(limits.items())) or "no limits"
 
-    def result(
-        outcome: Outcome, measured: str | None = None, reason: str | None = None
-    ) -> ProbeResult:
-        return ProbeResult(
-            probe="rdma-errors",
-            device=device,
-            deviceClass=row.name,
-            outcome=outcome,
-            measured=measured,
-            expected=expected,
-            reason=reason,
-        )
+    result = _reporter("rdma-errors", device, row, expected)
 
     if not ports:
         return result("NotRun", reason="no ports readable")
