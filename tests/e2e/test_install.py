@@ -1,19 +1,9 @@
-"""fabricdra installed the way users install it: the image built from this checkout, the chart
-installed unmodified with helm, on the harness's real kubelet + containerd node.
-
-The node is made to look like an 8-GPU HGX node the honest way (tests/integration/kubelethost.py):
-a sysfs tree laid out as the kernel does, recorded NVML answers, the NVIDIA driver's /proc files
-and real character device nodes (mknod) for every device the CDI specs name. Only values point
-the chart at them (sysfsRoot, devRoot, procRoot, nvmlSnapshot), as an operator would on a node
-with an unusual layout.
-"""
+"""In-cluster scenarios 1, 2 and 7 of the install (tests/e2e/installkit.py says how the node
+and the release are made)."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,68 +11,24 @@ import yaml
 from kubernetes import client
 
 from e2e.harness.controlplane import wait_for
-from e2e.harness.existing import ExistingCluster
-from e2e.harness.helm import Chart, harness_values
-from e2e.harness.images import TEST_IMAGE, fabricdra_image
-from e2e.harness.nodecluster import NodeCluster
-from tests.integration.kubelethost import Host, build_host
+from tests.e2e.installkit import (
+    EXAMPLES,
+    NAMESPACE,
+    Installed,
+    offered_untainted,
+    own_slices,
+    run_pod,
+    wait_running,
+)
 
 pytestmark = pytest.mark.e2e
-
-NAMESPACE = "fabricdra-system"
-DRIVER = "devices.fabricdra.io"
-EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
-
-
-@dataclass
-class Installed:
-    cluster: NodeCluster
-    host: Host
-    chart: Chart
-    values: dict[str, Any]
-
-
-@pytest.fixture(scope="module")
-def installed(
-    node_cluster: NodeCluster | ExistingCluster, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Installed]:
-    if not isinstance(node_cluster, NodeCluster):
-        pytest.fail("the install tests build the node's files locally: run them on the harness")
-    host = build_host(tmp_path_factory.mktemp("hgx"))
-    archive, image = fabricdra_image(tmp_path_factory.mktemp("image"))
-    node_cluster.import_image(archive)
-    chart = Chart()
-    values = harness_values(
-        node_cluster,
-        image,
-        sysfs=host.root / "sys",
-        dev=host.layout.dev_root,
-        proc=host.layout.proc_root,
-        nvml=host.nvml_snapshot,
-    )
-    chart.install(node_cluster.kubeconfig, NAMESPACE, values=values)
-    yield Installed(node_cluster, host, chart, values)
-    chart.uninstall(node_cluster.kubeconfig, NAMESPACE)
-
-
-def _own_slices(api: client.ApiClient, node: str) -> list[Any]:
-    slices = client.ResourceV1Api(api).list_resource_slice().items
-    return [s for s in slices if s.spec.driver == DRIVER and s.spec.node_name == node]
-
-
-def _offered_untainted(api: client.ApiClient, node: str) -> list[Any] | None:
-    """The node's devices once every one is offered without a taint (verification passed)."""
-    devices = [d for s in _own_slices(api, node) for d in s.spec.devices or []]
-    if not devices or any(d.taints for d in devices):
-        return None
-    return devices
 
 
 def test_install_publishes_slices_record_and_labels_and_is_ready(installed: Installed) -> None:
     node = installed.cluster.node_name
     with installed.cluster.api_client() as api:
         devices = wait_for(
-            lambda: _offered_untainted(api, node), timeout=120, what="untainted devices"
+            lambda: offered_untainted(api, node), timeout=120, what="untainted devices"
         )
         types = {d.attributes["type"].string for d in devices}
         assert {"gpu", "rdma"} <= types
@@ -103,41 +49,17 @@ def test_install_publishes_slices_record_and_labels_and_is_ready(installed: Inst
         wait_for(ready, timeout=120, what="every component Ready")
 
 
-def _run_pod(api: client.ApiClient, ns: str, name: str, claim: str | None) -> Any:
-    spec: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "containers": [
-            {
-                "name": "c",
-                "image": TEST_IMAGE,
-                "imagePullPolicy": "Never",
-                "command": [
-                    "sh",
-                    "-c",
-                    "echo NCCL_IB_HCA=$NCCL_IB_HCA; ls /dev/infiniband; sleep 3600",
-                ],
-            }
-        ],
-    }
-    if claim:
-        spec["resourceClaims"] = [{"name": "dev", "resourceClaimName": claim}]
-        spec["containers"][0]["resources"] = {"claims": [{"name": "dev"}]}
-    return client.CoreV1Api(api).create_namespaced_pod(
-        ns, {"metadata": {"name": name}, "spec": spec}
-    )
-
-
 def test_gpu_and_its_own_nic_reach_the_pod_and_nothing_else(installed: Installed) -> None:
     node = installed.cluster.node_name
     ns = f"install-{uuid.uuid4().hex[:6]}"
     with installed.cluster.api_client() as api:
         core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
-        wait_for(lambda: _offered_untainted(api, node), timeout=120, what="untainted devices")
+        wait_for(lambda: offered_untainted(api, node), timeout=120, what="untainted devices")
         core.create_namespace({"metadata": {"name": ns}})
         wait_for(lambda: core.read_namespaced_service_account("default", ns), what="default SA")
         claim = yaml.safe_load((EXAMPLES / "gpu-nic-pxb.yaml").read_text())
         resource.create_namespaced_resource_claim(ns, claim)
-        _run_pod(api, ns, "p", claim["metadata"]["name"])
+        run_pod(api, ns, "p", claim["metadata"]["name"])
 
         def running() -> Any:
             pod = core.read_namespaced_pod("p", ns)
@@ -149,7 +71,7 @@ def test_gpu_and_its_own_nic_reach_the_pod_and_nothing_else(installed: Installed
         )
         allocated = resource.read_namespaced_resource_claim(claim["metadata"]["name"], ns)
         results = {r.request: r.device for r in allocated.status.allocation.devices.results}
-        devices = {d.name: d for s in _own_slices(api, node) for d in s.spec.devices or []}
+        devices = {d.name: d for s in own_slices(api, node) for d in s.spec.devices or []}
         nic = devices[results["nic"]]
         core.delete_namespace(ns)
 
@@ -164,14 +86,6 @@ def test_gpu_and_its_own_nic_reach_the_pod_and_nothing_else(installed: Installed
     assert sorted(lines[1:]) == sorted([verbs, "rdma_cm"])
 
 
-def _wait_running(core: client.CoreV1Api, ns: str, name: str) -> Any:
-    def running() -> Any:
-        pod = core.read_namespaced_pod(name, ns)
-        return pod if pod.status.phase == "Running" else None
-
-    return wait_for(running, timeout=120, what=f"pod {ns}/{name} to run")
-
-
 def test_helm_upgrade_keeps_running_claims_and_new_pods_start(installed: Installed) -> None:
     node = installed.cluster.node_name
     ns = f"upgrade-{uuid.uuid4().hex[:6]}"
@@ -181,13 +95,13 @@ def test_helm_upgrade_keeps_running_claims_and_new_pods_start(installed: Install
             client.ResourceV1Api(api),
             client.AppsV1Api(api),
         )
-        wait_for(lambda: _offered_untainted(api, node), timeout=120, what="untainted devices")
+        wait_for(lambda: offered_untainted(api, node), timeout=120, what="untainted devices")
         core.create_namespace({"metadata": {"name": ns}})
         wait_for(lambda: core.read_namespaced_service_account("default", ns), what="default SA")
         claim = yaml.safe_load((EXAMPLES / "gpu-nic-pxb.yaml").read_text())
         resource.create_namespaced_resource_claim(ns, claim)
-        _run_pod(api, ns, "before", claim["metadata"]["name"])
-        before = _wait_running(core, ns, "before")
+        run_pod(api, ns, "before", claim["metadata"]["name"])
+        before = wait_running(core, ns, "before")
         old_pod = (
             core.list_namespaced_pod(NAMESPACE, label_selector="app.kubernetes.io/component=node")
             .items[0]
@@ -221,8 +135,8 @@ def test_helm_upgrade_keeps_running_claims_and_new_pods_start(installed: Install
         )
         second = {**claim, "metadata": {"name": "after"}}
         resource.create_namespaced_resource_claim(ns, second)
-        _run_pod(api, ns, "after", "after")
-        _wait_running(core, ns, "after")
+        run_pod(api, ns, "after", "after")
+        wait_running(core, ns, "after")
         still = core.read_namespaced_pod("before", ns)
         kept = resource.read_namespaced_resource_claim(claim["metadata"]["name"], ns)
         core.delete_namespace(ns)

@@ -1,0 +1,97 @@
+"""fabricdra installed the way users install it, shared by the in-cluster scenario modules.
+
+The `installation` fixture (tests/e2e/conftest.py) builds the node's files, the image from this
+checkout and the chart once per session; `installed` makes sure the release is in place before a
+test (the uninstall scenario removes it, and the next test that needs it installs it again), so
+scenarios do not depend on the order they run in.
+
+The node is made to look like an 8-GPU HGX node the honest way (tests/integration/kubelethost.py):
+a sysfs tree laid out as the kernel does, recorded NVML answers, the NVIDIA driver's /proc files
+and real character device nodes (mknod) for every device the CDI specs name. Only values point
+the chart at them (sysfsRoot, devRoot, procRoot, nvmlSnapshot), as an operator would on a node
+with an unusual layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+from e2e.harness.controlplane import wait_for
+from e2e.harness.helm import Chart
+from e2e.harness.images import TEST_IMAGE
+from e2e.harness.nodecluster import NodeCluster
+from tests.integration.kubelethost import Host
+
+NAMESPACE = "fabricdra-system"
+DRIVER = "devices.fabricdra.io"
+EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
+
+
+@dataclass
+class Installed:
+    cluster: NodeCluster
+    host: Host
+    chart: Chart
+    values: dict[str, Any]
+    present: bool = False
+
+    def ensure(self) -> None:
+        """Install (or re-install) the release with the session's values when it is not there."""
+        if not self.present:
+            self.chart.install(self.cluster.kubeconfig, NAMESPACE, values=self.values)
+            self.present = True
+
+    def uninstall(self) -> None:
+        self.present = False
+        self.chart.uninstall(self.cluster.kubeconfig, NAMESPACE)
+
+
+def own_slices(api: client.ApiClient, node: str) -> list[Any]:
+    slices = client.ResourceV1Api(api).list_resource_slice().items
+    return [s for s in slices if s.spec.driver == DRIVER and s.spec.node_name == node]
+
+
+def offered_untainted(api: client.ApiClient, node: str) -> list[Any] | None:
+    """The node's devices once every one is offered without a taint (verification passed)."""
+    devices = [d for s in own_slices(api, node) for d in s.spec.devices or []]
+    if not devices or any(d.taints for d in devices):
+        return None
+    return devices
+
+
+def run_pod(
+    api: client.ApiClient,
+    ns: str,
+    name: str,
+    claim: str | None,
+    command: str = "echo NCCL_IB_HCA=$NCCL_IB_HCA; ls /dev/infiniband; sleep 3600",
+) -> Any:
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "containers": [
+            {
+                "name": "c",
+                "image": TEST_IMAGE,
+                "imagePullPolicy": "Never",
+                "command": ["sh", "-c", command],
+            }
+        ],
+    }
+    if claim:
+        spec["resourceClaims"] = [{"name": "dev", "resourceClaimName": claim}]
+        spec["containers"][0]["resources"] = {"claims": [{"name": "dev"}]}
+    return client.CoreV1Api(api).create_namespaced_pod(
+        ns, {"metadata": {"name": name}, "spec": spec}
+    )
+
+
+def wait_running(core: client.CoreV1Api, ns: str, name: str) -> Any:
+    def running() -> Any:
+        pod = core.read_namespaced_pod(name, ns)
+        return pod if pod.status.phase == "Running" else None
+
+    return wait_for(running, timeout=120, what=f"pod {ns}/{name} to run")
