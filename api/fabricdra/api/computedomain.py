@@ -119,6 +119,14 @@ class ComputeDomainSpec(_Model):
         description="managed: fabricdra runs one IMEX daemon per node of this domain. host: "
         "the administrator runs IMEX on every host; fabricdra only allocates channels.",
     )
+    allowMultipleCliques: bool = Field(
+        default=False,
+        description="Opt-in: the domain's nodes may come from several NVLink fabric domains "
+        "(cliques, the nodes' fabricdra.io/fabric.domain label). Each clique then runs its own "
+        "IMEX ensemble (memory is shared over NVLink only inside a clique), numNodes counts "
+        "nodes across cliques, and the domain is never pinned to one fabric domain. Default "
+        "false: every node of the domain is in one fabric domain.",
+    )
 
     @model_validator(mode="after")
     def _host_mode_holds_one_channel(self) -> ComputeDomainSpec:
@@ -144,7 +152,10 @@ class NodeStatus(_Model):
         description="The node's NVLink fabric domain (clique); empty on nodes without a "
         "multi-node fabric.",
     )
-    index: int = Field(description="The node's slot in the IMEX peer list, unique per domain.")
+    index: int = Field(
+        description="The node's slot in its clique's IMEX peer list, unique among the "
+        "domain's nodes of that clique."
+    )
     ready: bool = False
     message: str = Field(default="", description="The node's IMEX daemon's last report.")
 
@@ -160,7 +171,8 @@ class ComputeDomainStatus(_Model):
     fabricDomain: str = Field(
         default="",
         description="The NVLink fabric domain all nodes of this domain share, fixed by the "
-        "first node that joins; empty until then or on nodes without a fabric.",
+        "first node that joins; empty until then, on nodes without a fabric, and always with "
+        "allowMultipleCliques (each node's row names its clique).",
     )
     observedGeneration: int = 0
 

@@ -14,11 +14,15 @@ How the scheduler sees the rule (see docs/compute-domains.md, "One domain per no
   is dropped by the scheduler and its pod retried, by then seeing the node as held.
 
 A node becomes free again when no claim of its owner is allocated on it any more.
+
+A domain's nodes share one NVLink fabric domain (clique): the first admission pins it there.
+A domain that opted in with `spec.allowMultipleCliques` (`multi_clique`) is never pinned and
+takes nodes of any clique; one domain per node holds all the same.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass, field
 
 from fabricdra.api.computedomain import FREE_OWNER
@@ -46,9 +50,11 @@ def decide(
     claims: Sequence[ClaimOnNode],
     live_domains: Mapping[str, str | None],
     current_owner: str = FREE_OWNER,
+    multi_clique: Set[str] = frozenset(),
 ) -> Decision:
     """`live_domains`: UID -> the domain's fabric domain, None while not fixed yet. A domain
-    not in the map is gone (or being deleted) and gets no new nodes."""
+    not in the map is gone (or being deleted) and gets no new nodes. `multi_clique`: UIDs of
+    domains allowed to span several fabric domains (never pinned)."""
     admitted = {c.domain for c in claims if c.state == "admitted" and c.domain}
     if admitted:
         owner = current_owner if current_owner in admitted else min(admitted)
@@ -61,7 +67,7 @@ def decide(
             (c for c in claims if c.state == "pending"), key=lambda c: (c.since, c.key)
         )
         for claim in pending:
-            if _fits(claim.domain, node_fabric, live_domains):
+            if _fits(claim.domain, node_fabric, live_domains, multi_clique):
                 owner = claim.domain
                 break
 
@@ -70,9 +76,9 @@ def decide(
         if claim.state != "pending":
             continue
         mine = claim.domain == owner and owner != FREE_OWNER
-        if mine and _fits(claim.domain, node_fabric, live_domains):
+        if mine and _fits(claim.domain, node_fabric, live_domains, multi_clique):
             admit.append(claim.key)
-            if live_domains[claim.domain] is None:
+            if live_domains[claim.domain] is None and claim.domain not in multi_clique:
                 pins[claim.domain] = node_fabric
             continue
         conflicts.append((claim.key, _why(claim, node, node_fabric, owner, live_domains)))
@@ -83,9 +89,13 @@ def _pending_of(claims: Sequence[ClaimOnNode], domain: str) -> bool:
     return any(c.domain == domain and c.state == "pending" for c in claims)
 
 
-def _fits(domain: str, node_fabric: str, live: Mapping[str, str | None]) -> bool:
+def _fits(
+    domain: str, node_fabric: str, live: Mapping[str, str | None], multi_clique: Set[str]
+) -> bool:
     if not domain or domain not in live:
         return False
+    if domain in multi_clique:
+        return True
     pinned = live[domain]
     return pinned is None or pinned == node_fabric
 
@@ -101,6 +111,7 @@ def _why(
     if pinned is not None and pinned != fabric:
         return (
             f"node {node} is in NVLink fabric domain {fabric or '(none)'} but the "
-            f"ComputeDomain's nodes are in {pinned or '(none)'}; a domain never spans two"
+            f"ComputeDomain's nodes are in {pinned or '(none)'}; a domain never spans two "
+            "unless its spec sets allowMultipleCliques: true"
         )
     return f"node {node} is held by another ComputeDomain ({owner})"

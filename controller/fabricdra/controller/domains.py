@@ -145,6 +145,8 @@ class DomainReconciler:
         first admission, while the domain holds a node or an allocated claim. None: unpinned
         (never pinned, pinned to nodes without a fabric, or holding nothing any more)."""
         own = self.c.ownership
+        if domain.spec.allowMultipleCliques:  # takes nodes of any clique: never steered to one
+            return None
         pinned = domain.status.fabricDomain or own.pin_of(domain.uid)
         if not pinned:
             return None
@@ -214,7 +216,7 @@ class DomainReconciler:
         """Claims of the domain allocated on a node outside the domain's fabric domain (the
         scheduler placed them before the pin was visible; their binding was refused)."""
         pinned = domain.status.fabricDomain or self.c.ownership.pin_of(domain.uid)
-        if pinned is None:
+        if pinned is None or domain.spec.allowMultipleCliques:
             return []
         out = []
         for claim in self.c.claims.items():
@@ -231,27 +233,14 @@ class DomainReconciler:
         return sorted(out)
 
     def _too_large(self, domain: ComputeDomain) -> str:
-        """numNodes is limited by the fabric, not by a constant: it must fit the domain's
-        fabric domain (the one it is pinned to, else the largest one known), counted from the
-        nodes carrying its fabricdra.io/fabric.domain label. Nodes without a fabric are not
-        judged (no multi-node NVLink there)."""
-        want = domain.spec.numNodes
-        if not want or want <= 1:
-            return ""
+        """numNodes is limited by the fabric, not by a constant (status.too_large), counted
+        from the nodes carrying a fabricdra.io/fabric.domain label."""
         sizes = Counter(f for n in self.c.nodes.items() if (f := node_fabric(n)))
-        if not sizes:
-            return ""
-        pinned = domain.status.fabricDomain or self.c.ownership.pin_of(domain.uid)
-        if pinned:
-            fabric, size = pinned, sizes.get(pinned, 0)
-        else:
-            fabric, size = max(sizes.items(), key=lambda kv: (kv[1], kv[0]))
-        if want <= size:
-            return ""
-        which = "its" if pinned else "the largest"
-        return (
-            f"numNodes {want} cannot fit: {which} NVLink fabric domain {fabric} has {size} "
-            "node(s) with the compute-domain plugin; a domain never spans two fabric domains"
+        return status.too_large(
+            domain.spec.numNodes,
+            sizes,
+            pinned=domain.status.fabricDomain or self.c.ownership.pin_of(domain.uid),
+            multi_clique=domain.spec.allowMultipleCliques,
         )
 
     def _update_status(

@@ -21,21 +21,30 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("fabricdra.controller")
 JSON = dict[str, Any]
+# The gang key of a multi-clique domain (one timer for all its cliques); never a label value.
+ALL_CLIQUES = "*"
 
 
 class NodeReconciler:
     def __init__(self, controller: Controller) -> None:
         self.c = controller
 
-    def live_domains(self) -> dict[str, str | None]:
+    def live_domains(self) -> tuple[dict[str, str | None], set[str]]:
+        """Live domains' fabric pins (None: not pinned yet), and the UIDs of those allowed to
+        span several cliques (never pinned)."""
         live: dict[str, str | None] = {}
+        multi: set[str] = set()
         for obj in self.c.domains.items():
             meta = obj["metadata"]
             if meta.get("deletionTimestamp"):
                 continue
             uid = meta["uid"]
+            if (obj.get("spec") or {}).get("allowMultipleCliques") is True:
+                live[uid] = None
+                multi.add(uid)
+                continue
             live[uid] = obj.get("status", {}).get("fabricDomain") or self.c.ownership.pin_of(uid)
-        return live
+        return live, multi
 
     def reconcile(self, name: str) -> None:
         c = self.c
@@ -53,18 +62,24 @@ class NodeReconciler:
         fabric = node_fabric(node)
         namespaces = {o["metadata"]["uid"]: o["metadata"]["namespace"] for o in c.domains.items()}
         views = [v for cl in claims for v in claim_views(cl, name, namespaces)]
-        decision = admission.decide(name, fabric, views, self.live_domains(), previous)
+        live, multi = self.live_domains()
+        decision = admission.decide(name, fabric, views, live, previous, multi_clique=multi)
         c.ownership.set_owner(name, decision.owner)
         for uid, pinned in decision.fabric_pins.items():
             c.ownership.pin(uid, pinned)
         self._ensure_slice(node, decision.owner, fabric)
         self._ensure_node_label(node, decision.owner)
         by_key = {f"{cl['metadata']['namespace']}/{cl['metadata']['name']}": cl for cl in claims}
-        admit, timed_out = self._gang(name, fabric, decision.admit, by_key)
+        admit, timed_out = self._gang(name, fabric, decision.admit, by_key, multi)
         for key in timed_out:
+            where = (
+                "its cliques"
+                if domain_uid(by_key[key]) in multi
+                else f"fabric domain {fabric or '(none)'}"
+            )
             why = (
                 f"the ComputeDomain's {self._want(by_key[key])} nodes were not all allocated in "
-                f"fabric domain {fabric or '(none)'} within "
+                f"{where} within "
                 f"{c.config.gang_timeout_seconds:.0f}s; released so other jobs can use node {name}"
             )
             self._answer(by_key[key], name, cd.CONFLICT_CONDITION, "GangTimeout", why)
@@ -96,10 +111,16 @@ class NodeReconciler:
         return int(((obj or {}).get("spec") or {}).get("numNodes") or 1)
 
     def _gang(
-        self, node: str, fabric: str, keys: list[str], by_key: dict[str, JSON]
+        self,
+        node: str,
+        fabric: str,
+        keys: list[str],
+        by_key: dict[str, JSON],
+        multi_clique: set[str],
     ) -> tuple[list[str], list[str]]:
         """Gang admission for domains with numNodes: a claim is admitted only once claims of
-        its domain are allocated on numNodes nodes of this fabric domain, so two jobs never
+        its domain are allocated on numNodes nodes of this fabric domain (of any of its
+        cliques for a domain in `multi_clique`), so two jobs never
         hold each other's nodes half-admitted; when a gang has waited longer than the gang
         timeout, all its held claims are released (conflict) together, so the nodes go back to
         the pool and the job is placed again as a whole. Returns (admit, timed out)."""
@@ -113,12 +134,14 @@ class NodeReconciler:
                 continue
             # The nodes held for the domain in this fabric domain (held = a claim of the
             # domain is allocated there and fits; this node was just decided).
+            uid = domain_uid(claim)
+            spans = uid in multi_clique
             members = {
                 n
-                for n in c.ownership.nodes_of(domain_uid(claim))
-                if node_fabric(c.nodes.get(n) or {}) == fabric
+                for n in c.ownership.nodes_of(uid)
+                if spans or node_fabric(c.nodes.get(n) or {}) == fabric
             }
-            gang = (domain_uid(claim), fabric)
+            gang = (uid, ALL_CLIQUES if spans else fabric)
             if len(members) >= want:
                 c.ownership.gang_done(key, gang)
                 admit.append(key)

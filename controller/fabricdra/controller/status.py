@@ -3,12 +3,15 @@
 The controller is the only writer of `status`: daemons report into their own Lease objects and
 the controller folds those reports in here, so there is one writer per object and no write
 conflicts however many nodes join (NVIDIA's design has every daemon write the shared status,
-which produced 409 storms on large jobs). Node indices are assigned here too: a node keeps its
-index while it stays, and a newcomer takes the lowest free one.
+which produced 409 storms on large jobs). Node indices are assigned here too, per clique (each
+clique is its own IMEX ensemble, whose peer slots its nodes' indices are, as in NVIDIA's
+driver): a node keeps its index while it stays in its clique, and a newcomer takes the lowest
+index free in its clique.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -55,18 +58,33 @@ class Event:
     message: str
 
 
-def node_rows(domain: ComputeDomain, obs: Observed) -> list[NodeStatus]:
+def _indices(domain: ComputeDomain, held: Sequence[HeldNode]) -> dict[str, int]:
+    """Each held node's slot in its clique's IMEX peer list: kept while the node stays in the
+    same clique, else the lowest free one there."""
     previous = {n.name: n for n in domain.status.nodes}
+    taken: dict[str, set[int]] = {}
+    out: dict[str, int] = {}
+    ordered = sorted(held, key=lambda h: h.name)
+    for h in ordered:
+        old = previous.get(h.name)
+        used = taken.setdefault(h.fabric_domain, set())
+        if old is not None and old.fabricDomain == h.fabric_domain and old.index not in used:
+            out[h.name] = old.index
+            used.add(old.index)
+    for h in ordered:
+        if h.name not in out:
+            used = taken[h.fabric_domain]
+            out[h.name] = next(i for i in range(len(used) + 1) if i not in used)
+            used.add(out[h.name])
+    return out
+
+
+def node_rows(domain: ComputeDomain, obs: Observed) -> list[NodeStatus]:
     host_mode = domain.spec.imexMode == "host"
-    taken = {previous[h.name].index for h in obs.held if h.name in previous}
+    indices = _indices(domain, obs.held)
     rows = []
     for held in sorted(obs.held, key=lambda h: h.name):
-        old = previous.get(held.name)
-        if old is not None:
-            index = old.index
-        else:
-            index = next(i for i in range(len(taken) + 1) if i not in taken)
-            taken.add(index)
+        index = indices[held.name]
         report = obs.reports.get(held.name)
         if host_mode and report is None:
             # No report is not READY: the node plugin has not said the host's IMEX serves.
@@ -86,7 +104,38 @@ def node_rows(domain: ComputeDomain, obs: Observed) -> list[NodeStatus]:
                 message=message,
             )
         )
-    return sorted(rows, key=lambda r: r.index)
+    return sorted(rows, key=lambda r: (r.fabricDomain, r.index))
+
+
+def too_large(
+    want: int | None, sizes: Counter[str], *, pinned: str | None, multi_clique: bool
+) -> str:
+    """Why `numNodes` can never fit ("" when it can). `sizes`: compute-domain nodes per fabric
+    domain (nodes without one are not judged: no multi-node NVLink there). The limit is the
+    fabric's: the pinned fabric domain, else the largest one; with allowMultipleCliques, all
+    cliques together."""
+    if not want or want <= 1 or not sizes:
+        return ""
+    if multi_clique:
+        total = sum(sizes.values())
+        if want <= total:
+            return ""
+        return (
+            f"numNodes {want} cannot fit: the {len(sizes)} clique(s) (NVLink fabric domains) "
+            f"have {total} node(s) with the compute-domain plugin together"
+        )
+    if pinned:
+        fabric, size = pinned, sizes.get(pinned, 0)
+    else:
+        fabric, size = max(sizes.items(), key=lambda kv: (kv[1], kv[0]))
+    if want <= size:
+        return ""
+    which = "its" if pinned else "the largest"
+    return (
+        f"numNodes {want} cannot fit: {which} NVLink fabric domain {fabric} has {size} "
+        "node(s) with the compute-domain plugin; a domain never spans two fabric domains "
+        "unless its spec sets allowMultipleCliques: true"
+    )
 
 
 def _condition(
@@ -188,8 +237,9 @@ def compute(
             "conditions": conditions,
             "nodes": rows,
             "observedGeneration": gen,
+            # A multi-clique domain has no one fabric domain: its rows name each node's.
             "fabricDomain": ""
-            if obs.unpin and not rows
+            if (obs.unpin and not rows) or domain.spec.allowMultipleCliques
             else domain.status.fabricDomain
             or next((r.fabricDomain for r in rows if r.fabricDomain), ""),
         }
