@@ -7,11 +7,20 @@ listed in docs/compute-domains.md.
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 from fabricdra.cli.common import UsageError, api_client, stop_event
 from fabricdra.cli.common import env as _env
-from fabricdra.controller.objects import DEFAULT_IMAGE
+from fabricdra.controller.objects import (
+    DEFAULT_DAEMON_CPU,
+    DEFAULT_DAEMON_MEMORY,
+    DEFAULT_IMAGE,
+)
+
+# A Kubernetes resource quantity (apimachinery's resource.Quantity): a number, then an SI,
+# binary or decimal-exponent suffix.
+QUANTITY = re.compile(r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[nukmMGTPE]|[KMGTPE]i)?$")
 
 
 def register(sub: Any) -> None:
@@ -38,6 +47,18 @@ def register(sub: Any) -> None:
         "--image",
         default=_env("IMAGE", DEFAULT_IMAGE),
         help="image of the IMEX daemon pods [FABRICDRA_IMAGE]",
+    )
+    a(
+        "--imex-daemon-cpu",
+        default=_env("IMEX_DAEMON_CPU", DEFAULT_DAEMON_CPU),
+        help="CPU request and limit of each IMEX daemon container, a Kubernetes quantity "
+        f"(default {DEFAULT_DAEMON_CPU}) [FABRICDRA_IMEX_DAEMON_CPU]",
+    )
+    a(
+        "--imex-daemon-memory",
+        default=_env("IMEX_DAEMON_MEMORY", DEFAULT_DAEMON_MEMORY),
+        help="memory request and limit of each IMEX daemon container, a Kubernetes quantity "
+        f"(default {DEFAULT_DAEMON_MEMORY}) [FABRICDRA_IMEX_DAEMON_MEMORY]",
     )
     a(
         "--workers",
@@ -115,10 +136,23 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--imex-channel-count must be between 1 and 2048, got {args.imex_channel_count}"
         )
+    for flag, value in (
+        ("--imex-daemon-cpu", args.imex_daemon_cpu),
+        ("--imex-daemon-memory", args.imex_daemon_memory),
+    ):
+        if not QUANTITY.match(value or ""):
+            raise UsageError(
+                f"{flag} must be a Kubernetes quantity such as 100m or 128Mi, got {value!r}"
+            )
     api = api_client(args.kubeconfig)
     cfg = ControllerConfig(
         namespace=args.namespace,
-        daemon=DaemonSettings(namespace=args.namespace, image=args.image),
+        daemon=DaemonSettings(
+            namespace=args.namespace,
+            image=args.image,
+            cpu=args.imex_daemon_cpu,
+            memory=args.imex_daemon_memory,
+        ),
         domain_workers=args.workers,
         resync_seconds=args.resync_seconds,
         leader_election=args.leader_elect == "true",

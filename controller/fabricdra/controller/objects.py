@@ -24,6 +24,10 @@ JSON = dict[str, Any]
 DEFAULT_IMAGE = f"ghcr.io/fabricdra/fabricdra:{version('fabricdra')}"
 
 
+DEFAULT_DAEMON_CPU = "200m"
+DEFAULT_DAEMON_MEMORY = "256Mi"
+
+
 @dataclass(frozen=True)
 class DaemonSettings:
     """How the per-domain IMEX DaemonSet is run (controller flags)."""
@@ -32,6 +36,11 @@ class DaemonSettings:
     image: str = DEFAULT_IMAGE
     service_account: str = "fabricdra-imex-daemon"
     priority_class: str = "system-node-critical"
+    # The daemon container's requests, equal to its limits (Guaranteed QoS: the last to be
+    # killed when the node runs out of memory). Sized from bench/imexdaemon.py; see
+    # docs/compute-domains.md, "Sizing the IMEX daemon".
+    cpu: str = DEFAULT_DAEMON_CPU
+    memory: str = DEFAULT_DAEMON_MEMORY
 
 
 def owner_reference(domain: ComputeDomain) -> JSON:
@@ -209,8 +218,8 @@ def daemon_set(domain: ComputeDomain, settings: DaemonSettings) -> JSON:
                             "args": ["imex-daemon"],
                             "env": env,
                             "resources": {
-                                "requests": {"cpu": "100m", "memory": "128Mi"},
-                                "limits": {"cpu": "100m", "memory": "128Mi"},
+                                "requests": {"cpu": settings.cpu, "memory": settings.memory},
+                                "limits": {"cpu": settings.cpu, "memory": settings.memory},
                                 "claims": [{"name": "imex"}],
                             },
                             # A file check, not a Python start-up (that cost 0.55 s CPU and
