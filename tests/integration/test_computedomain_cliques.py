@@ -28,6 +28,7 @@ from .computedomain_helpers import (
     install_crd,
     running_controller,
     unique,
+    wait_gone,
 )
 
 pytestmark = pytest.mark.integration
@@ -154,6 +155,7 @@ def test_an_opted_in_domain_spans_two_cliques_with_one_imex_ensemble_each(
             for d in daemons.values():
                 d.supervisor.stop()
         rest.delete(COMPUTE_DOMAINS, "span", ns)
+        wait_gone(lambda: rest.get_or_none(COMPUTE_DOMAINS, "span", ns), "span deleted")
 
 
 def test_without_the_opt_in_a_second_clique_is_refused(
@@ -175,3 +177,4 @@ def test_without_the_opt_in_a_second_clique_is_refused(
         )
         assert "allowMultipleCliques" in refused["message"]
         rest.delete(COMPUTE_DOMAINS, "single", ns)
+        wait_gone(lambda: rest.get_or_none(COMPUTE_DOMAINS, "single", ns), "single deleted")
