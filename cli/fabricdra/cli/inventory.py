@@ -16,6 +16,7 @@ from fabricdra.kubeletplugin.discovery.nvml import (
     dump_snapshot,
     load_snapshot,
     read_live,
+    record_xid_events,
 )
 from fabricdra.kubeletplugin.discovery.sysfs import RootError, SysfsTree
 from fabricdra.kubeletplugin.report import PreviousError, inventory_document, load_previous
@@ -70,6 +71,14 @@ def add_nvml_snapshot(sub: Any) -> None:
         help="record this host's NVML answers as JSON, for --nvml-snapshot elsewhere",
     )
     p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    p.add_argument(
+        "--xid-events-seconds",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="also record the Xid events that arrive within this time (default 0: record only "
+        "whether each GPU accepts Xid event registration)",
+    )
     p.set_defaults(run=run_nvml_snapshot)
 
 
@@ -124,10 +133,13 @@ def _resource_slices(result: Discovery, node_name: str) -> list[dict[str, Any]]:
 
 
 def run_nvml_snapshot(args: argparse.Namespace) -> int:
+    if not args.xid_events_seconds >= 0:
+        raise UsageError(f"--xid-events-seconds must be 0 or more, not {args.xid_events_seconds}")
     readings = read_live()
     if not readings.available:
         print(f"fabricdra nvml-snapshot: NVML unavailable: {readings.reason}", file=sys.stderr)
         return 1
+    readings = record_xid_events(readings, args.xid_events_seconds)
     for bus, error in readings.errors.items():
         log.error("GPU not recorded", pciBusId=bus, error=error)
     text = dump_snapshot(readings)
