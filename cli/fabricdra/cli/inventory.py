@@ -108,22 +108,38 @@ def run_inventory(args: argparse.Namespace) -> int:
             log.warning("label withheld: not a valid label value", key=key, value=value)
         doc = inventory_document(result, "sample" if args.sample else root)
         if args.node_name:
-            doc["resourceSlices"] = _resource_slices(result, args.node_name)
+            doc["resourceSlices"] = _resource_slices(result, args.node_name, snapshot)
         print_json(doc)
     return 0
 
 
-def _resource_slices(result: Discovery, node_name: str) -> list[dict[str, Any]]:
+def _resource_slices(
+    result: Discovery, node_name: str, snapshot: str | None
+) -> list[dict[str, Any]]:
     """Exactly what NodePublisher would publish for this discovery (same builders, same
-    health rules), so a node's slices can be inspected without a cluster."""
+    health rules, Xid events as the agent's first pass sees them: a snapshot's recorded ones,
+    or on a GPU host whether each GPU can report them), so a node's slices can be inspected
+    without a cluster."""
     from fabricdra.kubeletplugin.devices import build_devices, gpu_info
+    from fabricdra.kubeletplugin.discovery.nvml import (
+        LiveXidEvents,
+        ReplayedXidEvents,
+        XidEventSource,
+    )
     from fabricdra.kubeletplugin.health import gpu_health, nvidia_bound
     from fabricdra.kubeletplugin.resourceslices import build_slices
+    from fabricdra.kubeletplugin.xids import XidWatch
 
+    source: XidEventSource = ReplayedXidEvents(snapshot) if snapshot else LiveXidEvents()
+    watch = XidWatch(source)
+    try:
+        nvml = watch.apply(result.nvml)
+    finally:
+        watch.close()
     inventory = build_devices(
         result.interfaces or [],
         result.accelerators or [],
-        gpu_health=gpu_health(result.nvml, None, expected=nvidia_bound(result.accelerators)),
+        gpu_health=gpu_health(nvml, None, expected=nvidia_bound(result.accelerators)),
         gpu_info=gpu_info(result.nvml),
     )
     plan = build_slices(inventory, node_name)
