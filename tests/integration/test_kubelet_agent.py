@@ -331,3 +331,51 @@ def test_a_failures_first_seen_time_survives_a_plugin_restart(
             times.append(eventually(lambda: taint_time(api), "the failed link's taint"))
             time.sleep(1.1)  # the clock moves on (times have one-second resolution)
         assert times[0] == times[1]
+
+
+def test_a_critical_xid_taints_the_gpu_and_survives_a_plugin_restart(
+    tmp_path_factory: pytest.TempPathFactory, control_plane: ControlPlane, crds: None, node: str
+) -> None:
+    """An Xid event (replayed from the recorded NVML answers) taints its GPU in the published
+    slice; NVML never repeats the event, yet a restarted plugin keeps the taint and its time."""
+    base = tmp_path_factory.mktemp("xid")
+    host = build_host(base / "host", vf_nics=())
+    config = agent_config(base, host, node, discovery_interval=3600)
+    snapshot = json.loads(host.nvml_snapshot.read_text())
+    gpu_bus = sorted(snapshot)[0]
+    device = "gpu-" + gpu_bus.replace(":", "-").replace(".", "-")
+    for entry in snapshot.values():
+        entry.update(xidEventsSupported=True, xidEvents=[])
+
+    def record(events: list[dict[str, int]]) -> None:
+        snapshot[gpu_bus]["xidEvents"] = events
+        host.nvml_snapshot.write_text(json.dumps(snapshot))
+
+    def taint_time(api: Any) -> str | None:
+        for s in (
+            client.ResourceV1Api(api)
+            .list_resource_slice(field_selector=f"spec.nodeName={node}")
+            .items
+        ):
+            for d in s.spec.devices or []:
+                if d.name == device and d.taints:
+                    return str(d.taints[0].time_added)
+        return None
+
+    with control_plane.api_client() as api:
+        record([])
+        agent = Agent(config, api)
+        agent.pass_once()
+        assert eventually(lambda: slice_devices(api, node), "the first publish")
+        assert taint_time(api) is None
+        record([{"xid": 79}])
+        agent.pass_once()
+        first = eventually(lambda: taint_time(api), "the Xid's taint")
+        agent.xids.close()
+
+        record([])  # a new process: the event is not delivered again
+        time.sleep(1.1)  # the clock moves on (times have one-second resolution)
+        restarted = Agent(config, api)
+        restarted.pass_once()
+        assert taint_time(api) == first
+        restarted.xids.close()
