@@ -7,7 +7,9 @@ Each pass (every `discovery_interval` seconds, and at once when kubelet confirms
 registration — kubelet deletes the node's slices when it starts):
 1. discovery over sysfs (+ NVML), `metrics.DISCOVERY_SECONDS`;
 2. GPU health (`health.gpu_health`, NVML or the DCGM exporter; Xid critical errors drained
-   from the NVML event set the agent holds open for its life, `xids.XidWatch`);
+   from the NVML event set the agent holds open for its life, `xids.XidWatch`; between
+   passes the set is drained every `XID_POLL_SECONDS`, and a new critical Xid starts a pass
+   at once);
 3. `build_devices` → the new `DeviceInventory`, swapped in as one reference, so prepare
    always resolves names against one complete pass;
 4. `NodePublisher.sync` (slices, NodeDevices, labels; it compares with the live objects, so
@@ -72,6 +74,7 @@ from .xids import XidWatch
 log = structlog.get_logger("fabricdra.agent")
 
 REGISTRATION_RECHECKS = (2.0, 5.0, 15.0)  # seconds after a registration: extra passes
+XID_POLL_SECONDS = 2.0  # between passes, how often the Xid event set is drained
 
 
 class Publisher(Protocol):
@@ -321,18 +324,26 @@ class Agent:
         self.pass_once()
         self.server.start()
         next_sweep = time.monotonic() + self.config.sweep_interval
+        next_pass = time.monotonic() + self.config.discovery_interval
         try:
             while not stop.is_set():
-                self.wake.wait(self._until_next_pass())
+                woken = self.wake.wait(min(self._until_next_pass(next_pass), XID_POLL_SECONDS))
                 self.wake.clear()
                 if stop.is_set():
                     break
                 now = time.monotonic()
+                due = woken or now >= next_pass or any(t <= now for t in self._rechecks)
+                if not due:
+                    # Xid events between passes: a new critical one is published now.
+                    if not self.xids.poll():
+                        continue
+                    log.info("critical Xid error seen; publishing now")
                 self._rechecks = [t for t in self._rechecks if t > now]
                 try:
                     self.pass_once()
                 except Exception:
                     log.exception("discovery pass failed")
+                next_pass = time.monotonic() + self.config.discovery_interval
                 if now >= next_sweep:
                     next_sweep = now + self.config.sweep_interval
                     try:
@@ -343,8 +354,8 @@ class Agent:
             self.server.stop()
             self.xids.close()
 
-    def _until_next_pass(self) -> float:
-        wait = self.config.discovery_interval
+    def _until_next_pass(self, next_pass: float) -> float:
+        wait = max(0.0, next_pass - time.monotonic())
         if self._rechecks:
             wait = min(wait, max(0.0, min(self._rechecks) - time.monotonic()))
         return wait

@@ -2,6 +2,7 @@
 
     watch = XidWatch(LiveXidEvents(), state_file=state_dir / "xid-errors.json", boot_id=...)
     readings = watch.apply(readings)   # each discovery pass, before `health.gpu_health`
+    if watch.poll(): ...               # between passes: a new critical Xid wants a pass now
     watch.close()                      # when the agent stops
 
 Each pass registers the GPUs the readings name that are not registered yet, drains the event
@@ -84,7 +85,19 @@ class XidWatch:
             log.warning("Xid events unreadable this pass", error=str(e))
         return self._merge(readings, broken)
 
-    def _take(self, events: list[XidEvent]) -> None:
+    def poll(self) -> bool:
+        """Between passes: drain the set; True when a new critical Xid was recorded (the
+        caller then runs a pass at once, so the taint does not wait for the next one). Only
+        once the first pass registered GPUs; a failure is left to the next pass to report."""
+        if self.source is None or not self.registered:
+            return False
+        try:
+            return self._take(self.source.drain())
+        except XidEventsError as e:
+            log.info("Xid events unreadable between passes", error=str(e))
+            return False
+
+    def _take(self, events: list[XidEvent]) -> bool:
         changed = False
         for e in events:
             if e.xid in APPLICATION_XIDS:
@@ -110,6 +123,7 @@ class XidWatch:
                     changed = True
         if changed:
             self._save()
+        return changed
 
     def _merge(self, readings: NvmlReadings, broken: str | None) -> NvmlReadings:
         gpus = dict(readings.gpus)
