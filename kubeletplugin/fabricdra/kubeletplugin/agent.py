@@ -335,7 +335,12 @@ class Agent:
                 due = woken or now >= next_pass or any(t <= now for t in self._rechecks)
                 if not due:
                     # Xid events between passes: a new critical one is published now.
-                    if not self.xids.poll():
+                    try:
+                        fresh = self.xids.poll()
+                    except Exception:
+                        log.exception("Xid poll failed; the next pass reads them")
+                        fresh = False
+                    if not fresh:
                         continue
                     log.info("critical Xid error seen; publishing now")
                 self._rechecks = [t for t in self._rechecks if t > now]

@@ -489,7 +489,11 @@ class LiveXidEvents:
         nvml = self._pynvml
         wanted = set(buses)
         out: dict[str, str | None] = {}
-        for i in range(nvml.nvmlDeviceGetCount()):
+        try:
+            count = nvml.nvmlDeviceGetCount()
+        except nvml.NVMLError as e:
+            raise XidEventsError(f"nvmlDeviceGetCount: {e}") from None
+        for i in range(count):
             try:
                 handle = nvml.nvmlDeviceGetHandleByIndex(i)
                 bus = normalise_bus_id(_text(nvml.nvmlDeviceGetPciInfo(handle).busId))
