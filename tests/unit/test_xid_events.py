@@ -156,14 +156,14 @@ def test_critical_xids_survive_a_plugin_restart_but_not_a_reboot(node: Node) -> 
 def test_an_event_set_that_fails_makes_health_unknown_for_that_pass(node: Node) -> None:
     agent, _ = node.agent()
     assert agent.pass_once().get(GPU0).health == "Healthy"  # type: ignore[union-attr]
-    node.snapshot_path.write_text("{")  # the recording cannot be read: no events this pass
 
     class Broken(ReplayedXidEvents):
+        """What NVML answers when the set cannot be waited on (the driver went away)."""
+
         def drain(self) -> list[XidEvent]:
             raise XidEventsError("nvmlEventSetWait: Unknown Error")
 
     agent.xids.source = Broken(node.snapshot_path)
-    node.write()
     gpu = agent.pass_once().get(GPU0)
     assert gpu is not None
     assert gpu.health == "Unknown"
