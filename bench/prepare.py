@@ -10,7 +10,7 @@ e2e/harness) on the 8-GPU HGX test node (tests/integration/kubelethost.py).
   ResourceClaim GET is timed inside the plugin, so the figure "excl. API read" subtracts it.
   A repeated prepare (same claim, spec unchanged) is reported too.
 - where: the CDI folder on tmpfs (/dev/shm here) as /var/run/cdi is on a real node; the
-  checkpoint (fsynced) on disk, as /var/lib/kubelet/plugins is.
+  checkpoint on disk, as /var/lib/kubelet/plugins is.
 - a hung read: the same prepares while another claim's API read hangs (that claim's reads go
   to a local socket that never answers, one call after another, each until its read budget
   ends): reads happen outside the driver's lock, so the figure should not move.
@@ -260,7 +260,7 @@ def main() -> None:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-prepare-")))
         cdi = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=args.cdi_tmpfs)))
         cp = stack.enter_context(ControlPlane(tmp / "cp"))
-        print(f"CDI folder {cdi}; checkpoint {tmp}/state (fsynced)")
+        print(f"CDI folder {cdi}; checkpoint {tmp}/state")
         print(
             "load average before: {:.2f} {:.2f} {:.2f} on {} CPUs".format(
                 *os.getloadavg(), os.cpu_count()

@@ -27,6 +27,7 @@ from kubernetes.client.exceptions import ApiException
 from e2e.harness.controlplane import ControlPlane
 from e2e.harness.process import free_port
 from fabricdra.kubeletplugin.agent import Agent, AgentConfig
+from fabricdra.kubeletplugin.resourceslices import TAINT_KEY
 from fabricdra.proto.gen.dra_health_v1alpha1 import api_pb2 as health_pb2
 from fabricdra.proto.gen.dra_health_v1alpha1 import api_pb2_grpc as health_grpc
 from fabricdra.proto.gen.dra_v1 import api_pb2 as v1_pb2
@@ -331,3 +332,97 @@ def test_a_failures_first_seen_time_survives_a_plugin_restart(
             times.append(eventually(lambda: taint_time(api), "the failed link's taint"))
             time.sleep(1.1)  # the clock moves on (times have one-second resolution)
         assert times[0] == times[1]
+
+
+def test_a_critical_xid_taints_the_gpu_and_survives_a_plugin_restart(
+    tmp_path_factory: pytest.TempPathFactory, control_plane: ControlPlane, crds: None, node: str
+) -> None:
+    """An Xid event (replayed from the recorded NVML answers) taints its GPU in the published
+    slice; NVML never repeats the event, yet a restarted plugin keeps the taint and its time."""
+    base = tmp_path_factory.mktemp("xid")
+    host = build_host(base / "host", vf_nics=())
+    config = agent_config(base, host, node, discovery_interval=3600)
+    snapshot = json.loads(host.nvml_snapshot.read_text())
+    gpu_bus = sorted(snapshot)[0]
+    device = "gpu-" + gpu_bus.replace(":", "-").replace(".", "-")
+    for entry in snapshot.values():
+        entry.update(xidEventsSupported=True, xidEvents=[])
+
+    def record(events: list[dict[str, int]]) -> None:
+        snapshot[gpu_bus]["xidEvents"] = events
+        host.nvml_snapshot.write_text(json.dumps(snapshot))
+
+    def taint_time(api: Any) -> str | None:
+        for s in (
+            client.ResourceV1Api(api)
+            .list_resource_slice(field_selector=f"spec.nodeName={node}")
+            .items
+        ):
+            for d in s.spec.devices or []:
+                for t in d.taints or []:
+                    if d.name == device and t.key == TAINT_KEY:
+                        return str(t.time_added)
+        return None
+
+    with control_plane.api_client() as api:
+        record([])
+        agent = Agent(config, api)
+        agent.pass_once()
+        assert eventually(lambda: slice_devices(api, node), "the first publish")
+        assert taint_time(api) is None
+        record([{"xid": 79}])
+        agent.pass_once()
+        first = eventually(lambda: taint_time(api), "the Xid's taint")
+        agent.xids.close()
+
+        record([])  # a new process: the event is not delivered again
+        time.sleep(1.1)  # the clock moves on (times have one-second resolution)
+        restarted = Agent(config, api)
+        restarted.pass_once()
+        assert taint_time(api) == first
+        restarted.xids.close()
+
+
+def test_a_critical_xid_between_passes_is_published_within_seconds(
+    tmp_path_factory: pytest.TempPathFactory, control_plane: ControlPlane, crds: None, node: str
+) -> None:
+    """The next discovery pass is an hour away; the Xid event set is drained between passes,
+    and a new critical Xid publishes the taint at once. An application Xid does not."""
+    base = tmp_path_factory.mktemp("xidrun")
+    host = build_host(base / "host", vf_nics=())
+    snapshot = json.loads(host.nvml_snapshot.read_text())
+    for entry in snapshot.values():
+        entry.update(xidEventsSupported=True, xidEvents=[])
+    host.nvml_snapshot.write_text(json.dumps(snapshot))
+    first, second = sorted(snapshot)[:2]
+    config = agent_config(base, host, node, discovery_interval=3600)
+
+    def tainted(api: Any) -> list[str]:
+        return sorted(
+            d.name
+            for s in client.ResourceV1Api(api)
+            .list_resource_slice(field_selector=f"spec.nodeName={node}")
+            .items
+            for d in s.spec.devices or []
+            if any(t.key == TAINT_KEY for t in d.taints or [])  # not the verification gate's
+        )
+
+    with control_plane.api_client() as api:
+        agent = Agent(config, api)
+        stop = threading.Event()
+        thread = threading.Thread(target=agent.run, args=(stop,))
+        thread.start()
+        try:
+            eventually(lambda: slice_devices(api, node), "the first publish")
+            passes = agent.passes
+            snapshot[second]["xidEvents"] = [{"xid": 13}]  # the application's own
+            host.nvml_snapshot.write_text(json.dumps(snapshot))
+            snapshot[first]["xidEvents"] = [{"xid": 79}]
+            host.nvml_snapshot.write_text(json.dumps(snapshot))
+            name = "gpu-" + first.replace(":", "-").replace(".", "-")
+            assert eventually(lambda: tainted(api), "the Xid's taint", timeout=15) == [name]
+            assert agent.passes == passes + 1
+        finally:
+            agent.stop_event_wakes(stop)
+            thread.join(timeout=20)
+        assert not thread.is_alive()

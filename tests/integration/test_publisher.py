@@ -15,10 +15,12 @@ from kubernetes.client.exceptions import ApiException
 from e2e.harness.controlplane import ControlPlane
 from fabricdra.api import crdgen
 from fabricdra.api.nodedevices import CRD, NodeDevicesSpec
+from fabricdra.kubeletplugin import metrics
 from fabricdra.kubeletplugin.devices import DeviceConfig, DeviceInventory, build_devices
 from fabricdra.kubeletplugin.discovery.node import Discovery, Previous, discover
 from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
+from fabricdra.kubeletplugin.prepare import ApiClaimReader
 from fabricdra.kubeletplugin.publisher import NodePublisher
 from tests.integration.dra_setup import installed  # noqa: F401 - a fixture
 from tests.sysfs.builder import SysfsBuilder
@@ -140,6 +142,73 @@ def test_publish_then_unchanged_passes_write_nothing(node: Node) -> None:
     assert node.writes() == []
     # ...and it did read the live objects (the comparison is against the server).
     assert node.cp.audit_events(user_agent=node.agent, verbs=("get", "list"))
+
+
+def _metric() -> dict[tuple[str, str], float]:
+    """fabricdra_api_writes_total by (kind, verb), as /metrics would serve it."""
+    out = {}
+    for family in metrics.REGISTRY.collect():
+        if family.name == "fabricdra_api_writes":
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    out[(sample.labels["kind"], sample.labels["verb"])] = sample.value
+    return out
+
+
+def _grew(before: dict[tuple[str, str], float]) -> dict[tuple[str, str], float]:
+    return {k: v - before.get(k, 0) for k, v in _metric().items() if v != before.get(k, 0)}
+
+
+def _accepted(events: list[dict[str, Any]]) -> dict[tuple[str, str], int]:
+    """Writes the server accepted, by (resource, verb), from the audit log."""
+    out: dict[tuple[str, str], int] = {}
+    for e in events:
+        if e.get("responseStatus", {}).get("code", 0) < 300:
+            key = (e["objectRef"]["resource"], e["verb"])
+            out[key] = out.get(key, 0) + 1
+    return out
+
+
+def test_the_node_agents_writes_are_counted_in_the_rest_layer(
+    node: Node, control_plane: ControlPlane
+) -> None:
+    """Issue 11: the node agent's writes are counted where they are sent (`CountingRest`, as
+    the controller's are): the metric, the pass's result and the API server's audit log agree,
+    a pass that changes nothing counts 0, and a changed pass counts exactly its writes."""
+    before = _metric()
+    d = node.discover()
+    first = node.publisher.sync(d, _inventory(d))
+    assert first.ok, first.errors
+    sent = {("resourceslices", "create"): 1, ("nodedevices", "create"): 1, ("nodes", "patch"): 1}
+    assert node.publisher.rest.writes() == sent
+    assert _accepted(node.writes()) == sent
+    assert _grew(before) == {
+        ("ResourceSlice", "create"): 1,
+        ("NodeDevices", "create"): 1,
+        ("Node", "patch"): 1,
+    }
+
+    unchanged = _metric()
+    assert node.publisher.sync(node.discover(previous=d), _inventory(d)).writes == {}
+    assert _grew(unchanged) == {}
+    assert node.publisher.rest.total_writes() == 3
+
+    # A stale managed label: the next pass removes it with one patch, and counts that one.
+    node.set_labels({"fabricdra.io/rdma.stale": "x"})
+    changed = _metric()
+    result = node.publisher.sync(node.discover(previous=d), _inventory(d))
+    assert result.writes == {"Node": 1}
+    assert _grew(changed) == {("Node", "patch"): 1}
+    assert _accepted(node.writes()) == {**sent, ("nodes", "patch"): 2}
+
+    # Prepare's warning events are the node agent's writes too.
+    namespace = _name("events")
+    control_plane.create_namespace(namespace)
+    claim = {"metadata": {"name": "c1", "namespace": namespace, "uid": str(uuid.uuid4())}}
+    events = _metric()
+    ApiClaimReader(node.api).warn(claim, "DeviceBusy", "test", 5.0)
+    assert _grew(events) == {("Event", "create"): 1}
+    assert _accepted(node.writes())[("events", "create")] == 1
 
 
 def test_slices_deleted_by_kubelet_are_recreated(node: Node) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from fabricdra.kubeletplugin.kubelet.checkpoint import (
     ClaimEntry,
     PreparedRecord,
     current_boot_id,
+    current_boot_time,
 )
 
 RECORD = PreparedRecord(
@@ -81,3 +83,34 @@ def test_the_boot_id_is_read_from_the_kernel_file(tmp_path: Path) -> None:
     (tmp_path / "boot_id").write_text("1c6f0c7e-4e39-4b0a-a0a4-2a3d9a0e0a51\n")
     assert current_boot_id(tmp_path / "boot_id") == "1c6f0c7e-4e39-4b0a-a0a4-2a3d9a0e0a51"
     assert current_boot_id(tmp_path / "missing") is None
+
+
+def test_a_torn_checkpoint_of_an_earlier_boot_is_set_aside(tmp_path: Path) -> None:
+    """Nothing is fsynced: a machine crash may leave a torn file, last written before the
+    boot that follows. Its entries are of another boot anyway, so the plugin starts empty and
+    keeps the file for a person to read, instead of refusing to start."""
+    path = tmp_path / "checkpoint.json"
+    path.write_text('{"version": 2, "claims": [{"uid"')
+    os.utime(path, (1_000, 1_000))
+    cp = Checkpoint(path, boot_id="b2", boot_time=2_000.0)
+    assert cp.entries() == []
+    assert not path.exists()
+    assert (tmp_path / "checkpoint.json.unreadable").read_text().startswith('{"version": 2')
+    cp.put(ENTRY)  # and it works from there
+    assert Checkpoint(path, boot_id="b2", boot_time=2_000.0).get("u1") == ENTRY
+
+
+def test_a_torn_checkpoint_of_this_boot_is_still_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    path.write_text('{"version": 2, "claims": [{"uid"')
+    os.utime(path, (3_000, 3_000))
+    with pytest.raises(CheckpointError, match="cannot be read"):
+        Checkpoint(path, boot_id="b2", boot_time=2_000.0)
+    assert path.exists()
+
+
+def test_boot_time_from_the_kernel(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  1 2 3\nbtime 1764720000\nprocesses 5\n")
+    assert current_boot_time(stat) == 1764720000.0
+    assert current_boot_time(tmp_path / "missing") is None

@@ -257,3 +257,22 @@ def test_nvml_snapshot_command() -> None:
     assert len(lines) == 1
     assert lines[0].startswith("fabricdra nvml-snapshot: NVML unavailable")
     assert result.stdout == ""
+
+
+def test_node_name_slices_carry_recorded_xid_events(
+    capsys: pytest.CaptureFixture[str], hgx: tuple[Path, Path]
+) -> None:
+    """`--node-name` prints what the agent publishes: a recorded critical Xid taints its GPU;
+    a GPU recorded as unable to report Xids is Unknown, which is never tainted."""
+    root, snap = hgx
+    doc = json.loads(snap.read_text())
+    first, second = sorted(doc)[:2]
+    doc[first].update(xidEventsSupported=True, xidEvents=[{"xid": 79}])
+    doc[second].update(xidEventsSupported=False, xidEventsReason="not supported")
+    snap.write_text(json.dumps(doc))
+    out = run(capsys, "--sysfs-root", str(root), "--nvml-snapshot", str(snap), "--node-name", "n")
+    devices = {d["name"]: d for s in out["resourceSlices"] for d in s["spec"]["devices"]}
+    gpu = devices["gpu-" + first.replace(":", "-").replace(".", "-")]
+    assert [t["value"] for t in gpu.get("taints", [])] == ["gpu"]
+    other = devices["gpu-" + second.replace(":", "-").replace(".", "-")]
+    assert other.get("taints", []) == []

@@ -180,9 +180,15 @@ class Rest:
         return self.call("GET", kind.path(namespace), query=query)
 
     def create(
-        self, kind: Kind, body: JSON, namespace: str | None = None, *, timeout: float = 30.0
+        self,
+        kind: Kind,
+        body: JSON,
+        namespace: str | None = None,
+        *,
+        timeout: float = 30.0,
+        retries: bool | None = None,
     ) -> JSON:
-        return self.call("POST", kind.path(namespace), body=body, timeout=timeout)
+        return self.call("POST", kind.path(namespace), body=body, timeout=timeout, retries=retries)
 
     def patch(
         self,
@@ -308,9 +314,15 @@ class CountingRest(Rest):
             self._on_write(kind, verb)
 
     def create(
-        self, kind: Kind, body: JSON, namespace: str | None = None, *, timeout: float = 30.0
+        self,
+        kind: Kind,
+        body: JSON,
+        namespace: str | None = None,
+        *,
+        timeout: float = 30.0,
+        retries: bool | None = None,
     ) -> JSON:
-        out = super().create(kind, body, namespace, timeout=timeout)
+        out = super().create(kind, body, namespace, timeout=timeout, retries=retries)
         self._count(kind, "create")
         return out
 

@@ -16,6 +16,7 @@ from fabricdra.kubeletplugin.discovery.nvml import (
     dump_snapshot,
     load_snapshot,
     read_live,
+    record_xid_events,
 )
 from fabricdra.kubeletplugin.discovery.sysfs import RootError, SysfsTree
 from fabricdra.kubeletplugin.report import PreviousError, inventory_document, load_previous
@@ -70,6 +71,14 @@ def add_nvml_snapshot(sub: Any) -> None:
         help="record this host's NVML answers as JSON, for --nvml-snapshot elsewhere",
     )
     p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    p.add_argument(
+        "--xid-events-seconds",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="also record the Xid events that arrive within this time (default 0: record only "
+        "whether each GPU accepts Xid event registration)",
+    )
     p.set_defaults(run=run_nvml_snapshot)
 
 
@@ -99,22 +108,38 @@ def run_inventory(args: argparse.Namespace) -> int:
             log.warning("label withheld: not a valid label value", key=key, value=value)
         doc = inventory_document(result, "sample" if args.sample else root)
         if args.node_name:
-            doc["resourceSlices"] = _resource_slices(result, args.node_name)
+            doc["resourceSlices"] = _resource_slices(result, args.node_name, snapshot)
         print_json(doc)
     return 0
 
 
-def _resource_slices(result: Discovery, node_name: str) -> list[dict[str, Any]]:
+def _resource_slices(
+    result: Discovery, node_name: str, snapshot: str | None
+) -> list[dict[str, Any]]:
     """Exactly what NodePublisher would publish for this discovery (same builders, same
-    health rules), so a node's slices can be inspected without a cluster."""
+    health rules, Xid events as the agent's first pass sees them: a snapshot's recorded ones,
+    or on a GPU host whether each GPU can report them), so a node's slices can be inspected
+    without a cluster."""
     from fabricdra.kubeletplugin.devices import build_devices, gpu_info
+    from fabricdra.kubeletplugin.discovery.nvml import (
+        LiveXidEvents,
+        ReplayedXidEvents,
+        XidEventSource,
+    )
     from fabricdra.kubeletplugin.health import gpu_health, nvidia_bound
     from fabricdra.kubeletplugin.resourceslices import build_slices
+    from fabricdra.kubeletplugin.xids import XidWatch
 
+    source: XidEventSource = ReplayedXidEvents(snapshot) if snapshot else LiveXidEvents()
+    watch = XidWatch(source)
+    try:
+        nvml = watch.apply(result.nvml)
+    finally:
+        watch.close()
     inventory = build_devices(
         result.interfaces or [],
         result.accelerators or [],
-        gpu_health=gpu_health(result.nvml, None, expected=nvidia_bound(result.accelerators)),
+        gpu_health=gpu_health(nvml, None, expected=nvidia_bound(result.accelerators)),
         gpu_info=gpu_info(result.nvml),
     )
     plan = build_slices(inventory, node_name)
@@ -124,10 +149,13 @@ def _resource_slices(result: Discovery, node_name: str) -> list[dict[str, Any]]:
 
 
 def run_nvml_snapshot(args: argparse.Namespace) -> int:
+    if not args.xid_events_seconds >= 0:
+        raise UsageError(f"--xid-events-seconds must be 0 or more, not {args.xid_events_seconds}")
     readings = read_live()
     if not readings.available:
         print(f"fabricdra nvml-snapshot: NVML unavailable: {readings.reason}", file=sys.stderr)
         return 1
+    readings = record_xid_events(readings, args.xid_events_seconds)
     for bus, error in readings.errors.items():
         log.error("GPU not recorded", pciBusId=bus, error=error)
     text = dump_snapshot(readings)

@@ -6,7 +6,10 @@
 Each pass (every `discovery_interval` seconds, and at once when kubelet confirms a
 registration — kubelet deletes the node's slices when it starts):
 1. discovery over sysfs (+ NVML), `metrics.DISCOVERY_SECONDS`;
-2. GPU health (`health.gpu_health`, NVML or the DCGM exporter);
+2. GPU health (`health.gpu_health`, NVML or the DCGM exporter; Xid critical errors drained
+   from the NVML event set the agent holds open for its life, `xids.XidWatch`; between
+   passes the set is drained every `XID_POLL_SECONDS`, and a new critical Xid starts a pass
+   at once);
 3. `build_devices` → the new `DeviceInventory`, swapped in as one reference, so prepare
    always resolves names against one complete pass;
 4. `NodePublisher.sync` (slices, NodeDevices, labels; it compares with the live objects, so
@@ -48,22 +51,30 @@ from .devices import (
     holder_name,
 )
 from .discovery.node import Discovery, NvmlSource, Previous, discover
-from .discovery.nvml import load_snapshot, read_live
+from .discovery.nvml import (
+    LiveXidEvents,
+    ReplayedXidEvents,
+    XidEventSource,
+    load_snapshot,
+    read_live,
+)
 from .discovery.sysfs import SysfsTree
 from .health import DcgmState, gpu_health, keep_unhealthy, nvidia_bound
 from .hostdevices import HostLayout
 from .kubelet import DeviceHealth, HealthBroadcaster, PluginPaths, PluginServer
 from .kubelet.cdi import CdiWriter
-from .kubelet.checkpoint import Checkpoint, current_boot_id
+from .kubelet.checkpoint import BOOT_ID_PATH, Checkpoint, current_boot_id
 from .nvidiacdi import DEFAULT_SPEC_DIRS, ToolkitSpecs
 from .prepare import CDI_KIND, DRIVER_NAME, ApiClaimReader, ClaimReader, DevicesDriver
 from .verification import GateInput, Tools, fingerprint
 from .verification import metrics as verification_metrics
 from .verification.runner import CHANGED, FIRST_RUN, Schedule, run_once
+from .xids import XidWatch
 
 log = structlog.get_logger("fabricdra.agent")
 
 REGISTRATION_RECHECKS = (2.0, 5.0, 15.0)  # seconds after a registration: extra passes
+XID_POLL_SECONDS = 2.0  # between passes, how often the Xid event set is drained
 
 
 class Publisher(Protocol):
@@ -97,10 +108,16 @@ class AgentConfig:
     verification_gate: bool = True
     verify_interval: float = 24 * 3600.0  # seconds between runs on an unchanged node
     verify_tools: Tools = field(default_factory=Tools)
+    boot_id_file: Path = BOOT_ID_PATH  # the kernel's boot id: state of another boot is dropped
 
     @property
     def checkpoint_path(self) -> Path:
         return (self.state_dir or self.plugin_dir) / "checkpoint.json"
+
+    @property
+    def xid_record_path(self) -> Path:
+        """The critical Xids seen in this boot (they are events: NVML never repeats them)."""
+        return (self.state_dir or self.plugin_dir) / "xid-errors.json"
 
 
 class Agent:
@@ -115,9 +132,13 @@ class Agent:
         self.config = config
         SysfsTree(config.sysfs_root).close()  # a bad root fails at start, not at the first pass
         self.nvml_source: NvmlSource = read_live
+        xid_source: XidEventSource = LiveXidEvents()
         if config.nvml_snapshot is not None:
             snapshot = config.nvml_snapshot
             self.nvml_source = lambda: load_snapshot(snapshot)
+            xid_source = ReplayedXidEvents(snapshot)
+        boot_id = current_boot_id(config.boot_id_file)
+        self.xids = XidWatch(xid_source, state_file=config.xid_record_path, boot_id=boot_id)
         if publisher is None:
             from .publisher import NodePublisher
             from .resourceslices import ApiFeatures
@@ -139,7 +160,7 @@ class Agent:
         self._rechecks: list[float] = []  # monotonic times of extra passes still due
         self.passes = 0  # discovery passes done
         reader = ApiClaimReader(api)
-        checkpoint = Checkpoint(config.checkpoint_path, boot_id=current_boot_id())
+        checkpoint = Checkpoint(config.checkpoint_path, boot_id=boot_id)
         self.driver = DevicesDriver(
             node_name=config.node_name,
             inventory=lambda: self.inventory,
@@ -195,7 +216,7 @@ class Agent:
             log.error("discovery failed; keeping the previous record", part=part, error=reason)
         gpus = keep_unhealthy(
             gpu_health(
-                discovery.nvml,
+                self.xids.apply(discovery.nvml),
                 self.config.dcgm_url,
                 state=self.dcgm_state,
                 expected=nvidia_bound(discovery.accelerators),
@@ -303,18 +324,31 @@ class Agent:
         self.pass_once()
         self.server.start()
         next_sweep = time.monotonic() + self.config.sweep_interval
+        next_pass = time.monotonic() + self.config.discovery_interval
         try:
             while not stop.is_set():
-                self.wake.wait(self._until_next_pass())
+                woken = self.wake.wait(min(self._until_next_pass(next_pass), XID_POLL_SECONDS))
                 self.wake.clear()
                 if stop.is_set():
                     break
                 now = time.monotonic()
+                due = woken or now >= next_pass or any(t <= now for t in self._rechecks)
+                if not due:
+                    # Xid events between passes: a new critical one is published now.
+                    try:
+                        fresh = self.xids.poll()
+                    except Exception:
+                        log.exception("Xid poll failed; the next pass reads them")
+                        fresh = False
+                    if not fresh:
+                        continue
+                    log.info("critical Xid error seen; publishing now")
                 self._rechecks = [t for t in self._rechecks if t > now]
                 try:
                     self.pass_once()
                 except Exception:
                     log.exception("discovery pass failed")
+                next_pass = time.monotonic() + self.config.discovery_interval
                 if now >= next_sweep:
                     next_sweep = now + self.config.sweep_interval
                     try:
@@ -323,9 +357,10 @@ class Agent:
                         log.exception("claim sweep failed")
         finally:
             self.server.stop()
+            self.xids.close()
 
-    def _until_next_pass(self) -> float:
-        wait = self.config.discovery_interval
+    def _until_next_pass(self, next_pass: float) -> float:
+        wait = max(0.0, next_pass - time.monotonic())
         if self._rechecks:
             wait = min(wait, max(0.0, min(self._rechecks) - time.monotonic()))
         return wait

@@ -14,8 +14,10 @@ Thermal or power slowdown is *not* unhealthy: the GPU protects itself and recove
 flipping health with the load would taint and rewrite the pool on every flip.
 
 Two sources, one answer per GPU keyed by PCI bus id (`0000:1b:00.0`):
-- NVML's readings from the discovery pass (`eccUncorrectable`, `xidErrors`,
-  `rowRemapFailure`, `rowRemapPending`, `pcieReplayCounter`, `nvlinkErrors`).
+- NVML's readings from the discovery pass (`eccUncorrectable`, `rowRemapFailure`,
+  `rowRemapPending`, `pcieReplayCounter`, `nvlinkErrors`) and the critical Xids NVML's event
+  set delivered (`xidErrors`, filled by `xids.XidWatch`). A GPU that cannot report Xid events
+  (`xidEventsSupported` False) is Unknown unless another reading makes it Unhealthy.
 - Where a DCGM exporter URL is configured, its metrics `DCGM_FI_DEV_ECC_DBE_VOL_TOTAL`
   (uncorrectable volatile ECC), `DCGM_FI_DEV_XID_ERRORS` (the last Xid) and
   `DCGM_FI_DEV_ROW_REMAP_FAILURE`. A problem either source sees counts; GPUs DCGM does not
@@ -150,6 +152,9 @@ def nvml_health(nvml: NvmlReadings | None, state: DcgmState | None = None) -> di
         readings = (gpu.eccUncorrectable, gpu.xidErrors, gpu.rowRemapFailure)
         if reasons:
             out[bus] = GpuHealth(False, "; ".join(reasons))
+        elif gpu.xidEventsSupported is False:
+            # A critical Xid could happen unseen: not healthy, whatever else reads fine.
+            out[bus] = GpuHealth(None, gpu.xidEventsReason or "Xid events not supported")
         elif all(r is None for r in readings):
             out[bus] = GpuHealth(None, "no ECC, Xid or row-remapping reading")
         else:

@@ -6,7 +6,11 @@ docs/kubelet-plugin.md.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from fabricdra.api.rest import CountingRest, Kind
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -47,10 +51,34 @@ DISCOVERY_SECONDS = Histogram(
 )
 API_WRITES = Counter(
     "fabricdra_api_writes_total",
-    "Writes sent to the API server, by object kind and verb (create, update, patch, delete).",
+    "Writes the API server accepted from the node agent, by object kind and verb "
+    "(create, update, patch, delete).",
     ["kind", "verb"],
     registry=REGISTRY,
 )
+# The `kind` label keeps the kind names it always had (the controller's counter says plurals).
+_KIND_NAMES = {
+    "resourceslices": "ResourceSlice",
+    "nodedevices": "NodeDevices",
+    "nodes": "Node",
+    "events": "Event",
+}
+
+
+def kind_name(kind: Kind) -> str:
+    return _KIND_NAMES.get(kind.plural, kind.plural)
+
+
+def _count_write(kind: Kind, verb: str) -> None:
+    API_WRITES.labels(kind=kind_name(kind), verb=verb).inc()
+
+
+def counting_rest(api_client: Any) -> CountingRest:
+    """The node agent's REST layer: every write the server accepted is counted here, once
+    (api/rest.py `CountingRest`, as the controller does), into `fabricdra_api_writes_total`."""
+    return CountingRest(api_client, on_write=_count_write)
+
+
 DEVICES = Gauge(
     "fabricdra_devices",
     "Devices published in this node's ResourceSlices, by type and health.",

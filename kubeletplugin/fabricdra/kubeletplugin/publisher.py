@@ -47,7 +47,7 @@ from fabricdra.api.nodedevices import API_VERSION as ND_API_VERSION
 from fabricdra.api.nodedevices import KIND as ND_KIND
 from fabricdra.api.nodedevices import PLURAL as ND_PLURAL
 from fabricdra.api.nodedevices import NodeDevicesSpec
-from fabricdra.api.rest import NODES, SLICES, ApiError, Kind, Rest
+from fabricdra.api.rest import NODES, SLICES, ApiError, Kind
 from fabricdra.api.verification import Verification
 
 from . import metrics
@@ -71,7 +71,8 @@ NODE_DEVICES = Kind(
 
 @dataclass
 class SyncResult:
-    """What one sync wrote, by kind ({"ResourceSlice": 2}), and what failed, by part."""
+    """What one sync wrote, by kind ({"ResourceSlice": 2}: the writes the server accepted, as
+    the publisher's `CountingRest` counted them), and what failed, by part."""
 
     writes: dict[str, int] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
@@ -99,7 +100,8 @@ class NodePublisher:
     ) -> None:
         """`features` None: chosen from the server's version on the first sync (1.36+ →
         the current model, older → basic); pass one to override (docs/attributes.md)."""
-        self.rest = Rest(api)
+        # Every write is counted by the REST layer (and fed to the metric) in one place.
+        self.rest = metrics.counting_rest(api)
         self.node_name = node_name
         self.driver = driver_name
         self.features = features
@@ -122,6 +124,20 @@ class NodePublisher:
         """`verification` None: no gate (devices offered as they are); the agent always
         passes one."""
         result = SyncResult()
+        before = self.rest.writes()
+        try:
+            self._sync(discovery, devices, verification, result)
+        finally:
+            result.writes = _writes_since(before, self.rest.writes())
+        return result
+
+    def _sync(
+        self,
+        discovery: Discovery,
+        devices: DeviceInventory,
+        verification: GateInput | None,
+        result: SyncResult,
+    ) -> None:
         node: dict[str, Any] | None = None
         try:
             node = self.rest.get_or_none(NODES, self.node_name)
@@ -144,18 +160,13 @@ class NodePublisher:
             log.error("slices left as published: enumeration failed", failures=discovery.failures)
         else:
             gate = gate_of(state)
-            self._guard(
-                result, "ResourceSlice", lambda: self._sync_slices(devices, owner, result, gate)
-            )
-        self._guard(
-            result, ND_KIND, lambda: self._sync_node_devices(discovery, owner, result, state)
-        )
+            self._guard(result, "ResourceSlice", lambda: self._sync_slices(devices, owner, gate))
+        self._guard(result, ND_KIND, lambda: self._sync_node_devices(discovery, owner, state))
         if node is not None:
-            self._guard(result, "Node", lambda: self._sync_labels(discovery, node, result, state))
+            self._guard(result, "Node", lambda: self._sync_labels(discovery, node, state))
         elif "Node" not in result.errors:
             result.errors["Node"] = f"node {self.node_name} not found: labels not applied"
             log.error("node not found; labels not applied", node=self.node_name)
-        return result
 
     def _guard(self, result: SyncResult, kind: str, part: Any) -> None:
         try:
@@ -169,10 +180,6 @@ class NodePublisher:
         log.error(
             "publishing failed; will retry next pass", kind=kind, node=self.node_name, error=message
         )
-
-    def _wrote(self, result: SyncResult, kind: str, verb: str) -> None:
-        result.writes[kind] = result.writes.get(kind, 0) + 1
-        metrics.API_WRITES.labels(kind=kind, verb=verb).inc()
 
     def recorded_verification(self) -> Verification | None:
         """The verification state recorded in this node's NodeDevices status (None: none, or
@@ -204,7 +211,6 @@ class NodePublisher:
         self,
         devices: DeviceInventory,
         owner: dict[str, Any] | None,
-        result: SyncResult,
         gate: Gate | None = None,
     ) -> None:
         """Bring the pool to the desired slices. A conflict (409: someone else wrote a slice
@@ -213,7 +219,7 @@ class NodePublisher:
         next pass: the pass lists again and finishes the rewrite at once instead."""
         for attempt in range(1, SLICE_ATTEMPTS + 1):
             try:
-                self._sync_slices_once(devices, owner, result, gate)
+                self._sync_slices_once(devices, owner, gate)
                 return
             except ApiError as e:
                 if not e.conflict or attempt == SLICE_ATTEMPTS:
@@ -224,7 +230,6 @@ class NodePublisher:
         self,
         devices: DeviceInventory,
         owner: dict[str, Any] | None,
-        result: SyncResult,
         gate: Gate | None,
     ) -> None:
         features = self._features()
@@ -265,14 +270,11 @@ class NodePublisher:
                 _keep_taint_times(body["spec"], live[name]["spec"])
                 body["metadata"]["resourceVersion"] = live[name]["metadata"]["resourceVersion"]
                 stored = self.rest.replace(SLICES, name, body)
-                self._wrote(result, "ResourceSlice", "update")
             else:
                 stored = self.rest.create(SLICES, body)
-                self._wrote(result, "ResourceSlice", "create")
             self._remember(name, body["spec"], stored["spec"])
         for name in sorted(extra):
             self.rest.delete(SLICES, name)  # already gone is fine
-            self._wrote(result, "ResourceSlice", "delete")
             self._accepted.pop(name, None)
 
     def _same(self, name: str, desired: Mapping[str, Any], live: Mapping[str, Any]) -> bool:
@@ -308,16 +310,13 @@ class NodePublisher:
         self,
         discovery: Discovery,
         owner: dict[str, Any] | None,
-        result: SyncResult,
         verification: Verification | None = None,
     ) -> None:
-        live = self._sync_node_devices_spec(discovery, owner, result)
+        live = self._sync_node_devices_spec(discovery, owner)
         if live is not None and verification is not None:
-            self._sync_verification(live, verification, result)
+            self._sync_verification(live, verification)
 
-    def _sync_verification(
-        self, live: Mapping[str, Any], verification: Verification, result: SyncResult
-    ) -> None:
+    def _sync_verification(self, live: Mapping[str, Any], verification: Verification) -> None:
         """The gate state into the status subresource, only when it differs."""
         recorded = (live.get("status") or {}).get("verification")
         try:
@@ -333,11 +332,10 @@ class NodePublisher:
             {"status": {"verification": verification.model_dump(mode="json")}},
             sub="status",
         )
-        self._wrote(result, ND_KIND, "patch")
         log.info("verification state recorded", node=self.node_name, state=verification.state)
 
     def _sync_node_devices_spec(
-        self, discovery: Discovery, owner: dict[str, Any] | None, result: SyncResult
+        self, discovery: Discovery, owner: dict[str, Any] | None
     ) -> dict[str, Any] | None:
         """Write the spec when it differs; returns the object as stored (None: none)."""
         live = self.rest.get_or_none(NODE_DEVICES, self.node_name)
@@ -367,11 +365,9 @@ class NodePublisher:
             body["metadata"]["ownerReferences"] = [owner]
         if live is None:
             stored = self.rest.create(NODE_DEVICES, body)
-            self._wrote(result, ND_KIND, "create")
         else:
             body["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
             stored = self.rest.replace(NODE_DEVICES, self.node_name, body)
-            self._wrote(result, ND_KIND, "update")
         return stored
 
     # -- node labels ----------------------------------------------------------------------
@@ -380,7 +376,6 @@ class NodePublisher:
         self,
         discovery: Discovery,
         node: Mapping[str, Any],
-        result: SyncResult,
         verification: Verification | None = None,
     ) -> None:
         live = node.get("metadata", {}).get("labels") or {}
@@ -398,7 +393,6 @@ class NodePublisher:
         if not patch:
             return
         self.rest.patch(NODES, self.node_name, {"metadata": {"labels": patch}})
-        self._wrote(result, "Node", "patch")
         log.info("node labels updated", node=self.node_name, changes=patch)
 
 
@@ -421,6 +415,19 @@ def label_patch(
         ):
             patch[key] = None
     return patch
+
+
+def _writes_since(
+    before: Mapping[tuple[str, str], int], after: Mapping[tuple[str, str], int]
+) -> dict[str, int]:
+    """Writes counted between two readings of the counter, by kind name."""
+    out: dict[str, int] = {}
+    for (plural, verb), n in after.items():
+        grew = n - before.get((plural, verb), 0)
+        if grew:
+            name = metrics.kind_name(Kind("", "", plural, False))
+            out[name] = out.get(name, 0) + grew
+    return out
 
 
 def _comparable(spec: Mapping[str, Any]) -> dict[str, Any]:

@@ -10,15 +10,24 @@ on (`driverVersion`, `cudaDriverVersion` as NVML's integer, e.g. 12040, `cudaCom
 `pcieReplayCounter`, `nvlinkErrors`; `thermalViolation` is recorded but judges nothing).
 `fabricdra nvml-snapshot` records one on a GPU host, so
 hosts without GPUs (CI, laptops) can replay a real machine's answers.
+
+Xid errors are NVML *events*, not readings: `LiveXidEvents` holds one event set open (the
+node agent keeps it for its life) and drains it without blocking; `ReplayedXidEvents` plays
+back what a snapshot recorded (`xidEventsSupported`, `xidEventsReason`, and `xidEvents`, in
+the order they arrived, each delivered once; a test appends to the file to make one arrive).
+Both answer the same two questions, so the consumer (`kubeletplugin/xids.py`) is the same code
+on hardware and off it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -66,6 +75,17 @@ class SnapshotNvLink(BaseModel):
     active: bool
 
 
+class SnapshotXidEvent(BaseModel):
+    """One Xid critical-error event as NVML delivered it (nvmlEventSetWait_v2): the Xid
+    (`eventData`) and, for an error inside a MIG instance, its GPU/compute instance ids."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+
+    xid: int
+    gpuInstanceId: int | None = None
+    computeInstanceId: int | None = None
+
+
 class SnapshotGpu(BaseModel):
     """NVML's answers for one GPU."""
 
@@ -93,6 +113,11 @@ class SnapshotGpu(BaseModel):
     pcieReplayCounter: int | None = None
     nvlinkErrors: int | None = None
     thermalViolation: bool | None = None
+    # Xid events: whether the GPU accepted a registration for Xid critical errors (None: not
+    # recorded), why not, and the events seen while recording (replayed in order, once each).
+    xidEventsSupported: bool | None = None
+    xidEventsReason: str | None = None
+    xidEvents: list[SnapshotXidEvent] | None = None
     # NVLink links as NVML reports them; None: not recorded / not asked (verification: NotRun).
     nvlinks: list[SnapshotNvLink] | None = None
 
@@ -341,7 +366,7 @@ def _read_health(pynvml: Any, handle: Any) -> dict[str, Any]:
     """Uncorrectable (double-bit) volatile ECC errors, row remapping, PCIe replays, NVLink
     error counters and active thermal slowdown, each only when the GPU answers; a GPU that
     cannot say is not reported healthy or unhealthy here. (Xid errors arrive as NVML events,
-    which a pass cannot wait for: they are read from the DCGM exporter where one is given.)"""
+    drained from the event set `LiveXidEvents` holds, see kubeletplugin/xids.py.)"""
     out: dict[str, Any] = {}
     with contextlib.suppress(pynvml.NVMLError, AttributeError):
         _corr, _unc, pending, failure = pynvml.nvmlDeviceGetRemappedRows(handle)
@@ -388,6 +413,237 @@ def _nvlink_errors(pynvml: Any, handle: Any) -> int:
             with contextlib.suppress(pynvml.NVMLError):
                 total += int(pynvml.nvmlDeviceGetNvLinkErrorCounter(handle, link, kind))
     return total
+
+
+# -- Xid events --------------------------------------------------------------------------
+
+_NO_INSTANCE = 0xFFFFFFFF  # NVML's "not inside a MIG instance"
+MAX_EVENTS_PER_DRAIN = 4096  # a storm must not hold a pass forever: the rest wait a pass
+
+
+@dataclass(frozen=True, slots=True)
+class XidEvent:
+    """One Xid event. `bus` None: NVML could not say which GPU it came from."""
+
+    bus: str | None
+    xid: int
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
+
+
+class XidEventsError(Exception):
+    """The event set cannot be created or waited on; the message says why."""
+
+
+class XidEventSource(Protocol):
+    def register(self, buses: Iterable[str]) -> dict[str, str | None]:
+        """Register these GPUs for Xid critical errors. For each GPU it could decide: None
+        (registered) or why not (e.g. "not supported"); GPUs it cannot decide yet are left
+        out and asked again next pass. Raises `XidEventsError` when no event set exists."""
+        ...
+
+    def drain(self) -> list[XidEvent]:
+        """The events that arrived since the last drain, oldest first, without blocking."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class LiveXidEvents:
+    """One NVML event set for the owner's life (as NVIDIA's device plugin does): GPUs are
+    registered once for `nvmlEventTypeXidCriticalError`, and `drain` polls the set with a zero
+    timeout until it is empty, so a discovery pass never waits on it. The NVML library stays
+    initialised while the set is open (NVML counts nvmlInit calls, so the per-pass readings'
+    init/shutdown do not close it)."""
+
+    def __init__(self) -> None:
+        self._pynvml: Any = None
+        self._set: Any = None
+        self._failed: str | None = None
+
+    def _open(self) -> Any:
+        if self._set is not None:
+            return self._set
+        if self._failed is not None:
+            raise XidEventsError(self._failed)
+        try:
+            import pynvml
+        except ImportError as e:  # pragma: no cover - nvidia-ml-py is a dependency
+            self._failed = f"nvidia-ml-py: {e}"
+            raise XidEventsError(self._failed) from None
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as e:  # no driver here (yet): asked again next pass
+            raise XidEventsError(f"nvmlInit: {e}") from None
+        try:
+            self._set = pynvml.nvmlEventSetCreate()
+        except pynvml.NVMLError as e:
+            with contextlib.suppress(pynvml.NVMLError):
+                pynvml.nvmlShutdown()
+            raise XidEventsError(f"nvmlEventSetCreate: {e}") from None
+        self._pynvml = pynvml
+        return self._set
+
+    def register(self, buses: Iterable[str]) -> dict[str, str | None]:
+        event_set = self._open()
+        nvml = self._pynvml
+        wanted = set(buses)
+        out: dict[str, str | None] = {}
+        try:
+            count = nvml.nvmlDeviceGetCount()
+        except nvml.NVMLError as e:
+            raise XidEventsError(f"nvmlDeviceGetCount: {e}") from None
+        for i in range(count):
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(i)
+                bus = normalise_bus_id(_text(nvml.nvmlDeviceGetPciInfo(handle).busId))
+            except nvml.NVMLError:
+                continue  # a lost GPU: health reports it from the readings
+            if bus not in wanted:
+                continue
+            out[bus] = _register(nvml, handle, event_set)
+        return out
+
+    def drain(self) -> list[XidEvent]:
+        event_set = self._open()
+        nvml = self._pynvml
+        out: list[XidEvent] = []
+        while len(out) < MAX_EVENTS_PER_DRAIN:
+            try:
+                data = nvml.nvmlEventSetWait_v2(event_set, 0)
+            except nvml.NVMLError_Timeout:
+                break  # empty
+            except nvml.NVMLError as e:
+                raise XidEventsError(f"nvmlEventSetWait: {e}") from None
+            if not int(data.eventType) & nvml.nvmlEventTypeXidCriticalError:
+                continue
+            try:
+                bus: str | None = normalise_bus_id(
+                    _text(nvml.nvmlDeviceGetPciInfo(data.device).busId)
+                )
+            except nvml.NVMLError:
+                bus = None
+            gi, ci = int(data.gpuInstanceId), int(data.computeInstanceId)
+            out.append(
+                XidEvent(
+                    bus,
+                    int(data.eventData),
+                    None if gi == _NO_INSTANCE else gi,
+                    None if ci == _NO_INSTANCE else ci,
+                )
+            )
+        return out
+
+    def close(self) -> None:
+        if self._set is None:
+            return
+        nvml, self._set, event_set = self._pynvml, None, self._set
+        with contextlib.suppress(nvml.NVMLError):
+            nvml.nvmlEventSetFree(event_set)
+        with contextlib.suppress(nvml.NVMLError):
+            nvml.nvmlShutdown()
+
+
+def _register(nvml: Any, handle: Any, event_set: Any) -> str | None:
+    """None when the GPU now reports Xid critical errors into `event_set`, else why not."""
+    try:
+        supported = int(nvml.nvmlDeviceGetSupportedEventTypes(handle))
+    except nvml.NVMLError as e:
+        return f"supported event types unreadable: {e}"
+    if not supported & nvml.nvmlEventTypeXidCriticalError:
+        return "the GPU does not report Xid critical-error events"
+    try:
+        nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError, event_set)
+    except nvml.NVMLError_NotSupported:
+        return "Xid event registration not supported (GPU or driver too old)"
+    except nvml.NVMLError as e:
+        return f"Xid event registration failed: {e}"
+    return None
+
+
+class ReplayedXidEvents:
+    """Xid events from a recorded snapshot, read afresh on every call: registration answers
+    from `xidEventsSupported`/`xidEventsReason` (a GPU without them is left undecided, as an
+    older snapshot says nothing about events), events from `xidEvents`, each delivered once
+    in the recorded order."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._delivered: dict[str, int] = {}
+
+    def _load(self) -> NvmlReadings:
+        try:
+            return load_snapshot(self.path)
+        except SnapshotError as e:
+            raise XidEventsError(str(e)) from None
+
+    def register(self, buses: Iterable[str]) -> dict[str, str | None]:
+        gpus = self._load().gpus
+        out: dict[str, str | None] = {}
+        for bus in buses:
+            gpu = gpus.get(bus)
+            if gpu is None or gpu.xidEventsSupported is None:
+                continue
+            out[bus] = (
+                None
+                if gpu.xidEventsSupported
+                else gpu.xidEventsReason or "Xid events not supported (recorded)"
+            )
+        return out
+
+    def drain(self) -> list[XidEvent]:
+        out: list[XidEvent] = []
+        for bus, gpu in sorted(self._load().gpus.items()):
+            events = gpu.xidEvents or []
+            for e in events[self._delivered.get(bus, 0) :]:
+                out.append(XidEvent(bus, e.xid, e.gpuInstanceId, e.computeInstanceId))
+            self._delivered[bus] = len(events)
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+def record_xid_events(
+    readings: NvmlReadings, seconds: float, source: XidEventSource | None = None
+) -> NvmlReadings:
+    """`readings` with each GPU's Xid event support and the events that arrived within
+    `seconds` (for `fabricdra nvml-snapshot`). A source that cannot open records nothing."""
+    source = source or LiveXidEvents()
+    gpus = dict(readings.gpus)
+    try:
+        registered = source.register(gpus)
+        events: list[XidEvent] = []
+        deadline = time.monotonic() + seconds
+        while True:
+            events.extend(source.drain())
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+    except XidEventsError:
+        return readings
+    finally:
+        source.close()
+    for bus, why in registered.items():
+        seen = [
+            {"xid": e.xid, "gpuInstanceId": e.gpu_instance, "computeInstanceId": e.compute_instance}
+            for e in events
+            if e.bus == bus
+        ]
+        gpus[bus] = gpus[bus].model_copy(
+            update={
+                "xidEventsSupported": why is None,
+                "xidEventsReason": why,
+                "xidEvents": [SnapshotXidEvent.model_validate(x) for x in seen],
+            }
+        )
+    return NvmlReadings(
+        source=readings.source,
+        available=readings.available,
+        reason=readings.reason,
+        gpus=gpus,
+        errors=dict(readings.errors),
+    )
 
 
 def dump_snapshot(readings: NvmlReadings) -> str:

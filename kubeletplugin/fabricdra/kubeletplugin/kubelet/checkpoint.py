@@ -9,13 +9,18 @@ Public surface: `Checkpoint(path, boot_id=...)` with `get(uid)`, `put(entry)`, `
 `PreparedRecord` (one device of a prepared claim, as kubelet was told, plus whether it was
 granted with admin access); `current_boot_id()`.
 
-Every change rewrites the whole file atomically (temp + fsync + rename): a crash leaves the old
-or the new checkpoint, never a torn one. A checkpoint that cannot be parsed is a clear error at
-start-up (`CheckpointError`), never silently treated as empty, since that would strand the
-specs it names. The file records the boot it was written in: entries of another boot are
-dropped at load (the containers that used them are gone, and /var/run/cdi with their specs),
-and listed in `dropped` so the caller can remove the spec files they name. Version 1 files
-(no devices, no boot id) are read as entries of this boot without recorded devices.
+Every change rewrites the whole file atomically (temp + rename): a plugin crash leaves the old
+or the new checkpoint, never a torn one. Nothing is fsynced: the entries only mean anything
+within the boot that wrote them (a machine crash is a new boot, whose start-up drops them all),
+and the syncs were the prepare path's largest and least predictable wait on a busy disk. A
+checkpoint that cannot be parsed is a clear error at start-up (`CheckpointError`), never
+silently treated as empty, since that would strand the specs it names — except one last written
+before this boot began (what a machine crash may leave of an unsynced file): its entries are of
+another boot, so it is renamed `<name>.unreadable`, logged, and the plugin starts empty. The
+file records the boot it was written in: entries of another boot are dropped at load (the
+containers that used them are gone, and /var/run/cdi with their specs), and listed in `dropped`
+so the caller can remove the spec files they name. Version 1 files (no devices, no boot id) are
+read as entries of this boot without recorded devices.
 """
 
 from __future__ import annotations
@@ -27,11 +32,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from .cdi import write_atomic
+
+log = structlog.get_logger("fabricdra.checkpoint")
 
 VERSION = 2
 READABLE = (1, 2)
 BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+PROC_STAT = Path("/proc/stat")
 
 
 class CheckpointError(Exception):
@@ -44,6 +54,18 @@ def current_boot_id(path: Path = BOOT_ID_PATH) -> str | None:
         return path.read_text().strip() or None
     except OSError:
         return None
+
+
+def current_boot_time(path: Path = PROC_STAT) -> float | None:
+    """When this boot began (seconds since the epoch, the kernel's `btime`); None where it
+    cannot be read."""
+    try:
+        for line in path.read_text().splitlines():
+            if line.startswith("btime "):
+                return float(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,9 +145,17 @@ class ClaimEntry:
 
 
 class Checkpoint:
-    def __init__(self, path: str | os.PathLike[str], *, boot_id: str | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        boot_id: str | None = None,
+        boot_time: float | None = None,
+    ) -> None:
+        """`boot_time` None: read from /proc/stat."""
         self.path = Path(path)
         self.boot_id = boot_id
+        self.boot_time = boot_time if boot_time is not None else current_boot_time()
         self._lock = threading.Lock()
         self.dropped: list[ClaimEntry] = []
         self._claims: dict[str, ClaimEntry] = self._load()
@@ -147,12 +177,30 @@ class Checkpoint:
         except CheckpointError:
             raise
         except (ValueError, KeyError, TypeError, AttributeError) as e:
+            if self._written_before_boot():
+                aside = self.path.with_name(self.path.name + ".unreadable")
+                os.replace(self.path, aside)
+                log.error(
+                    "checkpoint of an earlier boot unreadable (a crash before it reached the "
+                    "disk); set aside, starting empty",
+                    path=str(self.path),
+                    kept=str(aside),
+                    error=str(e),
+                )
+                return {}
             raise CheckpointError(f"checkpoint {self.path} cannot be read: {e}") from e
         # Only a known, different boot drops entries: an unreadable id is not a reboot.
         if written_in and self.boot_id and written_in != self.boot_id:
             self.dropped = entries
             return {}
         return {e.uid: e for e in entries}
+
+    def _written_before_boot(self) -> bool:
+        try:
+            written = self.path.stat().st_mtime
+        except OSError:
+            return False
+        return self.boot_time is not None and written < self.boot_time
 
     def get(self, uid: str) -> ClaimEntry | None:
         with self._lock:
@@ -200,4 +248,4 @@ class Checkpoint:
         # Compact: the whole file is rewritten on every change, and json's C encoder only
         # runs without indent (with it, 200 claims cost tens of ms per prepare).
         data = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode() + b"\n"
-        write_atomic(self.path, data, 0o600)
+        write_atomic(self.path, data, 0o600, durable=False)

@@ -27,6 +27,7 @@ Kubelet's side of the contract, as this server meets it (kubelet v1.34-v1.36):
 
 from __future__ import annotations
 
+import gc
 import os
 import stat
 import threading
@@ -313,6 +314,11 @@ class PluginServer:
             raise PluginServerError("plugin server already started")
         if self.health is not None:
             self.health.reopen()
+        # What start-up allocated (modules, the client, the first inventory) lives as long as
+        # the process: out of the collector's sight, a full collection inside a prepare scans
+        # only what serving allocates (unfrozen, one took 121 ms in the middle of a prepare).
+        gc.collect()
+        gc.freeze()
         claims = _Claims(self.driver, threading.Lock())
         dra = self._serve(self.paths.dra_socket)
         # The generated add_* functions are untyped (protoc's grpc plugin emits no hints).
