@@ -255,8 +255,10 @@ class Rest:
         label_selector: str | None = None,
         field_selector: str | None = None,
         timeout_seconds: int = 300,
+        opened: Callable[[urllib3.BaseHTTPResponse], None] | None = None,
     ) -> Iterator[JSON]:
-        """Events after `resource_version` until the server closes the stream."""
+        """Events after `resource_version` until the server closes the stream. `opened` gets
+        the open response, so another thread can end the watch (`shutdown()`) at once."""
         query = {
             "watch": "true",
             "resourceVersion": resource_version,
@@ -269,6 +271,8 @@ class Rest:
             "GET", kind.path(namespace), query, None, "application/json", (10, timeout_seconds + 30)
         )
         raw = resp
+        if opened is not None:
+            opened(raw)
         buffer = b""
         try:
             for chunk in raw.stream(65536, decode_content=True):

@@ -4,10 +4,13 @@ on a resync period, so a missed event is repaired without polling the API."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
 from typing import Any
+
+import urllib3
 
 from fabricdra.api.rest import ApiError, Kind, Rest
 
@@ -41,6 +44,7 @@ class Informer:
         self._handlers: list[Handler] = []
         self._synced = threading.Event()
         self._stop = threading.Event()
+        self._response: urllib3.BaseHTTPResponse | None = None
         self._thread: threading.Thread | None = None
 
     def on_event(self, handler: Handler) -> None:
@@ -69,7 +73,18 @@ class Informer:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop, ending the open watch now: left open, it would hold a connection (and the
+        server's watch) until its timeout, minutes later."""
         self._stop.set()
+        response = self._response
+        if response is not None:
+            with contextlib.suppress(Exception):  # already closed or never read
+                response.shutdown()
+
+    def _opened(self, response: urllib3.BaseHTTPResponse) -> None:
+        self._response = response
+        if self._stop.is_set():  # stopped while the watch was being opened
+            response.shutdown()
 
     def _emit(self, event: str, old: JSON | None, new: JSON | None) -> None:
         for handler in self._handlers:
@@ -127,6 +142,7 @@ class Informer:
             label_selector=self.label_selector,
             field_selector=self.field_selector,
             timeout_seconds=max(1, int(self.resync)),
+            opened=self._opened,
         )
         for event in stream:
             if self._stop.is_set():
