@@ -11,6 +11,7 @@ from e2e.harness.existing import ExistingCluster
 from e2e.harness.helm import Chart, harness_values
 from e2e.harness.images import fabricdra_image
 from e2e.harness.nodecluster import NodeCluster
+from tests.e2e.imexnode import add_imex_driver
 from tests.e2e.installkit import Installed
 from tests.integration.kubelethost import build_host
 
@@ -34,6 +35,7 @@ def installation(
         proc=host.layout.proc_root,
         nvml=host.nvml_snapshot,
     )
+    values["driverRoot"] = str(add_imex_driver(host))  # what IMEX daemons get (scenario 4)
     installation = Installed(node_cluster, host, Chart(), values)
     yield installation
     if installation.present:
