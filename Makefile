@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: all venv deps cluster-binaries image chart-sync lint typecheck unit test bench clean
+.PHONY: all venv deps cluster-binaries image image-check chart-sync lint typecheck unit test bench clean
 
 all: test
 
@@ -34,6 +34,10 @@ cluster-binaries: deps
 # The fabricdra image, Docker-free (mmdebstrap + umoci): build/image/fabricdra-image.tar.
 image: deps
 	deployments/container/build.sh
+
+# Build the image twice and compare digests (exit 1, listing the differing files, if not equal).
+image-check: deps
+	deployments/container/check-reproducible.sh
 
 # The chart's copies of api/crds and api/deviceclasses (a unit test fails when they drift).
 chart-sync:

@@ -14,7 +14,8 @@
 # package versions are written to DIR/debian-packages.txt), Python packages from
 # requirements.lock (exact versions and sha256 hashes; refresh with lock.sh), and the wheel
 # built from this checkout. SOURCE_DATE_EPOCH (default: the last commit's time) fixes every
-# timestamp in the layer and the image config. Needs root, mmdebstrap and umoci (apt).
+# timestamp in the layer and the image config: two builds of one checkout at one mirror state
+# are the same image (check-reproducible.sh compares them). Needs root, mmdebstrap and umoci.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -62,7 +63,10 @@ export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 site=\$root/usr/local/lib/python3.11/dist-packages
 python3 -m pip install --quiet --no-cache-dir --no-compile --only-binary=:all: \
   --require-hashes --no-deps --target "\$site" -r "$here/requirements.lock"
-python3 -m pip install --quiet --no-cache-dir --no-compile --no-deps --target "\$site" "$wheel"
+# By name from the wheel's folder, not by path: a path install records it (direct_url.json),
+# and the build's temporary folder would make every image different.
+python3 -m pip install --quiet --no-cache-dir --no-compile --no-deps --no-index \
+  --find-links "$work/wheel" --target "\$site" "fabricdra==$version"
 # pip --target puts console scripts here with the host's interpreter in them: ours is below.
 rm -rf "\$site/bin"
 cat > "\$root/usr/local/bin/fabricdra" <<'PY'
@@ -75,12 +79,19 @@ sys.exit(main())
 PY
 chmod 0755 "\$root/usr/local/bin/fabricdra"
 # Every entry point's imports, native extensions included, load in the image itself.
-chroot "\$root" python3 -c 'import grpc, kubernetes, pydantic, fabricdra.cli, fabricdra.kubeletplugin.agent, fabricdra.kubeletplugin.computedomain.driver, fabricdra.controller.manager'
-chroot "\$root" python3 -m compileall -q -j0 --invalidation-mode unchecked-hash /usr/local/lib/python3.11/dist-packages >/dev/null
+chroot "\$root" env PYTHONDONTWRITEBYTECODE=1 python3 -c 'import grpc, kubernetes, pydantic, fabricdra.cli, fabricdra.kubeletplugin.agent, fabricdra.kubeletplugin.computedomain.driver, fabricdra.controller.manager'
+# Byte code that depends only on the sources: hash-based (no mtimes), a fixed hash seed (set
+# and frozenset constants are written in hash order) and one process in a fixed order
+# (marshal's back-references depend on what the process compiled before).
+chroot "\$root" env PYTHONHASHSEED=0 python3 -m compileall -q -f -j1 --invalidation-mode unchecked-hash /usr/local/lib/python3.11/dist-packages >/dev/null
 # The controller's user (the node plugins run as root: kubelet's folders, /dev, the CDI folder).
 echo 'fabricdra:x:65532:65532:fabricdra:/nonexistent:/usr/sbin/nologin' >> "\$root/etc/passwd"
 echo 'fabricdra:x:65532:' >> "\$root/etc/group"
 chroot "\$root" dpkg-query -W -f '\${Package} \${Version}\n' > "$out/debian-packages.txt"
+# The inputs, recorded in the image too: Debian is pinned by suite only (the mirror's state at
+# build time), so these versions are what a rebuild must match to give the same digest.
+mkdir -p "\$root/usr/share/fabricdra"
+cp "$out/debian-packages.txt" "$here/requirements.lock" "\$root/usr/share/fabricdra/"
 rm -rf "\$root/var/lib/apt/lists"/* "\$root/var/cache"/* "\$root/var/log"/* "\$root/etc/machine-id"
 HOOK
 chmod +x "$work/customize.sh"
