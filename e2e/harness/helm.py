@@ -116,4 +116,5 @@ def harness_values(
         ],
         "node": {"hostNetwork": True},
         "controller": {"hostNetwork": True, "replicas": 1},
+        "cleanup": {"hostNetwork": True},
     }

@@ -201,3 +201,45 @@ def test_node_plugins_run_as_root_and_the_controller_does_not(chart: Chart) -> N
         assert c["securityContext"]["runAsUser"] == 0, c["name"]
     controller = _one(docs, "Deployment", "fabricdra-controller")["spec"]["template"]["spec"]
     assert controller["securityContext"]["runAsNonRoot"] is True
+
+
+def test_uninstall_cleanup_is_a_pre_delete_hook_with_its_own_least_privilege(
+    chart: Chart,
+) -> None:
+    docs = chart.template(namespace="gpu-ops")
+    hooks = [d for d in docs if "helm.sh/hook" in d["metadata"].get("annotations", {})]
+    assert sorted(f"{d['kind']}/{d['metadata']['name']}" for d in hooks) == [
+        "ClusterRole/fabricdra-cleanup",
+        "ClusterRoleBinding/fabricdra-cleanup",
+        "Job/fabricdra-cleanup",
+        "Role/fabricdra-cleanup",
+        "RoleBinding/fabricdra-cleanup",
+        "ServiceAccount/fabricdra-cleanup",
+    ]
+    for d in hooks:
+        notes = d["metadata"]["annotations"]
+        assert notes["helm.sh/hook"] == "pre-delete"
+        assert notes["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+        # Its account and rights exist before the Job starts.
+        assert int(notes["helm.sh/hook-weight"]) < 0 or d["kind"] == "Job"
+    assert _rules(_one(docs, "ClusterRole", "fabricdra-cleanup")) == rbac.CLEANUP
+    assert _rules(_one(docs, "Role", "fabricdra-cleanup")) == rbac.CLEANUP_NAMESPACED
+    job = _one(docs, "Job", "fabricdra-cleanup")
+    pod = job["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "fabricdra-cleanup"
+    args = pod["containers"][0]["args"]
+    assert args[1:4] == ["cleanup", "--namespace=gpu-ops", "--release=fabricdra"]
+    # The Job waits for the components' pods to go: its own must not be one of them.
+    from fabricdra.controller.cleanup import COMPONENTS
+
+    component = job["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
+    assert component not in COMPONENTS.strip("()").split(",")
+    for kind, name in (("DaemonSet", "fabricdra-node"), ("Deployment", "fabricdra-controller")):
+        labels = _one(docs, kind, name)["spec"]["template"]["metadata"]["labels"]
+        assert labels["app.kubernetes.io/component"] in COMPONENTS.strip("()").split(",")
+
+
+def test_cleanup_off_renders_no_hook(chart: Chart) -> None:
+    docs = chart.template({"cleanup": {"enabled": False}})
+    assert not [d for d in docs if "helm.sh/hook" in d["metadata"].get("annotations", {})]
+

@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from . import compute_domain, controller, fleet, inventory, kubelet_plugin, logs, verify
+from . import cleanup, compute_domain, controller, fleet, inventory, kubelet_plugin, logs, verify
 from .common import UsageError, print_json
 
 __all__ = ["UsageError", "build_parser", "main", "print_json"]
@@ -25,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # One module per subcommand family; each registers its own subparsers.
-    for module in (inventory, verify, fleet, kubelet_plugin, controller, compute_domain):
+    for module in (inventory, verify, fleet, kubelet_plugin, controller, compute_domain, cleanup):
         module.register(sub)
     return parser
 

@@ -87,6 +87,45 @@ IMEX_DAEMON: list[Rule] = [
 ]
 
 
+# `fabricdra cleanup`, the chart's pre-delete hook (controller/…/cleanup.py): cluster-wide, what
+# it lists and deletes; in the release namespace (CLEANUP_NAMESPACED, a Role), the components it
+# stops and the Leases there.
+CLEANUP: list[Rule] = [
+    {
+        "apiGroups": [cd.GROUP],
+        "resources": ["computedomains"],
+        "verbs": ["list", "delete", "patch"],
+    },
+    {"apiGroups": [cd.GROUP], "resources": ["nodedevices"], "verbs": ["list", "delete"]},
+    {
+        "apiGroups": ["resource.k8s.io"],
+        "resources": ["resourceslices", "resourceclaimtemplates"],
+        "verbs": ["list", "delete"],
+    },
+    {
+        "apiGroups": ["resource.k8s.io"],
+        "resources": ["deviceclasses"],
+        "resourceNames": [cd.CHANNEL_CLASS, cd.DAEMON_CLASS],
+        "verbs": ["get", "delete"],
+    },
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "patch"]},
+]
+
+CLEANUP_NAMESPACED: list[Rule] = [
+    {
+        "apiGroups": ["apps"],
+        "resources": ["daemonsets", "deployments"],
+        "verbs": ["list", "delete"],
+    },
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+    {
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "verbs": ["get", "list", "delete"],
+    },
+]
+
+
 def cluster_role(name: str, rules: list[Rule]) -> dict[str, Any]:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",

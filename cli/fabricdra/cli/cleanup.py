@@ -1,0 +1,88 @@
+"""`fabricdra cleanup`: remove everything fabricdra's components made in the cluster (the chart's
+pre-delete hook; controller/fabricdra/controller/cleanup.py says what and in which order).
+
+Every flag has an environment variable (`FABRICDRA_<FLAG>`); the flag wins. Documented in
+docs/install.md ("Uninstall") and docs/cli.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from fabricdra.cli.common import UsageError, api_client, print_json
+from fabricdra.cli.common import env as _env
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "cleanup",
+        help="remove what fabricdra made in the cluster (run by `helm uninstall`)",
+        description="Delete every ComputeDomain (letting the running controller finalize it), "
+        "stop the release's node DaemonSet and controller Deployment, then delete the "
+        "ResourceSlices of both drivers, the NodeDevices, the fabricdra.io/ and "
+        "compute-domain.fabricdra.io/ node labels, the controller's claim templates, IMEX "
+        "DaemonSets, Leases and DeviceClasses. Prints what it removed as JSON. Each flag can "
+        "also be set by the environment variable in brackets.",
+    )
+    a = p.add_argument
+    a(
+        "--kubeconfig",
+        default=_env("KUBECONFIG"),
+        help="kubeconfig file; default: the in-cluster service account [FABRICDRA_KUBECONFIG]",
+    )
+    a(
+        "--namespace",
+        default=_env("NAMESPACE", "fabricdra-system"),
+        help="the release's namespace (components, IMEX DaemonSets, Leases; default "
+        "fabricdra-system) [FABRICDRA_NAMESPACE]",
+    )
+    a(
+        "--release",
+        default=_env("RELEASE", "fabricdra"),
+        help="the Helm release whose node DaemonSet and controller Deployment are stopped "
+        "(default fabricdra) [FABRICDRA_RELEASE]",
+    )
+    a(
+        "--domain-timeout",
+        type=float,
+        default=float(_env("DOMAIN_TIMEOUT", "60") or 60),
+        help="seconds the controller gets to finalize the deleted ComputeDomains before the "
+        "cleanup finalizes them itself (default 60) [FABRICDRA_DOMAIN_TIMEOUT]",
+    )
+    a(
+        "--stop-timeout",
+        type=float,
+        default=float(_env("STOP_TIMEOUT", "120") or 120),
+        help="seconds the components' pods get to terminate (default 120) [FABRICDRA_STOP_TIMEOUT]",
+    )
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from fabricdra.api.rest import ApiError, Rest
+    from fabricdra.controller.cleanup import Cleanup, CleanupConfig, CleanupError
+
+    for flag in ("domain_timeout", "stop_timeout"):
+        if getattr(args, flag) < 0:
+            raise UsageError(f"--{flag.replace('_', '-')} must not be negative")
+    if not args.release:
+        raise UsageError("--release must name the Helm release")
+    cleanup = Cleanup(
+        Rest(api_client(args.kubeconfig, "fabricdra-cleanup")),
+        CleanupConfig(
+            namespace=args.namespace,
+            release=args.release,
+            domain_timeout=args.domain_timeout,
+            stop_timeout=args.stop_timeout,
+        ),
+    )
+    try:
+        report = cleanup.run()
+    except (CleanupError, ApiError) as e:
+        print_json(cleanup.report.as_json())
+        print(f"fabricdra cleanup: {e}", file=sys.stderr)
+        return 1
+    print_json(report.as_json())
+    return 0

@@ -1,0 +1,238 @@
+"""`fabricdra cleanup` (the chart's pre-delete hook) against a real API server, run as the
+command, as a user holding exactly the chart's cleanup rules (rbac.CLEANUP cluster-wide,
+rbac.CLEANUP_NAMESPACED in the release namespace).
+
+The cleanup is cluster-wide by nature (every node's labels, every fabricdra slice), so this
+module has its own control plane: the shared one holds other modules' objects. No kubelet and
+no controller run here: a domain is never finalized by a controller (the cleanup finalizes it
+itself), and a component pod, bound to a node without a kubelet, never terminates by itself
+(the cleanup must refuse to go on while it is there)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e.harness.controlplane import ControlPlane
+from e2e.harness.errors import HarnessError
+from fabricdra.api import computedomain as cd
+from fabricdra.api.nodedevices import API_VERSION as ND_API_VERSION
+from fabricdra.api.rest import (
+    CLAIM_TEMPLATES,
+    COMPUTE_DOMAINS,
+    DAEMON_SETS,
+    DEVICE_CLASSES,
+    LEASES,
+    NODES,
+    PODS,
+    SLICES,
+    Kind,
+    Rest,
+)
+from fabricdra.controller import rbac
+from fabricdra.controller.cleanup import DEPLOYMENTS, NODE_DEVICES
+from tests.integration.computedomain_helpers import CRDS, install_crd
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+REL, WORK = "fdra-release", "team-a"
+CLUSTER_ROLES = Kind("rbac.authorization.k8s.io", "v1", "clusterroles", False)
+CLUSTER_BINDINGS = Kind("rbac.authorization.k8s.io", "v1", "clusterrolebindings", False)
+ROLES = Kind("rbac.authorization.k8s.io", "v1", "roles", True)
+ROLE_BINDINGS = Kind("rbac.authorization.k8s.io", "v1", "rolebindings", True)
+USER = "fabricdra-cleanup"
+
+
+@pytest.fixture(scope="module")
+def cp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    plane = ControlPlane(tmp_path_factory.mktemp("cleanup-plane"))
+    try:
+        plane.start()
+    except HarnessError as e:
+        pytest.fail(f"real control plane unavailable: {e}", pytrace=False)
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+def _meta(name: str, labels: dict[str, str] | None = None, **more: Any) -> dict[str, Any]:
+    return {"name": name, "labels": labels or {}, **more}
+
+
+def _slice(name: str, driver: str, node: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": name},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "d0"}],
+        },
+    }
+
+
+def _template(name: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": _meta(name, labels),
+        "spec": {"spec": {"devices": {"requests": []}}},
+    }
+
+
+def _workload(kind: str, name: str, labels: dict[str, str]) -> dict[str, Any]:
+    pod = {"metadata": {"labels": labels}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": kind,
+        "metadata": _meta(name, labels),
+        "spec": {"selector": {"matchLabels": labels}, "template": pod},
+    }
+
+
+def _release(component: str, instance: str = "fabricdra") -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "fabricdra",
+        "app.kubernetes.io/instance": instance,
+        "app.kubernetes.io/component": component,
+    }
+
+
+def _grant(rest: Rest) -> None:
+    rest.create(CLUSTER_ROLES, rbac.cluster_role(USER, rbac.CLEANUP))
+    rest.create(CLUSTER_BINDINGS, rbac.binding_for_user(USER, USER, USER))
+    role = {**rbac.cluster_role(USER, rbac.CLEANUP_NAMESPACED), "kind": "Role"}
+    rest.create(ROLES, role, REL)
+    binding = rbac.binding_for_user(USER, USER, USER)
+    binding["kind"] = "RoleBinding"
+    binding["roleRef"]["kind"] = "Role"
+    rest.create(ROLE_BINDINGS, binding, REL)
+
+
+def _cleanup(cp: ControlPlane, kubeconfig: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "fabricdra.cli", "cleanup", f"--kubeconfig={kubeconfig}"]
+    argv += [f"--namespace={REL}", "--release=fabricdra", "--domain-timeout=2", *extra]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+
+
+def _names(rest: Rest, kind: Kind, namespace: str | None = None, **sel: str) -> list[str]:
+    return sorted(i["metadata"]["name"] for i in rest.list(kind, namespace, **sel)["items"])
+
+
+def test_cleanup_removes_what_fabricdra_made_and_nothing_else(cp: ControlPlane) -> None:
+    rest = Rest(cp.api_client())
+    install_crd(rest)
+    rest.create(CRDS, yaml.safe_load((ROOT / "api/crds/nodedevices.fabricdra.io.yaml").read_text()))
+    for ns in (REL, WORK):
+        cp.create_namespace(ns)
+    _grant(rest)
+
+    # A domain the controller made objects for, and never finalized (no controller here).
+    domain = rest.create(
+        COMPUTE_DOMAINS,
+        {
+            "apiVersion": cd.API_VERSION,
+            "kind": cd.KIND,
+            "metadata": {"name": "job", "finalizers": [cd.FINALIZER]},
+            "spec": {"channel": {"resourceClaimTemplate": {"name": "job-channel"}}},
+        },
+        WORK,
+    )
+    uid = domain["metadata"]["uid"]
+    owned = {cd.DOMAIN_LABEL: uid}
+    rest.create(CLAIM_TEMPLATES, _template("job-channel", owned), WORK)
+    rest.create(CLAIM_TEMPLATES, _template(f"imex-{uid}", owned), REL)
+    rest.create(CLAIM_TEMPLATES, _template("users-own", {}), WORK)
+    rest.create(DAEMON_SETS, _workload("DaemonSet", f"imex-{uid}", owned), REL)
+    # The release's components, and another release's (left alone).
+    rest.create(DAEMON_SETS, _workload("DaemonSet", "fabricdra-node", _release("node")), REL)
+    rest.create(
+        DEPLOYMENTS, _workload("Deployment", "fabricdra-controller", _release("controller")), REL
+    )
+    rest.create(DAEMON_SETS, _workload("DaemonSet", "other-node", _release("node", "other")), REL)
+    for node in ("n1", "n2"):
+        cp.create_node(
+            node,
+            {
+                "fabricdra.io/rdma.capable": "true",
+                "fabricdra.io/fabric.domain": "rack-1",
+                cd.PLUGIN_NODE_LABEL: "true",
+                "example.com/rack": "r1",
+            },
+        )
+        rest.create(SLICES, _slice(f"{node}-devices", "devices.fabricdra.io", node))
+        rest.create(SLICES, _slice(f"{node}-compute-domain", cd.DRIVER, node))
+        rest.create(SLICES, _slice(f"{node}-other", "gpu.example.com", node))
+        rest.create(
+            NODE_DEVICES,
+            {
+                "apiVersion": ND_API_VERSION,
+                "kind": "NodeDevices",
+                "metadata": {"name": node},
+                "spec": {},
+            },
+        )
+    rest.patch(NODES, "n1", {"metadata": {"labels": {cd.DOMAIN_LABEL: uid}}})
+    for name, labels in (
+        ("fabricdra-compute-domain-controller", {}),
+        ("imex-host-n1", {cd.DOMAIN_LABEL: "host"}),
+        (f"imex-{uid}-n1", owned),
+        ("someone-elses", {}),
+    ):
+        rest.create(LEASES, {"metadata": _meta(name, labels), "spec": {}}, REL)
+    for name in (cd.CHANNEL_CLASS, cd.DAEMON_CLASS, "gpu.example.com"):
+        rest.create(DEVICE_CLASSES, {"metadata": {"name": name}, "spec": {}})
+    # A component pod on a node without a kubelet: deleted, it never goes away by itself.
+    pod = {
+        "metadata": _meta("fabricdra-node-x", _release("node")),
+        "spec": {"nodeName": "n2", "containers": [{"name": "c", "image": "x"}]},
+    }
+    rest.create(PODS, pod, REL)
+
+    kubeconfig = cp.kubeconfig_for(USER, USER)
+    first = _cleanup(cp, kubeconfig, "--stop-timeout=3")
+    published_meanwhile = _names(rest, SLICES)
+    rest.call(
+        "DELETE",
+        PODS.path(REL, "fabricdra-node-x"),
+        body={"gracePeriodSeconds": 0},
+    )
+    second = _cleanup(cp, kubeconfig, "--stop-timeout=30")
+    report = json.loads(second.stdout)
+
+    # Refused while a component pod was still there, naming it; nothing published was touched.
+    assert first.returncode == 1, first.stderr
+    assert "fabricdra-node-x" in first.stderr
+    assert "n1-devices" in published_meanwhile
+    # The domains were already done then: no controller finalized this one, the cleanup did.
+    assert json.loads(first.stdout)["forcedDomains"] == [f"{WORK}/job"]
+    assert second.returncode == 0, second.stderr
+    assert report["forcedDomains"] == []
+    assert rest.list(COMPUTE_DOMAINS)["items"] == []
+    assert _names(rest, CLAIM_TEMPLATES, WORK) == ["users-own"]
+    assert _names(rest, CLAIM_TEMPLATES, REL) == []
+    assert _names(rest, DAEMON_SETS, REL) == ["other-node"]
+    assert _names(rest, DEPLOYMENTS, REL) == []
+    assert _names(rest, SLICES) == ["n1-other", "n2-other"]
+    assert rest.list(NODE_DEVICES)["items"] == []
+    for node in rest.list(NODES)["items"]:
+        labels = node["metadata"]["labels"]
+        assert not [k for k in labels if "fabricdra.io/" in k], node["metadata"]["name"]
+        assert labels["example.com/rack"] == "r1"
+    assert _names(rest, LEASES, REL) == ["someone-elses"]
+    assert _names(rest, DEVICE_CLASSES) == ["gpu.example.com"]
+    # A second run finds nothing to do and succeeds (a retried hook).
+    again = _cleanup(cp, kubeconfig)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["removed"] == {}
