@@ -18,7 +18,7 @@ from e2e.harness.images import TEST_IMAGE
 from fabricdra.api import computedomain as cd
 from fabricdra.api.rest import CLAIM_TEMPLATES, COMPUTE_DOMAINS, SLICES, Rest
 from tests.e2e.imexnode import IMEX_CHANNELS_MAJOR
-from tests.e2e.installkit import Installed, wait_running
+from tests.e2e.installkit import NAMESPACE, Installed, wait_running
 
 pytestmark = pytest.mark.e2e
 
@@ -70,13 +70,13 @@ def create_domain(rest: Rest, ns: str, name: str) -> dict[str, Any]:
         timeout=60,
         what=f"the controller's claim template of {name}",
     )
-    return wait_for(  # type: ignore[no-any-return]
-        lambda: (lambda d: d if d.get("status", {}).get("channels") else None)(
-            rest.get(COMPUTE_DOMAINS, name, ns)
-        ),
-        timeout=60,
-        what=f"a channel for {name}",
-    )
+
+    def with_channel() -> dict[str, Any] | None:
+        domain: dict[str, Any] = rest.get(COMPUTE_DOMAINS, name, ns)
+        return domain if domain.get("status", {}).get("channels") else None
+
+    found: dict[str, Any] = wait_for(with_channel, timeout=60, what=f"a channel for {name}")
+    return found
 
 
 def pod_output(core: client.CoreV1Api, ns: str, name: str) -> dict[str, str]:
@@ -89,6 +89,13 @@ def pod_output(core: client.CoreV1Api, ns: str, name: str) -> dict[str, str]:
     out = dict(kv.split("=", 1) for kv in first.split())
     out["devices"] = listing
     return out
+
+
+def condition_true(domain: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    for c in domain.get("status", {}).get("conditions", []) or []:
+        if c.get("type") == kind and c.get("status") == "True":
+            return domain
+    return None
 
 
 def unschedulable(core: client.CoreV1Api, ns: str, name: str) -> Any:
@@ -128,7 +135,14 @@ def test_domain_pods_share_the_node_and_a_second_domain_waits_for_it(
         seen = {name: pod_output(core, ns, name) for name in ("a1", "a2")}
         held = core.read_node(node).metadata.labels.get(cd.DOMAIN_LABEL)
         daemons = client.AppsV1Api(api).list_namespaced_daemon_set(
-            "fabricdra-system", label_selector=f"{cd.DOMAIN_LABEL}={first['metadata']['uid']}"
+            NAMESPACE, label_selector=f"{cd.DOMAIN_LABEL}={first['metadata']['uid']}"
+        )
+        # Managed mode: the domain's IMEX daemon runs on the held node (the fabricdra image,
+        # the driver root's nvidia-imex) and reports READY, which makes the domain Ready.
+        ready = wait_for(
+            lambda: condition_true(rest.get(COMPUTE_DOMAINS, "first", ns), cd.READY),
+            timeout=120,
+            what="the first domain Ready (its IMEX daemon reporting READY)",
         )
 
         second = create_domain(rest, ns, "second")
@@ -164,6 +178,8 @@ def test_domain_pods_share_the_node_and_a_second_domain_waits_for_it(
         ), name
     assert held == first["metadata"]["uid"]
     assert len(daemons.items) == 1  # managed mode: the domain's IMEX DaemonSet
+    assert condition_true(ready, cd.DAEMONS_READY)
+    assert [n["ready"] for n in ready["status"]["nodes"]] == [True]
     assert waiting.status.phase == "Pending"
     assert still == ["Running", "Running"]
     assert second["status"]["channels"][0] != first["status"]["channels"][0]

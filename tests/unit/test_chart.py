@@ -243,3 +243,34 @@ def test_cleanup_off_renders_no_hook(chart: Chart) -> None:
     docs = chart.template({"cleanup": {"enabled": False}})
     assert not [d for d in docs if "helm.sh/hook" in d["metadata"].get("annotations", {})]
 
+
+def test_extra_env_reaches_the_imex_daemons_the_controller_runs(chart: Chart) -> None:
+    # Where pods cannot reach the `kubernetes` Service, the IMEX daemons need the same address
+    # as every other fabricdra container, or they never report.
+    from fabricdra.api.computedomain import ComputeDomain
+    from fabricdra.cli.controller import _daemon_env
+    from fabricdra.controller.objects import DaemonSettings, daemon_set
+
+    env = [
+        {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
+        {"name": "NODE_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
+    ]
+    dep = _one(chart.template({"extraEnv": env}), "Deployment", "fabricdra-controller")
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    (flag,) = [a for a in args if a.startswith("--daemon-env=")]
+    domain = ComputeDomain.model_validate(
+        {
+            "metadata": {"name": "job", "namespace": "team", "uid": "u1", "generation": 1},
+            "spec": {"channel": {"resourceClaimTemplate": {"name": "job-imex"}}},
+        }
+    )
+    ds = daemon_set(domain, DaemonSettings(extra_env=_daemon_env(flag.split("=", 1)[1])))
+    daemon_env = ds["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert daemon_env[-2:] == env
+    assert daemon_env[0]["name"] == "NODE_NAME"  # the daemon's own come first
+    plain = _one(chart.template(), "Deployment", "fabricdra-controller")
+    assert not [
+        a
+        for a in plain["spec"]["template"]["spec"]["containers"][0]["args"]
+        if a.startswith("--daemon-env")
+    ]

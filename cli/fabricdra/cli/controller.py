@@ -61,6 +61,13 @@ def register(sub: Any) -> None:
         f"(default {DEFAULT_DAEMON_MEMORY}) [FABRICDRA_IMEX_DAEMON_MEMORY]",
     )
     a(
+        "--daemon-env",
+        default=_env("DAEMON_ENV", "[]"),
+        help="extra environment of the IMEX daemon containers, a JSON list of Kubernetes EnvVar "
+        'objects, e.g. \'[{"name": "KUBERNETES_SERVICE_HOST", "value": "10.0.0.1"}]\' (the '
+        "chart passes its extraEnv) [FABRICDRA_DAEMON_ENV]",
+    )
+    a(
         "--workers",
         type=int,
         default=int(_env("WORKERS", "4") or 4),
@@ -144,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(
                 f"{flag} must be a Kubernetes quantity such as 100m or 128Mi, got {value!r}"
             )
+    daemon_env = _daemon_env(args.daemon_env)
     api = api_client(args.kubeconfig)
     cfg = ControllerConfig(
         namespace=args.namespace,
@@ -152,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
             image=args.image,
             cpu=args.imex_daemon_cpu,
             memory=args.imex_daemon_memory,
+            extra_env=daemon_env,
         ),
         domain_workers=args.workers,
         resync_seconds=args.resync_seconds,
@@ -175,3 +184,20 @@ def run(args: argparse.Namespace) -> int:
             return 1
     controller.stop()
     return 0
+
+
+def _daemon_env(text: str) -> tuple[dict[str, Any], ...]:
+    """--daemon-env: a JSON list of EnvVar objects, each with a name."""
+    import json
+
+    try:
+        env = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"--daemon-env is not JSON: {e}") from None
+    if not isinstance(env, list) or not all(
+        isinstance(v, dict) and isinstance(v.get("name"), str) and v["name"] for v in env
+    ):
+        raise UsageError(
+            f"--daemon-env must be a JSON list of objects with a name (EnvVar), got {text!r}"
+        )
+    return tuple(env)

@@ -41,6 +41,9 @@ class DaemonSettings:
     # docs/compute-domains.md, "Sizing the IMEX daemon".
     cpu: str = DEFAULT_DAEMON_CPU
     memory: str = DEFAULT_DAEMON_MEMORY
+    # Extra environment of the daemon containers (the chart's `extraEnv`, e.g. the API server's
+    # address where pods cannot reach the `kubernetes` Service), after the daemon's own.
+    extra_env: tuple[JSON, ...] = ()
 
 
 def owner_reference(domain: ComputeDomain) -> JSON:
@@ -216,7 +219,7 @@ def daemon_set(domain: ComputeDomain, settings: DaemonSettings) -> JSON:
                             "name": "imex",
                             "image": settings.image,
                             "args": ["imex-daemon"],
-                            "env": env,
+                            "env": [*env, *settings.extra_env],
                             "resources": {
                                 "requests": {"cpu": settings.cpu, "memory": settings.memory},
                                 "limits": {"cpu": settings.cpu, "memory": settings.memory},
