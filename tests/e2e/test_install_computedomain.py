@@ -7,6 +7,7 @@ second domain waits (unschedulable) until the first domain and its pods are gone
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from typing import Any
 
@@ -127,45 +128,49 @@ def test_domain_pods_share_the_node_and_a_second_domain_waits_for_it(
         core.create_namespace({"metadata": {"name": ns}})
         wait_for(lambda: core.read_namespaced_service_account("default", ns), what="default SA")
 
-        first = create_domain(rest, ns, "first")
-        for name in ("a1", "a2"):
-            domain_pod(core, ns, name, "first")
-        for name in ("a1", "a2"):
-            wait_running(core, ns, name)
-        seen = {name: pod_output(core, ns, name) for name in ("a1", "a2")}
-        held = core.read_node(node).metadata.labels.get(cd.DOMAIN_LABEL)
-        daemons = client.AppsV1Api(api).list_namespaced_daemon_set(
-            NAMESPACE, label_selector=f"{cd.DOMAIN_LABEL}={first['metadata']['uid']}"
-        )
-        # Managed mode: the domain's IMEX daemon runs on the held node (the fabricdra image,
-        # the driver root's nvidia-imex) and reports READY, which makes the domain Ready.
-        ready = wait_for(
-            lambda: condition_true(rest.get(COMPUTE_DOMAINS, "first", ns), cd.READY),
-            timeout=120,
-            what="the first domain Ready (its IMEX daemon reporting READY)",
-        )
+        try:
+            first = create_domain(rest, ns, "first")
+            for name in ("a1", "a2"):
+                domain_pod(core, ns, name, "first")
+            for name in ("a1", "a2"):
+                wait_running(core, ns, name)
+            seen = {name: pod_output(core, ns, name) for name in ("a1", "a2")}
+            held = core.read_node(node).metadata.labels.get(cd.DOMAIN_LABEL)
+            daemons = client.AppsV1Api(api).list_namespaced_daemon_set(
+                NAMESPACE, label_selector=f"{cd.DOMAIN_LABEL}={first['metadata']['uid']}"
+            )
+            # Managed mode: the domain's IMEX daemon runs on the held node (the fabricdra image,
+            # the driver root's nvidia-imex) and reports READY, which makes the domain Ready.
+            ready = wait_for(
+                lambda: condition_true(rest.get(COMPUTE_DOMAINS, "first", ns), cd.READY),
+                timeout=120,
+                what="the first domain Ready (its IMEX daemon reporting READY)",
+            )
 
-        second = create_domain(rest, ns, "second")
-        domain_pod(core, ns, "b1", "second")
-        wait_for(
-            lambda: unschedulable(core, ns, "b1"),
-            timeout=60,
-            what="b1 to be found unschedulable while the first domain holds the node",
-        )
-        waiting = core.read_namespaced_pod("b1", ns)
-        still = [core.read_namespaced_pod(n, ns).status.phase for n in ("a1", "a2")]
+            second = create_domain(rest, ns, "second")
+            domain_pod(core, ns, "b1", "second")
+            wait_for(
+                lambda: unschedulable(core, ns, "b1"),
+                timeout=60,
+                what="b1 to be found unschedulable while the first domain holds the node",
+            )
+            waiting = core.read_namespaced_pod("b1", ns)
+            still = [core.read_namespaced_pod(n, ns).status.phase for n in ("a1", "a2")]
 
-        for name in ("a1", "a2"):
-            core.delete_namespaced_pod(name, ns)
-        rest.delete(COMPUTE_DOMAINS, "first", ns)
-        wait_for(
-            lambda: rest.get_or_none(COMPUTE_DOMAINS, "first", ns) is None,
-            timeout=60,
-            what="the first domain to be finalized",
-        )
-        wait_running(core, ns, "b1")
-        later = pod_output(core, ns, "b1")
-        core.delete_namespace(ns)
+            for name in ("a1", "a2"):
+                core.delete_namespaced_pod(name, ns)
+            rest.delete(COMPUTE_DOMAINS, "first", ns)
+            wait_for(
+                lambda: rest.get_or_none(COMPUTE_DOMAINS, "first", ns) is None,
+                timeout=60,
+                what="the first domain to be finalized",
+            )
+            wait_running(core, ns, "b1")
+            later = pod_output(core, ns, "b1")
+        finally:
+            # A failure must not leave the node held for the next scenario.
+            with contextlib.suppress(Exception):
+                core.delete_namespace(ns)
 
     channel = str(first["status"]["channels"][0])
     for name, out in seen.items():

@@ -122,26 +122,30 @@ def test_helm_uninstall_leaves_nothing_fabricdra_made(installed: Installed) -> N
         wait_for(lambda: offered_untainted(api, node), timeout=120, what="untainted devices")
         core.create_namespace({"metadata": {"name": ns}})
         wait_for(lambda: core.read_namespaced_service_account("default", ns), what="default SA")
-        domain = create_domain(rest, ns, "job")
-        domain_pod(core, ns, "worker", "job")
-        wait_running(core, ns, "worker")
-        uid = domain["metadata"]["uid"]
-        before = leftovers(rest)
-        # The user's pod goes first, as docs/install.md asks; its domain stays for uninstall.
-        core.delete_namespaced_pod("worker", ns)
-        wait_for(
-            lambda: not names(rest, PODS, ns), timeout=60, what="the domain's pod to terminate"
-        )
+        try:
+            domain = create_domain(rest, ns, "job")
+            domain_pod(core, ns, "worker", "job")
+            wait_running(core, ns, "worker")
+            uid = domain["metadata"]["uid"]
+            before = leftovers(rest)
+            # The user's pod goes first, as docs/install.md asks; its domain stays for uninstall.
+            core.delete_namespaced_pod("worker", ns)
+            wait_for(
+                lambda: not names(rest, PODS, ns), timeout=60, what="the domain's pod to terminate"
+            )
 
-        installed.uninstall()
+            installed.uninstall()
 
-        # helm --wait returns once its own objects are gone; pods of its DaemonSets may still
-        # be terminating. What is left after that is what the assertion below lists.
-        with contextlib.suppress(AssertionError):
-            wait_for(lambda: not leftovers(rest), timeout=60, what="nothing left")
-        after = leftovers(rest)
-        namespace_left = names(rest, CLAIM_TEMPLATES, ns)
-        core.delete_namespace(ns)
+            # helm --wait returns once its own objects are gone; pods of its DaemonSets may still
+            # be terminating. What is left after that is what the assertion below lists.
+            with contextlib.suppress(AssertionError):
+                wait_for(lambda: not leftovers(rest), timeout=60, what="nothing left")
+            after = leftovers(rest)
+            namespace_left = names(rest, CLAIM_TEMPLATES, ns)
+        finally:
+            # A failure must not leave the node held for the next scenario.
+            with contextlib.suppress(Exception):
+                core.delete_namespace(ns)
 
     # What the test made was really there before uninstall (the assertions below could fail).
     assert before["resourceslices devices.fabricdra.io"]

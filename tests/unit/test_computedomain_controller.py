@@ -273,3 +273,11 @@ def test_the_default_imex_image_is_this_release_never_latest() -> None:
     chart = yaml.safe_load((Path(__file__).parents[2] / "charts/fabricdra/Chart.yaml").read_text())
     assert DaemonSettings().image == DEFAULT_IMAGE
     assert DEFAULT_IMAGE.rsplit(":", 1)[1] == version("fabricdra") == chart["appVersion"]
+
+
+def test_imex_daemons_run_as_root_without_escalation() -> None:
+    # The image's default user (65532) can neither write the plugin's per-domain host folder
+    # nor open the root-only fabric-imex-mgmt capability device.
+    ds = objects.daemon_set(_domain(), objects.DaemonSettings())
+    ctx = ds["spec"]["template"]["spec"]["containers"][0]["securityContext"]
+    assert ctx == {"runAsUser": 0, "runAsGroup": 0, "allowPrivilegeEscalation": False}

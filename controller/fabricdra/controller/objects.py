@@ -219,6 +219,15 @@ def daemon_set(domain: ComputeDomain, settings: DaemonSettings) -> JSON:
                             "name": "imex",
                             "image": settings.image,
                             "args": ["imex-daemon"],
+                            # Root, not the image's user: the daemon writes the per-domain host
+                            # folder the node plugin made (root's, 0755) and IMEX opens the
+                            # fabric-imex-mgmt capability device, which the driver makes
+                            # root-only (mode 0400). No privilege escalation on top.
+                            "securityContext": {
+                                "runAsUser": 0,
+                                "runAsGroup": 0,
+                                "allowPrivilegeEscalation": False,
+                            },
                             "env": [*env, *settings.extra_env],
                             "resources": {
                                 "requests": {"cpu": settings.cpu, "memory": settings.memory},
