@@ -39,3 +39,15 @@ def test_a_bad_size_is_refused_naming_it(chart: Chart) -> None:
     values = {"computeDomains": {"imexDaemon": {"resources": {"memory": "128 MB"}}}}
     with pytest.raises(HarnessError, match="memory"):
         chart.template(values)
+
+
+def test_the_image_pull_settings_reach_the_imex_daemons(chart: Chart) -> None:
+    """values.yaml says `image.pullPolicy` and `imagePullSecrets` cover the IMEX daemons too:
+    the policy through the controller's flag, the secrets through the daemons' account."""
+    values = {"image": {"pullPolicy": "Always"}, "imagePullSecrets": [{"name": "regcred"}]}
+    assert "--image-pull-policy=Always" in _controller_args(chart, values)
+    accounts = {
+        d["metadata"]["name"]: d for d in chart.template(values) if d["kind"] == "ServiceAccount"
+    }
+    imex = accounts[DaemonSettings().service_account]
+    assert imex["imagePullSecrets"] == [{"name": "regcred"}]

@@ -69,3 +69,12 @@ def test_a_bad_quantity_is_refused_naming_the_flag(
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"fabricdra controller: {flag} must be a Kubernetes quantity")
     assert repr(value) in err
+
+
+def test_the_pull_policy_is_the_controllers_setting() -> None:
+    ds = objects.daemon_set(_domain(), DaemonSettings(image_pull_policy="Always"))
+    assert ds["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"] == "Always"
+    default = objects.daemon_set(_domain(), DaemonSettings())
+    assert default["spec"]["template"]["spec"]["containers"][0]["imagePullPolicy"] == (
+        "IfNotPresent"
+    )

@@ -49,6 +49,13 @@ def register(sub: Any) -> None:
         help="image of the IMEX daemon pods [FABRICDRA_IMAGE]",
     )
     a(
+        "--image-pull-policy",
+        default=_env("IMAGE_PULL_POLICY", "IfNotPresent"),
+        choices=("Always", "IfNotPresent", "Never"),
+        help="pull policy of the IMEX daemon pods (default IfNotPresent) "
+        "[FABRICDRA_IMAGE_PULL_POLICY]",
+    )
+    a(
         "--imex-daemon-cpu",
         default=_env("IMEX_DAEMON_CPU", DEFAULT_DAEMON_CPU),
         help="CPU request and limit of each IMEX daemon container, a Kubernetes quantity "
@@ -158,6 +165,7 @@ def run(args: argparse.Namespace) -> int:
         daemon=DaemonSettings(
             namespace=args.namespace,
             image=args.image,
+            image_pull_policy=args.image_pull_policy,
             cpu=args.imex_daemon_cpu,
             memory=args.imex_daemon_memory,
             extra_env=daemon_env,

@@ -34,6 +34,7 @@ class DaemonSettings:
 
     namespace: str = "fabricdra-system"
     image: str = DEFAULT_IMAGE
+    image_pull_policy: str = "IfNotPresent"
     service_account: str = "fabricdra-imex-daemon"
     priority_class: str = "system-node-critical"
     # The daemon container's requests, equal to its limits (Guaranteed QoS: the last to be
@@ -218,6 +219,7 @@ def daemon_set(domain: ComputeDomain, settings: DaemonSettings) -> JSON:
                         {
                             "name": "imex",
                             "image": settings.image,
+                            "imagePullPolicy": settings.image_pull_policy,
                             "args": ["imex-daemon"],
                             # Root, not the image's user: the daemon writes the per-domain host
                             # folder the node plugin made (root's, 0755) and IMEX opens the
