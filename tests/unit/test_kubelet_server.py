@@ -239,3 +239,60 @@ def test_a_stale_socket_is_replaced_but_a_regular_file_is_not_removed(
     with pytest.raises(PluginServerError):
         PluginServer(RecordingDriver(), sockets).start()
     assert sockets.dra_socket.read_text() == "not ours"
+
+
+def test_rolling_update_names_each_pods_sockets_like_upstream(tmp_path: Path) -> None:
+    """With the pod UID (k8s.io/dynamic-resource-allocation/kubeletplugin RollingUpdate):
+    `<registry>/<driver>-<uid>-reg.sock` and `<plugin dir>/dra-<uid>.sock`."""
+    paths = PluginPaths.for_driver(
+        "test.fabricdra.io",
+        registry_dir=tmp_path / "reg",
+        plugin_dir=tmp_path / "p",
+        instance="u-1",
+    )
+    assert paths.registration_socket == tmp_path / "reg" / "test.fabricdra.io-u-1-reg.sock"
+    assert paths.dra_socket == tmp_path / "p" / "dra-u-1.sock"
+
+
+def test_the_old_pods_exit_leaves_the_new_pods_sockets(tmp_path: Path) -> None:
+    """A rolling update with maxSurge: the new pod starts while the old one serves, then the
+    old one stops. The new pod's sockets (and kubelet's way to it) must survive."""
+
+    def paths(uid: str) -> PluginPaths:
+        return PluginPaths.for_driver(
+            RecordingDriver.driver_name,
+            registry_dir=tmp_path / "reg",
+            plugin_dir=tmp_path / "plugin",
+            instance=uid,
+        )
+
+    old, new = (
+        PluginServer(RecordingDriver(), paths("old")),
+        PluginServer(RecordingDriver(), paths("new")),
+    )
+    old.start()
+    new.start()
+    # Both are there for kubelet (1.33+ keeps both registered and uses the newer one).
+    assert sorted(p.name for p in (tmp_path / "reg").iterdir()) == [
+        "test.fabricdra.io-new-reg.sock",
+        "test.fabricdra.io-old-reg.sock",
+    ]
+    old.stop()
+    try:
+        assert stat.S_ISSOCK(new.paths.registration_socket.stat().st_mode)
+        assert stat.S_ISSOCK(new.paths.dra_socket.stat().st_mode)
+        assert not old.paths.registration_socket.exists()
+        assert not old.paths.dra_socket.exists()
+        with channel(new.paths.registration_socket) as ch:
+            info = reg_grpc.RegistrationStub(ch).GetInfo(reg_pb2.InfoRequest(), timeout=5)
+        assert info.endpoint == str(new.paths.dra_socket)
+        with channel(new.paths.dra_socket) as ch:
+            resp = v1_grpc.DRAPluginStub(ch).NodePrepareResources(
+                v1_pb2.NodePrepareResourcesRequest(
+                    claims=[v1_pb2.Claim(namespace="ns", name="c", uid="u1")]
+                ),
+                timeout=5,
+            )
+        assert resp.claims["u1"].devices[0].device_name == "gpu-0"
+    finally:
+        new.stop()

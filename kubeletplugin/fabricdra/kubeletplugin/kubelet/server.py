@@ -10,11 +10,12 @@ stream for any `DraDriver`, over two unix sockets.
 once: kubelet deletes the node's ResourceSlices when it starts, then registers the plugin).
 
 Kubelet's side of the contract, as this server meets it (kubelet v1.34-v1.36):
-- registration: `<registry_dir>/<driver>-reg.sock` answers `GetInfo` with type `DRAPlugin`,
+- registration: `<registry_dir>/<driver>-reg.sock` (`<driver>-<pod uid>-reg.sock` with
+  rolling updates, see `PluginPaths.for_driver`) answers `GetInfo` with type `DRAPlugin`,
   the driver name, the absolute DRA socket path and the services in the order kubelet should
   pick them: `v1.DRAPlugin`, `v1beta1.DRAPlugin` (1.32/1.33 kubelets know only the latter),
   then `v1alpha1.DRAResourceHealth` when a health broadcaster is given.
-- `<plugin_dir>/dra.sock` serves `k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`,
+- `<plugin_dir>/dra.sock` (`dra-<pod uid>.sock`) serves `k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`,
   `k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin` and `v1alpha1.DRAResourceHealth`.
 - every claim in a request gets exactly one entry in the response (kubelet fails the whole
   batch otherwise); a driver exception becomes that claim's `error`.
@@ -28,6 +29,7 @@ Kubelet's side of the contract, as this server meets it (kubelet v1.34-v1.36):
 from __future__ import annotations
 
 import os
+import re
 import stat
 import threading
 import time
@@ -66,6 +68,8 @@ DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 
 # sockaddr_un.sun_path is 108 bytes including the terminating NUL.
 MAX_SOCKET_PATH = 107
+# What may go into a socket file name as the instance: a pod UID is a lowercase UUID.
+_INSTANCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 _HEALTH_WIRE = {
     "Healthy": health_pb2.HEALTHY,
@@ -92,13 +96,27 @@ class PluginPaths:
         *,
         registry_dir: str | os.PathLike[str] = DEFAULT_REGISTRY_DIR,
         plugin_dir: str | os.PathLike[str] | None = None,
+        instance: str | None = None,
     ) -> PluginPaths:
         """kubelet's conventional layout: `<registry_dir>/<driver>-reg.sock` and
-        `<plugin_dir or /var/lib/kubelet/plugins/<driver>>/dra.sock`."""
+        `<plugin_dir or /var/lib/kubelet/plugins/<driver>>/dra.sock`.
+
+        With `instance` (the pod's UID), the names upstream's helper uses for rolling updates
+        (k8s.io/dynamic-resource-allocation/kubeletplugin, `RollingUpdate(uid)`):
+        `<driver>-<uid>-reg.sock` and `dra-<uid>.sock`. Two pods of one driver then never
+        share a socket path, so neither replaces or removes the other's, and kubelet 1.33+
+        keeps both registered while they overlap."""
         plugin = Path(plugin_dir) if plugin_dir is not None else DEFAULT_PLUGINS_DIR / driver_name
+        part = ""
+        if instance:
+            if not _INSTANCE.fullmatch(instance):
+                raise PluginServerError(
+                    f"instance {instance!r} is not a pod UID (letters, digits, '-', '.', '_')"
+                )
+            part = f"-{instance}"
         return cls(
-            registration_socket=Path(registry_dir).absolute() / f"{driver_name}-reg.sock",
-            dra_socket=plugin.absolute() / "dra.sock",
+            registration_socket=Path(registry_dir).absolute() / f"{driver_name}{part}-reg.sock",
+            dra_socket=plugin.absolute() / f"dra{part}.sock",
         )
 
 
@@ -361,7 +379,9 @@ class PluginServer:
         return server
 
     def stop(self, grace: float = 1.0) -> None:
-        """Registration socket first (kubelet stops routing to us), then DRA; both removed."""
+        """Registration socket first (kubelet stops routing to us), then DRA; both removed.
+        Only this server's own two paths: with per-pod names a newer pod's sockets in the
+        same folders are never touched."""
         if self.health is not None:
             self.health.close()
         for server, path in (
