@@ -201,3 +201,26 @@ def test_node_plugins_run_as_root_and_the_controller_does_not(chart: Chart) -> N
         assert c["securityContext"]["runAsUser"] == 0, c["name"]
     controller = _one(docs, "Deployment", "fabricdra-controller")["spec"]["template"]["spec"]
     assert controller["securityContext"]["runAsNonRoot"] is True
+
+
+def test_node_pods_roll_with_a_surge_and_per_pod_sockets(chart: Chart) -> None:
+    """A rolling update starts the new node pod beside the old one (kubelet 1.33+ serves both:
+    each pod's sockets carry its UID), so each container gets its pod's UID, and readiness is
+    this pod's own socket, not any socket of the driver."""
+    for values in ({}, {"node": {"hostNetwork": True}}):
+        ds = _one(chart.template(values=values), "DaemonSet", "fabricdra-node")
+        assert ds["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+        pod = ds["spec"]["template"]["spec"]
+        for c in pod["containers"]:
+            uid = [e for e in c["env"] if e["name"] == "FABRICDRA_POD_UID"]
+            assert uid == [
+                {
+                    "name": "FABRICDRA_POD_UID",
+                    "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}},
+                }
+            ]
+            probe = " ".join(c["readinessProbe"]["exec"]["command"])
+            assert "/dra-$FABRICDRA_POD_UID.sock" in probe
+        devices = next(c for c in pod["containers"] if c["name"] == "devices")
+        # In the host network a declared port is a hostPort: the surge pod could not be placed.
+        assert ("ports" in devices) == (not values)
