@@ -12,6 +12,7 @@ import yaml
 from kubernetes import client
 
 from e2e.harness.controlplane import wait_for
+from fabricdra.kubeletplugin.kubelet import PluginPaths
 from tests.e2e.installkit import (
     EXAMPLES,
     NAMESPACE,
@@ -154,7 +155,7 @@ def test_helm_upgrade_keeps_running_claims_and_new_pods_start(installed: Install
     # sockets they made at start are the ones still there.
     assert ds.spec.update_strategy.rolling_update.max_surge == 1
     assert all(c.restart_count == 0 for c in new.status.container_statuses)
-    assert sockets == _expected_sockets(new.metadata.uid)
+    assert sockets == _expected_sockets(installed, new.metadata.uid)
     assert old.metadata.uid != new.metadata.uid
     assert still.status.phase == "Running"
     assert still.metadata.uid == before.metadata.uid
@@ -162,14 +163,20 @@ def test_helm_upgrade_keeps_running_claims_and_new_pods_start(installed: Install
     assert [r.uid for r in kept.status.reserved_for] == [before.metadata.uid]
 
 
-def _expected_sockets(pod_uid: str) -> set[str]:
-    """One pod's sockets of both drivers (per-pod names, upstream's rolling-update scheme)."""
-    return {
-        f"plugins_registry/devices.fabricdra.io-{pod_uid}-reg.sock",
-        f"plugins_registry/compute-domain.fabricdra.io-{pod_uid}-reg.sock",
-        f"plugins/devices.fabricdra.io/dra-{pod_uid}.sock",
-        f"plugins/compute-domain.fabricdra.io/dra-{pod_uid}.sock",
-    }
+def _expected_sockets(installed: Installed, pod_uid: str) -> set[str]:
+    """One pod's sockets of both drivers (per-pod names, upstream's rolling-update scheme; the
+    UID cut to fit a unix socket address under the harness's long kubelet root)."""
+    root = installed.cluster.kubelet_root
+    out = set()
+    for driver in ("devices.fabricdra.io", "compute-domain.fabricdra.io"):
+        paths = PluginPaths.for_driver(
+            driver,
+            registry_dir=root / "plugins_registry",
+            plugin_dir=root / "plugins" / driver,
+            instance=pod_uid,
+        )
+        out |= {str(p.relative_to(root)) for p in (paths.registration_socket, paths.dra_socket)}
+    return out
 
 
 def _plugin_sockets(installed: Installed) -> set[str]:

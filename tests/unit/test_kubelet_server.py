@@ -296,3 +296,37 @@ def test_the_old_pods_exit_leaves_the_new_pods_sockets(tmp_path: Path) -> None:
         assert resp.claims["u1"].devices[0].device_name == "gpu-0"
     finally:
         new.stop()
+
+
+def test_a_uid_too_long_for_the_socket_path_is_cut_to_fit(tmp_path: Path) -> None:
+    """A long kubelet root dir: the UID's longest prefix that keeps both paths within the 107
+    bytes of a unix socket address; each pod's names still differ from another pod's."""
+    uid = "500b959b-bb7b-4b3b-8680-8f004d989de5"
+    root = Path("/tmp/fdra-e2e-c940m0v6/kubelet")
+
+    def paths(u: str) -> PluginPaths:
+        return PluginPaths.for_driver(
+            "compute-domain.fabricdra.io",
+            registry_dir=root / "plugins_registry",
+            plugin_dir=root / "plugins" / "compute-domain.fabricdra.io",
+            instance=u,
+        )
+
+    cut = paths(uid)
+    assert len(str(cut.registration_socket)) <= 107
+    assert (
+        cut.registration_socket.name
+        == "compute-domain.fabricdra.io-500b959b-bb7b-4b3b-868-reg.sock"
+    )
+    assert cut.dra_socket.name == "dra-500b959b-bb7b-4b3b-868.sock"
+    other = paths("61c0a8f2-0d3e-4b9a-9e1f-0a1b2c3d4e5f")
+    assert other.registration_socket != cut.registration_socket
+    # Where the whole UID fits it is used whole, as upstream names it.
+    whole = PluginPaths.for_driver(
+        "compute-domain.fabricdra.io",
+        registry_dir="/var/lib/kubelet/plugins_registry",
+        plugin_dir="/var/lib/kubelet/plugins/compute-domain.fabricdra.io",
+        instance=uid,
+    )
+    assert whole.registration_socket.name == f"compute-domain.fabricdra.io-{uid}-reg.sock"
+    assert len(str(whole.registration_socket)) == 107

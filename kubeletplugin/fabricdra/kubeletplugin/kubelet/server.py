@@ -70,6 +70,7 @@ DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 MAX_SOCKET_PATH = 107
 # What may go into a socket file name as the instance: a pod UID is a lowercase UUID.
 _INSTANCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+MIN_INSTANCE = 8  # characters of a UID kept at least when a socket path must be shortened
 
 _HEALTH_WIRE = {
     "Healthy": health_pb2.HEALTHY,
@@ -105,18 +106,34 @@ class PluginPaths:
         (k8s.io/dynamic-resource-allocation/kubeletplugin, `RollingUpdate(uid)`):
         `<driver>-<uid>-reg.sock` and `dra-<uid>.sock`. Two pods of one driver then never
         share a socket path, so neither replaces or removes the other's, and kubelet 1.33+
-        keeps both registered while they overlap."""
+        keeps both registered while they overlap.
+
+        A whole UID makes paths 37 bytes longer, and a unix socket path holds 107: where the
+        whole UID does not fit (a long kubelet root dir; compute-domain.fabricdra.io under
+        /var/lib/kubelet fits exactly), its longest prefix that fits is used, if that keeps
+        at least `MIN_INSTANCE` characters (about 32 random bits: two pods of one node never
+        meet on it in practice). Otherwise the whole UID, and `start` names the path that is
+        too long."""
         plugin = Path(plugin_dir) if plugin_dir is not None else DEFAULT_PLUGINS_DIR / driver_name
+        registry = Path(registry_dir).absolute()
+        plugin = plugin.absolute()
         part = ""
         if instance:
             if not _INSTANCE.fullmatch(instance):
                 raise PluginServerError(
                     f"instance {instance!r} is not a pod UID (letters, digits, '-', '.', '_')"
                 )
+            fixed = max(
+                len(os.fsencode(registry / f"{driver_name}--reg.sock")),
+                len(os.fsencode(plugin / "dra-.sock")),
+            )
+            room = MAX_SOCKET_PATH - fixed
+            if len(instance) > room and len(instance[:room].rstrip("-")) >= MIN_INSTANCE:
+                instance = instance[:room].rstrip("-")
             part = f"-{instance}"
         return cls(
-            registration_socket=Path(registry_dir).absolute() / f"{driver_name}{part}-reg.sock",
-            dra_socket=plugin.absolute() / f"dra{part}.sock",
+            registration_socket=registry / f"{driver_name}{part}-reg.sock",
+            dra_socket=plugin / f"dra{part}.sock",
         )
 
 
