@@ -4,6 +4,7 @@ tests/integration/test_kubelet_grpc.py)."""
 
 from __future__ import annotations
 
+import os
 import stat
 import threading
 from collections.abc import Iterator, Sequence
@@ -22,6 +23,7 @@ from fabricdra.kubeletplugin.kubelet import (
     PreparedDevice,
     PrepareError,
 )
+from fabricdra.kubeletplugin.kubelet.server import MAX_SOCKET_PATH
 from fabricdra.proto.gen.dra_health_v1alpha1 import api_pb2 as health_pb2
 from fabricdra.proto.gen.dra_health_v1alpha1 import api_pb2_grpc as health_grpc
 from fabricdra.proto.gen.dra_v1 import api_pb2 as v1_pb2
@@ -299,34 +301,53 @@ def test_the_old_pods_exit_leaves_the_new_pods_sockets(tmp_path: Path) -> None:
 
 
 def test_a_uid_too_long_for_the_socket_path_is_cut_to_fit(tmp_path: Path) -> None:
-    """A long kubelet root dir: the UID's longest prefix that keeps both paths within the 107
-    bytes of a unix socket address; each pod's names still differ from another pod's."""
+    """The UID's longest prefix that keeps both paths within what gRPC's server can bind
+    (105 bytes); each pod's names still differ from another pod's."""
     uid = "500b959b-bb7b-4b3b-8680-8f004d989de5"
-    root = Path("/tmp/fdra-e2e-c940m0v6/kubelet")
 
-    def paths(u: str) -> PluginPaths:
+    def paths(root: str, driver: str, u: str = uid) -> PluginPaths:
         return PluginPaths.for_driver(
-            "compute-domain.fabricdra.io",
-            registry_dir=root / "plugins_registry",
-            plugin_dir=root / "plugins" / "compute-domain.fabricdra.io",
+            driver,
+            registry_dir=f"{root}/plugins_registry",
+            plugin_dir=f"{root}/plugins/{driver}",
             instance=u,
         )
 
-    cut = paths(uid)
-    assert len(str(cut.registration_socket)) <= 107
+    # The harness's kubelet root under /tmp, 15 bytes longer than /var/lib/kubelet.
+    cut = paths("/tmp/fdra-e2e-c940m0v6/kubelet", "compute-domain.fabricdra.io")
+    assert len(str(cut.registration_socket)) == MAX_SOCKET_PATH == 105
     assert (
-        cut.registration_socket.name
-        == "compute-domain.fabricdra.io-500b959b-bb7b-4b3b-868-reg.sock"
+        cut.registration_socket.name == "compute-domain.fabricdra.io-500b959b-bb7b-4b3b-8-reg.sock"
     )
-    assert cut.dra_socket.name == "dra-500b959b-bb7b-4b3b-868.sock"
-    other = paths("61c0a8f2-0d3e-4b9a-9e1f-0a1b2c3d4e5f")
+    assert cut.dra_socket.name == "dra-500b959b-bb7b-4b3b-8.sock"
+    other = paths("/tmp/fdra-e2e-c940m0v6/kubelet", "compute-domain.fabricdra.io", "61c0a8f2-0d3e")
     assert other.registration_socket != cut.registration_socket
-    # Where the whole UID fits it is used whole, as upstream names it.
-    whole = PluginPaths.for_driver(
-        "compute-domain.fabricdra.io",
-        registry_dir="/var/lib/kubelet/plugins_registry",
-        plugin_dir="/var/lib/kubelet/plugins/compute-domain.fabricdra.io",
-        instance=uid,
-    )
-    assert whole.registration_socket.name == f"compute-domain.fabricdra.io-{uid}-reg.sock"
-    assert len(str(whole.registration_socket)) == 107
+    # Under /var/lib/kubelet: whole for devices.fabricdra.io, as upstream names it; the longer
+    # driver name misses by 2 bytes.
+    devices = paths("/var/lib/kubelet", "devices.fabricdra.io")
+    assert devices.registration_socket.name == f"devices.fabricdra.io-{uid}-reg.sock"
+    assert devices.dra_socket.name == f"dra-{uid}.sock"
+    cd = paths("/var/lib/kubelet", "compute-domain.fabricdra.io")
+    assert cd.registration_socket.name == f"compute-domain.fabricdra.io-{uid[:34]}-reg.sock"
+
+
+def test_every_socket_path_the_server_accepts_can_be_bound(tmp_path: Path) -> None:
+    """The length check is gRPC's real limit: a path of exactly MAX_SOCKET_PATH bytes is
+    served, one byte more is refused with the clear error, not gRPC's."""
+    base = Path("/tmp") / f"fdra-len-{os.getpid()}"
+    base.mkdir(exist_ok=True)
+    try:
+        for extra, ok in ((0, True), (1, False)):
+            name = "r" * (MAX_SOCKET_PATH + extra - len(str(base)) - 1)
+            paths = PluginPaths(registration_socket=base / name, dra_socket=base / "d.sock")
+            server = PluginServer(RecordingDriver(), paths)
+            if ok:
+                with server:
+                    assert stat.S_ISSOCK((base / name).stat().st_mode)
+            else:
+                with pytest.raises(PluginServerError, match="longer than the 105 bytes"):
+                    server.start()
+    finally:
+        for p in base.iterdir():
+            p.unlink()
+        base.rmdir()

@@ -66,8 +66,9 @@ HEALTH_V1ALPHA1_SERVICE = "v1alpha1.DRAResourceHealth"
 DEFAULT_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
 DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 
-# sockaddr_un.sun_path is 108 bytes including the terminating NUL.
-MAX_SOCKET_PATH = 107
+# sockaddr_un.sun_path is 108 bytes including the terminating NUL, but gRPC's server (core,
+# as in grpcio 1.7x) refuses paths longer than 105 bytes: the limit that holds for us.
+MAX_SOCKET_PATH = 105
 # What may go into a socket file name as the instance: a pod UID is a lowercase UUID.
 _INSTANCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 MIN_INSTANCE = 8  # characters of a UID kept at least when a socket path must be shortened
@@ -108,12 +109,12 @@ class PluginPaths:
         share a socket path, so neither replaces or removes the other's, and kubelet 1.33+
         keeps both registered while they overlap.
 
-        A whole UID makes paths 37 bytes longer, and a unix socket path holds 107: where the
-        whole UID does not fit (a long kubelet root dir; compute-domain.fabricdra.io under
-        /var/lib/kubelet fits exactly), its longest prefix that fits is used, if that keeps
-        at least `MIN_INSTANCE` characters (about 32 random bits: two pods of one node never
-        meet on it in practice). Otherwise the whole UID, and `start` names the path that is
-        too long."""
+        A whole UID makes paths 37 bytes longer, and a socket path must stay within
+        `MAX_SOCKET_PATH`: where the whole UID does not fit (compute-domain.fabricdra.io under
+        /var/lib/kubelet misses by 2 bytes; a longer kubelet root dir), its longest prefix
+        that fits both paths is used, if that keeps at least `MIN_INSTANCE` characters (about
+        32 random bits: two pods of one node never meet on it in practice). Otherwise the
+        whole UID, and `start` names the path that is too long."""
         plugin = Path(plugin_dir) if plugin_dir is not None else DEFAULT_PLUGINS_DIR / driver_name
         registry = Path(registry_dir).absolute()
         plugin = plugin.absolute()
