@@ -5,6 +5,7 @@ node and the release are made)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import uuid
@@ -331,14 +332,13 @@ def _agent_pids(pod_uid: str) -> list[int]:
 def _queued_at(socket_path: Path) -> tuple[int, int]:
     """What waits unread at the server side of `socket_path`, per `ss`: connections not yet
     accepted (Recv-Q of the listening socket) and request bytes not yet read (Recv-Q of the
-    accepted connections)."""
-    out = subprocess.run(
-        ["ss", "-xanH", "src", str(socket_path)], capture_output=True, text=True, check=True
-    ).stdout
+    accepted connections). gRPC binds `unix://<path>` as `//<path>`: slashes are collapsed
+    before comparing."""
+    out = subprocess.run(["ss", "-xanH"], capture_output=True, text=True, check=True).stdout
     pending = unread = 0
     for line in out.splitlines():
         fields = line.split()  # Netid State Recv-Q Send-Q Local Port Peer Port
-        if len(fields) >= 5 and fields[4] == str(socket_path):
+        if len(fields) >= 5 and re.sub("/+", "/", fields[4]) == str(socket_path):
             if fields[1] == "LISTEN":
                 pending += int(fields[2])
             else:
