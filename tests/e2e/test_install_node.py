@@ -4,6 +4,7 @@ node and the release are made)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -437,8 +438,9 @@ def test_agent_killed_during_a_prepare_restarts_and_leaves_no_cdi_spec(
                 what="the claim's CDI spec removed",
             )
     finally:
-        if stopped:
-            os.kill(pid, signal.SIGCONT)
+        if stopped:  # (the liveness probe may have had it killed meanwhile)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
     checkpoint = installed.cluster.plugins_dir / DRIVER / "checkpoint.json"
 
     assert reserved.status.allocation is not None
