@@ -3,6 +3,7 @@ and the release are made)."""
 
 from __future__ import annotations
 
+import stat
 import uuid
 from typing import Any
 
@@ -11,6 +12,7 @@ import yaml
 from kubernetes import client
 
 from e2e.harness.controlplane import wait_for
+from fabricdra.kubeletplugin.kubelet import PluginPaths
 from tests.e2e.installkit import (
     EXAMPLES,
     NAMESPACE,
@@ -102,11 +104,10 @@ def test_helm_upgrade_keeps_running_claims_and_new_pods_start(installed: Install
         resource.create_namespaced_resource_claim(ns, claim)
         run_pod(api, ns, "before", claim["metadata"]["name"])
         before = wait_running(core, ns, "before")
-        old_pod = (
-            core.list_namespaced_pod(NAMESPACE, label_selector="app.kubernetes.io/component=node")
-            .items[0]
-            .metadata.name
-        )
+        old = core.list_namespaced_pod(
+            NAMESPACE, label_selector="app.kubernetes.io/component=node"
+        ).items[0]
+        old_pod = old.metadata.name
 
         # A changed pod template rolls the DaemonSet, as a new image tag would.
         installed.chart.install(
@@ -119,8 +120,11 @@ def test_helm_upgrade_keeps_running_claims_and_new_pods_start(installed: Install
             pods = core.list_namespaced_pod(
                 NAMESPACE, label_selector="app.kubernetes.io/component=node"
             ).items
-            return [p.metadata.name for p in pods] != [old_pod] and all(
-                p.status.phase == "Running" for p in pods
+            # One pod, not the old one: with the surge both run for a moment.
+            return (
+                len(pods) == 1
+                and pods[0].metadata.name != old_pod
+                and all(p.status.phase == "Running" for p in pods)
             )
 
         wait_for(rolled, timeout=180, what="the node DaemonSet to roll")
@@ -133,6 +137,10 @@ def test_helm_upgrade_keeps_running_claims_and_new_pods_start(installed: Install
             timeout=120,
             what="the new node pod Ready",
         )
+        new = core.list_namespaced_pod(
+            NAMESPACE, label_selector="app.kubernetes.io/component=node"
+        ).items[0]
+        sockets = _plugin_sockets(installed)
         second = {**claim, "metadata": {"name": "after"}}
         resource.create_namespaced_resource_claim(ns, second)
         run_pod(api, ns, "after", "after")
@@ -142,7 +150,40 @@ def test_helm_upgrade_keeps_running_claims_and_new_pods_start(installed: Install
         core.delete_namespace(ns)
 
     assert ds.spec.template.spec.containers[0].args[0] == "--log-level=debug"
+    # The roll surged (maxSurge 1): the old pod exited only after the new one was Ready, and
+    # its exit removed its own sockets only. The new pod's containers never restarted, so the
+    # sockets they made at start are the ones still there.
+    assert ds.spec.update_strategy.rolling_update.max_surge == 1
+    assert all(c.restart_count == 0 for c in new.status.container_statuses)
+    assert sockets == _expected_sockets(installed, new.metadata.uid)
+    assert old.metadata.uid != new.metadata.uid
     assert still.status.phase == "Running"
     assert still.metadata.uid == before.metadata.uid
     assert still.status.container_statuses[0].restart_count == 0
     assert [r.uid for r in kept.status.reserved_for] == [before.metadata.uid]
+
+
+def _expected_sockets(installed: Installed, pod_uid: str) -> set[str]:
+    """One pod's sockets of both drivers (per-pod names, upstream's rolling-update scheme; the
+    UID cut to fit a unix socket address under the harness's long kubelet root)."""
+    root = installed.cluster.kubelet_root
+    out = set()
+    for driver in ("devices.fabricdra.io", "compute-domain.fabricdra.io"):
+        paths = PluginPaths.for_driver(
+            driver,
+            registry_dir=root / "plugins_registry",
+            plugin_dir=root / "plugins" / driver,
+            instance=pod_uid,
+        )
+        out |= {str(p.relative_to(root)) for p in (paths.registration_socket, paths.dra_socket)}
+    return out
+
+
+def _plugin_sockets(installed: Installed) -> set[str]:
+    """Every fabricdra socket in the kubelet's plugin folders, relative to its root dir."""
+    root = installed.cluster.kubelet_root
+    found = [
+        *(root / "plugins_registry").glob("*.fabricdra.io-*reg.sock"),
+        *(root / "plugins").glob("*.fabricdra.io/*.sock"),
+    ]
+    return {str(p.relative_to(root)) for p in found if stat.S_ISSOCK(p.lstat().st_mode)}

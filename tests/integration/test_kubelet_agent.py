@@ -237,6 +237,96 @@ def test_the_cli_process_runs_and_stops_on_sigterm(
     assert not (config.plugin_dir / "dra.sock").exists()
 
 
+def test_a_surge_roll_of_two_agent_processes_keeps_the_new_ones_sockets_and_port(
+    tmp_path_factory: pytest.TempPathFactory, control_plane: ControlPlane, crds: None, node: str
+) -> None:
+    """Two agent processes of a rolling update (old pod, new pod; pod UIDs by env as the chart
+    passes them) on the same folders and, as in the host network, the same metrics port: the
+    new one comes up while the old one serves (its own sockets; the port once free), and the
+    old one's SIGTERM removes only the old one's sockets."""
+    base = tmp_path_factory.mktemp("surge")
+    host = build_host(base / "host", vf_nics=())
+    config = agent_config(base, host, node)
+    port = free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "fabricdra.cli",
+        "kubelet-plugin",
+        "--kubeconfig",
+        str(control_plane.kubeconfig),
+        "--node-name",
+        node,
+        "--cdi-dir",
+        str(config.cdi_dir),
+        "--sysfs-root",
+        str(config.sysfs_root),
+        "--nvml-snapshot",
+        str(config.nvml_snapshot),
+        "--plugin-dir",
+        str(config.plugin_dir),
+        "--registry-dir",
+        str(config.registry_dir),
+        "--dev-root",
+        str(config.dev_root),
+        "--proc-root",
+        str(config.proc_root),
+        "--toolkit-cdi-dirs",
+        "",
+        "--metrics-port",
+        str(port),
+    ]
+    procs: dict[str, subprocess.Popen[str]] = {}
+
+    def sockets(uid: str) -> list[Path]:
+        return [
+            config.registry_dir / f"devices.fabricdra.io-{uid}-reg.sock",
+            config.plugin_dir / f"dra-{uid}.sock",
+        ]
+
+    try:
+        # The old pod first (it holds the port), then the new one beside it.
+        for uid in ("old-1111", "new-2222"):
+            env = {**os.environ, "FABRICDRA_POD_UID": uid}
+            proc = procs[uid] = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+            eventually(
+                lambda uid=uid, proc=proc: (
+                    all(p.exists() for p in sockets(uid)) or proc.poll() is not None
+                ),
+                f"the sockets of {uid}",
+                timeout=60,
+            )
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        procs["old-1111"].send_signal(signal.SIGTERM)
+        assert procs["old-1111"].wait(timeout=20) == 0
+        new = procs["new-2222"]
+
+        def metrics() -> str | None:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                    return str(r.read().decode())
+            except OSError:
+                return None
+
+        # The port is the new process's once the old one has gone (it retries every second).
+        eventually(lambda: metrics() if procs["old-1111"].poll() is not None else None, "metrics")
+        left = sorted(p.name for p in config.registry_dir.iterdir())
+        alive = new.poll() is None
+        new.send_signal(signal.SIGTERM)
+        assert new.wait(timeout=20) == 0
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    logs = procs["new-2222"].stderr.read() if procs["new-2222"].stderr else ""
+    assert alive
+    assert left == ["devices.fabricdra.io-new-2222-reg.sock"]
+    assert '"event": "metrics port in use (another pod?); retrying"' in logs
+    assert '"event": "metrics served"' in logs
+    assert not any(p.exists() for uid in procs for p in sockets(uid))
+
+
 def test_cli_refuses_bad_flags_in_one_line(tmp_path: Path) -> None:
     run = subprocess.run(
         [

@@ -80,6 +80,7 @@ class Plugin:
         node: str = "node-a",
         toolkit_dirs: tuple[Path, ...] = (),
         boot_id: str | None = "boot-1",
+        instance: str | None = None,
     ) -> None:
         self.base, self.host, self.api, self.node = base, host, api, node
         self.inventory = inventory
@@ -88,7 +89,7 @@ class Plugin:
         self.cdi_dir = base / "cdi"
         self.checkpoint_path = base / "state" / "checkpoint.json"
         self.paths = PluginPaths.for_driver(
-            DRIVER, registry_dir=base / "registry", plugin_dir=base / "plugin"
+            DRIVER, registry_dir=base / "registry", plugin_dir=base / "plugin", instance=instance
         )
         self.health = HealthBroadcaster(resend_seconds=0.2)
         self.server: PluginServer | None = None
@@ -740,3 +741,42 @@ def test_the_sweep_unprepares_claims_gone_from_the_api(plugin: Plugin, api: Any,
     assert plugin.specs() == [spec_file(kept)]
     assert [e.uid for e in Checkpoint(plugin.checkpoint_path).entries()] == [kept]
     assert plugin.driver.sweep() == []
+
+
+# -- rolling update: two pods of the driver at once ------------------------------------------
+
+
+def test_two_plugin_pods_during_a_rolling_update_share_one_state(
+    tmp_path_factory: pytest.TempPathFactory, host: Host, api: Any, ns: str
+) -> None:
+    """A surge roll runs the old and the new pod side by side on the same folders (per-pod
+    socket names): kubelet may prepare through one and unprepare through the other. The new
+    pod refuses a device the old one prepared for another claim, unprepares the old pod's
+    claim completely, and keeps serving after the old pod has stopped."""
+    base = tmp_path_factory.mktemp("roll")
+    old = Plugin(base, host, api, host.inventory(), instance="11111111-aaaa")
+    new = Plugin(base, host, api, host.inventory(), instance="22222222-bbbb")
+    old.start()
+    new.start()
+    try:
+        a = create_claim(api, ns, "a", [result("nic", NIC0)])
+        b = create_claim(api, ns, "b", [result("nic", NIC0)])
+        assert old.prepare([(ns, "a", a)]).claims[a].error == ""
+        refused = new.prepare([(ns, "b", b)]).claims[b].error
+        assert "already prepared for claim" in refused
+        assert new.specs() == [spec_file(a)]
+        assert new.unprepare([(ns, "a", a)]).claims[a].error == ""
+        assert new.specs() == []
+        old.stop()
+        assert new.paths.dra_socket.exists()
+        assert new.paths.registration_socket.exists()
+        assert sorted(p.name for p in (base / "registry").iterdir()) == [
+            f"{DRIVER}-22222222-bbbb-reg.sock"
+        ]
+        assert new.prepare([(ns, "b", b)]).claims[b].error == ""
+        assert new.specs() == [spec_file(b)]
+    finally:
+        old.stop()
+        new.stop()
+    entries = Checkpoint(new.checkpoint_path, boot_id="boot-1").entries()
+    assert [e.uid for e in entries] == [b]

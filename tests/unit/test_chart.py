@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import filecmp
 import re
+import shutil
+import socket
+import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -274,3 +278,62 @@ def test_extra_env_reaches_the_imex_daemons_the_controller_runs(chart: Chart) ->
         for a in plain["spec"]["template"]["spec"]["containers"][0]["args"]
         if a.startswith("--daemon-env")
     ]
+
+
+def test_node_pods_roll_with_a_surge_and_per_pod_sockets(chart: Chart) -> None:
+    """A rolling update starts the new node pod beside the old one (kubelet 1.33+ serves both:
+    each pod's sockets carry its UID), so each container gets its pod's UID, and readiness is
+    this pod's own socket, not any socket of the driver."""
+    for values in ({}, {"node": {"hostNetwork": True}}):
+        ds = _one(chart.template(values=values), "DaemonSet", "fabricdra-node")
+        assert ds["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+        pod = ds["spec"]["template"]["spec"]
+        for c in pod["containers"]:
+            uid = [e for e in c["env"] if e["name"] == "FABRICDRA_POD_UID"]
+            assert uid == [
+                {
+                    "name": "FABRICDRA_POD_UID",
+                    "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}},
+                }
+            ]
+            assert "FABRICDRA_POD_UID" in c["readinessProbe"]["exec"]["command"][2]
+        devices = next(c for c in pod["containers"] if c["name"] == "devices")
+        # In the host network a declared port is a hostPort: the surge pod could not be placed.
+        assert ("ports" in devices) == (not values)
+
+
+def test_the_readiness_probe_finds_this_pods_socket_only(chart: Chart) -> None:
+    """The probe runs under the image's /bin/sh (dash): ready on this pod's DRA socket, whole
+    or with the UID cut to fit (docs/kubelet-plugin.md), never on another pod's socket or on a
+    regular file of that name."""
+    root = Path(tempfile.mkdtemp(prefix="fdra-probe-"))
+    try:
+        ds = _one(chart.template({"kubeletRootDir": str(root)}), "DaemonSet", "fabricdra-node")
+        uid = "348fda06-4e9c-44a3-b4a9-454e6c1d2f00"
+        for c in ds["spec"]["template"]["spec"]["containers"]:
+            driver = {
+                "devices": "devices.fabricdra.io",
+                "compute-domain": "compute-domain.fabricdra.io",
+            }[c["name"]]
+            folder = root / "plugins" / driver
+            folder.mkdir(parents=True)
+            command = c["readinessProbe"]["exec"]["command"]
+
+            def ready(command: list[str] = command) -> bool:
+                env = {"FABRICDRA_POD_UID": uid, "PATH": "/usr/bin:/bin"}
+                return subprocess.run(command, env=env, check=False).returncode == 0
+
+            assert not ready()
+            with socket.socket(socket.AF_UNIX) as other:
+                other.bind(str(folder / "dra-61c0a8f2-0d3e-4b9a.sock"))
+                assert not ready()
+                (folder / f"dra-{uid[:20]}.sock").write_text("not a socket")
+                assert not ready()
+                (folder / f"dra-{uid[:20]}.sock").unlink()
+                for name in (f"dra-{uid[:20]}.sock", f"dra-{uid}.sock"):
+                    with socket.socket(socket.AF_UNIX) as own:
+                        own.bind(str(folder / name))
+                        assert ready(), name
+                    (folder / name).unlink()
+    finally:
+        shutil.rmtree(root)

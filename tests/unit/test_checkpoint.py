@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 from pathlib import Path
 
@@ -114,3 +115,37 @@ def test_boot_time_from_the_kernel(tmp_path: Path) -> None:
     stat.write_text("cpu  1 2 3\nbtime 1764720000\nprocesses 5\n")
     assert current_boot_time(stat) == 1764720000.0
     assert current_boot_time(tmp_path / "missing") is None
+
+
+def _put_many(path: str, prefix: str, count: int) -> None:
+    """One agent process recording claims (run in a child process)."""
+    checkpoint = Checkpoint(path, boot_id="b1")
+    for i in range(count):
+        with checkpoint.exclusive():
+            checkpoint.put(ClaimEntry(f"{prefix}{i}", "ns", f"c{i}", ()))
+
+
+def test_two_processes_sharing_one_checkpoint_lose_no_entry(tmp_path: Path) -> None:
+    """During a rolling update two agent pods serve kubelet for a moment and share the
+    checkpoint: each change is made on the file's current content under a file lock, so
+    neither overwrites what the other recorded."""
+    path = tmp_path / "checkpoint.json"
+    ctx = multiprocessing.get_context("spawn")
+    workers = [ctx.Process(target=_put_many, args=(str(path), p, 30)) for p in ("old", "new")]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(60)
+        assert w.exitcode == 0
+    uids = {e.uid for e in Checkpoint(path, boot_id="b1").entries()}
+    assert uids == {f"{p}{i}" for p in ("old", "new") for i in range(30)}
+
+
+def test_a_change_made_by_another_instance_is_seen(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    old, new = Checkpoint(path, boot_id="b1"), Checkpoint(path, boot_id="b1")
+    old.put(ENTRY)
+    assert new.get("u1") == ENTRY  # prepared by the old pod, unprepared by the new one
+    assert new.remove("u1")
+    assert old.get("u1") is None
+    assert old.entries() == []

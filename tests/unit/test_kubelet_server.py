@@ -4,6 +4,7 @@ tests/integration/test_kubelet_grpc.py)."""
 
 from __future__ import annotations
 
+import os
 import stat
 import threading
 from collections.abc import Iterator, Sequence
@@ -22,6 +23,7 @@ from fabricdra.kubeletplugin.kubelet import (
     PreparedDevice,
     PrepareError,
 )
+from fabricdra.kubeletplugin.kubelet.server import MAX_SOCKET_PATH
 from fabricdra.proto.gen.dra_health_v1alpha1 import api_pb2 as health_pb2
 from fabricdra.proto.gen.dra_health_v1alpha1 import api_pb2_grpc as health_grpc
 from fabricdra.proto.gen.dra_v1 import api_pb2 as v1_pb2
@@ -239,3 +241,113 @@ def test_a_stale_socket_is_replaced_but_a_regular_file_is_not_removed(
     with pytest.raises(PluginServerError):
         PluginServer(RecordingDriver(), sockets).start()
     assert sockets.dra_socket.read_text() == "not ours"
+
+
+def test_rolling_update_names_each_pods_sockets_like_upstream(tmp_path: Path) -> None:
+    """With the pod UID (k8s.io/dynamic-resource-allocation/kubeletplugin RollingUpdate):
+    `<registry>/<driver>-<uid>-reg.sock` and `<plugin dir>/dra-<uid>.sock`."""
+    paths = PluginPaths.for_driver(
+        "test.fabricdra.io",
+        registry_dir=tmp_path / "reg",
+        plugin_dir=tmp_path / "p",
+        instance="u-1",
+    )
+    assert paths.registration_socket == tmp_path / "reg" / "test.fabricdra.io-u-1-reg.sock"
+    assert paths.dra_socket == tmp_path / "p" / "dra-u-1.sock"
+
+
+def test_the_old_pods_exit_leaves_the_new_pods_sockets(tmp_path: Path) -> None:
+    """A rolling update with maxSurge: the new pod starts while the old one serves, then the
+    old one stops. The new pod's sockets (and kubelet's way to it) must survive."""
+
+    def paths(uid: str) -> PluginPaths:
+        return PluginPaths.for_driver(
+            RecordingDriver.driver_name,
+            registry_dir=tmp_path / "reg",
+            plugin_dir=tmp_path / "plugin",
+            instance=uid,
+        )
+
+    old, new = (
+        PluginServer(RecordingDriver(), paths("old")),
+        PluginServer(RecordingDriver(), paths("new")),
+    )
+    old.start()
+    new.start()
+    # Both are there for kubelet (1.33+ keeps both registered and uses the newer one).
+    assert sorted(p.name for p in (tmp_path / "reg").iterdir()) == [
+        "test.fabricdra.io-new-reg.sock",
+        "test.fabricdra.io-old-reg.sock",
+    ]
+    old.stop()
+    try:
+        assert stat.S_ISSOCK(new.paths.registration_socket.stat().st_mode)
+        assert stat.S_ISSOCK(new.paths.dra_socket.stat().st_mode)
+        assert not old.paths.registration_socket.exists()
+        assert not old.paths.dra_socket.exists()
+        with channel(new.paths.registration_socket) as ch:
+            info = reg_grpc.RegistrationStub(ch).GetInfo(reg_pb2.InfoRequest(), timeout=5)
+        assert info.endpoint == str(new.paths.dra_socket)
+        with channel(new.paths.dra_socket) as ch:
+            resp = v1_grpc.DRAPluginStub(ch).NodePrepareResources(
+                v1_pb2.NodePrepareResourcesRequest(
+                    claims=[v1_pb2.Claim(namespace="ns", name="c", uid="u1")]
+                ),
+                timeout=5,
+            )
+        assert resp.claims["u1"].devices[0].device_name == "gpu-0"
+    finally:
+        new.stop()
+
+
+def test_a_uid_too_long_for_the_socket_path_is_cut_to_fit(tmp_path: Path) -> None:
+    """The UID's longest prefix that keeps both paths within what gRPC's server can bind
+    (105 bytes); each pod's names still differ from another pod's."""
+    uid = "500b959b-bb7b-4b3b-8680-8f004d989de5"
+
+    def paths(root: str, driver: str, u: str = uid) -> PluginPaths:
+        return PluginPaths.for_driver(
+            driver,
+            registry_dir=f"{root}/plugins_registry",
+            plugin_dir=f"{root}/plugins/{driver}",
+            instance=u,
+        )
+
+    # The harness's kubelet root under /tmp, 15 bytes longer than /var/lib/kubelet.
+    cut = paths("/tmp/fdra-e2e-c940m0v6/kubelet", "compute-domain.fabricdra.io")
+    assert len(str(cut.registration_socket)) == MAX_SOCKET_PATH == 105
+    assert (
+        cut.registration_socket.name == "compute-domain.fabricdra.io-500b959b-bb7b-4b3b-8-reg.sock"
+    )
+    assert cut.dra_socket.name == "dra-500b959b-bb7b-4b3b-8.sock"
+    other = paths("/tmp/fdra-e2e-c940m0v6/kubelet", "compute-domain.fabricdra.io", "61c0a8f2-0d3e")
+    assert other.registration_socket != cut.registration_socket
+    # Under /var/lib/kubelet: whole for devices.fabricdra.io, as upstream names it; the longer
+    # driver name misses by 2 bytes.
+    devices = paths("/var/lib/kubelet", "devices.fabricdra.io")
+    assert devices.registration_socket.name == f"devices.fabricdra.io-{uid}-reg.sock"
+    assert devices.dra_socket.name == f"dra-{uid}.sock"
+    cd = paths("/var/lib/kubelet", "compute-domain.fabricdra.io")
+    assert cd.registration_socket.name == f"compute-domain.fabricdra.io-{uid[:34]}-reg.sock"
+
+
+def test_every_socket_path_the_server_accepts_can_be_bound(tmp_path: Path) -> None:
+    """The length check is gRPC's real limit: a path of exactly MAX_SOCKET_PATH bytes is
+    served, one byte more is refused with the clear error, not gRPC's."""
+    base = Path("/tmp") / f"fdra-len-{os.getpid()}"
+    base.mkdir(exist_ok=True)
+    try:
+        for extra, ok in ((0, True), (1, False)):
+            name = "r" * (MAX_SOCKET_PATH + extra - len(str(base)) - 1)
+            paths = PluginPaths(registration_socket=base / name, dra_socket=base / "d.sock")
+            server = PluginServer(RecordingDriver(), paths)
+            if ok:
+                with server:
+                    assert stat.S_ISSOCK((base / name).stat().st_mode)
+            else:
+                with pytest.raises(PluginServerError, match="longer than the 105 bytes"):
+                    server.start()
+    finally:
+        for p in base.iterdir():
+            p.unlink()
+        base.rmdir()

@@ -20,3 +20,10 @@ DaemonSets name them. */}}
 {{- define "fabricdra.devicesEnabled" -}}
 {{- if or .Values.gpus.enabled .Values.rdma.enabled }}true{{ end }}
 {{- end }}
+
+{{- /* A probe command: this pod's own DRA socket in the folder given exists. Its name is
+dra-<pod UID>.sock, with the UID cut where the whole path would be too long for a socket
+(docs/kubelet-plugin.md), so: a socket whose name part is a prefix of this pod's UID. */}}
+{{- define "fabricdra.ownSocketProbe" -}}
+for s in {{ . }}/dra-*.sock; do i=${s##*/dra-}; i=${i%.sock}; case "$FABRICDRA_POD_UID" in "$i"*) test -S "$s" && exit 0;; esac; done; exit 1
+{{- end }}

@@ -53,6 +53,14 @@ def add_node_plugin_flags(
         default=env("REGISTRY_DIR", "/var/lib/kubelet/plugins_registry"),
         help="kubelet's plugin registration folder [FABRICDRA_REGISTRY_DIR]",
     )
+    a(
+        "--pod-uid",
+        default=env("POD_UID"),
+        help="this pod's UID (downward API metadata.uid): per-pod socket names "
+        "<driver>-<uid>-reg.sock and dra-<uid>.sock, so a rolling update's new pod and old "
+        "pod serve side by side (kubelet 1.33+); empty: <driver>-reg.sock and dra.sock "
+        "[FABRICDRA_POD_UID]",
+    )
     a("--dev-root", default=env("DEV_ROOT", "/dev"), help="host /dev [FABRICDRA_DEV_ROOT]")
     a("--proc-root", default=env("PROC_ROOT", "/proc"), help="host /proc [FABRICDRA_PROC_ROOT]")
 

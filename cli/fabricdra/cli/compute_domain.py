@@ -135,6 +135,7 @@ def run_plugin(args: argparse.Namespace) -> int:
         cdi_dir=Path(args.cdi_dir),
         plugin_dir=Path(args.plugin_dir),
         registry_dir=Path(args.registry_dir),
+        pod_uid=args.pod_uid or None,
         proc_root=Path(args.proc_root),
         dev_root=Path(args.dev_root),
         imex_ctl=args.imex_ctl,
@@ -145,8 +146,8 @@ def run_plugin(args: argparse.Namespace) -> int:
         host_imex_interval=args.host_imex_interval,
     )
     api = api_client(args.kubeconfig, "fabricdra-compute-domain-plugin/0.1.0")
-    plugin = ComputeDomainPlugin(config, api)
     try:
+        plugin = ComputeDomainPlugin(config, api)
         plugin.run(stop_event())
     except PluginServerError as e:
         raise UsageError(str(e)) from None

@@ -182,6 +182,7 @@ def build_config(args: argparse.Namespace) -> Any:
         toolkit_cdi_dirs=tuple(Path(d) for d in args.toolkit_cdi_dirs.split(",") if d),
         plugin_dir=Path(args.plugin_dir),
         registry_dir=Path(args.registry_dir),
+        pod_uid=args.pod_uid or None,
         state_dir=Path(args.state_dir) if args.state_dir else None,
         dev_root=Path(args.dev_root),
         proc_root=Path(args.proc_root),
@@ -209,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
     api = api_client(args.kubeconfig, USER_AGENT)
     try:
         agent = Agent(config, api)
-    except (RootError, CheckpointError) as e:
+    except (RootError, CheckpointError, PluginServerError) as e:
         raise UsageError(str(e)) from None
     except Exception as e:  # kubeconfig missing/invalid, not in a cluster
         raise UsageError(f"cannot reach the API server: {e}") from None

@@ -32,6 +32,7 @@ previous state kept; the loop goes on.
 
 from __future__ import annotations
 
+import errno
 import threading
 import time
 from dataclasses import dataclass, field
@@ -92,6 +93,7 @@ class AgentConfig:
     toolkit_cdi_dirs: tuple[Path, ...] = DEFAULT_SPEC_DIRS
     plugin_dir: Path = Path("/var/lib/kubelet/plugins") / DRIVER_NAME
     registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
+    pod_uid: str | None = None  # per-pod socket names (rolling updates), see PluginPaths
     state_dir: Path | None = None  # checkpoint folder; default: plugin_dir
     dev_root: Path = Path("/dev")
     proc_root: Path = Path("/proc")
@@ -174,7 +176,10 @@ class Agent:
         self.server = PluginServer(
             self.driver,
             PluginPaths.for_driver(
-                DRIVER_NAME, registry_dir=config.registry_dir, plugin_dir=config.plugin_dir
+                DRIVER_NAME,
+                registry_dir=config.registry_dir,
+                plugin_dir=config.plugin_dir,
+                instance=config.pod_uid,
             ),
             health=self.health,
             on_registration=self._registered,
@@ -289,18 +294,46 @@ class Agent:
         self.wake.set()
 
     def run(self, stop: threading.Event) -> None:
-        http = None
+        servers: list[Any] = []
+        ended = threading.Event()
+        binder = None
         if self.config.metrics_port:
-            http, _ = start_http_server(
-                self.config.metrics_port, self.config.metrics_address, registry=metrics.REGISTRY
+            binder = threading.Thread(
+                target=self._serve_metrics, args=(ended, servers), name="metrics", daemon=True
             )
-            log.info("metrics served", port=self.config.metrics_port)
+            binder.start()
         try:
             self._serve(stop)
         finally:
-            if http is not None:
+            ended.set()
+            if binder is not None:
+                binder.join()
+            for http in servers:
                 http.shutdown()
                 http.server_close()
+
+    def _serve_metrics(self, ended: threading.Event, servers: list[Any]) -> None:
+        """Open the metrics port, retrying while it is taken: in the host network, a rolling
+        update's new pod starts while the old pod still holds the port (maxSurge), and
+        serves it once the old pod has exited."""
+        port, warned = self.config.metrics_port or 0, False
+        while not ended.is_set():
+            try:
+                http, _ = start_http_server(
+                    port, self.config.metrics_address, registry=metrics.REGISTRY
+                )
+            except OSError as e:
+                if e.errno != errno.EADDRINUSE:
+                    log.error("metrics port cannot be opened", port=port, error=str(e))
+                    return
+                if not warned:
+                    log.warning("metrics port in use (another pod?); retrying", port=port)
+                    warned = True
+                ended.wait(1.0)
+                continue
+            servers.append(http)
+            log.info("metrics served", port=port)
+            return
 
     def seed_history(self) -> None:
         """Start from the link history this node last published (NodeDevices), so a failure's

@@ -194,7 +194,8 @@ class DevicesDriver:
                     f"ResourceClaim {claim.namespace}/{claim.name} not found"
                 ) from None
             raise PrepareError(f"cannot read the ResourceClaim: {e}") from None
-        with self._lock:
+        # The file lock too: another agent pod may serve kubelet during a rolling update.
+        with self._lock, self.checkpoint.exclusive():
             if not call.active():
                 raise PrepareError("kubelet gave up on this call; nothing was prepared")
             done = self._already_prepared(claim)  # a concurrent call for the same claim
@@ -504,7 +505,7 @@ class DevicesDriver:
 
     def unprepare(self, claim: ClaimRef) -> None:
         """Remove what this claim's prepare created; a claim never prepared is a success."""
-        with self._lock:
+        with self._lock, self.checkpoint.exclusive():
             entry = self.checkpoint.get(claim.uid)
             if entry is not None:
                 for spec in entry.cdi_specs:
@@ -530,7 +531,7 @@ class DevicesDriver:
                 obj = None
             if obj is not None and (obj.get("metadata") or {}).get("uid") == entry.uid:
                 continue
-            with self._lock:
+            with self._lock, self.checkpoint.exclusive():
                 if self.checkpoint.remove_if(entry):
                     for spec in entry.cdi_specs:
                         Path(spec).unlink(missing_ok=True)

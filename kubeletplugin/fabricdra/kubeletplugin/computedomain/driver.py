@@ -83,7 +83,7 @@ class ComputeDomainDriver:
     # -- prepare -------------------------------------------------------------------------
     def prepare(self, claim: ClaimRef) -> Sequence[PreparedDevice]:
         self._await_imex(claim)  # before the lock: a wait must not hold up other claims
-        with self._lock:
+        with self._lock, self.checkpoint.exclusive():
             obj = self._claim(claim)
             results = self._results(obj)
             if not results:
@@ -314,7 +314,7 @@ class ComputeDomainDriver:
 
     # -- unprepare -----------------------------------------------------------------------
     def unprepare(self, claim: ClaimRef) -> None:
-        with self._lock:
+        with self._lock, self.checkpoint.exclusive():
             entry = self.checkpoint.get(claim.uid)
             for spec in entry.cdi_specs if entry is not None else ():
                 with contextlib.suppress(FileNotFoundError):

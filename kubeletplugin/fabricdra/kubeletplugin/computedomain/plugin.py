@@ -38,6 +38,7 @@ class PluginConfig:
     cdi_dir: Path = Path("/var/run/cdi")
     plugin_dir: Path = Path("/var/lib/kubelet/plugins") / cd.DRIVER
     registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
+    pod_uid: str | None = None  # per-pod socket names (rolling updates), see PluginPaths
     proc_root: Path = Path("/proc")
     dev_root: Path = Path("/dev")
     imex_ctl: str = "nvidia-imex-ctl"
@@ -72,7 +73,10 @@ class ComputeDomainPlugin:
         self.server = PluginServer(
             self.driver,
             PluginPaths.for_driver(
-                cd.DRIVER, registry_dir=config.registry_dir, plugin_dir=config.plugin_dir
+                cd.DRIVER,
+                registry_dir=config.registry_dir,
+                plugin_dir=config.plugin_dir,
+                instance=config.pod_uid,
             ),
         )
 

@@ -4,7 +4,7 @@ restart: kubelet may unprepare in a later plugin process, or a new pod), and pre
 a device another claim already holds.
 
 Public surface: `Checkpoint(path, boot_id=...)` with `get(uid)`, `put(entry)`, `remove(uid)`,
-`remove_if(entry)`, `entries()`, `dropped` (entries of another boot found at load);
+`remove_if(entry)`, `entries()`, `exclusive()`, `dropped` (entries of another boot found at load);
 `ClaimEntry` (namespace, name, uid, the CDI spec files written, the devices prepared);
 `PreparedRecord` (one device of a prepared claim, as kubelet was told, plus whether it was
 granted with admin access); `current_boot_id()`.
@@ -12,8 +12,16 @@ granted with admin access); `current_boot_id()`.
 Every change rewrites the whole file atomically (temp + rename): a plugin crash leaves the old
 or the new checkpoint, never a torn one. Nothing is fsynced: the entries only mean anything
 within the boot that wrote them (a machine crash is a new boot, whose start-up drops them all),
-and the syncs were the prepare path's largest and least predictable wait on a busy disk. A
-checkpoint that cannot be parsed is a clear error at start-up (`CheckpointError`), never
+and the syncs were the prepare path's largest and least predictable wait on a busy disk.
+
+Two agent pods may share the file for a moment (a rolling update starts the new pod before the
+old one exits, and kubelet may call either), so the file, not this object's memory, is the
+state: every change takes an exclusive `flock` on `<checkpoint>.lock` and is applied to the
+file's current content, and reads pick up a file another process rewrote. `exclusive()` holds
+that lock across a driver's whole read-check-write (e.g. "is this device held by another
+claim?" then "record it").
+
+A checkpoint that cannot be parsed is a clear error at start-up (`CheckpointError`), never
 silently treated as empty, since that would strand the specs it names — except one last written
 before this boot began (what a machine crash may leave of an unsynced file): its entries are of
 another boot, so it is renamed `<name>.unreadable`, logged, and the plugin starts empty. The
@@ -25,9 +33,12 @@ read as entries of this boot without recorded devices.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -154,11 +165,58 @@ class Checkpoint:
     ) -> None:
         """`boot_time` None: read from /proc/stat."""
         self.path = Path(path)
+        self.lock_path = self.path.with_name(self.path.name + ".lock")
         self.boot_id = boot_id
         self.boot_time = boot_time if boot_time is not None else current_boot_time()
-        self._lock = threading.Lock()
+        # Re-entrant: a driver holds exclusive() around put/remove, which take it as well.
+        self._lock = threading.RLock()
+        self._flock_depth = 0
+        self._flock_fd: int | None = None
         self.dropped: list[ClaimEntry] = []
-        self._claims: dict[str, ClaimEntry] = self._load()
+        self._seen: tuple[int, int, int] | None = None  # (inode, mtime_ns, size) last read
+        self._claims: dict[str, ClaimEntry] = {}
+        with self.exclusive():
+            pass  # the first load (and its boot check) under the lock
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the checkpoint against every other thread and process (flock on the lock
+        file) with this object's view refreshed from the file."""
+        with self._lock:
+            if self._flock_depth == 0:
+                self.lock_path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX)
+                except BaseException:
+                    os.close(fd)
+                    raise
+                self._flock_fd = fd
+            self._flock_depth += 1
+            try:
+                self._refresh()
+                yield
+            finally:
+                self._flock_depth -= 1
+                if self._flock_depth == 0 and self._flock_fd is not None:
+                    os.close(self._flock_fd)  # closing the descriptor releases the flock
+                    self._flock_fd = None
+
+    def _stat(self) -> tuple[int, int, int] | None:
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def _refresh(self) -> None:
+        """Read the file again when another process replaced it since we last looked (each
+        write is a rename, so a new inode; a cheap stat otherwise)."""
+        seen = self._stat()
+        if seen is not None and seen == self._seen:
+            return
+        self._claims = self._load()
+        self._seen = seen
 
     def _load(self) -> dict[str, ClaimEntry]:
         try:
@@ -204,14 +262,16 @@ class Checkpoint:
 
     def get(self, uid: str) -> ClaimEntry | None:
         with self._lock:
+            self._refresh()
             return self._claims.get(uid)
 
     def entries(self) -> list[ClaimEntry]:
         with self._lock:
+            self._refresh()
             return sorted(self._claims.values(), key=lambda e: e.uid)
 
     def put(self, entry: ClaimEntry) -> None:
-        with self._lock:
+        with self.exclusive():
             if self._claims.get(entry.uid) == entry:
                 return
             claims = {**self._claims, entry.uid: entry}
@@ -219,7 +279,7 @@ class Checkpoint:
             self._claims = claims
 
     def remove(self, uid: str) -> bool:
-        with self._lock:
+        with self.exclusive():
             if uid not in self._claims:
                 return False
             claims = {k: v for k, v in self._claims.items() if k != uid}
@@ -230,7 +290,7 @@ class Checkpoint:
     def remove_if(self, entry: ClaimEntry) -> bool:
         """Remove the claim's entry only while it is still exactly `entry` (a sweep must not
         drop what a prepare recorded after the sweep looked)."""
-        with self._lock:
+        with self.exclusive():
             if self._claims.get(entry.uid) != entry:
                 return False
             claims = {k: v for k, v in self._claims.items() if k != entry.uid}
@@ -249,3 +309,4 @@ class Checkpoint:
         # runs without indent (with it, 200 claims cost tens of ms per prepare).
         data = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode() + b"\n"
         write_atomic(self.path, data, 0o600, durable=False)
+        self._seen = self._stat()

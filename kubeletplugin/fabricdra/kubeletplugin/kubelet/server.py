@@ -10,11 +10,12 @@ stream for any `DraDriver`, over two unix sockets.
 once: kubelet deletes the node's ResourceSlices when it starts, then registers the plugin).
 
 Kubelet's side of the contract, as this server meets it (kubelet v1.34-v1.36):
-- registration: `<registry_dir>/<driver>-reg.sock` answers `GetInfo` with type `DRAPlugin`,
+- registration: `<registry_dir>/<driver>-reg.sock` (`<driver>-<pod uid>-reg.sock` with
+  rolling updates, see `PluginPaths.for_driver`) answers `GetInfo` with type `DRAPlugin`,
   the driver name, the absolute DRA socket path and the services in the order kubelet should
   pick them: `v1.DRAPlugin`, `v1beta1.DRAPlugin` (1.32/1.33 kubelets know only the latter),
   then `v1alpha1.DRAResourceHealth` when a health broadcaster is given.
-- `<plugin_dir>/dra.sock` serves `k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`,
+- `<plugin_dir>/dra.sock` (`dra-<pod uid>.sock`) serves `k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`,
   `k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin` and `v1alpha1.DRAResourceHealth`.
 - every claim in a request gets exactly one entry in the response (kubelet fails the whole
   batch otherwise); a driver exception becomes that claim's `error`.
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import stat
 import threading
 import time
@@ -65,8 +67,12 @@ HEALTH_V1ALPHA1_SERVICE = "v1alpha1.DRAResourceHealth"
 DEFAULT_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
 DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
 
-# sockaddr_un.sun_path is 108 bytes including the terminating NUL.
-MAX_SOCKET_PATH = 107
+# sockaddr_un.sun_path is 108 bytes including the terminating NUL, but gRPC's server (core,
+# as in grpcio 1.7x) refuses paths longer than 105 bytes: the limit that holds for us.
+MAX_SOCKET_PATH = 105
+# What may go into a socket file name as the instance: a pod UID is a lowercase UUID.
+_INSTANCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+MIN_INSTANCE = 8  # characters of a UID kept at least when a socket path must be shortened
 
 _HEALTH_WIRE = {
     "Healthy": health_pb2.HEALTHY,
@@ -93,13 +99,43 @@ class PluginPaths:
         *,
         registry_dir: str | os.PathLike[str] = DEFAULT_REGISTRY_DIR,
         plugin_dir: str | os.PathLike[str] | None = None,
+        instance: str | None = None,
     ) -> PluginPaths:
         """kubelet's conventional layout: `<registry_dir>/<driver>-reg.sock` and
-        `<plugin_dir or /var/lib/kubelet/plugins/<driver>>/dra.sock`."""
+        `<plugin_dir or /var/lib/kubelet/plugins/<driver>>/dra.sock`.
+
+        With `instance` (the pod's UID), the names upstream's helper uses for rolling updates
+        (k8s.io/dynamic-resource-allocation/kubeletplugin, `RollingUpdate(uid)`):
+        `<driver>-<uid>-reg.sock` and `dra-<uid>.sock`. Two pods of one driver then never
+        share a socket path, so neither replaces or removes the other's, and kubelet 1.33+
+        keeps both registered while they overlap.
+
+        A whole UID makes paths 37 bytes longer, and a socket path must stay within
+        `MAX_SOCKET_PATH`: where the whole UID does not fit (compute-domain.fabricdra.io under
+        /var/lib/kubelet misses by 2 bytes; a longer kubelet root dir), its longest prefix
+        that fits both paths is used, if that keeps at least `MIN_INSTANCE` characters (about
+        32 random bits: two pods of one node never meet on it in practice). Otherwise the
+        whole UID, and `start` names the path that is too long."""
         plugin = Path(plugin_dir) if plugin_dir is not None else DEFAULT_PLUGINS_DIR / driver_name
+        registry = Path(registry_dir).absolute()
+        plugin = plugin.absolute()
+        part = ""
+        if instance:
+            if not _INSTANCE.fullmatch(instance):
+                raise PluginServerError(
+                    f"instance {instance!r} is not a pod UID (letters, digits, '-', '.', '_')"
+                )
+            fixed = max(
+                len(os.fsencode(registry / f"{driver_name}--reg.sock")),
+                len(os.fsencode(plugin / "dra-.sock")),
+            )
+            room = MAX_SOCKET_PATH - fixed
+            if len(instance) > room and len(instance[:room].rstrip("-")) >= MIN_INSTANCE:
+                instance = instance[:room].rstrip("-")
+            part = f"-{instance}"
         return cls(
-            registration_socket=Path(registry_dir).absolute() / f"{driver_name}-reg.sock",
-            dra_socket=plugin.absolute() / "dra.sock",
+            registration_socket=registry / f"{driver_name}{part}-reg.sock",
+            dra_socket=plugin / f"dra{part}.sock",
         )
 
 
@@ -367,7 +403,9 @@ class PluginServer:
         return server
 
     def stop(self, grace: float = 1.0) -> None:
-        """Registration socket first (kubelet stops routing to us), then DRA; both removed."""
+        """Registration socket first (kubelet stops routing to us), then DRA; both removed.
+        Only this server's own two paths: with per-pod names a newer pod's sockets in the
+        same folders are never touched."""
         if self.health is not None:
             self.health.close()
         for server, path in (
