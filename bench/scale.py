@@ -17,8 +17,8 @@ Prints, as JSON:
 - ready_after_bound_s: the worst domain's Ready time minus its last pod's bind (goal < 30 s);
 - jobs_split_over_fabrics / jobs_per_fabric: jobs whose pods span several fabric domains
   (must be 0) and how many jobs each fabric domain runs;
-- writes_per_domain: the controller's API writes (audit log, by its user agent) during the
-  burst, per domain;
+- writes_per_domain / burst_writes: the controller's API writes (audit log, by its user
+  agent) during the burst, per domain, and all of them by verb and resource;
 - steady_writes_per_domain / steady_writes_per_node_minute: its writes over `--steady`
   seconds once all are Ready (goal 0);
 - sched_gpu_only_pods_per_s / sched_aligned_pods_per_s / aligned_ratio: scheduler
@@ -435,8 +435,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     per_fabric[f] = per_fabric.get(f, 0) + 1
             out["jobs_per_fabric"] = dict(sorted(per_fabric.items()))
             time.sleep(2.0)  # trailing writes land in the audit log
-            burst = len(cp.audit_events(user_agent=USER_AGENT, verbs=WRITE_VERBS))
+            events = cp.audit_events(user_agent=USER_AGENT, verbs=WRITE_VERBS)
+            burst = len(events)
             out["writes_per_domain"] = round((burst - before) / args.domains, 1)
+            kinds: dict[str, int] = {}
+            for ev in events[before:]:
+                ref = ev.get("objectRef") or {}
+                what = f"{ev['verb']} {ref.get('resource', '')}"
+                what += f"/{ref['subresource']}" if ref.get("subresource") else ""
+                kinds[what] = kinds.get(what, 0) + 1
+            out["burst_writes"] = dict(sorted(kinds.items(), key=lambda kv: -kv[1]))
 
             time.sleep(args.steady)
             steady = len(cp.audit_events(user_agent=USER_AGENT, verbs=WRITE_VERBS)) - burst
