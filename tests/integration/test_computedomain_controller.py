@@ -65,6 +65,11 @@ def _delete_and_wait(rest: Rest, ns: str, name: str) -> None:
 
 def test_create_makes_owned_objects_and_status(control_plane: ControlPlane, rest: Rest) -> None:
     ns, driver_ns = _ns(control_plane, "cd-user"), unique("cd-system")
+    # numNodes=2: the gang is placed in a fabric domain with 2 free nodes before its claim
+    # template is made; other tests' fabric domains in this API server may be full.
+    rack = unique("0user")
+    for _ in range(2):
+        create_plugin_node(control_plane, unique("user-node"), rack)
     with running_controller(control_plane, driver_ns):
         rest.create(COMPUTE_DOMAINS, domain_body("job", rct="job-imex", num_nodes=2), ns)
         obj = wait_for(

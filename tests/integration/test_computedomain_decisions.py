@@ -586,10 +586,11 @@ def test_a_gang_is_admitted_together(control_plane: ControlPlane, rest: Rest) ->
 def test_an_incomplete_gang_is_released_after_the_timeout(
     control_plane: ControlPlane, rest: Rest
 ) -> None:
-    """numNodes=3 with only 2 allocations: after the gang timeout both held claims are
-    released together (one released alone would keep the job pinned to its partial place)."""
+    """numNodes=3 with only 2 allocations (in a fabric domain of 3: the gang is placed
+    there): after the gang timeout both held claims are released together (one released
+    alone would keep the job pinned to its partial place)."""
     ns, driver_ns = _ns(control_plane, "cd-gangto"), unique("cd-system")
-    nodes = [unique("gang-part"), unique("gang-part")]
+    nodes = [unique("gang-part"), unique("gang-part"), unique("gang-part")]
     for n in nodes:
         create_plugin_node(control_plane, n, "fabric-gangto")
     with running_controller(
@@ -597,7 +598,7 @@ def test_an_incomplete_gang_is_released_after_the_timeout(
     ):
         rest.create(COMPUTE_DOMAINS, domain_body("part", mode="host", num_nodes=3), ns)
         template = _workload_template(rest, _wait_channel(rest, ns, "part"))
-        for i, n in enumerate(nodes):
+        for i, n in enumerate(nodes[:2]):
             allocate_claim(rest, ns, template, n, f"p{i}", binding_conditions=True)
         for claim in ("p0", "p1"):
             released = wait_for(
@@ -634,3 +635,44 @@ def test_num_nodes_beyond_the_fabric_is_said_not_capped(
             what="Ready written",
         )
         assert fits["reason"] != "FabricTooSmall"
+
+
+def test_a_gang_that_fits_nowhere_waits_without_a_template_until_room_appears(
+    control_plane: ControlPlane, rest: Rest
+) -> None:
+    """Issue 11 (gangs at scale): a gang is placed in a fabric domain with room for all of
+    it before its claim template exists (the template selects that fabric domain only); a
+    second gang that fits nowhere gets no template (so no claim, no partial allocation)
+    and says Ready=False, WaitingForFabric, until the first is deleted; then it is placed."""
+    ns, driver_ns = _ns(control_plane, "cd-place"), unique("cd-system")
+    rack = unique("0place")  # sorts first: placement is first fit in name order
+    for _ in range(3):
+        create_plugin_node(control_plane, unique("place-node"), rack)
+    with running_controller(control_plane, driver_ns, leader_election=False):
+        rest.create(COMPUTE_DOMAINS, domain_body("first", mode="host", num_nodes=3), ns)
+        wait_for(
+            lambda: (
+                rest.get(COMPUTE_DOMAINS, "first", ns).get("status", {}).get("fabricDomain") == rack
+            ),
+            what="first placed in the rack",
+        )
+        assert f"fabricDomain == '{rack}'" in _selector(rest, ns, "first-channel")
+        rest.create(COMPUTE_DOMAINS, domain_body("second", mode="host", num_nodes=3), ns)
+        ready = wait_for(
+            lambda: (
+                (c := _status_of(rest, ns, "second", cd.READY)).get("reason") == "WaitingForFabric"
+                and c
+            ),
+            what="Ready=False, WaitingForFabric",
+        )
+        assert ready["status"] == "False"
+        assert "numNodes 3" in ready["message"]
+        assert rest.get_or_none(CLAIM_TEMPLATES, "second-channel", ns) is None
+        assert not rest.get(COMPUTE_DOMAINS, "second", ns)["status"].get("fabricDomain")
+        rest.delete(COMPUTE_DOMAINS, "first", ns)
+        wait_for(
+            lambda: rest.get_or_none(CLAIM_TEMPLATES, "second-channel", ns),
+            what="second placed once the first is gone",
+        )
+        assert f"fabricDomain == '{rack}'" in _selector(rest, ns, "second-channel")
+        assert rest.get(COMPUTE_DOMAINS, "second", ns)["status"]["fabricDomain"] == rack

@@ -3,6 +3,7 @@ publishes their compute-domain ResourceSlices)."""
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -261,5 +262,108 @@ def test_simultaneous_domains_on_a_free_node_and_fabric_boundaries(
             wait_gone(
                 lambda name=name: rest.get_or_none(COMPUTE_DOMAINS, name, ns),
                 f"{name} deleted",
+                timeout=60,
+            )
+
+
+def _job_pod(name: str, template: str, job: str) -> dict[str, Any]:
+    """A pod of a multi-node job as users write it: kept in one NVLink fabric domain by
+    podAffinity, one per node by anti-affinity."""
+    pod = _pod(name, template)
+    pod["metadata"]["labels"] = {"job": job}
+    same_job = {"matchLabels": {"job": job}}
+    pod["spec"]["affinity"] = {
+        "podAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": same_job, "topologyKey": "fabricdra.io/fabric.domain"}
+            ]
+        },
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": same_job, "topologyKey": "kubernetes.io/hostname"}
+            ]
+        },
+    }
+    return pod
+
+
+def _pinned_fabric(rest: Rest, ns: str, template: str) -> str | None:
+    spec = str(rest.get(CLAIM_TEMPLATES, template, ns)["spec"]["spec"])
+    match = re.search(r"fabricDomain == '([^']*)'", spec)
+    return match.group(1) if match else None
+
+
+def test_two_gangs_are_placed_in_separate_fabric_domains_before_their_pods_schedule(
+    control_plane: ControlPlane, kube_scheduler: Any, kube_controller_manager: Any
+) -> None:
+    """Issue 11 (gangs at scale): two fabric domains of 2 free nodes, two jobs of numNodes=2
+    created at once. With the scheduler alone deciding, both jobs' first pods could land in
+    one fabric domain and split it: neither reaches 2 nodes, both wait at binding until the
+    gang timeout, and may pile up again (bench/scale.py, 200 nodes: 8 of 10 Ready after
+    900 s). Now each gang is placed in a fabric domain with room before its claim template
+    exists, so the two templates select different fabric domains and all four pods bind,
+    each job inside its own."""
+    rest = Rest(control_plane.api_client())
+    install_crd(rest)
+    ns, driver_ns = unique("cd-gangs"), unique("cd-system")
+    control_plane.create_namespace(ns)
+    # Fabric names that sort first: placement is first fit in name order, and other tests'
+    # fabric domains share this API server.
+    racks = [unique("0gang"), unique("0gang")]
+    nodes = {rack: [unique("gn"), unique("gn")] for rack in racks}
+    for rack, names in nodes.items():
+        for n in names:
+            create_plugin_node(control_plane, n, fabric=rack)
+            rest.patch(NODES, n, {"metadata": {"labels": {"kubernetes.io/hostname": n}}})
+    jobs = ("east", "west")
+    with running_controller(control_plane, driver_ns):
+        for names in nodes.values():
+            for n in names:
+                wait_for(lambda n=n: rest.get_or_none(SLICES, slice_name(n)), what="slice")
+        for job in jobs:
+            rest.create(
+                COMPUTE_DOMAINS, domain_body(job, rct=f"{job}-imex", mode="host", num_nodes=2), ns
+            )
+        for job in jobs:
+            wait_for(
+                lambda job=job: rest.get_or_none(CLAIM_TEMPLATES, f"{job}-imex", ns),
+                what=f"{job} template",
+            )
+        # Placed before any pod exists: each template selects one fabric domain, not the same.
+        placed = {job: _pinned_fabric(rest, ns, f"{job}-imex") for job in jobs}
+        assert None not in placed.values(), f"templates not pinned to a fabric domain: {placed}"
+        assert placed["east"] != placed["west"], f"both gangs placed together: {placed}"
+        for job in jobs:
+            wait_for(
+                lambda job=job: (
+                    rest.get(COMPUTE_DOMAINS, job, ns).get("status", {}).get("fabricDomain")
+                    == placed[job]
+                ),
+                what=f"{job}'s placement recorded in status",
+            )
+        pods = [f"{job}-{i}" for job in jobs for i in range(2)]
+        for pod in pods:
+            job = pod.split("-")[0]
+            rest.create(PODS, _job_pod(pod, f"{job}-imex", job), ns)
+        bound = {
+            pod: wait_for(lambda pod=pod: _node_of(rest, ns, pod), what=f"{pod} bound", timeout=90)
+            for pod in pods
+        }
+        fabric_of = {n: rack for rack, names in nodes.items() for n in names}
+        for pod, node in bound.items():
+            job = pod.split("-")[0]
+            got = fabric_of.get(node) or rest.get(NODES, node)["metadata"]["labels"].get(
+                "fabricdra.io/fabric.domain"
+            )
+            assert got == placed[job], f"{pod} bound on {node} in {got}, placed in {placed[job]}"
+
+        for pod in pods:
+            rest.delete(PODS, pod, ns)
+        for job in jobs:
+            rest.delete(COMPUTE_DOMAINS, job, ns)
+        for job in jobs:
+            wait_gone(
+                lambda job=job: rest.get_or_none(COMPUTE_DOMAINS, job, ns),
+                f"{job} deleted",
                 timeout=60,
             )

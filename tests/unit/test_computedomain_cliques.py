@@ -125,3 +125,16 @@ def test_size_is_judged_against_all_cliques_when_opted_in() -> None:
     assert "36 node(s)" in many
     assert status.too_large(18, sizes, pinned="rack-1", multi_clique=False) == ""
     assert status.too_large(4, Counter(), pinned=None, multi_clique=True) == ""
+
+
+def test_a_multi_clique_gang_is_not_placed_in_one_fabric_domain() -> None:
+    """Gang placement pins a gang to one fabric domain before its pods schedule; a domain
+    allowed to span cliques must never be pinned, so it is no gang for placement."""
+    from fabricdra.controller import placement
+
+    single = _domain(False)
+    single.spec.numNodes = 4
+    multi = _domain(True)
+    multi.spec.numNodes = 4
+    assert placement.is_gang(single)
+    assert not placement.is_gang(multi)

@@ -9,7 +9,7 @@ import pytest
 
 from fabricdra.api import computedomain as cd
 from fabricdra.api.computedomain import ComputeDomain
-from fabricdra.controller import admission, channels, objects, status
+from fabricdra.controller import admission, channels, objects, placement, status
 from fabricdra.controller.admission import ClaimOnNode
 from fabricdra.controller.workqueue import WorkQueue
 
@@ -281,3 +281,41 @@ def test_imex_daemons_run_as_root_without_escalation() -> None:
     ds = objects.daemon_set(_domain(), objects.DaemonSettings())
     ctx = ds["spec"]["template"]["spec"]["containers"][0]["securityContext"]
     assert ctx == {"runAsUser": 0, "runAsGroup": 0, "allowPrivilegeEscalation": False}
+
+
+# -- gang placement --------------------------------------------------------------------------
+def test_gangs_are_placed_first_fit_counting_what_other_gangs_still_expect() -> None:
+    """Two racks of 4 nodes, gangs of 3: today's scheduler-only placement let both start in
+    rack-a and split it (neither reaches 3); placed first fit, the second goes to rack-b, and a
+    third fits nowhere (1 free node in each rack) instead of taking a partial place."""
+    fabrics = {"rack-a": ["a0", "a1", "a2", "a3"], "rack-b": ["b0", "b1", "b2", "b3"]}
+    owners = {n: cd.FREE_OWNER for nodes in fabrics.values() for n in nodes}
+    free = placement.free_nodes(fabrics, owners, [], "x")
+    assert placement.first_fit(3, free) == "rack-a"
+    x = placement.Gang("x", 3, "rack-a")
+    free = placement.free_nodes(fabrics, owners, [x], "y")
+    assert free == {"rack-a": 1, "rack-b": 4}
+    assert placement.first_fit(3, free) == "rack-b"
+    y = placement.Gang("y", 3, "rack-b")
+    assert placement.first_fit(3, placement.free_nodes(fabrics, owners, [x, y], "z")) is None
+    # Nodes a gang already holds count once (held, not also expected); a node another
+    # domain holds is not free; the gang's own nodes are.
+    owners.update({"a0": "x", "a1": "x", "a3": "elastic"})
+    assert placement.free_nodes(fabrics, owners, [x], "y") == {"rack-a": 0, "rack-b": 4}
+    assert placement.free_nodes(fabrics, owners, [x], "x")["rack-a"] == 1 + 2
+
+
+def test_a_placed_gang_records_its_fabric_and_too_large_wins_over_waiting() -> None:
+    d = _domain(channels=[1])
+    obs = status.Observed(True, "ok", [], {}, placed="rack-b")
+    st, _ = status.compute(d, obs, "t0")
+    assert st.fabricDomain == "rack-b"
+    waiting = status.Observed(
+        False, "no room", [], {}, objects_reason="WaitingForFabric", too_large="numNodes 40 …"
+    )
+    st, _ = status.compute(d, waiting, "t0")
+    ready = {c.type: c for c in st.conditions}[cd.READY]
+    assert ready.reason == "FabricTooSmall"
+    no_room = status.Observed(False, "no room", [], {}, objects_reason="WaitingForFabric")
+    st, _ = status.compute(d, no_room, "t0")
+    assert {c.type: c for c in st.conditions}[cd.READY].reason == "WaitingForFabric"

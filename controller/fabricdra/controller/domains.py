@@ -25,6 +25,7 @@ from fabricdra.api.rest import (
 from . import channels, metrics, objects, status
 from .claims import channel_of, claim_nodes, domain_uid, node_fabric, node_ip
 from .informer import Informer, key_of
+from .placement import is_gang
 from .writes import now
 
 if TYPE_CHECKING:
@@ -64,8 +65,7 @@ class DomainReconciler:
             ready, reason, message = False, "ChannelsExhausted", str(e)
         else:
             assert channel is not None
-            ready, message = self._ensure_objects(domain, channel)
-            reason = "CreatingObjects"
+            ready, reason, message = self._ensure_objects(domain, channel, key)
         self._update_status(domain, key, ready, reason, message, channel)
         self._count_domains()
 
@@ -141,25 +141,38 @@ class DomainReconciler:
         )
 
     def _pin(self, domain: ComputeDomain) -> str | None:
-        """The fabric domain the workload template is restricted to: the one fixed by the
-        first admission, while the domain holds a node or an allocated claim. None: unpinned
+        """The fabric domain the workload template is restricted to: a gang's placement
+        (placement.py; it lasts as long as the domain), else the one fixed by the first
+        admission, while the domain holds a node or an allocated claim. None: unpinned
         (never pinned, pinned to nodes without a fabric, or holding nothing any more)."""
         own = self.c.ownership
         if domain.spec.allowMultipleCliques:  # takes nodes of any clique: never steered to one
             return None
-        pinned = domain.status.fabricDomain or own.pin_of(domain.uid)
+        pinned = own.pin_of(domain.uid)
+        if pinned is None:
+            pinned = domain.status.fabricDomain
         if not pinned:
             return None
+        if is_gang(domain):
+            return pinned
         if not own.nodes_of(domain.uid) and not self._has_allocated_claims(domain):
             own.unpin(domain.uid)
             return None
         return pinned
 
-    def _ensure_objects(self, domain: ComputeDomain, channel: int) -> tuple[bool, str]:
+    def _ensure_objects(
+        self, domain: ComputeDomain, channel: int, key: str
+    ) -> tuple[bool, str, str]:
+        """Returns (ready, Ready's reason while not, message)."""
         c = self.c
-        rct = objects.workload_claim_template(domain, channel, self._pin(domain))
+        # A gang is placed before its workload template exists, so every claim made from
+        # the template is pinned to the gang's fabric domain; one that fits nowhere now
+        # gets no template yet (its pods wait for their claims).
+        placed = c.placement.place(domain, key)
         try:
-            self._ensure(CLAIM_TEMPLATES, rct, c.templates)
+            if not placed.waiting:  # else no template yet; Ready says why
+                rct = objects.workload_claim_template(domain, channel, self._pin(domain))
+                self._ensure(CLAIM_TEMPLATES, rct, c.templates)
             if domain.spec.imexMode == "managed":
                 settings = c.config.daemon
                 self._ensure(
@@ -168,8 +181,14 @@ class DomainReconciler:
                 self._ensure(DAEMON_SETS, objects.daemon_set(domain, settings), c.daemonsets)
         except NotOurs as e:
             # Never take over or delete an object we did not create: say so in the status.
-            return False, f"{e}; choose another spec.channel.resourceClaimTemplate.name"
-        return True, "claim templates created"
+            return (
+                False,
+                "CreatingObjects",
+                f"{e}; choose another spec.channel.resourceClaimTemplate.name",
+            )
+        if placed.waiting:
+            return False, "WaitingForFabric", placed.waiting
+        return True, "CreatingObjects", "claim templates created"
 
     def _held_nodes(self, uid: str) -> list[status.HeldNode]:
         out = []
@@ -215,8 +234,12 @@ class DomainReconciler:
     def _fabric_conflicts(self, domain: ComputeDomain) -> list[str]:
         """Claims of the domain allocated on a node outside the domain's fabric domain (the
         scheduler placed them before the pin was visible; their binding was refused)."""
-        pinned = domain.status.fabricDomain or self.c.ownership.pin_of(domain.uid)
-        if pinned is None or domain.spec.allowMultipleCliques:
+        if domain.spec.allowMultipleCliques:
+            return []
+        pinned = self.c.ownership.pin_of(domain.uid)
+        if pinned is None:
+            pinned = domain.status.fabricDomain or None
+        if pinned is None:
             return []
         out = []
         for claim in self.c.claims.items():
@@ -239,7 +262,7 @@ class DomainReconciler:
         return status.too_large(
             domain.spec.numNodes,
             sizes,
-            pinned=domain.status.fabricDomain or self.c.ownership.pin_of(domain.uid),
+            pinned=self.c.ownership.pin_of(domain.uid) or domain.status.fabricDomain,
             multi_clique=domain.spec.allowMultipleCliques,
         )
 
@@ -266,6 +289,7 @@ class DomainReconciler:
             objects_reason=reason,
             unpin=self.c.ownership.pin_of(domain.uid) is None
             and not self._has_allocated_claims(domain),
+            placed=self.c.ownership.pin_of(domain.uid) if is_gang(domain) else None,
             too_large=self._too_large(domain),
         )
         new, events = status.compute(domain, observed, now())
@@ -330,6 +354,7 @@ class DomainReconciler:
             if not e.not_found:
                 raise
         c.ownership.forget_domain(domain.uid)
+        c.placement.forget(f"{domain.namespace}/{domain.name}")
 
 
 def _duration(lease: JSON) -> float:

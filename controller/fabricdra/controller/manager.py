@@ -47,6 +47,7 @@ from .leader import LeaderElector
 from .liveness import Heartbeats
 from .nodes import NodeReconciler
 from .ownership import Ownership
+from .placement import Placement
 from .workqueue import WorkQueue
 from .writes import Writer, counting_rest
 
@@ -112,6 +113,7 @@ class Controller:
         self.domain_queue = WorkQueue()
         self.node_queue = WorkQueue()
         self.ownership = Ownership()
+        self.placement = Placement(self)
         self.heartbeats = Heartbeats()
         self.domain_reconciler = DomainReconciler(self)
         self.node_reconciler = NodeReconciler(self)
@@ -149,9 +151,11 @@ class Controller:
                 own.set_key(uid, key_of(obj))
             self.domain_queue.add(key_of(obj))
             if new is None or obj["metadata"].get("deletionTimestamp"):
-                # A gone domain may free nodes for waiting claims of other domains.
+                # A gone domain may free nodes for waiting claims of other domains, and
+                # its placement's room for waiting gangs.
                 for node in own.nodes_of(uid):
                     self.node_queue.add(node)
+                self.placement.room_may_have_freed()
 
         def by_domain_label(event: str, old: JSON | None, new: JSON | None) -> None:
             obj = new or old
@@ -186,6 +190,8 @@ class Controller:
             obj = new or old
             assert obj is not None
             self.node_queue.add(obj["metadata"]["name"])
+            if event != "SYNC":
+                self.placement.room_may_have_freed()
 
         def on_slice(event: str, old: JSON | None, new: JSON | None) -> None:
             obj = new or old

@@ -43,7 +43,11 @@ class NodeReconciler:
                 live[uid] = None
                 multi.add(uid)
                 continue
-            live[uid] = obj.get("status", {}).get("fabricDomain") or self.c.ownership.pin_of(uid)
+            # The in-memory pin first: a gang's placement may have just moved (placement.py).
+            pinned = self.c.ownership.pin_of(uid)
+            live[uid] = (
+                pinned if pinned is not None else obj.get("status", {}).get("fabricDomain") or None
+            )
         return live, multi
 
     def reconcile(self, name: str) -> None:
@@ -62,6 +66,9 @@ class NodeReconciler:
         fabric = node_fabric(node)
         namespaces = {o["metadata"]["uid"]: o["metadata"]["namespace"] for o in c.domains.items()}
         views = [v for cl in claims for v in claim_views(cl, name, namespaces)]
+        for view in views:  # claims made before their gang was placed may move it here
+            if view.state == "pending" and view.domain:
+                c.placement.follow(view.domain, fabric)
         live, multi = self.live_domains()
         decision = admission.decide(name, fabric, views, live, previous, multi_clique=multi)
         c.ownership.set_owner(name, decision.owner)
@@ -99,6 +106,8 @@ class NodeReconciler:
             metrics.ADMISSIONS.labels("conflict").inc()
             self._conflict_event(by_key[key], why)
         metrics.HELD_NODES.set(c.ownership.held_count())
+        if previous != cd.FREE_OWNER and decision.owner == cd.FREE_OWNER:
+            c.placement.room_may_have_freed()
         for uid in {previous, decision.owner} - {cd.FREE_OWNER}:
             domain_key = c.ownership.key_of(uid)
             if domain_key:

@@ -49,6 +49,7 @@ class Observed:
     objects_reason: str = "CreatingObjects"  # Ready's reason while objects_ready is False
     unpin: bool = False  # no node and no allocated claim left: the fabric domain is free again
     too_large: str = ""  # why numNodes can never fit one fabric domain ("" when it can)
+    placed: str | None = None  # a gang's fabric domain (placement.py), recorded in status
 
 
 @dataclass(frozen=True)
@@ -191,10 +192,10 @@ def compute(
     else:
         daemons = (True, "AllDaemonsReady", f"{len(rows)} IMEX daemon(s) ready")
 
-    if not obs.objects_ready:
-        ready = (False, obs.objects_reason, obs.objects_message)
-    elif obs.too_large:
+    if obs.too_large:  # before the objects: a gang too large is never placed either
         ready = (False, "FabricTooSmall", obs.too_large)
+    elif not obs.objects_ready:
+        ready = (False, obs.objects_reason, obs.objects_message)
     elif not daemons[0]:
         ready = (False, daemons[1], daemons[2])
     elif want is not None and len(ready_rows) < want:
@@ -239,7 +240,11 @@ def compute(
             "observedGeneration": gen,
             # A multi-clique domain has no one fabric domain: its rows name each node's.
             "fabricDomain": ""
-            if (obs.unpin and not rows) or domain.spec.allowMultipleCliques
+            if domain.spec.allowMultipleCliques
+            else obs.placed
+            if obs.placed
+            else ""
+            if obs.unpin and not rows
             else domain.status.fabricDomain
             or next((r.fabricDomain for r in rows if r.fabricDomain), ""),
         }

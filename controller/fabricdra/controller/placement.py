@@ -1,0 +1,192 @@
+"""Gang placement: which NVLink fabric domain a ComputeDomain with `numNodes` runs in, decided
+by the controller before any of its pods is scheduled.
+
+Why above the scheduler: kube-scheduler places a job's first pod without knowing it belongs to a
+gang, so the first pods of several jobs land in one fabric domain, each job's podAffinity then
+keeps the rest of its pods there, and the jobs split the fabric's nodes between them: none gets
+`numNodes`, all wait at binding until the gang timeout releases them, and they may land
+together again (bench/scale.py at 200 nodes: 8 of 10 domains Ready after 900 s). Pinning the
+claim template after the first admission comes too late: the claims were made from the
+unpinned template when the pods were created.
+
+So a gang domain is placed when it is first reconciled, before its workload claim template
+exists: first fit (fabric domains in name order) on the nodes that are free for it, counting
+the nodes other gangs placed in that fabric domain still expect. The template is created
+pinned to that fabric domain, so every claim made from it can only be allocated there. A
+domain that fits nowhere now gets no template (its pods wait for their claims, quietly
+Pending) and `Ready=False, WaitingForFabric`; it is placed as soon as room appears (a domain
+deleted, a node freed or added), and the claim controller makes its pods' claims when the
+template appears. A placement lasts as long as the domain (it is recorded in
+`status.fabricDomain`, so a restarted controller keeps it). A claim allocated before the
+placement existed (made from an older template) on a node of another fabric domain that has
+room for the whole gang moves the placement there, while the domain holds no node yet.
+Clusters without any fabric-labelled node place nothing (gangs then rely on the gang timeout).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from fabricdra.api.computedomain import FREE_OWNER, ComputeDomain
+
+from .claims import node_fabric
+
+if TYPE_CHECKING:
+    from .manager import Controller
+
+log = logging.getLogger("fabricdra.controller")
+JSON = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Gang:
+    uid: str
+    want: int  # numNodes
+    fabric: str  # the fabric domain it is placed in
+
+
+def free_nodes(
+    fabrics: Mapping[str, Iterable[str]],
+    owners: Mapping[str, str],
+    gangs: Iterable[Gang],
+    for_uid: str,
+) -> dict[str, int]:
+    """Per fabric domain, how many of its nodes domain `for_uid` may count on: its nodes,
+    less those another domain holds, less what other gangs placed there still expect
+    (numNodes minus the nodes they already hold there). `fabrics`: fabric -> node names;
+    `owners`: node -> holder (FREE_OWNER or a domain UID)."""
+    free: dict[str, int] = {}
+    members = {f: list(nodes) for f, nodes in fabrics.items()}
+    for fabric, nodes in members.items():
+        held = sum(1 for n in nodes if owners.get(n, FREE_OWNER) not in (FREE_OWNER, for_uid))
+        free[fabric] = len(nodes) - held
+    for gang in gangs:
+        if gang.uid == for_uid or gang.fabric not in members:
+            continue
+        have = sum(1 for n in members[gang.fabric] if owners.get(n) == gang.uid)
+        free[gang.fabric] -= max(gang.want - have, 0)
+    return free
+
+
+def first_fit(want: int, free: Mapping[str, int]) -> str | None:
+    """The first fabric domain (by name) with room for `want` nodes."""
+    return next((f for f in sorted(free) if free[f] >= want), None)
+
+
+@dataclass(frozen=True)
+class Placed:
+    fabric: str | None  # where the gang runs; None: not placed
+    waiting: str = ""  # why it is not placed yet ("" when placement does not apply)
+
+
+def is_gang(domain: ComputeDomain) -> bool:
+    """A gang placed in one fabric domain: `numNodes` > 1, and not a domain that may span
+    several cliques (that one is never steered to a fabric domain)."""
+    return (domain.spec.numNodes or 1) > 1 and not domain.spec.allowMultipleCliques
+
+
+class Placement:
+    """The placement decisions, one at a time (domain workers run in parallel)."""
+
+    def __init__(self, controller: Controller) -> None:
+        self.c = controller
+        self._lock = threading.Lock()
+        self._waiting: set[str] = set()  # domain keys that fit nowhere yet
+
+    def _current(self, uid: str, recorded: str) -> str | None:
+        pinned = self.c.ownership.pin_of(uid)
+        if pinned is not None:
+            return pinned
+        return recorded or None
+
+    def _view(self, for_uid: str) -> tuple[dict[str, list[str]], dict[str, str], list[Gang]]:
+        c = self.c
+        fabrics: dict[str, list[str]] = {}
+        for node in c.nodes.items():
+            if fabric := node_fabric(node):
+                fabrics.setdefault(fabric, []).append(node["metadata"]["name"])
+        owners = {n: c.ownership.owner(n) for nodes in fabrics.values() for n in nodes}
+        gangs = []
+        for obj in c.domains.items():
+            meta = obj["metadata"]
+            want = int((obj.get("spec") or {}).get("numNodes") or 1)
+            if meta.get("deletionTimestamp") or want <= 1 or meta["uid"] == for_uid:
+                continue
+            placed = self._current(meta["uid"], (obj.get("status") or {}).get("fabricDomain", ""))
+            if placed:
+                gangs.append(Gang(meta["uid"], want, placed))
+        return fabrics, owners, gangs
+
+    def place(self, domain: ComputeDomain, key: str) -> Placed:
+        """The gang's fabric domain, placing it now (first fit) if it has none yet."""
+        if not is_gang(domain):
+            return Placed(None)
+        want = domain.spec.numNodes or 1
+        with self._lock:
+            current = self._current(domain.uid, domain.status.fabricDomain)
+            if current is not None:
+                self._waiting.discard(key)
+                self.c.ownership.pin(domain.uid, current)
+                return Placed(current)
+            fabrics, owners, gangs = self._view(domain.uid)
+            if not fabrics:  # no NVLink fabric domain known: nothing to place in
+                self._waiting.discard(key)
+                return Placed(None)
+            free = free_nodes(fabrics, owners, gangs, domain.uid)
+            fabric = first_fit(want, free)
+            if fabric is None:
+                self._waiting.add(key)
+                log.info("ComputeDomain %s (numNodes %d) fits nowhere yet: %s", key, want, free)
+                # A message without the counts: it is written to status, which must not
+                # change (and be rewritten) every time another node is held or freed.
+                return Placed(
+                    None,
+                    f"numNodes {want}: no NVLink fabric domain has {want} nodes free now "
+                    "(counting the nodes other gangs placed there still expect); waiting "
+                    "for room; the claim template is created once the domain is placed",
+                )
+            self._waiting.discard(key)
+            self.c.ownership.pin(domain.uid, fabric)
+            log.info("placed ComputeDomain %s (numNodes %d) in fabric domain %s", key, want, fabric)
+            return Placed(fabric)
+
+    def follow(self, uid: str, fabric: str) -> bool:
+        """A claim of gang `uid` was allocated on a node of `fabric` although the gang is
+        placed elsewhere (the claim was made before the placement): move the placement there
+        if the gang holds no node yet and `fabric` has room for all of it. True if moved."""
+        c = self.c
+        key = c.ownership.key_of(uid)
+        obj = c.domains.get(key) if key else None
+        if obj is None or not fabric:
+            return False
+        spec = obj.get("spec") or {}
+        want = int(spec.get("numNodes") or 1)
+        if want <= 1 or spec.get("allowMultipleCliques") is True:
+            return False
+        with self._lock:
+            current = self._current(uid, (obj.get("status") or {}).get("fabricDomain", ""))
+            if current == fabric or c.ownership.nodes_of(uid):
+                return False
+            fabrics, owners, gangs = self._view(uid)
+            if free_nodes(fabrics, owners, gangs, uid).get(fabric, 0) < want:
+                return False
+            c.ownership.pin(uid, fabric)
+        log.info("ComputeDomain %s follows its first claim to fabric domain %s", key, fabric)
+        assert key is not None
+        c.domain_queue.add(key)  # re-pin the template, record the placement
+        return True
+
+    def room_may_have_freed(self) -> None:
+        """A domain went away, a node was freed or added: waiting gangs may fit now."""
+        with self._lock:
+            waiting = sorted(self._waiting)
+        for key in waiting:
+            self.c.domain_queue.add(key)
+
+    def forget(self, key: str) -> None:
+        with self._lock:
+            self._waiting.discard(key)
