@@ -25,6 +25,7 @@ reboot (docs/kubelet-plugin.md#health).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 from collections.abc import Callable
@@ -142,13 +143,7 @@ class XidWatch:
                 update["xidEventsSupported"] = True
             if update:
                 gpus[bus] = gpu.model_copy(update=update)
-        return NvmlReadings(
-            source=readings.source,
-            available=readings.available,
-            reason=readings.reason,
-            gpus=gpus,
-            errors=dict(readings.errors),
-        )
+        return dataclasses.replace(readings, gpus=gpus, errors=dict(readings.errors))
 
     def close(self) -> None:
         if self.source is not None:

@@ -22,6 +22,7 @@ on hardware and off it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import time
 from collections.abc import Iterable
@@ -637,13 +638,7 @@ def record_xid_events(
                 "xidEvents": [SnapshotXidEvent.model_validate(x) for x in seen],
             }
         )
-    return NvmlReadings(
-        source=readings.source,
-        available=readings.available,
-        reason=readings.reason,
-        gpus=gpus,
-        errors=dict(readings.errors),
-    )
+    return dataclasses.replace(readings, gpus=gpus, errors=dict(readings.errors))
 
 
 def dump_snapshot(readings: NvmlReadings) -> str:
