@@ -188,7 +188,9 @@ class Rest:
         timeout: float = 30.0,
         retries: bool | None = None,
     ) -> JSON:
-        return self.call("POST", kind.path(namespace), body=body, timeout=timeout, retries=retries)
+        out = self.call("POST", kind.path(namespace), body=body, timeout=timeout, retries=retries)
+        self._accepted(kind, "create")
+        return out
 
     def patch(
         self,
@@ -201,13 +203,15 @@ class Rest:
         content_type: str = MERGE_PATCH,
         timeout: float = 30.0,
     ) -> JSON:
-        return self.call(
+        out = self.call(
             "PATCH",
             kind.path(namespace, name, sub),
             body=patch,
             content_type=content_type,
             timeout=timeout,
         )
+        self._accepted(kind, "patch")
+        return out
 
     def apply(
         self,
@@ -223,16 +227,20 @@ class Rest:
         """Server-side apply: `body` states exactly the fields `field_manager` owns; fields of
         other managers (other drivers' entries of a list-map) are left alone."""
         query = {"fieldManager": field_manager, "force": "true" if force else None}
-        return self.call(
+        out = self.call(
             "PATCH",
             kind.path(namespace, name, sub),
             query=query,
             body=body,
             content_type=APPLY_PATCH,
         )
+        self._accepted(kind, "apply")
+        return out
 
     def replace(self, kind: Kind, name: str, body: JSON, namespace: str | None = None) -> JSON:
-        return self.call("PUT", kind.path(namespace, name), body=body)
+        out = self.call("PUT", kind.path(namespace, name), body=body)
+        self._accepted(kind, "update")
+        return out
 
     def delete(self, kind: Kind, name: str, namespace: str | None = None) -> bool:
         """Delete; False if it was already gone."""
@@ -244,7 +252,11 @@ class Rest:
             if e.not_found:
                 return False
             raise
+        self._accepted(kind, "delete")
         return True
+
+    def _accepted(self, kind: Kind, verb: str) -> None:
+        """Called after each write the server accepted (CountingRest counts them here)."""
 
     def watch(
         self,
@@ -270,12 +282,11 @@ class Rest:
         resp = self._send(
             "GET", kind.path(namespace), query, None, "application/json", (10, timeout_seconds + 30)
         )
-        raw = resp
         if opened is not None:
-            opened(raw)
+            opened(resp)
         buffer = b""
         try:
-            for chunk in raw.stream(65536, decode_content=True):
+            for chunk in resp.stream(65536, decode_content=True):
                 buffer += chunk
                 while b"\n" in buffer:
                     line, buffer = buffer.split(b"\n", 1)
@@ -284,7 +295,7 @@ class Rest:
         except (urllib3.exceptions.HTTPError, OSError) as e:  # the server went away
             raise ApiError(0, str(e)) from None
         finally:
-            raw.release_conn()
+            resp.release_conn()
 
 
 WriteHook = Callable[[Kind, str], None]  # (kind, verb) after a write the server accepted
@@ -311,69 +322,11 @@ class CountingRest(Rest):
         with self._lock:
             return sum(self._counts.values())
 
-    def _count(self, kind: Kind, verb: str) -> None:
+    def _accepted(self, kind: Kind, verb: str) -> None:
         with self._lock:
             self._counts[(kind.plural, verb)] += 1
         if self._on_write is not None:
             self._on_write(kind, verb)
-
-    def create(
-        self,
-        kind: Kind,
-        body: JSON,
-        namespace: str | None = None,
-        *,
-        timeout: float = 30.0,
-        retries: bool | None = None,
-    ) -> JSON:
-        out = super().create(kind, body, namespace, timeout=timeout, retries=retries)
-        self._count(kind, "create")
-        return out
-
-    def patch(
-        self,
-        kind: Kind,
-        name: str,
-        patch: Any,
-        namespace: str | None = None,
-        *,
-        sub: str = "",
-        content_type: str = MERGE_PATCH,
-        timeout: float = 30.0,
-    ) -> JSON:
-        out = super().patch(
-            kind, name, patch, namespace, sub=sub, content_type=content_type, timeout=timeout
-        )
-        self._count(kind, "patch")
-        return out
-
-    def apply(
-        self,
-        kind: Kind,
-        name: str,
-        body: JSON,
-        namespace: str | None = None,
-        *,
-        field_manager: str,
-        sub: str = "",
-        force: bool = True,
-    ) -> JSON:
-        out = super().apply(
-            kind, name, body, namespace, field_manager=field_manager, sub=sub, force=force
-        )
-        self._count(kind, "apply")
-        return out
-
-    def replace(self, kind: Kind, name: str, body: JSON, namespace: str | None = None) -> JSON:
-        out = super().replace(kind, name, body, namespace)
-        self._count(kind, "update")
-        return out
-
-    def delete(self, kind: Kind, name: str, namespace: str | None = None) -> bool:
-        gone = super().delete(kind, name, namespace)
-        if gone:
-            self._count(kind, "delete")
-        return gone
 
 
 def _message(body: Any) -> str:
