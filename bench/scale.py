@@ -348,6 +348,86 @@ def _quiet_logs() -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
 
 
+def _burst(
+    cp: ControlPlane, rest: Rest, args: argparse.Namespace, names: list[str], out: dict[str, Any]
+) -> None:
+    """The domains created at once: their pods bound, Ready, the writes of the burst and of
+    the steady state after it (figures into `out`)."""
+    before = len(cp.audit_events(user_agent=USER_AGENT, verbs=WRITE_VERBS))
+    start = time.perf_counter()
+    for d in range(args.domains):
+        rest.create(
+            COMPUTE_DOMAINS,
+            domain_body(f"job{d:03d}", rct=f"job{d:03d}-imex", num_nodes=args.per_domain),
+            "jobs",
+        )
+    _until(
+        lambda: len(rest.list(CLAIM_TEMPLATES, "jobs")["items"]) >= args.domains,
+        timeout=600,
+    )
+    for d in range(args.domains):
+        for p in range(args.per_domain):
+            body = _workload_pod(f"job{d:03d}-{p:02d}", f"job{d:03d}", f"job{d:03d}-imex")
+            rest.create(PODS, body, "jobs")
+    total = args.domains * args.per_domain
+    bound_at: dict[str, float] = {}
+    ready_at: dict[str, float] = {}
+
+    def progress() -> bool:
+        now = time.perf_counter() - start
+        for pod in _bound(rest, "jobs"):
+            bound_at.setdefault(pod, now)
+        for obj in rest.list(COMPUTE_DOMAINS, "jobs")["items"]:
+            if (condition(obj, cd.READY) or {}).get("status") == "True":
+                ready_at.setdefault(obj["metadata"]["name"], now)
+        return bool(len(bound_at) >= total and len(ready_at) >= args.domains)
+
+    try:
+        # Each poll lists every pod and domain: once a second keeps the bench
+        # itself from competing with what it measures.
+        _until(progress, timeout=args.timeout, step=1.0)
+    except TimeoutError:
+        raise TimeoutError(_stuck(rest, len(bound_at), total, len(ready_at))) from None
+    out["all_bound_s"] = round(max(bound_at.values()), 1)
+    out["all_ready_s"] = round(max(ready_at.values()), 1)
+    lags = [
+        ready_at[f"job{d:03d}"]
+        - max(bound_at[f"job{d:03d}-{p:02d}"] for p in range(args.per_domain))
+        for d in range(args.domains)
+    ]
+    out["ready_after_bound_s"] = round(max(lags), 1)
+    # Where the gangs ended up: each job inside one fabric domain, and how many
+    # jobs each fabric domain took (placement is first fit in name order).
+    nodes_of = _bound(rest, "jobs")
+    fabric_of = {n: f"fabric-{i % args.fabrics}" for i, n in enumerate(names)}
+    jobs: dict[str, set[str]] = {}
+    for pod, node in nodes_of.items():
+        jobs.setdefault(pod.rsplit("-", 1)[0], set()).add(fabric_of[node])
+    out["jobs_split_over_fabrics"] = sum(1 for f in jobs.values() if len(f) > 1)
+    per_fabric: dict[str, int] = {}
+    for fabrics_of_job in jobs.values():
+        for f in fabrics_of_job:
+            per_fabric[f] = per_fabric.get(f, 0) + 1
+    out["jobs_per_fabric"] = dict(sorted(per_fabric.items()))
+    time.sleep(2.0)  # trailing writes land in the audit log
+    events = cp.audit_events(user_agent=USER_AGENT, verbs=WRITE_VERBS)
+    burst = len(events)
+    out["writes_per_domain"] = round((burst - before) / args.domains, 1)
+    kinds: dict[str, int] = {}
+    for ev in events[before:]:
+        ref = ev.get("objectRef") or {}
+        what = f"{ev['verb']} {ref.get('resource', '')}"
+        what += f"/{ref['subresource']}" if ref.get("subresource") else ""
+        kinds[what] = kinds.get(what, 0) + 1
+    out["burst_writes"] = dict(sorted(kinds.items(), key=lambda kv: -kv[1]))
+
+    time.sleep(args.steady)
+    steady = len(cp.audit_events(user_agent=USER_AGENT, verbs=WRITE_VERBS)) - burst
+    out["steady_seconds"] = args.steady
+    out["steady_writes_per_domain"] = round(steady / args.domains, 2)
+    out["steady_writes_per_node_minute"] = round(steady / args.nodes / (args.steady / 60), 4)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     _quiet_logs()
     with tempfile.TemporaryDirectory(prefix="fabricdra-scale-") as tmp:
@@ -395,81 +475,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 1,
             )
             time.sleep(2.0)
-            before = len(cp.audit_events(user_agent=USER_AGENT, verbs=WRITE_VERBS))
-            start = time.perf_counter()
-            for d in range(args.domains):
-                rest.create(
-                    COMPUTE_DOMAINS,
-                    domain_body(f"job{d:03d}", rct=f"job{d:03d}-imex", num_nodes=args.per_domain),
-                    "jobs",
-                )
-            _until(
-                lambda: len(rest.list(CLAIM_TEMPLATES, "jobs")["items"]) >= args.domains,
-                timeout=600,
-            )
-            for d in range(args.domains):
-                for p in range(args.per_domain):
-                    body = _workload_pod(f"job{d:03d}-{p:02d}", f"job{d:03d}", f"job{d:03d}-imex")
-                    rest.create(PODS, body, "jobs")
-            total = args.domains * args.per_domain
-            bound_at: dict[str, float] = {}
-            ready_at: dict[str, float] = {}
-
-            def progress() -> bool:
-                now = time.perf_counter() - start
-                for pod in _bound(rest, "jobs"):
-                    bound_at.setdefault(pod, now)
-                for obj in rest.list(COMPUTE_DOMAINS, "jobs")["items"]:
-                    if (condition(obj, cd.READY) or {}).get("status") == "True":
-                        ready_at.setdefault(obj["metadata"]["name"], now)
-                return bool(len(bound_at) >= total and len(ready_at) >= args.domains)
-
-            try:
-                # Each poll lists every pod and domain: once a second keeps the bench
-                # itself from competing with what it measures.
-                _until(progress, timeout=args.timeout, step=1.0)
-            except TimeoutError:
-                raise TimeoutError(_stuck(rest, len(bound_at), total, len(ready_at))) from None
-            out["all_bound_s"] = round(max(bound_at.values()), 1)
-            out["all_ready_s"] = round(max(ready_at.values()), 1)
-            lags = [
-                ready_at[f"job{d:03d}"]
-                - max(bound_at[f"job{d:03d}-{p:02d}"] for p in range(args.per_domain))
-                for d in range(args.domains)
-            ]
-            out["ready_after_bound_s"] = round(max(lags), 1)
-            # Where the gangs ended up: each job inside one fabric domain, and how many
-            # jobs each fabric domain took (placement is first fit in name order).
-            nodes_of = _bound(rest, "jobs")
-            fabric_of = {n: f"fabric-{i % args.fabrics}" for i, n in enumerate(names)}
-            jobs: dict[str, set[str]] = {}
-            for pod, node in nodes_of.items():
-                jobs.setdefault(pod.rsplit("-", 1)[0], set()).add(fabric_of[node])
-            out["jobs_split_over_fabrics"] = sum(1 for f in jobs.values() if len(f) > 1)
-            per_fabric: dict[str, int] = {}
-            for fabrics_of_job in jobs.values():
-                for f in fabrics_of_job:
-                    per_fabric[f] = per_fabric.get(f, 0) + 1
-            out["jobs_per_fabric"] = dict(sorted(per_fabric.items()))
-            time.sleep(2.0)  # trailing writes land in the audit log
-            events = cp.audit_events(user_agent=USER_AGENT, verbs=WRITE_VERBS)
-            burst = len(events)
-            out["writes_per_domain"] = round((burst - before) / args.domains, 1)
-            kinds: dict[str, int] = {}
-            for ev in events[before:]:
-                ref = ev.get("objectRef") or {}
-                what = f"{ev['verb']} {ref.get('resource', '')}"
-                what += f"/{ref['subresource']}" if ref.get("subresource") else ""
-                kinds[what] = kinds.get(what, 0) + 1
-            out["burst_writes"] = dict(sorted(kinds.items(), key=lambda kv: -kv[1]))
-
-            time.sleep(args.steady)
-            steady = len(cp.audit_events(user_agent=USER_AGENT, verbs=WRITE_VERBS)) - burst
-            out["steady_seconds"] = args.steady
-            out["steady_writes_per_domain"] = round(steady / args.domains, 2)
-            out["steady_writes_per_node_minute"] = round(
-                steady / args.nodes / (args.steady / 60), 4
-            )
+            # --domains 0: the scheduler rounds only (device-order work needs those
+            # figures at full size, without the burst).
+            if args.domains:
+                _burst(cp, rest, args, names, out)
 
             cp.create_namespace("sched")
             # Alternating rounds (GPU-only first, then aligned first, ...), medians: the
@@ -517,7 +526,10 @@ def main() -> None:
         help="NVLink fabric domains the nodes are spread over, round robin (default 5)",
     )
     parser.add_argument(
-        "--domains", type=int, default=50, help="ComputeDomains created at once (default 50)"
+        "--domains",
+        type=int,
+        default=50,
+        help="ComputeDomains created at once (default 50; 0: only the scheduler rounds)",
     )
     parser.add_argument(
         "--per-domain",
