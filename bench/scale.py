@@ -488,8 +488,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for r in range(args.sched_rounds):
                 for kind in (False, True) if r % 2 == 0 else (True, False):
                     rates[kind].append(_sched_rate(rest, "sched", args.sched_pods, kind, r))
-            gpu_only = statistics.median(rates[False])
-            aligned = statistics.median(rates[True])
+            gpu_only = round(statistics.median(rates[False]), 2)
+            aligned = round(statistics.median(rates[True]), 2)
             out["sched_rounds"] = {"gpu_only": rates[False], "aligned": rates[True]}
             out["sched_gpu_only_pods_per_s"] = gpu_only
             out["sched_aligned_pods_per_s"] = aligned

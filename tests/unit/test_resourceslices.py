@@ -103,6 +103,31 @@ def test_hgx_slice_is_one_pool_with_every_device(tmp_path: Path) -> None:
     assert "allowMultipleAllocations" not in nic
 
 
+def test_devices_sit_in_pci_address_order_so_a_gpu_is_followed_by_its_nic(
+    tmp_path: Path,
+) -> None:
+    # The scheduler tries a request's devices in slice order: in name order every GPU and MIG
+    # device came before the first NIC, so the NIC of a "GPU + NIC on one pciRoot" claim was
+    # found only after ~10 class evaluations per node examined (bench/scale.py).
+    d, _ = _discover(tmp_path, mig_gpu=7)
+    (s,) = build_slices(_inventory(d), "n").slices
+    devices = s["spec"]["devices"]
+    bus = [x["attributes"]["resource.kubernetes.io/pciBusID"]["string"] for x in devices]
+    assert bus == sorted(bus)
+    root = [x["attributes"].get("pciRoot", {}).get("string") for x in devices]
+    kind = [x["attributes"]["type"]["string"] for x in devices]
+    gpus_with_a_nic = [
+        i
+        for i, k in enumerate(kind)
+        if k == "gpu" and any(kind[j] == "rdma" and root[j] == root[i] for j in range(len(devices)))
+    ]
+    assert len(gpus_with_a_nic) >= 4  # the fixture has NICs beside most GPUs
+    for i in gpus_with_a_nic:
+        assert (kind[i + 1], root[i + 1]) == ("rdma", root[i]), devices[i]["name"]
+    # The same devices as in name order: only their places changed.
+    assert sorted(x["name"] for x in devices) == [x.name for x in _inventory(d).devices]
+
+
 def test_every_name_and_value_is_within_the_api_limits(tmp_path: Path) -> None:
     d, _ = _discover(tmp_path, mig_gpu=2, vf_nics=(1,), vfs_per_nic=4)
     for model in ("current", "basic"):

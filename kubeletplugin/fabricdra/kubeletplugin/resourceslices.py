@@ -5,10 +5,11 @@ with values already in the API server's canonical form — so the publisher can 
 changed" by comparing with the live objects, and `fabricdra inventory --node-name` can print
 exactly what the plugin would publish.
 
-One pool per node, named after the node. Devices are sorted by name and cut into slices of at
-most `ApiFeatures.devices_per_slice` (64 where taints may appear: the API's limit for a slice
-with a tainted device; 128 otherwise), so a taint appearing never reshuffles the slices. Slice
-names are deterministic, `<node>-<driver>-<i>`, so a restarted plugin finds its own objects.
+One pool per node, named after the node. Devices are put in PCI address order (see
+`slice_order`) and cut into slices of at most `ApiFeatures.devices_per_slice` (64 where taints
+may appear: the API's limit for a slice with a tainted device; 128 otherwise), so a taint
+appearing never reshuffles the slices. Slice names are deterministic, `<node>-<driver>-<i>`,
+so a restarted plugin finds its own objects.
 An empty inventory is still one slice with no devices: a published, complete, empty pool.
 
 Two API models (docs/attributes.md, "Kubernetes versions"):
@@ -119,6 +120,21 @@ class SlicePlan:
     omitted: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
+def slice_order(device: dict[str, Any]) -> tuple[int, str, str]:
+    """Where a published device sits in its pool: by PCI address, then name; devices without
+    one last, by name.
+
+    The scheduler's allocator tries a claim's requests in turn and, for each, the pool's
+    devices in slice order, evaluating the request's class expression on each (the result is
+    kept for one node's allocation only). Bus numbers are handed out depth-first below each
+    root port, so in address order a GPU and the NIC on its switch are neighbours: the NIC
+    request of a "GPU + NIC on one pciRoot" claim then meets its NIC next to the GPU just
+    taken, instead of after every GPU and MIG device of the node (name order), on every node
+    the scheduler examines."""
+    bus = device["attributes"].get(STANDARD + "pciBusID", {}).get("string")
+    return (0, bus, device["name"]) if bus else (1, "", device["name"])
+
+
 def slice_name(node_name: str, driver: str, index: int) -> str:
     name = f"{node_name}-{driver}-{index}"
     if len(name) <= MAX_OBJECT_NAME:
@@ -143,7 +159,7 @@ def build_slices(
     for device in inventory.devices:
         published = _published(device, inventory.shared_holders, features, omitted)
         devices.extend(_gated(d, gate, features) for d in published)
-    devices.sort(key=lambda d: d["name"])
+    devices.sort(key=slice_order)
 
     per_slice = features.devices_per_slice
     chunks = [devices[i : i + per_slice] for i in range(0, len(devices), per_slice)] or [[]]
