@@ -31,7 +31,8 @@ Prints, as JSON:
 
 The defaults are the issue's figures (`--help` says more about sizes); on a 2-core VM shared
 with other work, start smaller (`--nodes 100 --fabrics 5 --domains 5 --per-domain 18
---sched-pods 40`).
+--sched-pods 40`). `--domains 0` skips the domains and measures only the scheduler rounds
+(about 5 minutes at 1,000 nodes, against 13 for the whole run).
 """
 
 from __future__ import annotations
