@@ -20,7 +20,8 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -135,23 +136,21 @@ def _start_plugin(cluster: MultiNodeCluster, node: WorkerNode, tmp: Path) -> Nod
     return NodePlugin(node, proc, log)
 
 
-@pytest.fixture(scope="module")
-def env(
-    multi_node_cluster: MultiNodeCluster, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Env]:
-    cluster = multi_node_cluster
+@contextmanager
+def open_env(cluster: MultiNodeCluster, tmp: Path, fabrics: Sequence[str]) -> Iterator[Env]:
+    """The CRD, the driver's namespace, and a compute-domain plugin on each node, node i in
+    NVLink fabric domain (clique) `fabrics[i]` (test_multinode_cliques.py uses two)."""
     rest = Rest(cluster.api_client())
     install_crd(rest)
     cluster.control_plane.create_namespace(DRIVER_NS)
-    tmp = tmp_path_factory.mktemp("cd-hosts")
     plugins: dict[str, NodePlugin] = {}
     try:
-        for node in cluster.nodes:
+        for node, fabric in zip(cluster.nodes, fabrics, strict=True):
             # What the node agent labels on an NVL72 node; the plugin reads it at start.
             rest.patch(
                 NODES,
                 node.node_name,
-                {"metadata": {"labels": {"fabricdra.io/fabric.domain": FABRIC}}},
+                {"metadata": {"labels": {"fabricdra.io/fabric.domain": fabric}}},
             )
             plugins[node.node_name] = _start_plugin(cluster, node, tmp)
         for name, plugin in plugins.items():
@@ -169,6 +168,15 @@ def env(
     finally:
         for plugin in plugins.values():
             plugin.stop()
+
+
+@pytest.fixture(scope="module")
+def env(
+    multi_node_cluster: MultiNodeCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Env]:
+    tmp = tmp_path_factory.mktemp("cd-hosts")
+    with open_env(multi_node_cluster, tmp, [FABRIC] * len(multi_node_cluster.nodes)) as e:
+        yield e
 
 
 # -- controller processes ----------------------------------------------------------------------
@@ -191,9 +199,9 @@ class ControllerProcess:
                 self.proc.wait()
 
 
-def _controller(e: Env, identity: str) -> ControllerProcess:
+def _controller(e: Env, identity: str, *extra: str) -> ControllerProcess:
     """`fabricdra controller` with leader election, as its own API user (so the audit log says
-    which replica wrote what)."""
+    which replica wrote what); `extra`: more flags."""
     user = f"fabricdra-controller-{identity}"
     kubeconfig = e.cluster.control_plane.kubeconfig_for(identity, user, ("system:masters",))
     log = e.cluster.logs_dir / f"controller-{identity}.log"
@@ -214,6 +222,7 @@ def _controller(e: Env, identity: str) -> ControllerProcess:
                 "5",
                 "--metrics-port",
                 "0",
+                *extra,
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -289,12 +298,19 @@ def _pod(name: str, template: str, *, node: str | None = None, job: str | None =
     return {"metadata": {"name": name, "labels": labels}, "spec": spec}
 
 
-def _domain(e: Env, ns: str, name: str, num_nodes: int | None = None) -> dict[str, Any]:
-    e.rest.create(
-        COMPUTE_DOMAINS,
-        domain_body(name, rct=f"{name}-imex", mode="host", num_nodes=num_nodes),
-        ns,
-    )
+def _domain(
+    e: Env,
+    ns: str,
+    name: str,
+    num_nodes: int | None = None,
+    *,
+    mode: str = "host",
+    multiple_cliques: bool = False,
+) -> dict[str, Any]:
+    body = domain_body(name, rct=f"{name}-imex", mode=mode, num_nodes=num_nodes)
+    if multiple_cliques:
+        body["spec"]["allowMultipleCliques"] = True
+    e.rest.create(COMPUTE_DOMAINS, body, ns)
     wait_for(
         lambda: e.rest.get_or_none(CLAIM_TEMPLATES, f"{name}-imex", ns),
         what=f"{name}'s claim template",

@@ -1,12 +1,14 @@
 """Multi-clique ComputeDomains (issue 11 point 13) against a real kube-apiserver: with
 `allowMultipleCliques: true` a domain's nodes come from two NVLink fabric domains, its gang
-counts nodes across them, its status shows each node's clique with indices per clique, and
-each node's IMEX daemon (the real daemon code, stand-in IMEX executables) gets only its own
-clique's peers; without the opt-in a domain still refuses a second clique."""
+counts nodes across them (and times out as one gang, one timer for all its cliques), its status
+shows each node's clique with indices per clique, and each node's IMEX daemon (the real daemon
+code, stand-in IMEX executables) gets only its own clique's peers; without the opt-in a domain
+still refuses a second clique."""
 
 from __future__ import annotations
 
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,7 @@ import pytest
 from e2e.harness.controlplane import ControlPlane, wait_for
 from fabricdra.api import computedomain as cd
 from fabricdra.api.computedomain import ComputeDomain
-from fabricdra.api.rest import CLAIM_TEMPLATES, CLAIMS, COMPUTE_DOMAINS, Rest
+from fabricdra.api.rest import CLAIM_TEMPLATES, CLAIMS, COMPUTE_DOMAINS, EVENTS, SLICES, Rest
 from fabricdra.controller import objects
 from fabricdra.kubeletplugin.computedomain.daemon import DaemonIdentity, ImexDaemon
 from fabricdra.kubeletplugin.computedomain.imex import HOSTS_BEGIN, ImexSettings, ImexSupervisor
@@ -156,6 +158,111 @@ def test_an_opted_in_domain_spans_two_cliques_with_one_imex_ensemble_each(
                 d.supervisor.stop()
         rest.delete(COMPUTE_DOMAINS, "span", ns)
         wait_gone(lambda: rest.get_or_none(COMPUTE_DOMAINS, "span", ns), "span deleted")
+
+
+def _owner(rest: Rest, node: str) -> str:
+    sl = rest.get(SLICES, objects.slice_name(node))
+    channel = next(d for d in sl["spec"]["devices"] if d["name"] == cd.CHANNEL_DEVICE)
+    return str(channel["attributes"][cd.ATTR_OWNER]["string"])
+
+
+def test_an_incomplete_gang_across_two_cliques_times_out_as_one(
+    control_plane: ControlPlane, rest: Rest
+) -> None:
+    """numNodes 3 across two cliques, claims allocated on only two nodes, one in each clique
+    and 3 s apart: both are held (rows listed, nodes held, no answer) while the gang waits;
+    once the gang timeout has passed since the first was held, both are released together
+    with GangTimeout (one timer for the domain, not one per clique: the second clique's claim
+    goes with the first, 3 s before its own timer would have run out), the nodes are free
+    again and the domain says it is waiting for nodes. The complement (a gang completed
+    across two cliques is admitted together) is
+    test_an_opted_in_domain_spans_two_cliques_with_one_imex_ensemble_each."""
+    timeout, apart = 6.0, 3.0
+    ns, driver_ns = unique("cd-cliqueto"), unique("cd-system")
+    control_plane.create_namespace(ns)
+    fabric_a, fabric_b = unique("clique-a"), unique("clique-b")
+    a0, a1, b0, b1 = unique("ta"), unique("ta"), unique("tb"), unique("tb")
+    for node, fabric in ((a0, fabric_a), (a1, fabric_a), (b0, fabric_b), (b1, fabric_b)):
+        create_plugin_node(control_plane, node, fabric)  # 4 nodes: numNodes 3 fits
+    with running_controller(
+        control_plane, driver_ns, leader_election=False, gang_timeout_seconds=timeout
+    ):
+        body = domain_body("gangto", mode="host", num_nodes=3)
+        body["spec"]["allowMultipleCliques"] = True
+        rest.create(COMPUTE_DOMAINS, body, ns)
+        template = _template(rest, ns, "gangto")
+        uid = rest.get(COMPUTE_DOMAINS, "gangto", ns)["metadata"]["uid"]
+
+        first = time.monotonic()
+        allocate_claim(rest, ns, template, a0, "in-a", binding_conditions=True)
+        wait_for(lambda: _owner(rest, a0) == uid, what=f"{a0} held for the gang")
+        time.sleep(max(0.0, first + apart - time.monotonic()))
+        second = time.monotonic()
+        allocate_claim(rest, ns, template, b0, "in-b", binding_conditions=True)
+        obj = wait_for(
+            lambda: (
+                (o := rest.get(COMPUTE_DOMAINS, "gangto", ns))
+                and len(o["status"].get("nodes", [])) == 2
+                and o
+            ),
+            what="both nodes held",
+        )
+        # Waiting: each row names its clique (index 0 in each), both nodes are held for the
+        # domain, and neither claim has an answer yet.
+        assert time.monotonic() - first < timeout, "too slow to see the gang waiting"
+        rows = obj["status"]["nodes"]
+        assert {r["name"]: (r["fabricDomain"], r["index"]) for r in rows} == {
+            a0: (fabric_a, 0),
+            b0: (fabric_b, 0),
+        }
+        assert _owner(rest, b0) == uid
+        for claim in ("in-a", "in-b"):
+            assert _conds(rest, ns, claim) == {}, f"{claim} answered while its gang waits"
+
+        released: dict[str, float] = {}
+        deadline = time.monotonic() + timeout + 30
+        while len(released) < 2 and time.monotonic() < deadline:
+            for claim in ("in-a", "in-b"):
+                if claim not in released and cd.CONFLICT_CONDITION in _conds(rest, ns, claim):
+                    released[claim] = time.monotonic()
+            time.sleep(0.1)
+        assert set(released) == {"in-a", "in-b"}, f"released: {sorted(released)}"
+        # Not before the gang's time (its timer starts when the first claim is held, after
+        # `first`), and the second clique's claim with the first: one timer per domain.
+        assert released["in-a"] - first >= timeout
+        assert released["in-b"] - second < timeout - 1.0, (
+            f"in-b released {released['in-b'] - second:.1f}s after its allocation: on a timer "
+            f"of its own clique, not with its gang ({released['in-a'] - first:.1f}s)"
+        )
+        for claim in ("in-a", "in-b"):
+            conds = _conds(rest, ns, claim)
+            assert cd.ADMITTED_CONDITION not in conds
+            assert conds[cd.CONFLICT_CONDITION]["reason"] == "GangTimeout"
+            assert "in its cliques" in conds[cd.CONFLICT_CONDITION]["message"]
+        # The nodes go back to the pool; the domain lists no node and waits for its 3.
+        for node in (a0, b0):
+            wait_for(lambda node=node: _owner(rest, node) == cd.FREE_OWNER, what=f"{node} free")
+        obj = wait_for(
+            lambda: (
+                (o := rest.get(COMPUTE_DOMAINS, "gangto", ns))
+                and not o["status"].get("nodes")
+                and o
+            ),
+            what="rows gone after the release",
+        )
+        ready = condition(obj, cd.READY)
+        assert ready is not None
+        assert (ready["status"], ready["reason"]) == ("False", "WaitingForNodes")
+        assert "0/3" in ready["message"]
+        said = [
+            e["message"]
+            for e in rest.list(EVENTS, ns)["items"]
+            if e["involvedObject"].get("uid") == uid and e["reason"] == "NodeConflict"
+        ]
+        for claim in ("in-a", "in-b"):
+            assert any(f"claim {claim}:" in m and "in its cliques" in m for m in said), said
+        rest.delete(COMPUTE_DOMAINS, "gangto", ns)
+        wait_gone(lambda: rest.get_or_none(COMPUTE_DOMAINS, "gangto", ns), "gangto deleted")
 
 
 def test_without_the_opt_in_a_second_clique_is_refused(
