@@ -47,9 +47,9 @@ from tests.e2e.test_multinode_computedomain import (
     _controller,
     _domain,
     _namespace,
+    _one_per_node_with_channel,
     _owner,
     _pod,
-    _pod_output,
     _ready_domain,
     _running,
     _unschedulable,
@@ -203,16 +203,8 @@ def test_an_opted_in_domain_runs_across_two_cliques(env: Env) -> None:
         domain = _domain(e, ns, "wide", num_nodes=3, mode="managed", multiple_cliques=True)
         uid, channel = domain["metadata"]["uid"], domain["status"]["channels"][0]
         daemons = [_imex_daemon(e, node, ns, "wide", uid) for node in e.cluster.nodes]
-        for pod in pods:
-            e.rest.create(PODS, _packed_pod(pod, "wide-imex", "wide"), ns)
-        placed = {pod: _running(e, ns, pod) for pod in pods}
-        assert sorted(placed.values()) == sorted(e.names)
-        for pod in pods:
-            assert _pod_output(e, ns, pod) == [
-                f"channel{channel}",
-                f"CHANNEL={channel}",
-                "DOMAIN=wide",
-            ]
+        bodies = [_packed_pod(pod, "wide-imex", "wide") for pod in pods]
+        _one_per_node_with_channel(e, ns, bodies, "wide", channel)
         done = _ready_domain(e, ns, "wide", rows=3)
         rows = done["status"]["nodes"]
         assert {r["name"]: r["fabricDomain"] for r in rows} == {n: _clique(e, n) for n in e.names}

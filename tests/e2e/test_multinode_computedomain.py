@@ -350,6 +350,24 @@ def _pod_output(e: Env, ns: str, pod: str) -> list[str]:
     return logs.split()
 
 
+def _one_per_node_with_channel(
+    e: Env, ns: str, bodies: list[dict[str, Any]], domain: str, channel: int
+) -> None:
+    """Creates the pods; each runs, on a node of its own (every node), and sees the domain's
+    channel: its device node and the environment the plugin gives it."""
+    for body in bodies:
+        e.rest.create(PODS, body, ns)
+    pods = [b["metadata"]["name"] for b in bodies]
+    placed = {pod: _running(e, ns, pod) for pod in pods}
+    assert sorted(placed.values()) == sorted(e.names)
+    for pod in pods:
+        assert _pod_output(e, ns, pod) == [
+            f"channel{channel}",
+            f"CHANNEL={channel}",
+            f"DOMAIN={domain}",
+        ]
+
+
 def _unschedulable(e: Env, ns: str, pod: str) -> str | None:
     for c in e.rest.get(PODS, pod, ns).get("status", {}).get("conditions", []) or []:
         if c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable":
@@ -411,17 +429,8 @@ def test_domain_spans_three_nodes(env: Env) -> None:
         _wait_leading(e, ctl)
         domain = _domain(e, ns, "span", num_nodes=3)
         channel = domain["status"]["channels"][0]
-        pods = [f"span-{i}" for i in range(3)]
-        for pod in pods:
-            e.rest.create(PODS, _pod(pod, "span-imex", job="span"), ns)
-        placed = {pod: _running(e, ns, pod) for pod in pods}
-        assert sorted(placed.values()) == sorted(e.names)
-        for pod in pods:
-            assert _pod_output(e, ns, pod) == [
-                f"channel{channel}",
-                f"CHANNEL={channel}",
-                "DOMAIN=span",
-            ]
+        pods = [_pod(f"span-{i}", "span-imex", job="span") for i in range(3)]
+        _one_per_node_with_channel(e, ns, pods, "span", channel)
         done = _ready_domain(e, ns, "span", rows=3)
         rows = done["status"]["nodes"]
         assert sorted(r["name"] for r in rows) == sorted(e.names)
