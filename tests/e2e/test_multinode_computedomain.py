@@ -429,8 +429,9 @@ def test_domain_spans_three_nodes(env: Env) -> None:
         _wait_leading(e, ctl)
         domain = _domain(e, ns, "span", num_nodes=3)
         channel = domain["status"]["channels"][0]
-        pods = [_pod(f"span-{i}", "span-imex", job="span") for i in range(3)]
-        _one_per_node_with_channel(e, ns, pods, "span", channel)
+        pods = [f"span-{i}" for i in range(3)]
+        bodies = [_pod(pod, "span-imex", job="span") for pod in pods]
+        _one_per_node_with_channel(e, ns, bodies, "span", channel)
         done = _ready_domain(e, ns, "span", rows=3)
         rows = done["status"]["nodes"]
         assert sorted(r["name"] for r in rows) == sorted(e.names)

@@ -222,6 +222,11 @@ def test_a_call_kubelet_gave_up_on_prepares_nothing(
     pending = node.prepare_async(claim)
     assert stalling_api.held.wait(10)
     pending.cancel()  # kubelet's context is gone (pod deleted, kubelet restarted...)
+    # gRPC hands the cancellation to the server's call asynchronously: let it arrive before the
+    # read returns. What is tested is the handler once the call is cancelled, not how fast the
+    # transport says so (a loaded CI machine once released the read first: the handler, still
+    # seeing an active call, wrote its spec).
+    time.sleep(1.0)
     stalling_api.release.set()
     # the handler goes on until its read returns; then it must stop before writing
     for _ in range(300):
