@@ -86,6 +86,33 @@ def agent_config(base: Path, host: Host, node: str, **kw: Any) -> AgentConfig:
     )
 
 
+def cli_argv(control_plane: ControlPlane, config: AgentConfig, *extra: str) -> list[str]:
+    """`fabricdra kubelet-plugin` on the fake host's folders (no toolkit CDI folders)."""
+    return [
+        sys.executable,
+        "-m",
+        "fabricdra.cli",
+        "kubelet-plugin",
+        "--kubeconfig",
+        str(control_plane.kubeconfig),
+        "--sysfs-root",
+        str(config.sysfs_root),
+        "--nvml-snapshot",
+        str(config.nvml_snapshot),
+        "--plugin-dir",
+        str(config.plugin_dir),
+        "--registry-dir",
+        str(config.registry_dir),
+        "--dev-root",
+        str(config.dev_root),
+        "--proc-root",
+        str(config.proc_root),
+        "--toolkit-cdi-dirs",
+        "",
+        *extra,
+    ]
+
+
 @pytest.fixture
 def node(control_plane: ControlPlane) -> str:
     name = f"agent-{next(_ids)}-{os.getpid()}"
@@ -187,36 +214,8 @@ def test_the_cli_process_runs_and_stops_on_sigterm(
         "FABRICDRA_NODE_NAME": node,  # flags and env vars both work; this one by env
         "FABRICDRA_CDI_DIR": str(config.cdi_dir),
     }
-    argv = [
-        sys.executable,
-        "-m",
-        "fabricdra.cli",
-        "kubelet-plugin",
-        "--kubeconfig",
-        str(control_plane.kubeconfig),
-        "--sysfs-root",
-        str(config.sysfs_root),
-        "--nvml-snapshot",
-        str(config.nvml_snapshot),
-        "--plugin-dir",
-        str(config.plugin_dir),
-        "--registry-dir",
-        str(config.registry_dir),
-        "--state-dir",
-        str(config.state_dir),
-        "--dev-root",
-        str(config.dev_root),
-        "--proc-root",
-        str(config.proc_root),
-        "--toolkit-cdi-dirs",
-        "",
-        "--rdma-mode",
-        "shared",
-        "--rdma-shared-holders",
-        "4",
-        "--metrics-port",
-        "0",
-    ]
+    argv = cli_argv(control_plane, config, "--state-dir", str(config.state_dir))
+    argv += ["--rdma-mode", "shared", "--rdma-shared-holders", "4", "--metrics-port", "0"]
     proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
     try:
         reg = config.registry_dir / "devices.fabricdra.io-reg.sock"
@@ -248,34 +247,8 @@ def test_a_surge_roll_of_two_agent_processes_keeps_the_new_ones_sockets_and_port
     host = build_host(base / "host", vf_nics=())
     config = agent_config(base, host, node)
     port = free_port()
-    argv = [
-        sys.executable,
-        "-m",
-        "fabricdra.cli",
-        "kubelet-plugin",
-        "--kubeconfig",
-        str(control_plane.kubeconfig),
-        "--node-name",
-        node,
-        "--cdi-dir",
-        str(config.cdi_dir),
-        "--sysfs-root",
-        str(config.sysfs_root),
-        "--nvml-snapshot",
-        str(config.nvml_snapshot),
-        "--plugin-dir",
-        str(config.plugin_dir),
-        "--registry-dir",
-        str(config.registry_dir),
-        "--dev-root",
-        str(config.dev_root),
-        "--proc-root",
-        str(config.proc_root),
-        "--toolkit-cdi-dirs",
-        "",
-        "--metrics-port",
-        str(port),
-    ]
+    argv = cli_argv(control_plane, config, "--node-name", node, "--cdi-dir", str(config.cdi_dir))
+    argv += ["--metrics-port", str(port)]
     procs: dict[str, subprocess.Popen[str]] = {}
 
     def sockets(uid: str) -> list[Path]:
