@@ -7,10 +7,13 @@ by construction.
 
 Rules (issue 4, seeds 000 "The RDMA resource keys" and 003 "MIG profiles", "Health states"):
 
-* Every accelerator is a device (`gpu`). A GPU with MIG mode on is offered as its MIG
-  instances (`mig`), one device each, and **not also whole**: on a MIG-enabled GPU a process
-  can only use MIG instances, so the parent has nothing to hand over (with MIG on and no
-  instances, the GPU offers nothing until instances exist; NodeDevices still records it).
+* Every accelerator prepare can serve (`SERVED_VENDORS`: NVIDIA, AMD) is a device (`gpu`);
+  others (Gaudi, Huawei, Tenstorrent, ...) are reported by discovery (NodeDevices) but never
+  offered, since a pod scheduled onto one could never start. A GPU with MIG mode on is
+  offered as its MIG instances (`mig`), one device each, and **not also whole**: on a
+  MIG-enabled GPU a process can only use MIG instances, so the parent has nothing to hand
+  over (with MIG on and no instances, the GPU offers nothing until instances exist;
+  NodeDevices still records it).
 * Every RDMA endpoint is offered in the node's mode. A physical function with virtual
   functions configured offers only its VFs (mode `vf`); otherwise the whole function is
   offered `exclusive` or `shared` as `DeviceConfig.rdma_mode` says. EFA endpoints (driver
@@ -29,7 +32,9 @@ Rules (issue 4, seeds 000 "The RDMA resource keys" and 003 "MIG profiles", "Heal
   and never tainted. GPUs, from `gpu_health` (keyed by PCI bus id): healthy → Healthy,
   unhealthy → Unhealthy with its reason, no reading (`None`, or no entry) → Unknown. A MIG
   instance has its parent's health. Unhealthy devices are kept, never dropped (kubelet's
-  checkpoints name them), and tainted in the ResourceSlice.
+  checkpoints name them), and tainted in the ResourceSlice. A GPU that left the PCI bus is
+  kept too, from its last record (`lost`, passed in by the agent, which remembers every GPU
+  it saw until it restarts): Unhealthy, and prepare refuses it.
 """
 
 from __future__ import annotations
