@@ -309,7 +309,8 @@ class DevicesDriver:
             if device.lost:
                 raise PrepareError(
                     f"device {name} (request {r.get('request')}) is no longer on the PCI bus "
-                    f"({device.health_reason}): nothing to hand over"
+                    "(it fell off the bus; published, tainted, until the agent restarts): "
+                    "nothing to hand over"
                 )
             if device.type == "rdma" and (
                 device.endpoint is None or not device.endpoint.rdmaDevice
