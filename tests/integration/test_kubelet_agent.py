@@ -26,7 +26,7 @@ from kubernetes.client.exceptions import ApiException
 
 from e2e.harness.controlplane import ControlPlane
 from e2e.harness.process import free_port
-from fabricdra.kubeletplugin.agent import Agent, AgentConfig
+from fabricdra.kubeletplugin.agent import Agent, AgentConfig, health_reports
 from fabricdra.kubeletplugin.resourceslices import TAINT_KEY
 from fabricdra.proto.gen.dra_health_v1alpha1 import api_pb2 as health_pb2
 from fabricdra.proto.gen.dra_health_v1alpha1 import api_pb2_grpc as health_grpc
@@ -35,6 +35,7 @@ from fabricdra.proto.gen.dra_v1 import api_pb2_grpc as v1_grpc
 from fabricdra.proto.gen.pluginregistration_v1 import api_pb2 as reg_pb2
 from fabricdra.proto.gen.pluginregistration_v1 import api_pb2_grpc as reg_grpc
 from tests.integration.kubelethost import Host, build_host, create_claim
+from tests.sysfs.builder import SysfsBuilder
 
 pytestmark = pytest.mark.integration
 
@@ -443,6 +444,52 @@ def test_a_critical_xid_taints_the_gpu_and_survives_a_plugin_restart(
         restarted = Agent(config, api)
         restarted.pass_once()
         assert taint_time(api) == first
+        restarted.xids.close()
+
+
+def test_a_gpu_that_falls_off_the_bus_stays_published_tainted_until_a_restart(
+    tmp_path_factory: pytest.TempPathFactory, control_plane: ControlPlane, crds: None, node: str
+) -> None:
+    """Issue 17: the kernel removing a GPU's PCI function used to unpublish it, so the claims
+    holding it lost their health signal."""
+    base = tmp_path_factory.mktemp("bus")
+    host = build_host(base / "host", vf_nics=())
+    config = agent_config(base, host, node, discovery_interval=3600)
+    snapshot = json.loads(host.nvml_snapshot.read_text())
+    gone = sorted(snapshot)[0]
+    device = "gpu-" + gone.replace(":", "-").replace(".", "-")
+
+    def taints(api: Any) -> dict[str, list[str]]:
+        return {
+            d.name: [t.key for t in d.taints or []]
+            for s in client.ResourceV1Api(api)
+            .list_resource_slice(field_selector=f"spec.nodeName={node}")
+            .items
+            for d in s.spec.devices or []
+        }
+
+    with control_plane.api_client() as api:
+        agent = Agent(config, api)
+        agent.pass_once()
+        assert eventually(lambda: device in taints(api), "the first publish")
+        assert taints(api)[device] == []
+        SysfsBuilder(config.sysfs_root).remove_pci(gone)  # Xid 79: the kernel drops the GPU
+        del snapshot[gone]
+        host.nvml_snapshot.write_text(json.dumps(snapshot))
+        inventory = agent.pass_once()
+        assert eventually(lambda: TAINT_KEY in taints(api).get(device, []), "the taint")
+        lost = inventory.get(device)
+        assert lost is not None
+        assert (lost.health, lost.lost) == ("Unhealthy", True)
+        assert any(
+            h.device_name == device and h.health == "Unhealthy"
+            for h in health_reports(node, inventory)
+        )
+        agent.xids.close()
+
+        restarted = Agent(config, api)  # a new process publishes what is on the bus
+        restarted.pass_once()
+        assert eventually(lambda: device not in taints(api), "the GPU withdrawn after a restart")
         restarted.xids.close()
 
 

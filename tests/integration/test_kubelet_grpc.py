@@ -562,6 +562,31 @@ def test_an_exclusive_device_is_never_prepared_for_a_second_claim(
     assert plugin.prepare([(ns, "nic", nic)]).claims[nic].error == ""
 
 
+def test_an_rdma_mode_switch_never_lets_a_share_land_on_an_exclusive_hold(
+    plugin: Plugin, host: Host, api: Any, ns: str
+) -> None:
+    """Issue 17: a result with a shareID used to skip the in-use check entirely."""
+    first = create_claim(api, ns, "first", [result("nic", NIC1)])
+    assert plugin.prepare([(ns, "first", first)]).claims[first].error == ""
+    plugin.inventory = host.inventory(DeviceConfig("shared"))  # --rdma-mode shared from now on
+    try:
+        share = create_claim(
+            api, ns, "share", [result("nic", NIC1, shareID="3f0e0d0c-1111-2222-3333-444455556666")]
+        )
+        gpu = create_claim(
+            api, ns, "gpu", [result("gpu", GPU1, shareID="4f0e0d0c-1111-2222-3333-444455556666")]
+        )
+        resp = plugin.prepare([(ns, "share", share), (ns, "gpu", gpu)])
+        assert (
+            f"device {NIC1} (request nic) is already prepared for claim {ns}/first "
+            f"(uid {first}) exclusively; a share cannot be added"
+        ) in resp.claims[share].error
+        assert "was allocated as a share" in resp.claims[gpu].error  # a GPU is never shared
+        assert plugin.specs() == [spec_file(first)]
+    finally:
+        plugin.inventory = host.inventory()
+
+
 def test_admin_access_is_exempt_from_the_in_use_check(plugin: Plugin, api: Any, ns: str) -> None:
     from kubernetes import client
 

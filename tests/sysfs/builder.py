@@ -9,6 +9,7 @@ under test resolves the same chains it meets on a real host.
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,6 +121,13 @@ class SysfsBuilder:
             self.link(f"{path}/driver", f"bus/pci/drivers/{driver}")
         self.link(f"bus/pci/devices/{bdf}", path)
         return path
+
+    def remove_pci(self, bdf: str) -> None:
+        """Hot removal (e.g. a GPU that fell off the bus): the kernel deletes the function's
+        directory and its bus/pci/devices entry."""
+        entry = self.root / f"bus/pci/devices/{bdf}"
+        shutil.rmtree(entry.resolve())
+        entry.unlink()
 
     def bridge(self, parent: str, bdf: str, numa: int | None = -1) -> str:
         return self.pci(parent, bdf, pci_class=CLASS_BRIDGE, numa=numa, driver="pcieport")

@@ -11,7 +11,9 @@ registration — kubelet deletes the node's slices when it starts):
    passes the set is drained every `XID_POLL_SECONDS`, and a new critical Xid starts a pass
    at once);
 3. `build_devices` → the new `DeviceInventory`, swapped in as one reference, so prepare
-   always resolves names against one complete pass;
+   always resolves names against one complete pass. A GPU seen earlier in this process that a
+   complete enumeration no longer finds (the kernel removed it: fell off the bus) is kept from
+   its last record, Unhealthy and marked lost (prepare refuses it), until the agent restarts;
 4. `NodePublisher.sync` (slices, NodeDevices, labels; it compares with the live objects, so
    a pass that changes nothing writes nothing, and slices kubelet deleted come back);
 5. the health stream snapshot (Unhealthy/healed devices reach kubelet at once).
@@ -42,6 +44,8 @@ from typing import Any, Literal, Protocol
 import structlog
 from prometheus_client import start_http_server
 
+from fabricdra.api.inventory import Accelerator
+
 from . import metrics
 from .devices import (
     DeviceConfig,
@@ -50,6 +54,7 @@ from .devices import (
     build_devices,
     gpu_info,
     holder_name,
+    lost_accelerators,
 )
 from .discovery.node import Discovery, NvmlSource, Previous, discover
 from .discovery.nvml import (
@@ -153,6 +158,7 @@ class Agent:
         self.health = HealthBroadcaster(resend_seconds=config.health_resend_seconds)
         self.dcgm_state = DcgmState()
         self._gpu_health: dict[str, GpuHealth] = {}
+        self._seen_gpus: dict[str, Accelerator] = {}  # bus id -> last record, this process
         self.inventory = DeviceInventory(())
         self.previous: Previous | None = None
         self.verification = Schedule(interval=config.verify_interval)
@@ -229,12 +235,21 @@ class Agent:
             self._gpu_health,
         )
         self._gpu_health = gpus
+        # A GPU the kernel removed (fell off the bus) stays offered, tainted, from its last
+        # record until this process ends, so the claims holding it keep their health signal.
+        current = None if "accelerators" in discovery.failures else discovery.accelerators
+        lost = lost_accelerators(current, self._seen_gpus)
+        for acc in current or ():
+            self._seen_gpus[acc.pciBusId] = acc
+        if lost:
+            log.warning("GPUs left the PCI bus; kept, tainted", gpus=[a.pciBusId for a in lost])
         inventory = build_devices(
             discovery.interfaces or [],
             discovery.accelerators or [],
             self.config.devices,
             gpus,
             gpu_info(discovery.nvml),
+            lost=lost,
         )
         self.inventory = inventory
         metrics.DISCOVERY_SECONDS.observe(time.perf_counter() - start)

@@ -7,10 +7,13 @@ by construction.
 
 Rules (issue 4, seeds 000 "The RDMA resource keys" and 003 "MIG profiles", "Health states"):
 
-* Every accelerator is a device (`gpu`). A GPU with MIG mode on is offered as its MIG
-  instances (`mig`), one device each, and **not also whole**: on a MIG-enabled GPU a process
-  can only use MIG instances, so the parent has nothing to hand over (with MIG on and no
-  instances, the GPU offers nothing until instances exist; NodeDevices still records it).
+* Every accelerator prepare can serve (`SERVED_VENDORS`: NVIDIA, AMD) is a device (`gpu`);
+  others (Gaudi, Huawei, Tenstorrent, ...) are reported by discovery (NodeDevices) but never
+  offered, since a pod scheduled onto one could never start. A GPU with MIG mode on is
+  offered as its MIG instances (`mig`), one device each, and **not also whole**: on a
+  MIG-enabled GPU a process can only use MIG instances, so the parent has nothing to hand
+  over (with MIG on and no instances, the GPU offers nothing until instances exist;
+  NodeDevices still records it).
 * Every RDMA endpoint is offered in the node's mode. A physical function with virtual
   functions configured offers only its VFs (mode `vf`); otherwise the whole function is
   offered `exclusive` or `shared` as `DeviceConfig.rdma_mode` says. EFA endpoints (driver
@@ -29,14 +32,16 @@ Rules (issue 4, seeds 000 "The RDMA resource keys" and 003 "MIG profiles", "Heal
   and never tainted. GPUs, from `gpu_health` (keyed by PCI bus id): healthy → Healthy,
   unhealthy → Unhealthy with its reason, no reading (`None`, or no entry) → Unknown. A MIG
   instance has its parent's health. Unhealthy devices are kept, never dropped (kubelet's
-  checkpoints name them), and tainted in the ResourceSlice.
+  checkpoints name them), and tainted in the ResourceSlice. A GPU that left the PCI bus is
+  kept too, from its last record (`lost`, passed in by the agent, which remembers every GPU
+  it saw until it restarts): Unhealthy, and prepare refuses it.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from fabricdra.api.inventory import Accelerator, Endpoint, Interface, MigDevice
@@ -47,6 +52,12 @@ RdmaMode = Literal["exclusive", "shared"]
 DeviceType = Literal["gpu", "mig", "rdma"]
 EndpointMode = Literal["exclusive", "shared", "vf"]
 Health = Literal["Healthy", "Unhealthy", "Unknown"]
+
+# PCI vendors whose accelerators prepare can hand over (device nodes, docs/kubelet-plugin.md):
+# NVIDIA and AMD. Others (Intel, Habana Gaudi, Huawei, Tenstorrent, ...) are discovered and
+# reported in NodeDevices but not offered: a pod scheduled onto one could never start.
+SERVED_VENDORS = frozenset({"0x10de", "0x1002"})
+LOST_REASON = "the GPU left the PCI bus (fell off the bus); kept until the agent restarts"
 
 DEFAULT_SHARED_HOLDERS = 64  # the ecosystem's shared-RDMA device plugin ships this default
 MAX_NAME = 63  # a ResourceSlice device name is a DNS label
@@ -154,6 +165,9 @@ class Device:
     health: Health
     health_reason: str | None
     info: GpuInfo | None = None  # gpu and mig: NVML's facts about the (parent) GPU
+    # gpu and mig: the GPU left the PCI bus; kept published (tainted) from its last record so
+    # the claims holding it keep their health signal, but prepare refuses it.
+    lost: bool = False
 
 
 @dataclass(frozen=True)
@@ -198,13 +212,27 @@ def build_devices(
     config: DeviceConfig = DeviceConfig(),  # frozen: one shared default is safe
     gpu_health: Mapping[str, GpuHealth] | None = None,
     gpu_info: Mapping[str, GpuInfo] | None = None,
+    lost: Sequence[Accelerator] = (),
 ) -> DeviceInventory:
-    """Every device this node offers, sorted by name (a stable order for slices and diffs)."""
+    """Every device this node offers, sorted by name (a stable order for slices and diffs).
+    `lost`: GPUs seen earlier that have left the PCI bus (`lost_accelerators`): offered from
+    their last record, Unhealthy, marked `lost`."""
     out: list[Device] = []
     if config.offer_gpus:
         for acc in accelerators:
+            if acc.vendorId not in SERVED_VENDORS:
+                continue  # prepare has no device nodes to hand over: never offered
             info = (gpu_info or {}).get(acc.pciBusId)
             out.extend(_accelerator_devices(acc, gpu_health or {}, info))
+        present = {acc.pciBusId for acc in accelerators}
+        gone = GpuHealth(False, LOST_REASON)
+        for acc in lost:
+            if acc.pciBusId in present or acc.vendorId not in SERVED_VENDORS:
+                continue
+            info = (gpu_info or {}).get(acc.pciBusId)
+            out.extend(
+                replace(d, lost=True) for d in _accelerator_devices(acc, {acc.pciBusId: gone}, info)
+            )
     if config.offer_rdma:
         for iface in interfaces:
             out.extend(_rdma_devices(iface, config))
@@ -215,6 +243,23 @@ def build_devices(
 # --- accelerators -------------------------------------------------------------------------
 
 
+def lost_accelerators(
+    current: Sequence[Accelerator] | None, seen: Mapping[str, Accelerator]
+) -> list[Accelerator]:
+    """The GPUs in `seen` (the last record of every GPU this agent has seen, by bus id) that a
+    complete enumeration (`current`) no longer finds: the kernel removed their PCI function
+    (fell off the bus). An enumeration that failed (None) loses nothing."""
+    if current is None:
+        return []
+    present = {acc.pciBusId for acc in current}
+    return [acc for bus, acc in sorted(seen.items()) if bus not in present]
+
+
+def gpu_name(acc: Accelerator) -> str:
+    """The device name of a whole GPU (also what its MIG instances are part of)."""
+    return dns_label("gpu", acc.pciBusId)
+
+
 def _accelerator_devices(
     acc: Accelerator, gpu_health: Mapping[str, GpuHealth], info: GpuInfo | None
 ) -> list[Device]:
@@ -222,7 +267,7 @@ def _accelerator_devices(
     if not acc.migMode:
         return [
             Device(
-                name=dns_label("gpu", acc.pciBusId),
+                name=gpu_name(acc),
                 type="gpu",
                 accelerator=acc,
                 mig=None,
@@ -285,13 +330,8 @@ def _rdma_devices(iface: Interface, config: DeviceConfig) -> list[Device]:
 
 def _rdma_device(ep: Endpoint, iface: Interface, mode: EndpointMode) -> Device:
     health, reason = _link_health(ep)
-    name = (
-        dns_label("rdma", ep.pciBusId)
-        if ep.pciBusId
-        else dns_label("rdma", ep.rdmaDevice or ep.name or "unknown")
-    )
     return Device(
-        name=name,
+        name=endpoint_name(ep),
         type="rdma",
         accelerator=None,
         mig=None,
@@ -301,6 +341,13 @@ def _rdma_device(ep: Endpoint, iface: Interface, mode: EndpointMode) -> Device:
         health=health,
         health_reason=reason,
     )
+
+
+def endpoint_name(ep: Endpoint) -> str:
+    """The device name of an RDMA endpoint (a PF's name is also what its VFs are part of)."""
+    if ep.pciBusId:
+        return dns_label("rdma", ep.pciBusId)
+    return dns_label("rdma", ep.rdmaDevice or ep.name or "unknown")
 
 
 def _link_health(ep: Endpoint) -> tuple[Health, str | None]:

@@ -19,9 +19,11 @@ against the *current* `DeviceInventory`, and write one CDI spec for the claim:
   image's `NVIDIA_VISIBLE_DEVICES=all` and injects GPUs nobody was granted.
   No NUMA or CPU settings are injected: a MIG slice or a shared GPU cannot honour them.
 
-Refusals (the driver is the last line of defence): a device another prepared claim holds
-(unless it is offered shared, has a share id, or either request has admin access); opaque
-configuration addressed to this driver (it takes none); anything not offered by this node.
+Refusals (the driver is the last line of defence): a device that overlaps one another
+prepared claim holds — the same device, a GPU and its MIG instances, a PF and its VFs — unless
+both are shares of a device offered shared or either request has admin access, and a share of
+a device not offered shared (exclusivity.py); opaque configuration addressed to this driver (it
+takes none); anything not offered by this node, or a GPU that left the PCI bus.
 
 Never stalling kubelet: the claim is read before any lock, in one attempt, within
 `READ_BUDGET` and at least `DEADLINE_MARGIN` before kubelet's deadline; a call kubelet has
@@ -51,7 +53,7 @@ import structlog
 
 from fabricdra.api.rest import CLAIMS, EVENTS, ApiError
 
-from . import metrics
+from . import exclusivity, metrics
 from .devices import Device, DeviceInventory
 from .hostdevices import DeviceNodeError, HostLayout
 from .kubelet import ClaimRef, PreparedDevice, PrepareError, current_call
@@ -136,12 +138,6 @@ class Grant:
     device_name: str  # as allocated (a shared holder name resolves to its endpoint)
     share_id: str | None
     admin_access: bool = False
-
-    @property
-    def shared(self) -> bool:
-        """Several claims may hold the device: offered shared, or allocated with a share id
-        (consumable capacity)."""
-        return self.device.mode == "shared" or self.share_id is not None
 
 
 @dataclass
@@ -257,6 +253,7 @@ class DevicesDriver:
                     request_names=p.request_names,
                     share_id=p.share_id,
                     admin_access=g.admin_access,
+                    within=exclusivity.within(g.device),
                 )
                 for g, p in zip(grants, prepared, strict=True)
             ),
@@ -309,6 +306,12 @@ class DevicesDriver:
                     f"device {name} (request {r.get('request')}) is not offered by this node "
                     "(not in its current inventory)"
                 )
+            if device.lost:
+                raise PrepareError(
+                    f"device {name} (request {r.get('request')}) is no longer on the PCI bus "
+                    "(it fell off the bus; published, tainted, until the agent restarts): "
+                    "nothing to hand over"
+                )
             if device.type == "rdma" and (
                 device.endpoint is None or not device.endpoint.rdmaDevice
             ):
@@ -343,22 +346,18 @@ class DevicesDriver:
             )
 
     def _refuse_in_use(self, claim: ClaimRef, grants: Sequence[Grant]) -> None:
-        """The checkpoint says which claims hold which devices: an exclusive device prepared
-        for another claim is refused (admin access and shared devices excepted)."""
-        wanted = {g.device.name: g for g in grants if not g.shared and not g.admin_access}
-        if not wanted:
-            return
-        for entry in self.checkpoint.entries():
-            if entry.uid == claim.uid:
-                continue
-            for r in entry.devices or ():
-                if r.base_name in wanted and not r.admin_access:
-                    g = wanted[r.base_name]
-                    raise PrepareError(
-                        f"device {g.device_name} (request {g.request}) is already prepared "
-                        f"for claim {entry.namespace}/{entry.name} (uid {entry.uid}) and is "
-                        "not shared: refusing to hand it to a second claim"
-                    )
+        """The checkpoint says which claims hold which devices: a device that would overlap
+        another claim's (or this claim's) in a way the node did not offer is refused
+        (exclusivity.py has the rule)."""
+        wanted = [
+            exclusivity.grant_hold(g.device, g.device_name, g.share_id, g.admin_access)
+            for g in grants
+        ]
+        conflict = exclusivity.find_conflict(claim.uid, wanted, self.checkpoint.entries())
+        if conflict is not None:
+            g = grants[conflict.index]
+            label = f"{g.device_name} (request {g.request})"
+            raise PrepareError(conflict.reason(wanted[conflict.index], label))
 
     def _warn_about_hca_lists(
         self, claim: ClaimRef, obj: dict[str, Any], grants: Sequence[Grant]

@@ -90,6 +90,9 @@ class PreparedRecord:
     request_names: tuple[str, ...]
     share_id: str | None
     admin_access: bool = False
+    # The device the base device is part of (a MIG instance's GPU, a VF's PF): prepare's
+    # in-use check must see the parent held too, also after the inventory changed.
+    within: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -102,6 +105,8 @@ class PreparedRecord:
             out["adminAccess"] = True
         if self.share_id is not None:
             out["shareId"] = self.share_id
+        if self.within is not None:
+            out["within"] = self.within
         return out
 
     @classmethod
@@ -113,6 +118,7 @@ class PreparedRecord:
             request_names=tuple(str(r) for r in d.get("requests", ())),
             share_id=None if d.get("shareId") is None else str(d["shareId"]),
             admin_access=bool(d.get("adminAccess", False)),
+            within=None if d.get("within") is None else str(d["within"]),
         )
 
 
