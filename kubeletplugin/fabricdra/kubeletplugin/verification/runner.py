@@ -111,7 +111,7 @@ class Schedule:
     def retry_after(self) -> float:
         """Seconds after a run that did not pass until the next try: doubling, capped (and
         never longer than the schedule itself)."""
-        wait = min(RETRY_FIRST * 2 ** max(0, self.misses - 1), RETRY_MAX)
+        wait: float = min(RETRY_FIRST * 2.0 ** max(0, self.misses - 1), RETRY_MAX)
         return min(wait, self.interval) if self.interval > 0 else wait
 
     def request(self) -> None:
