@@ -130,7 +130,7 @@ def run_probes(
         results.extend(_nic(tree, nic, nic_row, tools, index, baseline, hca_rate))
     if nvidia:
         results.append(gpu_bandwidth([a for a, _ in nvidia], [r for _, r in nvidia], tools))
-    results.extend(inventory(accelerators, nics, compute, system))
+    results.extend(inventory(accelerators, compute, system))
     return results
 
 
@@ -150,11 +150,10 @@ def compute_hcas(
 
 
 def inventory(
-    accelerators: list[Accelerator],
-    nics: list[Interface],
-    compute: list[Interface],
-    system: SystemChoice,
+    accelerators: list[Accelerator], compute: list[Interface], system: SystemChoice
 ) -> list[ProbeResult]:
+    """The GPUs and compute HCAs against the system profile; with none, one NotRun that
+    says why (an unknown model is not a failure)."""
     profile = system.profile
     if profile is None:
         return [
