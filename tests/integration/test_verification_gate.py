@@ -173,7 +173,7 @@ def test_a_new_node_is_unverified_until_a_run_passes(gated: Callable[..., GatedN
     assert again["metadata"]["resourceVersion"] == rv
 
 
-def test_a_restarted_agent_keeps_the_recorded_run(gated: Callable[..., GatedNode]) -> None:
+def test_a_restarted_agent_reruns_without_retainting(gated: Callable[..., GatedNode]) -> None:
     # No failed link: a restarted agent re-stamps a failure's first-seen time (health, not
     # verification), which would rewrite the slices for a reason of its own.
     node = gated(broken_nic=False)
@@ -188,16 +188,49 @@ def test_a_restarted_agent_keeps_the_recorded_run(gated: Callable[..., GatedNode
     }
     restarted = Agent(node.agent.config, node.api)
     restarted.pass_once()
-    # No rerun before the schedule, no re-taint: the slices and the record are untouched.
-    assert node.verification() == before
+    # A restart reruns (the old verdict is not kept as is), but the recorded one holds the
+    # gate meanwhile: no re-taint, the slices are untouched.
+    assert restarted.verification.runs == 1
+    assert restarted.verification.last_run is not None
+    assert restarted.verification.last_run.passed
+    assert restarted.verification.last_run.fingerprint == before["fingerprint"]
+    assert node.verification()["state"] == "Verified"
     assert {
         s.metadata.name: s.metadata.resource_version
         for s in client.ResourceV1Api(node.api)
         .list_resource_slice(field_selector=f"spec.nodeName={node.name}")
         .items
     } == versions
-    assert restarted.verification.last_run is not None
-    assert restarted.verification.last_run.fingerprint == before["fingerprint"]
+
+
+def test_a_failed_node_is_retried_not_held_and_reverify_reruns_at_once(
+    gated: Callable[..., GatedNode],
+) -> None:
+    node = gated()
+    nic = node.host.hgx.nics[0]
+    node.sysfs(f"bus/pci/devices/{nic}/current_link_speed", "8.0 GT/s PCIe")
+    node.agent.pass_once()
+    assert node.verification()["state"] == "Failed"
+    # Retried after a backoff, not after the day-long schedule.
+    assert node.agent.verification.retry_after() == 60
+    node.agent.pass_once()  # within the backoff: no rerun
+    assert node.agent.verification.runs == 1
+
+    # The repair (the NIC reseated), then the operator asks for a run.
+    node.sysfs(f"bus/pci/devices/{nic}/current_link_speed", "32.0 GT/s PCIe")
+    kubeconfig = str(node.cp.kubeconfig)
+    done = _fabricdra("verify", "--node", node.name, "--kubeconfig", kubeconfig)
+    assert done.returncode == 0, done.stderr
+    annotations = Rest(node.api).get(NODES, node.name)["metadata"]["annotations"]
+    assert json.loads(annotations["fabricdra.io/reverify"])["by"]
+    node.agent.pass_once()
+    assert node.agent.verification.runs == 2
+    assert node.verification()["state"] == "Verified"
+    assert set(node.gate_taints().values()) == {None}
+    annotations = Rest(node.api).get(NODES, node.name)["metadata"].get("annotations") or {}
+    assert "fabricdra.io/reverify" not in annotations  # answered: removed by the agent
+    node.agent.pass_once()
+    assert node.agent.verification.runs == 2  # and not asked again
 
 
 def test_with_the_gate_off_discovery_is_trusted(gated: Callable[..., GatedNode]) -> None:
@@ -216,6 +249,8 @@ def test_the_agent_serves_the_gate_state_as_metrics(gated: Callable[..., GatedNo
     assert 'fabricdra_verification_state{state="Verified"} 0.0' in text
     assert 'fabricdra_verification_probe_results{outcome="NotRun",probe="nvlink"} 8.0' in text
     assert 'fabricdra_verification_probe_results{outcome="Passed",probe="pcie-link"} 15.0' in text
+    # No DMI model with a profile on this host: said so, not failed.
+    assert 'fabricdra_verification_probe_results{outcome="NotRun",probe="inventory"} 1.0' in text
 
 
 def test_a_failed_probe_taints_every_device(gated: Callable[..., GatedNode]) -> None:

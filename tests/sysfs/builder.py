@@ -129,15 +129,26 @@ class SysfsBuilder:
         shutil.rmtree(entry.resolve())
         entry.unlink()
 
-    def bridge(self, parent: str, bdf: str, numa: int | None = -1) -> str:
-        return self.pci(parent, bdf, pci_class=CLASS_BRIDGE, numa=numa, driver="pcieport")
+    def bridge(
+        self, parent: str, bdf: str, numa: int | None = -1, link: PcieLink | None = None
+    ) -> str:
+        """A PCI bridge; `link` also writes its link files (None: none, as before)."""
+        path = self.pci(parent, bdf, pci_class=CLASS_BRIDGE, numa=numa, driver="pcieport")
+        self.pcie_link(path, link)
+        return path
 
     def switch(
-        self, parent: str, upstream: str, downstream: list[str], numa: int | None = -1
+        self,
+        parent: str,
+        upstream: str,
+        downstream: list[str],
+        numa: int | None = -1,
+        link: PcieLink | None = None,
     ) -> list[str]:
-        """A PCIe switch: one upstream port bridge and its downstream port bridges."""
-        up = self.bridge(parent, upstream, numa)
-        return [self.bridge(up, d, numa) for d in downstream]
+        """A PCIe switch: one upstream port bridge and its downstream port bridges (`link`:
+        the link files of every port, None: none)."""
+        up = self.bridge(parent, upstream, numa, link)
+        return [self.bridge(up, d, numa, link) for d in downstream]
 
     def gpu(
         self,
@@ -236,6 +247,17 @@ class SysfsBuilder:
                 self.netdev(name, path)
             out.append(path)
         return out
+
+    # -- DMI -----------------------------------------------------------------------------------
+
+    def dmi(self, product_name: str, board_name: str | None = None, vendor: str = "NVIDIA") -> None:
+        """The system model, as the kernel shows it: class/dmi/id -> devices/virtual/dmi/id."""
+        base = "devices/virtual/dmi/id"
+        self.write(f"{base}/product_name", product_name)
+        self.write(f"{base}/sys_vendor", vendor)
+        if board_name is not None:
+            self.write(f"{base}/board_name", board_name)
+        self.link("class/dmi/id", base)
 
     # -- net -----------------------------------------------------------------------------------
 

@@ -12,7 +12,16 @@ from fabricdra.kubeletplugin.discovery.node import Discovery, Previous, discover
 from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
 
-from .builder import AMD, CLASS_ACCEL, DOWN, INTEL, Port, SysfsBuilder
+from .builder import (
+    AMD,
+    CLASS_ACCEL,
+    DOWN,
+    GEN5_X16,
+    INTEL,
+    ZERO_COUNTERS,
+    Port,
+    SysfsBuilder,
+)
 
 # An HGX H100 board as a 2-socket x86 server lays it out: eight host bridges, each with a root
 # port, a PCIe switch, and one GPU and one NIC on two of the switch's downstream ports.
@@ -92,6 +101,71 @@ def hgx_h100(
     )
     b.loopback()
     b.netdev("docker0", None, operstate="down", flags=0x1003)
+    return out
+
+
+NDR = "400 Gb/sec (4X NDR)"
+
+
+def dgx_h100(
+    b: SysfsBuilder,
+    *,
+    product: str = "DGXH100",
+    board: str | None = "DGXH100",
+    missing_gpus: tuple[int, ...] = (),
+    missing_hcas: tuple[int, ...] = (),
+    rates: dict[int, str] | None = None,
+    counters: dict[int, tuple[tuple[str, int], ...]] | None = None,
+) -> Hgx:
+    """A DGX H100 as its user guide lays it out: 8 H100 SXM GPUs, each under a PCIe switch
+    with one single-port ConnectX-7 compute HCA (InfiniBand NDR, IPoIB netdev), and two
+    dual-port ConnectX-7 storage NICs (Ethernet) on root ports of their own. Every bridge shows
+    Gen5 x16 link files. DMI says `product` / `board`. `missing_*`: slots whose device is gone
+    (fell off the bus); `rates`: HCA index -> its port's rate; `counters`: HCA index -> its
+    port's error counters."""
+    out = Hgx()
+    for i, bus in enumerate(HGX_BUSES):
+        socket = 0 if i < 4 else 1
+        cpus = SOCKET_CPUS[socket]
+        rb = b.root_bus(f"pci0000:{bus:02x}")
+        rp = b.bridge(rb, f"0000:{bus:02x}:01.0", socket, GEN5_X16)
+        dsp = b.switch(
+            rp,
+            f"0000:{bus + 1:02x}:00.0",
+            [f"0000:{bus + 2:02x}:00.0", f"0000:{bus + 2:02x}:01.0"],
+            socket,
+            GEN5_X16,
+        )
+        if i not in missing_gpus:
+            gpu = f"0000:{bus + 3:02x}:00.0"
+            b.gpu(dsp[0], gpu, numa=socket, cpus=cpus)
+            out.gpus.append(gpu)
+        if i in missing_hcas:
+            continue
+        nic = f"0000:{bus + 4:02x}:00.0"
+        netdev = f"ibp{bus + 4}s0"
+        pf = b.nic(dsp[1], nic, netdev, numa=socket, cpus=cpus, mtu=4092)
+        port = Port(
+            link_layer="InfiniBand",
+            netdev=netdev,
+            rate=(rates or {}).get(i, NDR),
+            counters=(counters or {}).get(i, ZERO_COUNTERS),
+        )
+        b.rdma(pf, f"mlx5_{i}", [port])
+        out.nics.append(nic)
+        out.netdevs.append(netdev)
+        out.rdma.append(f"mlx5_{i}")
+    # Storage / in-band: 2 x dual-port ConnectX-7 (Ethernet), straight on CPU root ports.
+    for k, bus in enumerate((0x2A, 0xE0)):
+        rb = b.root_bus(f"pci0000:{bus:02x}")
+        rp = b.bridge(rb, f"0000:{bus:02x}:01.0", k, GEN5_X16)
+        for fn in (0, 1):
+            bdf = f"0000:{bus + 1:02x}:00.{fn}"
+            netdev = f"enp{bus + 1}s0f{fn}np{fn}"
+            pf = b.nic(rp, bdf, netdev, numa=k, cpus=SOCKET_CPUS[k], device="0x1021")
+            b.rdma(pf, f"mlx5_{8 + 2 * k + fn}", [Port(netdev=netdev)])
+    b.dmi(product, board)
+    b.loopback()
     return out
 
 

@@ -4,6 +4,7 @@ from (api/ CRDs and DeviceClasses, the controller's RBAC rules, the package vers
 from __future__ import annotations
 
 import filecmp
+import json
 import re
 import shutil
 import socket
@@ -134,9 +135,22 @@ def test_rdma_mode_and_paths_reach_the_agent(chart: Chart) -> None:
     assert "--nvml-snapshot=/etc/fabricdra/nvml.json" in args
 
 
+def test_the_verification_profile_reaches_the_agent_inline(chart: Chart) -> None:
+    def args(values: dict[str, Any]) -> list[str]:
+        ds = _one(chart.template(values), "DaemonSet", "fabricdra-node")
+        return list(ds["spec"]["template"]["spec"]["containers"][0]["args"])
+
+    assert not [a for a in args({}) if a.startswith("--verify-expect")]
+    profile = {"name": "XE9680", "gpus": {"count": 8, "deviceClass": "h100-80gb-sxm"}}
+    [arg] = [a for a in args({"verification": {"expect": profile}}) if "verify-expect" in a]
+    assert arg.startswith("--verify-expect-json=")
+    assert json.loads(arg.split("=", 1)[1]) == profile
+
+
 @pytest.mark.parametrize(
     ("values", "complaint"),
     [
+        ({"verification": {"expect": {"gpu": {}}}}, "/verification/expect"),
         ({"rdma": {"mode": "bogus"}}, "/rdma/mode"),
         ({"image": {"tag": "latest"}}, "/image/tag"),
         ({"kubeletRootDir": "relative"}, "/kubeletRootDir"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from fabricdra.cli import UsageError, build_parser
@@ -26,3 +28,21 @@ def test_claim_sweep_interval(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _config("--claim-sweep-interval", "60").sweep_interval == 60  # type: ignore[attr-defined]
     with pytest.raises(UsageError, match="--claim-sweep-interval must be positive"):
         _config("--claim-sweep-interval", "0")
+
+
+def test_the_system_profile_comes_from_a_file_or_inline(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("FABRICDRA_VERIFY_EXPECT", raising=False)
+    monkeypatch.delenv("FABRICDRA_VERIFY_EXPECT_JSON", raising=False)
+    assert _config().verify_expect is None  # the built-in profile the DMI model names
+    inline = _config("--verify-expect-json", '{"name": "box", "gpus": {"count": 4}}')
+    assert inline.verify_expect.name == "box"
+    assert inline.verify_expect.gpus.count == 4
+    profile = tmp_path / "p.yaml"
+    profile.write_text("hcas: {count: 8, rateGbps: 400}\n")
+    assert _config("--verify-expect", str(profile)).verify_expect.hcas.rateGbps == 400
+    with pytest.raises(UsageError, match="system profile"):
+        _config("--verify-expect-json", '{"gpus": {"count": "many"}}')
+    with pytest.raises(UsageError, match="exclude each other"):
+        _config("--verify-expect", str(profile), "--verify-expect-json", "{}")

@@ -6,9 +6,10 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
-from tests.sysfs.builder import SysfsBuilder
-from tests.sysfs.nodes import h100_snapshot, hgx_h100, write_json
+from tests.sysfs.builder import PcieLink, SysfsBuilder
+from tests.sysfs.nodes import dgx_h100, h100_snapshot, hgx_h100, write_json
 
 
 def fabricdra(*args: str) -> subprocess.CompletedProcess[str]:
@@ -69,3 +70,68 @@ def test_override_needs_a_reason() -> None:
     done = fabricdra("verify", "--override", "node-1")
     assert done.returncode == 2
     assert "--override needs --reason" in done.stderr
+
+
+# --- issue 18: the hardware the system model promises ----------------------------------------
+
+
+def _dgx_args(tmp_path: Path, **kw: Any) -> tuple[SysfsBuilder, tuple[str, ...]]:
+    b = SysfsBuilder(tmp_path / "sys")
+    dgx = dgx_h100(b, **kw)
+    snap = write_json(tmp_path / "nvml.json", h100_snapshot(dgx.gpus))
+    return b, ("--sysfs-root", str(b.root), "--nvml-snapshot", str(snap))
+
+
+def test_a_whole_dgx_h100_passes(tmp_path: Path) -> None:
+    _, args = _dgx_args(tmp_path)
+    done = fabricdra("verify", *args)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_dgx_h100_that_lost_a_gpu_does_not_pass(tmp_path: Path) -> None:
+    _, args = _dgx_args(tmp_path, missing_gpus=(7,))
+    done = fabricdra("verify", *args)
+    assert done.returncode == 1
+    assert "7 of 8 GPUs (H100 SXM)" in done.stdout
+
+
+def test_a_dgx_h100_whose_compute_hca_trained_at_200_does_not_pass(tmp_path: Path) -> None:
+    _, args = _dgx_args(tmp_path, rates={6: "200 Gb/sec (2X NDR)"})
+    done = fabricdra("verify", *args)
+    assert done.returncode == 1
+    assert done.stdout.splitlines()[0] == "NOT PASSED: failed: rdma-port on mlx5_6"
+
+
+def test_an_x4_gen1_switch_uplink_does_not_pass(tmp_path: Path) -> None:
+    b, args = _dgx_args(tmp_path)
+    b.pcie_link("devices/pci0000:b9/0000:b9:01.0", PcieLink(width=4, speed="2.5 GT/s PCIe"))
+    done = fabricdra("verify", *args)
+    assert done.returncode == 1
+    assert "uplink 0000:b9:01.0 trained at x4 of x16" in done.stdout
+
+
+def test_error_counts_from_before_the_run_do_not_fail_it(tmp_path: Path) -> None:
+    # Cumulative since the driver loaded: a reseat's link_downed and symbol errors stay.
+    _, args = _dgx_args(tmp_path, counters={1: (("symbol_error", 500), ("link_downed", 2))})
+    done = fabricdra("verify", *args)
+    assert done.returncode == 0, done.stdout
+
+
+def test_expect_holds_an_unknown_model_to_the_operators_profile(tmp_path: Path) -> None:
+    _, args = _dgx_args(tmp_path, product="Custom H100 box", board=None)
+    unknown = fabricdra("verify", *args, "--all")
+    assert unknown.returncode == 0
+    assert "no system profile for DMI model 'Custom H100 box'" in unknown.stdout
+    profile = tmp_path / "expect.yaml"
+    profile.write_text("name: box\ngpus: {count: 10, deviceClass: h100-80gb-sxm}\n")
+    done = fabricdra("verify", *args, "--expect", str(profile))
+    assert done.returncode == 1
+    assert "8 of 10 GPUs" in done.stdout
+    bad = fabricdra("verify", *args, "--expect", str(tmp_path / "absent.yaml"))
+    assert bad.returncode == 2
+
+
+def test_node_excludes_override() -> None:
+    done = fabricdra("verify", "--node", "n1", "--override", "n1", "--reason", "x")
+    assert done.returncode == 2
+    assert "exclude each other" in done.stderr

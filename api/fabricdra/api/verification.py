@@ -15,6 +15,7 @@ probe its device classes require ran and passed.
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from functools import cache
 from importlib import resources
@@ -23,9 +24,16 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 ProbeName = Literal[
-    "pcie-link", "rdma-port", "rdma-errors", "nvlink", "gpu-bandwidth", "nic-bandwidth"
+    "inventory",
+    "pcie-link",
+    "rdma-port",
+    "rdma-errors",
+    "nvlink",
+    "gpu-bandwidth",
+    "nic-bandwidth",
 ]
 PROBES: tuple[ProbeName, ...] = (
+    "inventory",
     "pcie-link",
     "rdma-port",
     "rdma-errors",
@@ -63,6 +71,9 @@ class ClassExpectation(_Frozen):
     nvlinkActiveLinks: int | None = None
     gpuBandwidthGBs: float | None = None
     rdmaRateGbps: int | None = None
+    # counter -> the most it may rise over one window (between two readings; see
+    # docs/verification.md): counters are cumulative since the driver loaded, so only a rise
+    # says the link is erring now.
     rdmaErrorCounters: dict[str, int] = Field(default_factory=dict)
     nicBandwidthGbps: float | None = None
 
@@ -97,6 +108,89 @@ def parse_expectations(text: str) -> Expectations:
         if needed not in names:
             raise ValueError(f"verification expectations: no {needed!r} row")
     return table
+
+
+# --- what a system model promises (systems.json, or an operator's --expect file) -----------
+
+
+class GpuInventory(_Frozen):
+    count: int = Field(description="How many GPUs the system has.")
+    deviceClass: str | None = Field(
+        default=None,
+        description="Their canonical class (deviceclasses.json); None: any GPU counts.",
+    )
+    product: str | None = Field(default=None, description="The product, in words.")
+
+
+class HcaInventory(_Frozen):
+    count: int | None = Field(default=None, description="Compute HCAs (RDMA PFs); None: not held.")
+    linkLayer: Literal["InfiniBand", "Ethernet"] | None = Field(
+        default=None, description="The link layer every compute HCA port must show."
+    )
+    rateGbps: int | None = Field(
+        default=None, description="The rate every compute HCA port must reach (Gb/s)."
+    )
+    nextToGpu: bool = Field(
+        default=False,
+        description="Compute HCAs are the RDMA NICs that share a PCIe switch with a GPU (the "
+        "8-GPU baseboards); false: every RDMA NIC of the node.",
+    )
+
+
+class SystemProfile(_Frozen):
+    """The hardware a system model is sold with: what `inventory` and the compute HCAs' rate
+    are held to."""
+
+    name: str
+    match: list[str] = Field(
+        default_factory=list,
+        description="DMI product or board names (compared ignoring case, spaces, - and _).",
+    )
+    gpus: GpuInventory | None = None
+    hcas: HcaInventory | None = None
+    sources: list[str] = Field(default_factory=list, description="Where each figure comes from.")
+
+
+class _Profiles(_Frozen):
+    systems: list[SystemProfile]
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+@cache
+def load_profiles() -> tuple[SystemProfile, ...]:
+    text = resources.files("fabricdra.api").joinpath("systems.json").read_text()
+    return tuple(_Profiles.model_validate(json.loads(text)).systems)
+
+
+def parse_profile(text: str) -> SystemProfile:
+    """An operator's profile (`--expect`, chart `verification.expect`), YAML or JSON; `name`
+    defaults to "expected"."""
+    import yaml
+
+    doc = yaml.safe_load(text)
+    if not isinstance(doc, dict):
+        raise ValueError("a system profile is a mapping (name, gpus, hcas)")
+    return SystemProfile.model_validate({"name": "expected", **doc})
+
+
+def model_key(text: str) -> str:
+    """'NVIDIA DGX-H100 ' -> 'nvidiadgxh100': vendors spell one model several ways."""
+    return re.sub(r"[\s_\-]+", "", text).lower()
+
+
+def profile_for(
+    names: list[str], profiles: tuple[SystemProfile, ...] | None = None
+) -> SystemProfile | None:
+    """The profile whose longest `match` occurs in one of the DMI names (product, board)."""
+    keys = [model_key(n) for n in names if n and n.strip()]
+    best: tuple[int, SystemProfile] | None = None
+    for profile in load_profiles() if profiles is None else profiles:
+        for pattern in profile.match:
+            k = model_key(pattern)
+            if k and any(k in key for key in keys) and (best is None or len(k) > best[0]):
+                best = (len(k), profile)
+    return best[1] if best else None
 
 
 # --- what a run recorded (NodeDevices status.verification) ---------------------------------

@@ -140,6 +140,20 @@ def register(sub: Any) -> None:
         "[FABRICDRA_VERIFY_TOOLS_PATH]",
     )
     a(
+        "--verify-expect",
+        default=_env("VERIFY_EXPECT"),
+        metavar="FILE",
+        help="system profile (YAML/JSON: gpus, hcas) the node is held to instead of the "
+        "built-in one its DMI model names (docs/verification.md) [FABRICDRA_VERIFY_EXPECT]",
+    )
+    a(
+        "--verify-expect-json",
+        default=_env("VERIFY_EXPECT_JSON"),
+        metavar="JSON",
+        help="the same profile inline (the chart's verification.expect) "
+        "[FABRICDRA_VERIFY_EXPECT_JSON]",
+    )
+    a(
         "--plugin-log-level",
         dest="plugin_log_level",
         default=_env("LOG_LEVEL"),
@@ -174,6 +188,7 @@ def build_config(args: argparse.Namespace) -> Any:
         )
     except ValueError as e:
         raise UsageError(str(e)) from None
+    expect = expected_profile(args.verify_expect, args.verify_expect_json)
     return AgentConfig(
         node_name=args.node_name,
         sysfs_root=Path(args.sysfs_root),
@@ -195,7 +210,24 @@ def build_config(args: argparse.Namespace) -> Any:
         verification_gate=args.verification_gate == "on",
         verify_interval=args.verify_interval,
         verify_tools=Tools(path=args.verify_tools_path or None),
+        verify_expect=expect,
     )
+
+
+def expected_profile(path: str | None, inline: str | None) -> Any:
+    """The operator's system profile from a file or inline text (None: neither given)."""
+    from fabricdra.api.verification import parse_profile
+
+    if path and inline:
+        raise UsageError("--verify-expect and --verify-expect-json exclude each other")
+    try:
+        if path:
+            return parse_profile(Path(path).read_text())
+        if inline and inline.strip():
+            return parse_profile(inline)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"system profile: {e}") from None
+    return None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,8 +1,10 @@
 """`fabricdra verify`: the verification run as a one-shot (the seed's preflight), and the
 manual override of a node's verification gate (docs/verification.md).
 
-    fabricdra verify [--sample | --sysfs-root R --nvml-snapshot F] [-o table|json] [--all]
+    fabricdra verify [--sample | --sysfs-root R --nvml-snapshot F] [--expect FILE]
+                     [-o table|json] [--all]
         exit 0: passed; 1: not passed (a probe failed, or a required probe did not run)
+    fabricdra verify --node NODE [--kubeconfig K]      ask NODE's agent to verify again
     fabricdra verify --override NODE --reason TEXT [--kubeconfig K]
     fabricdra verify --clear-override NODE [--kubeconfig K]
 """
@@ -18,12 +20,17 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fabricdra.api.rest import NODES, ApiError, Rest
-from fabricdra.api.verification import ProbeResult, load_expectations
+from fabricdra.api.verification import ProbeResult, load_expectations, parse_profile
 from fabricdra.kubeletplugin.discovery.node import NvmlSource, discover
 from fabricdra.kubeletplugin.discovery.nvml import SnapshotError, load_snapshot, read_live
 from fabricdra.kubeletplugin.discovery.sysfs import RootError, SysfsTree
 from fabricdra.kubeletplugin.samples import sample_node
-from fabricdra.kubeletplugin.verification import OVERRIDE_ANNOTATION, Tools, fingerprint
+from fabricdra.kubeletplugin.verification import (
+    OVERRIDE_ANNOTATION,
+    REVERIFY_ANNOTATION,
+    Tools,
+    fingerprint,
+)
 from fabricdra.kubeletplugin.verification.runner import run_once
 
 from .common import UsageError, api_client, print_json
@@ -60,22 +67,36 @@ def register(sub: Any) -> None:
         metavar="SECONDS",
         help="longest one bandwidth tool may run (default 300)",
     )
+    a(
+        "--expect",
+        metavar="FILE",
+        help="system profile (YAML/JSON: gpus, hcas) to hold the node to, instead of the "
+        "built-in one its DMI model names",
+    )
     a("-o", "--output", choices=["table", "json"], default="table", help="output format")
     a("--all", action="store_true", help="list every probe, not only those that did not pass")
     a("--override", metavar="NODE", help="mark NODE verified by hand (needs --reason)")
     a("--reason", help="why the override is justified (recorded in the node's status)")
     a("--clear-override", metavar="NODE", help="remove NODE's manual override")
     a(
+        "--node",
+        metavar="NODE",
+        help="ask NODE's agent to verify again (after a repair): sets the "
+        f"{REVERIFY_ANNOTATION} annotation, which the agent removes once it has rerun",
+    )
+    a(
         "--kubeconfig",
         default=_env("KUBECONFIG"),
-        help="kubeconfig for --override/--clear-override [FABRICDRA_KUBECONFIG]",
+        help="kubeconfig for --node/--override/--clear-override [FABRICDRA_KUBECONFIG]",
     )
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.override and args.clear_override:
-        raise UsageError("--override and --clear-override exclude each other")
+    if sum(bool(x) for x in (args.override, args.clear_override, args.node)) > 1:
+        raise UsageError("--node, --override and --clear-override exclude each other")
+    if args.node:
+        return _request_reverify(args)
     if args.override or args.clear_override:
         return _set_override(args)
     if args.reason:
@@ -102,6 +123,13 @@ def _verify(args: argparse.Namespace) -> int:
             # Never a pass on a node we could not read: say what failed, exit 1.
             print(f"fabricdra verify: cannot read the node: {d.failures}", file=sys.stderr)
             return 1
+        expect = None
+        if args.expect:
+            try:
+                with open(args.expect) as f:
+                    expect = parse_profile(f.read())
+            except (OSError, ValueError) as e:
+                raise UsageError(f"--expect {args.expect}: {e}") from e
         tools = Tools(
             path=args.tools_path,
             timeout_seconds=args.tool_timeout,
@@ -115,6 +143,7 @@ def _verify(args: argparse.Namespace) -> int:
             fingerprint(tree, d.interfaces, d.accelerators),
             expectations=load_expectations(),
             tools=tools,
+            expect=expect,
         )
     if args.output == "json":
         print_json(
@@ -156,6 +185,34 @@ def table(probes: list[ProbeResult]) -> str:
     return "\n".join(lines)
 
 
+def _now() -> str:
+    return datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def _request_reverify(args: argparse.Namespace) -> int:
+    # A new value each time (who, when): a request made while the agent runs an older one
+    # is not removed with it.
+    value = json.dumps({"by": getpass.getuser(), "time": _now()}, sort_keys=True)
+    if not _annotate(args, args.node, REVERIFY_ANNOTATION, value):
+        return 1
+    print(f"node {args.node}: verification requested; its agent reruns at its next pass")
+    return 0
+
+
+def _annotate(args: argparse.Namespace, node: str, key: str, value: str | None) -> bool:
+    api = api_client(args.kubeconfig, USER_AGENT)
+    try:
+        Rest(api).patch(NODES, node, {"metadata": {"annotations": {key: value}}})
+    except ApiError as e:
+        if e.not_found:
+            raise UsageError(f"node {node} not found") from e
+        print(f"fabricdra verify: cannot update node {node}: {e}", file=sys.stderr)
+        return False
+    finally:
+        api.close()
+    return True
+
+
 def _set_override(args: argparse.Namespace) -> int:
     node = args.override or args.clear_override
     value: str | None = None
@@ -166,20 +223,12 @@ def _set_override(args: argparse.Namespace) -> int:
             {
                 "reason": args.reason.strip(),
                 "by": getpass.getuser(),
-                "time": datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
+                "time": _now(),
             },
             sort_keys=True,
         )
-    api = api_client(args.kubeconfig, USER_AGENT)
-    try:
-        Rest(api).patch(NODES, node, {"metadata": {"annotations": {OVERRIDE_ANNOTATION: value}}})
-    except ApiError as e:
-        if e.not_found:
-            raise UsageError(f"node {node} not found") from e
-        print(f"fabricdra verify: cannot update node {node}: {e}", file=sys.stderr)
+    if not _annotate(args, node, OVERRIDE_ANNOTATION, value):
         return 1
-    finally:
-        api.close()
     verb = "marked verified by hand" if value else "override cleared"
     print(f"node {node}: {verb}; its agent applies it at its next pass")
     return 0

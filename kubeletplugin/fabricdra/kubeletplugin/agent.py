@@ -19,7 +19,9 @@ registration — kubelet deletes the node's slices when it starts):
 5. the health stream snapshot (Unhealthy/healed devices reach kubelet at once).
 Verification (docs/verification.md) runs inside a pass, before publishing, whenever it is due
 (`verification.runner.Schedule`): the first pass runs it, so a new node is never offered on
-trust; the publisher applies the gate from the last run.
+trust; a run that did not pass is retried with a backoff; the Node annotation
+`fabricdra.io/reverify` (read each pass) asks for a run and is removed once it is done; the
+publisher applies the gate from the last run.
 The first pass runs before the sockets open, so kubelet never reaches a plugin without an
 inventory. After each registration, passes also run `REGISTRATION_RECHECKS` seconds later:
 kubelet wipes the node's slices in the background when it starts, and that wipe can land
@@ -45,6 +47,7 @@ import structlog
 from prometheus_client import start_http_server
 
 from fabricdra.api.inventory import Accelerator
+from fabricdra.api.verification import SystemProfile
 
 from . import metrics
 from .devices import (
@@ -115,6 +118,8 @@ class AgentConfig:
     verification_gate: bool = True
     verify_interval: float = 24 * 3600.0  # seconds between runs on an unchanged node
     verify_tools: Tools = field(default_factory=Tools)
+    # The system profile the node is held to (None: the built-in one its DMI model names).
+    verify_expect: SystemProfile | None = None
     boot_id_file: Path = BOOT_ID_PATH  # the kernel's boot id: state of another boot is dropped
 
     @property
@@ -163,6 +168,7 @@ class Agent:
         self.previous: Previous | None = None
         self.verification = Schedule(interval=config.verify_interval)
         self._restored = False
+        self._reverify: str | None = None  # the reverify annotation this pass answers
         self._fingerprint = ""
         self.wake = threading.Event()
         self._rechecks: list[float] = []  # monotonic times of extra passes still due
@@ -217,6 +223,8 @@ class Agent:
             if why is not None:
                 self._run_verification(tree, discovery, why)
             self._publish(discovery, inventory, self._gate())
+            if why is not None and self._reverify is not None:
+                self._answered_reverify(self._reverify)
         finally:
             tree.close()
         return inventory
@@ -287,8 +295,35 @@ class Agent:
                 log.warning("recorded verification unreadable", error=str(e))
         if discovery.interfaces is None or discovery.accelerators is None:
             return None  # only a complete enumeration says what the node has: keep the last
+        self._reverify = self._reverify_request()
+        if self._reverify is not None:
+            self.verification.request()
         self._fingerprint = fingerprint(tree, discovery.interfaces, discovery.accelerators)
-        return self.verification.due(self._fingerprint)
+        why = self.verification.due(self._fingerprint)
+        if why == CHANGED:
+            self.verification.baseline.clear()  # a repair: its own link flaps do not count
+        return why
+
+    def _reverify_request(self) -> str | None:
+        read = getattr(self.publisher, "reverify_request", None)
+        if read is None:
+            return None
+        try:
+            value: str | None = read()
+        except Exception as e:  # the API may be down: asked again next pass
+            log.warning("reverify annotation unreadable", error=str(e))
+            return None
+        return value
+
+    def _answered_reverify(self, value: str) -> None:
+        clear = getattr(self.publisher, "clear_reverify", None)
+        try:
+            if clear is not None:
+                clear(value)
+        except Exception as e:  # a newer request, or the API is down: the next pass sees it
+            log.warning("reverify annotation not removed", error=str(e))
+        else:
+            log.info("reverification done; annotation removed")
 
     def _run_verification(self, tree: SysfsTree, discovery: Discovery, why: str) -> None:
         log.info("verification run starting", reason=why)
@@ -300,12 +335,15 @@ class Agent:
                 discovery.nvml,
                 self._fingerprint,
                 tools=self.config.verify_tools,
+                expect=self.config.verify_expect,
+                baseline=self.verification.baseline,
             )
         )
 
     def request_verification(self) -> None:
-        """Run verification in the next pass, and start that pass now."""
-        self.verification.requested = True
+        """Run verification in the next pass (fresh error-counter window), and start that
+        pass now."""
+        self.verification.request()
         self.wake.set()
 
     def run(self, stop: threading.Event) -> None:

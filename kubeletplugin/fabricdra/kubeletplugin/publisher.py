@@ -47,7 +47,7 @@ from fabricdra.api.nodedevices import API_VERSION as ND_API_VERSION
 from fabricdra.api.nodedevices import KIND as ND_KIND
 from fabricdra.api.nodedevices import PLURAL as ND_PLURAL
 from fabricdra.api.nodedevices import NodeDevicesSpec
-from fabricdra.api.rest import NODES, SLICES, ApiError, Kind
+from fabricdra.api.rest import JSON_PATCH, NODES, SLICES, ApiError, Kind
 from fabricdra.api.verification import Verification
 
 from . import metrics
@@ -56,6 +56,7 @@ from .discovery.node import Discovery
 from .resourceslices import DRIVER_NAME, ApiFeatures, Gate, build_slices
 from .verification.gate import (
     OVERRIDE_ANNOTATION,
+    REVERIFY_ANNOTATION,
     GateInput,
     decide,
     gate_of,
@@ -193,6 +194,24 @@ class NodePublisher:
         except ValueError as e:
             log.warning("recorded verification unreadable; verifying afresh", error=str(e))
             return None
+
+    def reverify_request(self) -> str | None:
+        """The node's `fabricdra.io/reverify` annotation (None: not asked)."""
+        node = self.rest.get_or_none(NODES, self.node_name)
+        annotations = ((node or {}).get("metadata") or {}).get("annotations") or {}
+        value = annotations.get(REVERIFY_ANNOTATION)
+        return value if isinstance(value, str) else None
+
+    def clear_reverify(self, value: str) -> None:
+        """Remove the annotation once its run is done — only if it still holds the request
+        that run answered (a JSON patch's test: a newer request stays for the next pass)."""
+        path = "/metadata/annotations/" + REVERIFY_ANNOTATION.replace("~", "~0").replace("/", "~1")
+        self.rest.patch(
+            NODES,
+            self.node_name,
+            [{"op": "test", "path": path, "value": value}, {"op": "remove", "path": path}],
+            content_type=JSON_PATCH,
+        )
 
     # -- ResourceSlices -------------------------------------------------------------------
 

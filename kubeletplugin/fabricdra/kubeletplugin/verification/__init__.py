@@ -9,6 +9,7 @@ the gate state the publisher applies (docs/verification.md).
 from .fingerprint import fingerprint
 from .gate import (
     OVERRIDE_ANNOTATION,
+    REVERIFY_ANNOTATION,
     GateInput,
     VerificationRun,
     decide,
@@ -16,13 +17,17 @@ from .gate import (
     override_from_annotation,
     run_passed,
 )
-from .probes import Tools, run_probes
+from .probes import ErrorBaseline, SystemChoice, Tools, choose_system, run_probes
 
 __all__ = [
     "OVERRIDE_ANNOTATION",
+    "REVERIFY_ANNOTATION",
+    "ErrorBaseline",
     "GateInput",
+    "SystemChoice",
     "Tools",
     "VerificationRun",
+    "choose_system",
     "decide",
     "fingerprint",
     "gate_of",

@@ -28,6 +28,9 @@ from fabricdra.api.verification import (
 from ..resourceslices import Gate
 
 OVERRIDE_ANNOTATION = "fabricdra.io/verification-override"
+# Set by `fabricdra verify --node NAME` (after a repair): the agent reruns verification with a
+# fresh error-counter window at its next pass, then removes the annotation.
+REVERIFY_ANNOTATION = "fabricdra.io/reverify"
 
 
 @dataclass(frozen=True)

@@ -1,26 +1,37 @@
 """When the node agent runs verification, and the run itself (probes -> `VerificationRun`).
 
-A run is due at start-up (before the first publish, so a new node is never offered on trust),
-when the node's fingerprint changes (a repair, a swapped device, a driver change), when the
-schedule says so (`interval`, measured from the last run) and when asked (`request`).
+A run is due at start-up (before the first publish, so a new node is never offered on trust —
+and after an agent restart: the recorded verdict keeps the gate meanwhile, but a restart is
+often the operator's "try again"), when the node's fingerprint changes (a repair, a swapped
+device, a driver change), when the schedule says so (`interval`, measured from the last run),
+when asked (`request`, the `fabricdra.io/reverify` annotation), and after a run that did not
+pass: retried with a backoff (`RETRY_FIRST` doubling to `RETRY_MAX`), because what failed is
+often transient (NVLink still training at boot, a link recovering) and a node must not stay
+gated a whole `interval` for it.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import structlog
 
 from fabricdra.api.inventory import Accelerator, Interface
-from fabricdra.api.verification import Expectations, Verification, load_expectations
+from fabricdra.api.verification import (
+    Expectations,
+    SystemProfile,
+    Verification,
+    load_expectations,
+)
 
 from ..discovery.nvml import NvmlReadings
 from ..discovery.sysfs import SysfsTree
 from . import metrics
 from .gate import VerificationRun, run_passed
-from .probes import Tools, run_probes
+from .probes import ErrorBaseline, Tools, choose_system, run_probes
 
 log = structlog.get_logger("fabricdra.verification")
 
@@ -29,6 +40,11 @@ FIRST_RUN = "first run"
 CHANGED = "hardware or drivers changed"
 REQUESTED = "requested"
 SCHEDULED = "schedule"
+RESTARTED = "agent restarted"
+RETRY = "retry after a run that did not pass"
+
+RETRY_FIRST = 60.0  # seconds after a run that did not pass; doubles per further miss
+RETRY_MAX = 3600.0  # the longest wait between retries
 
 
 def run_once(
@@ -40,9 +56,22 @@ def run_once(
     *,
     expectations: Expectations | None = None,
     tools: Tools | None = None,
+    expect: SystemProfile | None = None,
+    baseline: ErrorBaseline | None = None,
 ) -> VerificationRun:
+    """One run. `expect`: the operator's system profile (None: the built-in one DMI names);
+    `baseline`: where the error counters' window starts (None: at this run's first reading)."""
     table = expectations or load_expectations()
-    probes = run_probes(tree, interfaces, accelerators, nvml, table, tools or Tools())
+    probes = run_probes(
+        tree,
+        interfaces,
+        accelerators,
+        nvml,
+        table,
+        tools or Tools(),
+        system=choose_system(tree, expect),
+        baseline=baseline,
+    )
     passed, reason = run_passed(probes, table)
     finished = datetime.now(UTC).replace(microsecond=0)
     metrics.record_run(probes, passed, finished.timestamp())
@@ -54,6 +83,12 @@ class Schedule:
     interval: float = 24 * 3600.0  # seconds between runs on an unchanged node; 0: never again
     requested: bool = False
     last_run: VerificationRun | None = None
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False)
+    runs: int = 0  # runs this agent did (a restored record is not one)
+    misses: int = 0  # runs in a row that did not pass
+    restored: bool = False  # last_run came from the record; this agent has not run yet
+    # The error counters' window start, kept across runs (cleared: a fresh window).
+    baseline: ErrorBaseline = field(default_factory=ErrorBaseline)
     _last_monotonic: float = field(default=0.0, repr=False)
 
     def due(self, fingerprint: str) -> str | None:
@@ -64,13 +99,31 @@ class Schedule:
             return CHANGED
         if self.requested:
             return REQUESTED
-        if self.interval > 0 and time.monotonic() - self._last_monotonic >= self.interval:
+        if self.restored:
+            return RESTARTED
+        since = self.clock() - self._last_monotonic
+        if not self.last_run.passed and since >= self.retry_after():
+            return RETRY
+        if self.interval > 0 and since >= self.interval:
             return SCHEDULED
         return None
 
+    def retry_after(self) -> float:
+        """Seconds after a run that did not pass until the next try: doubling, capped (and
+        never longer than the schedule itself)."""
+        wait: float = min(RETRY_FIRST * 2.0 ** max(0, self.misses - 1), RETRY_MAX)
+        return min(wait, self.interval) if self.interval > 0 else wait
+
+    def request(self) -> None:
+        """Run at the next pass, with a fresh error-counter window: asked after a repair,
+        whose own link flaps must not count against it."""
+        self.requested = True
+        self.baseline.clear()
+
     def restore(self, recorded: Verification | None) -> bool:
         """Take the last run from the record a previous agent wrote (its time sets the
-        schedule), so a restart on unchanged hardware neither re-taints nor reruns early."""
+        schedule): it keeps the gate as it was — a restart on unchanged hardware does not
+        re-taint — while this agent reruns (`RESTARTED`) instead of keeping the old verdict."""
         if recorded is None or recorded.time is None or recorded.fingerprint is None:
             return False
         if recorded.passed is None:
@@ -83,13 +136,17 @@ class Schedule:
             recorded.reason if recorded.state != "Overridden" else "restored from the record",
         )
         age = max(0.0, datetime.now(UTC).timestamp() - recorded.time.timestamp())
-        self._last_monotonic = time.monotonic() - age
+        self._last_monotonic = self.clock() - age
+        self.restored = True
         return True
 
     def ran(self, run: VerificationRun) -> None:
+        self.misses = 0 if run.passed else self.misses + 1
         self.last_run = run
         self.requested = False
-        self._last_monotonic = time.monotonic()
+        self.restored = False
+        self.runs += 1
+        self._last_monotonic = self.clock()
         log.info(
             "verification run finished",
             passed=run.passed,
