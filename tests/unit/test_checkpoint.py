@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import multiprocessing
 import os
@@ -10,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from fabricdra.kubeletplugin.kubelet.checkpoint import (
+    LOCK_TIMEOUT,
     Checkpoint,
     CheckpointError,
+    CheckpointLockTimeout,
     ClaimEntry,
     PreparedRecord,
     current_boot_id,
@@ -149,3 +152,52 @@ def test_a_change_made_by_another_instance_is_seen(tmp_path: Path) -> None:
     assert new.remove("u1")
     assert old.get("u1") is None
     assert old.entries() == []
+
+
+def test_a_held_lock_is_a_clear_error_not_a_hang(tmp_path: Path) -> None:
+    """Another holder of `<checkpoint>.lock` (a stuck agent pod of a rolling update) makes a
+    change fail with an error naming the lock once `lock_timeout` has passed, instead of
+    blocking kubelet's call for ever."""
+    path = tmp_path / "checkpoint.json"
+    cp = Checkpoint(path, boot_id="b1", lock_timeout=0.2)
+    holder = os.open(cp.lock_path, os.O_RDWR)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        with pytest.raises(CheckpointLockTimeout, match=r"checkpoint\.json\.lock"):
+            cp.put(ENTRY)
+    finally:
+        os.close(holder)
+    cp.put(ENTRY)  # free again: it works
+    assert cp.get("u1") == ENTRY
+
+
+def test_the_lock_waits_ten_seconds_by_default() -> None:
+    assert LOCK_TIMEOUT == 10.0  # NVIDIA's GPU driver bounds its checkpoint flock the same
+
+
+def test_an_unknown_version_of_another_boot_is_set_aside(tmp_path: Path) -> None:
+    """A newer plugin wrote it before a reboot, then the node came back with this version:
+    its entries belong to a boot whose containers are gone, so the file is kept aside for a
+    person and the plugin starts empty."""
+    path = tmp_path / "checkpoint.json"
+    path.write_text(json.dumps({"version": 9, "bootId": "b1", "claims": [{"x": 1}]}))
+    cp = Checkpoint(path, boot_id="b2")
+    assert cp.entries() == []
+    assert not path.exists()
+    assert json.loads((tmp_path / "checkpoint.json.unreadable").read_text())["version"] == 9
+
+
+def test_an_unknown_version_written_before_this_boot_is_set_aside(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    path.write_text(json.dumps({"version": 9, "claims": []}))
+    os.utime(path, (1_000, 1_000))
+    assert Checkpoint(path, boot_id="b2", boot_time=2_000.0).entries() == []
+    assert (tmp_path / "checkpoint.json.unreadable").exists()
+
+
+def test_an_unknown_version_of_this_boot_is_still_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    path.write_text(json.dumps({"version": 9, "bootId": "b2", "claims": []}))
+    with pytest.raises(CheckpointError, match="version 9"):
+        Checkpoint(path, boot_id="b2")
+    assert path.exists()
