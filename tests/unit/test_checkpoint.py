@@ -7,9 +7,12 @@ import json
 import multiprocessing
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from fabricdra.kubeletplugin.devices import DeviceInventory
+from fabricdra.kubeletplugin.kubelet.cdi import CdiWriter
 from fabricdra.kubeletplugin.kubelet.checkpoint import (
     LOCK_TIMEOUT,
     Checkpoint,
@@ -20,6 +23,7 @@ from fabricdra.kubeletplugin.kubelet.checkpoint import (
     current_boot_id,
     current_boot_time,
 )
+from fabricdra.kubeletplugin.prepare import CDI_KIND, DevicesDriver
 
 RECORD = PreparedRecord(
     device_name="rdma-0000-19-00-0",
@@ -201,3 +205,38 @@ def test_an_unknown_version_of_this_boot_is_still_an_error(tmp_path: Path) -> No
     with pytest.raises(CheckpointError, match="version 9"):
         Checkpoint(path, boot_id="b2")
     assert path.exists()
+
+
+class _NoApi:
+    def read_claim(self, namespace: str, name: str, timeout: float) -> dict[str, Any]:
+        raise AssertionError("start-up reads no claim")
+
+
+def test_a_stale_checkpoint_never_deletes_outside_the_cdi_folder(tmp_path: Path) -> None:
+    """Entries of another boot have their spec files removed at start-up — only files of
+    the driver's own name pattern directly in its CDI folder, whatever else the file names
+    (a checkpoint edited by hand, copied from another node, or of another install)."""
+    cdi = tmp_path / "cdi"
+    cdi.mkdir()
+    ours = cdi / f"{CDI_KIND.replace('/', '-')}_u1.json"
+    ours.write_text("{}")
+    outside = tmp_path / "etc-passwd"
+    outside.write_text("root")
+    escaped = cdi / ".." / "escaped.json"
+    (tmp_path / "escaped.json").write_text("{}")
+    foreign = cdi / "nvidia.com-gpu.json"  # the toolkit's spec, in the same folder
+    foreign.write_text("{}")
+    entry = ClaimEntry("u1", "ns", "c", tuple(map(str, (outside, escaped, foreign, ours))))
+    Checkpoint(tmp_path / "checkpoint.json", boot_id="b1").put(entry)
+    driver = DevicesDriver(
+        node_name="node-a",
+        inventory=lambda: DeviceInventory(()),
+        claims=_NoApi(),
+        cdi=CdiWriter(cdi, CDI_KIND),
+        checkpoint=Checkpoint(tmp_path / "checkpoint.json", boot_id="b2"),
+    )
+    assert driver.checkpoint.dropped == [entry]
+    assert outside.read_text() == "root"
+    assert (tmp_path / "escaped.json").exists()
+    assert foreign.exists()
+    assert not ours.exists()

@@ -272,9 +272,7 @@ class Checkpoint:
             version = doc.get("version")
             written_in = doc.get("bootId")
             if version not in READABLE:
-                problem = (
-                    f"version {version!r}, expected one of {', '.join(map(str, READABLE))}"
-                )
+                problem = f"version {version!r}, expected one of {', '.join(map(str, READABLE))}"
                 if self._of_another_boot(written_in):
                     return self._set_aside(problem)
                 raise CheckpointError(f"checkpoint {self.path}: {problem}")
