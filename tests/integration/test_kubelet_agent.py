@@ -561,15 +561,21 @@ def test_the_sweep_never_frees_a_device_kubelet_has_not_unprepared(
     with control_plane.api_client() as api:
         reader = SweepReader(api)
         with agent_running(
-            base, control_plane, node, reader, discovery_interval=3600, sweep_interval=0.2
+            base, control_plane, node, reader, discovery_interval=0.3, sweep_interval=0.2
         ) as (agent, config):
             first = create_claim(
                 api, node, "first", [{"request": "nic", "device": nic, "pool": node}]
             )
             assert _prepare(agent, node, "first", first) == ""
+            kept = create_claim(
+                api, node, "kept", [{"request": "nic", "device": "rdma-0000-3b-00-0", "pool": node}]
+            )
+            assert _prepare(agent, node, "kept", kept) == ""
             client.ResourceV1Api(api).delete_namespaced_resource_claim("first", node)
-            # two sweeps have looked at the gone claim (the first one has finished)
-            eventually(lambda: reader.reads.get("first", 0) >= 3, "two sweeps")
+            # each sweep reads "kept": three more reads, and a whole sweep began (and ended)
+            # after the delete
+            seen = reader.reads.get("kept", 0)
+            eventually(lambda: reader.reads.get("kept", 0) >= seen + 3, "a sweep after the delete")
             assert (config.cdi_dir / f"k8s.devices.fabricdra.io-device_{first}.json").exists()
             second = create_claim(
                 api, node, "second", [{"request": "nic", "device": nic, "pool": node}]
