@@ -109,9 +109,9 @@ class ComputeDomainDriver:
         wait_until(lambda: self._imex_state(claim, obj), self.config.imex_wait_seconds)
         checked = []
         for result in results:
-            params = self._params(obj, result)
             if result["device"] not in (cd.CHANNEL_DEVICE, cd.DAEMON_DEVICE):
                 raise PrepareError(f"claim {claim}: unknown device {result['device']!r}")
+            params = self._params(obj, result)
             checked.append((result, params, self._domain(claim, params)))
         # Phase 2: local writes only, under the lock, for a kubelet that still waits.
         with self._lock, self.checkpoint.exclusive():
