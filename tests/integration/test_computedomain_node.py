@@ -473,3 +473,41 @@ def test_imex_daemon_watches_its_domain_instead_of_polling(
         assert "get" not in verbs
         rest.delete(COMPUTE_DOMAINS, "w", ns)
         wait_gone(lambda: rest.get_or_none(COMPUTE_DOMAINS, "w", ns), "w deleted")
+
+
+def test_the_plugin_checkpoints_the_boot_and_drops_another_boots_claims(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """The compute-domain plugin gives its checkpoint the kernel's boot id: after a reboot
+    the claims of the earlier boot are dropped with their specs (their containers are gone),
+    as in the devices plugin."""
+    from fabricdra.kubeletplugin.computedomain.plugin import ComputeDomainPlugin, PluginConfig
+    from fabricdra.kubeletplugin.kubelet.checkpoint import Checkpoint, ClaimEntry
+
+    node = unique("cdboot")
+    create_plugin_node(control_plane, node)
+    boot = tmp_path / "boot_id"
+    boot.write_text("boot-2\n")
+    cdi = tmp_path / "cdi"
+    cdi.mkdir()
+    old_spec = cdi / "fabricdra.io-compute-domain_old-uid.json"
+    old_spec.write_text("{}")
+    plugin_dir = tmp_path / "plugin"
+    Checkpoint(plugin_dir / "checkpoint.json", boot_id="boot-1").put(
+        ClaimEntry("old-uid", "ns", "old", (str(old_spec),))
+    )
+    plugin = ComputeDomainPlugin(
+        PluginConfig(
+            node_name=node,
+            cdi_dir=cdi,
+            plugin_dir=plugin_dir,
+            registry_dir=tmp_path / "registry",
+            boot_id_file=boot,
+        ),
+        control_plane.api_client(),
+    )
+    assert plugin.driver.checkpoint.boot_id == "boot-2"
+    assert plugin.driver.checkpoint.entries() == []
+    assert not old_spec.exists()
+    plugin.driver.checkpoint.put(ClaimEntry("new-uid", "ns", "new", ()))
+    assert json.loads((plugin_dir / "checkpoint.json").read_text())["bootId"] == "boot-2"

@@ -536,3 +536,130 @@ def test_a_critical_xid_between_passes_is_published_within_seconds(
             agent.stop_event_wakes(stop)
             thread.join(timeout=20)
         assert not thread.is_alive()
+
+
+class SweepReader:
+    """The agent's claim reader (reads the real API server); reads of claims named `hang-*`
+    hang until `release` (a stalled API server), and every read is counted."""
+
+    def __init__(self, api: Any) -> None:
+        from fabricdra.kubeletplugin.prepare import ApiClaimReader
+
+        self.real = ApiClaimReader(api)
+        self.release = threading.Event()
+        self.hanging = threading.Event()
+        self.reads: dict[str, int] = {}
+
+    def read_claim(self, namespace: str, name: str, timeout: float) -> dict[str, Any]:
+        self.reads[name] = self.reads.get(name, 0) + 1
+        if name.startswith("hang-"):
+            self.hanging.set()
+            self.release.wait(60)
+        return self.real.read_claim(namespace, name, timeout)
+
+    def warn(self, claim: dict[str, Any], reason: str, message: str, timeout: float) -> None:
+        self.real.warn(claim, reason, message, timeout)
+
+
+@contextlib.contextmanager
+def agent_running(
+    base: Path, control_plane: ControlPlane, node: str, reader: SweepReader, **kw: Any
+) -> Iterator[tuple[Agent, AgentConfig]]:
+    host = build_host(base / "host", vf_nics=())
+    config = agent_config(base, host, node, **kw)
+    with control_plane.api_client() as api:
+        agent = Agent(config, api, claims=reader)
+        stop = threading.Event()
+        thread = threading.Thread(target=agent.run, args=(stop,))
+        thread.start()
+        try:
+            eventually(agent.server.paths.registration_socket.exists, "the registration socket")
+            yield agent, config
+        finally:
+            reader.release.set()
+            agent.stop_event_wakes(stop)
+            thread.join(timeout=30)
+        assert not thread.is_alive()
+
+
+def _prepare(agent: Agent, namespace: str, name: str, uid: str) -> str:
+    with grpc.insecure_channel(f"unix://{agent.server.paths.dra_socket}") as ch:
+        resp = v1_grpc.DRAPluginStub(ch).NodePrepareResources(
+            v1_pb2.NodePrepareResourcesRequest(
+                claims=[v1_pb2.Claim(namespace=namespace, name=name, uid=uid)]
+            ),
+            timeout=45,
+        )
+    error: str = resp.claims[uid].error
+    return error
+
+
+def test_the_sweep_never_frees_a_device_kubelet_has_not_unprepared(
+    tmp_path_factory: pytest.TempPathFactory,
+    control_plane: ControlPlane,
+    crds: None,
+    node: str,
+) -> None:
+    """A force-deleted pod's claim is gone from the API while its container may still run
+    (kubelet unprepares once it has stopped it): the sweep must leave its NIC held, or a
+    second claim gets a NIC a running container still uses."""
+    base = tmp_path_factory.mktemp("sw")
+    nic = "rdma-0000-19-00-0"
+    with control_plane.api_client() as api:
+        reader = SweepReader(api)
+        with agent_running(
+            base, control_plane, node, reader, discovery_interval=0.3, sweep_interval=0.2
+        ) as (agent, config):
+            first = create_claim(
+                api, node, "first", [{"request": "nic", "device": nic, "pool": node}]
+            )
+            assert _prepare(agent, node, "first", first) == ""
+            kept = create_claim(
+                api, node, "kept", [{"request": "nic", "device": "rdma-0000-3b-00-0", "pool": node}]
+            )
+            assert _prepare(agent, node, "kept", kept) == ""
+            client.ResourceV1Api(api).delete_namespaced_resource_claim("first", node)
+            # each sweep reads "kept": three more reads, and a whole sweep began (and ended)
+            # after the delete
+            seen = reader.reads.get("kept", 0)
+            eventually(lambda: reader.reads.get("kept", 0) >= seen + 3, "a sweep after the delete")
+            assert (config.cdi_dir / f"k8s.devices.fabricdra.io-device_{first}.json").exists()
+            second = create_claim(
+                api, node, "second", [{"request": "nic", "device": nic, "pool": node}]
+            )
+            assert "already prepared for claim" in _prepare(agent, node, "second", second)
+            # kubelet's unprepare is what frees it
+            with grpc.insecure_channel(f"unix://{agent.server.paths.dra_socket}") as ch:
+                done = v1_grpc.DRAPluginStub(ch).NodeUnprepareResources(
+                    v1_pb2.NodeUnprepareResourcesRequest(
+                        claims=[v1_pb2.Claim(namespace=node, name="first", uid=first)]
+                    ),
+                    timeout=45,
+                )
+            assert done.claims[first].error == ""
+            assert _prepare(agent, node, "second", second) == ""
+
+
+def test_a_hanging_sweep_stops_no_discovery_pass(
+    tmp_path_factory: pytest.TempPathFactory,
+    control_plane: ControlPlane,
+    crds: None,
+    node: str,
+) -> None:
+    """Three claim reads that hang once stopped discovery, Xid and health updates for 30 s:
+    the sweep runs off the pass thread."""
+    from fabricdra.kubeletplugin.kubelet.checkpoint import Checkpoint, ClaimEntry, current_boot_id
+
+    base = tmp_path_factory.mktemp("sh")
+    with control_plane.api_client() as api:
+        reader = SweepReader(api)
+        config = agent_config(base, build_host(base / "host0", vf_nics=()), node)
+        checkpoint = Checkpoint(config.checkpoint_path, boot_id=current_boot_id())
+        for i in range(3):
+            checkpoint.put(ClaimEntry(f"uid-hang-{i}", node, f"hang-{i}", ()))
+        with agent_running(
+            base, control_plane, node, reader, discovery_interval=0.3, sweep_interval=0.2
+        ) as (agent, _):
+            assert reader.hanging.wait(20)
+            passes = agent.passes
+            eventually(lambda: agent.passes >= passes + 2, "passes while the sweep hangs")

@@ -750,8 +750,14 @@ def test_entries_of_another_boot_are_dropped_with_their_specs(
     assert plugin.prepare([(ns, "new", other)]).claims[other].error == ""
 
 
-def test_the_sweep_unprepares_claims_gone_from_the_api(plugin: Plugin, api: Any, ns: str) -> None:
+def test_the_sweep_reports_claims_gone_from_the_api_and_frees_nothing(
+    plugin: Plugin, api: Any, ns: str
+) -> None:
+    """Gone from the API is not unused: a force-deleted pod's container runs until kubelet
+    stops it and unprepares. The sweep names such claims; only kubelet's unprepare frees."""
     from kubernetes import client
+
+    from fabricdra.kubeletplugin.kubelet import ClaimSweeper
 
     resource = client.ResourceV1Api(api)
     kept = create_claim(api, ns, "kept", [result("nic", NIC0)])
@@ -761,11 +767,17 @@ def test_the_sweep_unprepares_claims_gone_from_the_api(plugin: Plugin, api: Any,
         assert plugin.prepare([(ns, name, uid)]).claims[uid].error == ""
     resource.delete_namespaced_resource_claim("gone", ns)
     resource.delete_namespaced_resource_claim("renewed", ns)
-    create_claim(api, ns, "renewed", [result("nic", NIC2)])  # same name, new uid
-    assert sorted(plugin.driver.sweep()) == sorted([gone, renewed])
-    assert plugin.specs() == [spec_file(kept)]
-    assert [e.uid for e in Checkpoint(plugin.checkpoint_path).entries()] == [kept]
-    assert plugin.driver.sweep() == []
+    renewed_again = create_claim(api, ns, "renewed", [result("nic", NIC2)])  # new uid
+    sweeper = ClaimSweeper(plugin.driver.checkpoint, plugin.driver.claims, 600, DRIVER)
+    assert sorted(e.uid for e in sweeper.sweep()) == sorted([gone, renewed])
+    assert plugin.specs() == sorted(spec_file(u) for u in (kept, gone, renewed))
+    assert len(Checkpoint(plugin.checkpoint_path).entries()) == 3
+    # the device stays held: the new claim of the same name is refused until kubelet
+    # unprepares the old one
+    again = plugin.prepare([(ns, "renewed", renewed_again)]).claims[renewed_again].error
+    assert "already prepared for claim" in again
+    assert plugin.unprepare([(ns, "renewed", renewed)]).claims[renewed].error == ""
+    assert plugin.prepare([(ns, "renewed", renewed_again)]).claims[renewed_again].error == ""
 
 
 # -- rolling update: two pods of the driver at once ------------------------------------------

@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import multiprocessing
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from fabricdra.kubeletplugin.devices import DeviceInventory
+from fabricdra.kubeletplugin.kubelet.cdi import CdiWriter
 from fabricdra.kubeletplugin.kubelet.checkpoint import (
+    LOCK_TIMEOUT,
     Checkpoint,
     CheckpointError,
+    CheckpointLockTimeout,
     ClaimEntry,
     PreparedRecord,
     current_boot_id,
     current_boot_time,
 )
+from fabricdra.kubeletplugin.prepare import CDI_KIND, DevicesDriver
 
 RECORD = PreparedRecord(
     device_name="rdma-0000-19-00-0",
@@ -149,3 +156,87 @@ def test_a_change_made_by_another_instance_is_seen(tmp_path: Path) -> None:
     assert new.remove("u1")
     assert old.get("u1") is None
     assert old.entries() == []
+
+
+def test_a_held_lock_is_a_clear_error_not_a_hang(tmp_path: Path) -> None:
+    """Another holder of `<checkpoint>.lock` (a stuck agent pod of a rolling update) makes a
+    change fail with an error naming the lock once `lock_timeout` has passed, instead of
+    blocking kubelet's call for ever."""
+    path = tmp_path / "checkpoint.json"
+    cp = Checkpoint(path, boot_id="b1", lock_timeout=0.2)
+    holder = os.open(cp.lock_path, os.O_RDWR)
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        with pytest.raises(CheckpointLockTimeout, match=r"checkpoint\.json\.lock"):
+            cp.put(ENTRY)
+    finally:
+        os.close(holder)
+    cp.put(ENTRY)  # free again: it works
+    assert cp.get("u1") == ENTRY
+
+
+def test_the_lock_waits_ten_seconds_by_default() -> None:
+    assert LOCK_TIMEOUT == 10.0  # NVIDIA's GPU driver bounds its checkpoint flock the same
+
+
+def test_an_unknown_version_of_another_boot_is_set_aside(tmp_path: Path) -> None:
+    """A newer plugin wrote it before a reboot, then the node came back with this version:
+    its entries belong to a boot whose containers are gone, so the file is kept aside for a
+    person and the plugin starts empty."""
+    path = tmp_path / "checkpoint.json"
+    path.write_text(json.dumps({"version": 9, "bootId": "b1", "claims": [{"x": 1}]}))
+    cp = Checkpoint(path, boot_id="b2")
+    assert cp.entries() == []
+    assert not path.exists()
+    assert json.loads((tmp_path / "checkpoint.json.unreadable").read_text())["version"] == 9
+
+
+def test_an_unknown_version_written_before_this_boot_is_set_aside(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    path.write_text(json.dumps({"version": 9, "claims": []}))
+    os.utime(path, (1_000, 1_000))
+    assert Checkpoint(path, boot_id="b2", boot_time=2_000.0).entries() == []
+    assert (tmp_path / "checkpoint.json.unreadable").exists()
+
+
+def test_an_unknown_version_of_this_boot_is_still_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.json"
+    path.write_text(json.dumps({"version": 9, "bootId": "b2", "claims": []}))
+    with pytest.raises(CheckpointError, match="version 9"):
+        Checkpoint(path, boot_id="b2")
+    assert path.exists()
+
+
+class _NoApi:
+    def read_claim(self, namespace: str, name: str, timeout: float) -> dict[str, Any]:
+        raise AssertionError("start-up reads no claim")
+
+
+def test_a_stale_checkpoint_never_deletes_outside_the_cdi_folder(tmp_path: Path) -> None:
+    """Entries of another boot have their spec files removed at start-up — only files of
+    the driver's own name pattern directly in its CDI folder, whatever else the file names
+    (a checkpoint edited by hand, copied from another node, or of another install)."""
+    cdi = tmp_path / "cdi"
+    cdi.mkdir()
+    ours = cdi / f"{CDI_KIND.replace('/', '-')}_u1.json"
+    ours.write_text("{}")
+    outside = tmp_path / "etc-passwd"
+    outside.write_text("root")
+    escaped = cdi / ".." / "escaped.json"
+    (tmp_path / "escaped.json").write_text("{}")
+    foreign = cdi / "nvidia.com-gpu.json"  # the toolkit's spec, in the same folder
+    foreign.write_text("{}")
+    entry = ClaimEntry("u1", "ns", "c", tuple(map(str, (outside, escaped, foreign, ours))))
+    Checkpoint(tmp_path / "checkpoint.json", boot_id="b1").put(entry)
+    driver = DevicesDriver(
+        node_name="node-a",
+        inventory=lambda: DeviceInventory(()),
+        claims=_NoApi(),
+        cdi=CdiWriter(cdi, CDI_KIND),
+        checkpoint=Checkpoint(tmp_path / "checkpoint.json", boot_id="b2"),
+    )
+    assert driver.checkpoint.dropped == [entry]
+    assert outside.read_text() == "root"
+    assert (tmp_path / "escaped.json").exists()
+    assert foreign.exists()
+    assert not ours.exists()

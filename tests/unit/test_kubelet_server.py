@@ -7,12 +7,15 @@ from __future__ import annotations
 import os
 import stat
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
+from fabricdra.kubeletplugin import metrics
 from fabricdra.kubeletplugin.kubelet import (
     ClaimRef,
     DeviceHealth,
@@ -351,3 +354,58 @@ def test_every_socket_path_the_server_accepts_can_be_bound(tmp_path: Path) -> No
         for p in base.iterdir():
             p.unlink()
         base.rmdir()
+
+
+class BlockingDriver(RecordingDriver):
+    """A serialized driver (no `locks_itself`) whose prepare of claim "block" waits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def prepare(self, claim: ClaimRef) -> Sequence[PreparedDevice]:
+        if claim.name == "block":
+            self.entered.set()
+            self.release.wait(30)
+        return super().prepare(claim)
+
+
+def _handled(driver: str) -> float:
+    value = metrics.REGISTRY.get_sample_value("fabricdra_prepare_seconds_count", {"driver": driver})
+    return value or 0.0
+
+
+def test_a_call_kubelet_gave_up_on_while_it_waited_never_reaches_the_driver(
+    sockets: PluginPaths,
+) -> None:
+    """kubelet's deadline passed while the call waited behind another claim for the server's
+    lock: the driver is not asked (it would prepare for nobody, and hold the lock again)."""
+    driver = BlockingDriver()
+    srv = PluginServer(driver, sockets)
+    srv.start()
+    try:
+        with channel(sockets.dra_socket) as ch:
+            stub = v1_grpc.DRAPluginStub(ch)
+
+            def request(name: str) -> Any:
+                claim = v1_pb2.Claim(namespace="ns", name=name, uid=f"uid-{name}")
+                return v1_pb2.NodePrepareResourcesRequest(claims=[claim])
+
+            handled = _handled(driver.driver_name)
+            blocked = stub.NodePrepareResources.future(request("block"), timeout=30)
+            assert driver.entered.wait(10)
+            with pytest.raises(grpc.RpcError) as e:
+                stub.NodePrepareResources(request("late"), timeout=1)
+            assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            driver.release.set()
+            assert blocked.result(timeout=10).claims["uid-block"].error == ""
+            # wait until the server has finished the late call's handler too
+            for _ in range(200):
+                if _handled(driver.driver_name) >= handled + 2:
+                    break
+                time.sleep(0.1)
+            assert _handled(driver.driver_name) >= handled + 2
+    finally:
+        srv.stop()
+    assert [c.name for c in driver.prepared] == ["block"]

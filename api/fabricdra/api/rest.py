@@ -6,6 +6,9 @@ publisher, the controller, the compute-domain node side). The parts handle a few
 going through the client's connection pool directly keeps one code path for all of them (with
 the client's auth, TLS and user agent), skips the typed models' (de)serialisation cost on every
 watch event, keeps fields newer than the client library, and sends exactly the documents we build.
+
+Every call is one attempt (urllib3 retries off, explicitly, on each request): a call's
+`timeout` is the most it can take, never a multiple of it.
 """
 
 from __future__ import annotations
@@ -99,7 +102,7 @@ class Rest:
         body: Any,
         content_type: str,
         timeout: Any,
-        retries: bool | None = None,
+        retries: bool = False,
     ) -> Any:
         q = [(k, v) for k, v in (query or {}).items() if v is not None]
         headers = {"Accept": "application/json", "Content-Type": content_type}
@@ -118,9 +121,10 @@ class Rest:
             limit = urllib3.Timeout(connect=timeout[0], read=timeout[1])
         else:
             limit = urllib3.Timeout(total=timeout)
-        # retries=False: exactly one attempt, so `timeout` bounds the whole call (urllib3's
-        # default retries would multiply it); None keeps the pool's default.
-        extra = {} if retries is None else {"retries": retries}
+        # Exactly one attempt, always, so `timeout` bounds the whole call: the pool's default
+        # (urllib3's Retry(3), which the kubernetes client keeps) would retry a timed-out GET,
+        # turning 30 s into 120 s, and hold a kubelet call or a lock for all of it. A caller
+        # that wants another attempt makes it itself, with its own budget.
         try:
             resp = self.api.rest_client.pool_manager.request(
                 method,
@@ -129,7 +133,7 @@ class Rest:
                 headers=headers,
                 preload_content=False,
                 timeout=limit,
-                **extra,
+                retries=retries,
             )
         except (urllib3.exceptions.HTTPError, OSError) as e:  # refused, reset, timeouts
             raise ApiError(0, str(e)) from None
@@ -146,7 +150,7 @@ class Rest:
         body: Any = None,
         content_type: str = "application/json",
         timeout: float | None = 30.0,
-        retries: bool | None = None,
+        retries: bool = False,
     ) -> JSON:
         resp = self._send(method, path, query, body, content_type, timeout, retries)
         raw = resp.data
@@ -186,7 +190,7 @@ class Rest:
         namespace: str | None = None,
         *,
         timeout: float = 30.0,
-        retries: bool | None = None,
+        retries: bool = False,
     ) -> JSON:
         out = self.call("POST", kind.path(namespace), body=body, timeout=timeout, retries=retries)
         self._accepted(kind, "create")

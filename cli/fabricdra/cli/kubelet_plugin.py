@@ -78,8 +78,8 @@ def register(sub: Any) -> None:
         "--claim-sweep-interval",
         type=float,
         default=float(_env("CLAIM_SWEEP_INTERVAL", "600") or 600),
-        help="seconds between sweeps that unprepare checkpointed claims no longer in the API "
-        "(default 600) [FABRICDRA_CLAIM_SWEEP_INTERVAL]",
+        help="seconds between sweeps that report checkpointed claims no longer in the API; "
+        "only kubelet's unprepare frees them (default 600) [FABRICDRA_CLAIM_SWEEP_INTERVAL]",
     )
     a(
         "--gpus",

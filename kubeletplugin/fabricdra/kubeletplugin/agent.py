@@ -29,8 +29,10 @@ after the pass the registration triggered; the recheck brings the slices back wi
 instead of one discovery period.
 
 Claim hygiene: at start-up the checkpoint drops entries of another boot (their spec files are
-removed); every `sweep_interval` seconds claims checkpointed here that no longer exist in the
-API are unprepared (`DevicesDriver.sweep`). Discovery or API failures are logged and the
+removed, only inside the CDI folder); every `sweep_interval` seconds, on its own thread (a
+hung claim read never holds up a pass), claims checkpointed here that no longer exist in the
+API are reported (`kubelet.ClaimSweeper`) — never freed: only kubelet's unprepare frees a
+device (docs/kubelet-plugin.md, "The sweep"). Discovery or API failures are logged and the
 previous state kept; the loop goes on.
 """
 
@@ -70,11 +72,12 @@ from .discovery.nvml import (
 from .discovery.sysfs import SysfsTree
 from .health import DcgmState, gpu_health, keep_unhealthy, nvidia_bound
 from .hostdevices import HostLayout
-from .kubelet import DeviceHealth, HealthBroadcaster, PluginPaths, PluginServer
+from .kubelet import ClaimSweeper, DeviceHealth, HealthBroadcaster, PluginPaths, PluginServer
 from .kubelet.cdi import CdiWriter
 from .kubelet.checkpoint import BOOT_ID_PATH, Checkpoint, current_boot_id
+from .kubelet.claims import ClaimReader
 from .nvidiacdi import DEFAULT_SPEC_DIRS, ToolkitSpecs
-from .prepare import CDI_KIND, DRIVER_NAME, ApiClaimReader, ClaimReader, DevicesDriver
+from .prepare import CDI_KIND, DRIVER_NAME, ApiClaimReader, DevicesDriver
 from .verification import GateInput, Tools, fingerprint
 from .verification import metrics as verification_metrics
 from .verification.runner import CHANGED, FIRST_RUN, Schedule, run_once
@@ -111,7 +114,7 @@ class AgentConfig:
     metrics_port: int | None = None  # None or 0: no metrics HTTP server
     metrics_address: str = "0.0.0.0"
     health_resend_seconds: float = 10.0
-    sweep_interval: float = 600.0  # seconds between sweeps of claims gone from the API
+    sweep_interval: float = 600.0  # seconds between reports of claims gone from the API
     # "auto": from the API server's version; "current"/"basic" override it (docs/attributes.md).
     resource_model: Literal["auto", "current", "basic"] = "auto"
     # The verification gate (docs/verification.md): off only where discovery is trusted.
@@ -184,6 +187,10 @@ class Agent:
             host=HostLayout(config.dev_root, config.proc_root, config.sysfs_root),
             toolkit=ToolkitSpecs(config.toolkit_cdi_dirs),
             events=reader,
+        )
+        # Its own thread: a hung claim read never holds up discovery, Xid or health updates.
+        self.sweeper = ClaimSweeper(
+            checkpoint, self.driver.claims, config.sweep_interval, DRIVER_NAME
         )
         self.server = PluginServer(
             self.driver,
@@ -409,7 +416,7 @@ class Agent:
         self.seed_history()
         self.pass_once()
         self.server.start()
-        next_sweep = time.monotonic() + self.config.sweep_interval
+        self.sweeper.start()
         next_pass = time.monotonic() + self.config.discovery_interval
         try:
             while not stop.is_set():
@@ -435,13 +442,8 @@ class Agent:
                 except Exception:
                     log.exception("discovery pass failed")
                 next_pass = time.monotonic() + self.config.discovery_interval
-                if now >= next_sweep:
-                    next_sweep = now + self.config.sweep_interval
-                    try:
-                        self.driver.sweep()
-                    except Exception:
-                        log.exception("claim sweep failed")
         finally:
+            self.sweeper.stop()
             self.server.stop()
             self.xids.close()
 

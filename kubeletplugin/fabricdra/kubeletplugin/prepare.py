@@ -25,9 +25,9 @@ both are shares of a device offered shared or either request has admin access, a
 a device not offered shared (exclusivity.py); opaque configuration addressed to this driver (it
 takes none); anything not offered by this node, or a GPU that left the PCI bus.
 
-Never stalling kubelet: the claim is read before any lock, in one attempt, within
-`READ_BUDGET` and at least `DEADLINE_MARGIN` before kubelet's deadline; a call kubelet has
-cancelled or given up on stops before it writes anything.
+Never stalling kubelet (the shared rules of `kubelet/claims.py`): the claim is read before any
+lock, in one attempt, within `READ_BUDGET` and at least `DEADLINE_MARGIN` before kubelet's
+deadline; a call kubelet has cancelled or given up on stops before it writes anything.
 
 CDI device names are `<device>-<claim uid>` (`-<shareID>` added for a shared allocation):
 unique per claim and across claims, and they start with a letter, so plain specs stay at
@@ -59,6 +59,13 @@ from .hostdevices import DeviceNodeError, HostLayout
 from .kubelet import ClaimRef, PreparedDevice, PrepareError, current_call
 from .kubelet.cdi import CdiDevice, CdiSpec, CdiWriter, ContainerEdits, DeviceNode
 from .kubelet.checkpoint import Checkpoint, ClaimEntry, PreparedRecord
+from .kubelet.claims import (
+    ClaimReader,
+    drop_other_boots,
+    ensure_wanted,
+    read_claim,
+    remove_recorded_specs,
+)
 from .nvidiacdi import ToolkitSpecs
 
 log = structlog.get_logger("fabricdra.prepare")
@@ -68,17 +75,7 @@ NVIDIA, AMD = "0x10de", "0x1002"  # PCI vendor ids
 CDI_KIND = "k8s.devices.fabricdra.io/device"
 VOID_GPUS = "NVIDIA_VISIBLE_DEVICES=void"
 
-READ_BUDGET = 10.0  # seconds one claim read may take
-DEADLINE_MARGIN = 5.0  # seconds kept before kubelet's deadline to write and answer
 EVENT_BUDGET = 4.0  # seconds the advisory events of one prepare may take
-
-
-class ClaimReader(Protocol):
-    def read_claim(self, namespace: str, name: str, timeout: float) -> dict[str, Any]:
-        """The ResourceClaim as JSON (`resource.k8s.io/v1`), in one attempt within `timeout`
-        seconds; raise when it cannot be read (`ApiError` with status 404: it does not
-        exist)."""
-        ...
 
 
 class EventRecorder(Protocol):
@@ -158,15 +155,8 @@ class DevicesDriver:
 
     def __post_init__(self) -> None:
         # Entries of another boot: their containers are gone; so must their spec files be
-        # (/var/run/cdi is emptied on boot, but the folder is configurable).
-        for entry in self.checkpoint.dropped:
-            for spec in entry.cdi_specs:
-                Path(spec).unlink(missing_ok=True)
-        if self.checkpoint.dropped:
-            log.info(
-                "dropped the checkpoint entries of another boot",
-                claims=len(self.checkpoint.dropped),
-            )
+        # (only inside our own CDI folder, whatever the checkpoint names).
+        drop_other_boots(self.checkpoint, self.cdi)
 
     @property
     def driver_name(self) -> str:
@@ -178,22 +168,10 @@ class DevicesDriver:
         done = self._already_prepared(claim)
         if done is not None:
             return done
-        call = current_call()
-        timeout = min(READ_BUDGET, call.remaining() - DEADLINE_MARGIN)
-        if timeout <= 0:
-            raise PrepareError("too little time left before kubelet's deadline to read the claim")
-        try:
-            obj = self.claims.read_claim(claim.namespace, claim.name, timeout)
-        except ApiError as e:
-            if e.not_found:
-                raise PrepareError(
-                    f"ResourceClaim {claim.namespace}/{claim.name} not found"
-                ) from None
-            raise PrepareError(f"cannot read the ResourceClaim: {e}") from None
+        obj = read_claim(self.claims, claim)  # before any lock: one slow read delays no one
         # The file lock too: another agent pod may serve kubelet during a rolling update.
         with self._lock, self.checkpoint.exclusive():
-            if not call.active():
-                raise PrepareError("kubelet gave up on this call; nothing was prepared")
+            ensure_wanted()
             done = self._already_prepared(claim)  # a concurrent call for the same claim
             if done is not None:
                 return done
@@ -507,40 +485,9 @@ class DevicesDriver:
         with self._lock, self.checkpoint.exclusive():
             entry = self.checkpoint.get(claim.uid)
             if entry is not None:
-                for spec in entry.cdi_specs:
-                    Path(spec).unlink(missing_ok=True)
+                remove_recorded_specs(entry, self.cdi)
             self.cdi.remove(claim.uid)  # its own spec name, also without a checkpoint entry
             self.checkpoint.remove(claim.uid)
-
-    # -- hygiene ---------------------------------------------------------------------------
-
-    def sweep(self) -> list[str]:
-        """Unprepare checkpointed claims that no longer exist in the API (deleted, or
-        recreated under a new UID) — kubelet may never ask, e.g. after it lost its own state.
-        Each claim is read outside the lock; an entry is removed only while it is still the
-        one read (a prepare in between wins). A read that fails is not "gone": kept.
-        Returns the UIDs swept."""
-        swept = []
-        for entry in self.checkpoint.entries():
-            try:
-                obj = self.claims.read_claim(entry.namespace, entry.name, READ_BUDGET)
-            except ApiError as e:
-                if not e.not_found:
-                    continue
-                obj = None
-            if obj is not None and (obj.get("metadata") or {}).get("uid") == entry.uid:
-                continue
-            with self._lock, self.checkpoint.exclusive():
-                if self.checkpoint.remove_if(entry):
-                    for spec in entry.cdi_specs:
-                        Path(spec).unlink(missing_ok=True)
-                    swept.append(entry.uid)
-                    log.info(
-                        "swept a claim that no longer exists",
-                        claim=f"{entry.namespace}/{entry.name}",
-                        uid=entry.uid,
-                    )
-        return swept
 
 
 def _request_device(claim: ClaimRef, request: str) -> str:

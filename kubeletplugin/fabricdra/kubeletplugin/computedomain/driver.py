@@ -1,37 +1,39 @@
 """The `compute-domain.fabricdra.io` kubelet driver (a `DraDriver` for the shared plugin server).
 
-prepare(claim):
-1. reads the claim and finds its results on this node (`channel` or `daemon` device) and the
-   opaque configuration the controller put in the claim template (domain, channel);
+prepare(claim), in two phases (the shared rules of `kubelet/claims.py`):
+1. reads the claim (before any lock, one attempt, within `api_timeout()`) and finds its
+   results on this node (`channel` or `daemon` device) and the opaque configuration the
+   controller put in the claim template (domain, channel);
 2. checks, before touching anything: the claim's namespace is the domain's (workload claims),
    the domain exists with that UID, the channel in the claim is the one the domain holds, the
    host can provide the channel (major in /proc/devices), and that IMEX on this node is READY
    (managed mode: this node's row in the domain's status is ready, i.e. its IMEX daemon
    reported READY; host mode: the host's IMEX service answers READY). IMEX not ready yet is
-   waited for, up to `imex_wait_seconds` (well inside kubelet's 45 s prepare deadline), outside
-   the driver's lock; then the claim fails with a clear error and kubelet retries it;
-3. creates the host channel device node if missing, writes the claim's CDI spec (atomic), then
-   records the claim in the checkpoint; if the checkpoint write fails the spec is removed, so a
-   claim is never left half-prepared.
+   waited for, up to `imex_wait_seconds` and never past kubelet's deadline (less a margin to
+   answer), outside any lock, and no longer once kubelet has gone; then the claim fails with
+   a clear error and kubelet retries it. Every read and wait happens here, so a slow claim
+   never delays another (the driver `locks_itself`; the server calls it concurrently);
+3. under the driver's lock, only if kubelet still waits: creates the host channel device node
+   if missing, records the claim in the checkpoint, then writes its CDI spec (atomic).
 
 Prepare is idempotent: the same claim gives the same devices and CDI ids every time.
-unprepare(claim) removes exactly what the checkpoint says the claim created.
+unprepare(claim) removes exactly what the checkpoint says the claim created (spec files only
+inside this driver's CDI folder). The checkpoint records the boot: entries of another boot are
+dropped at start-up with their specs.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import subprocess
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fabricdra.api import computedomain as cd
-from fabricdra.api.rest import CLAIMS, COMPUTE_DOMAINS, ApiError, Rest
+from fabricdra.api.rest import COMPUTE_DOMAINS, ApiError, Rest
 from fabricdra.kubeletplugin.kubelet import ClaimRef, PreparedDevice, PrepareError
 from fabricdra.kubeletplugin.kubelet.cdi import (
     CdiDevice,
@@ -42,6 +44,15 @@ from fabricdra.kubeletplugin.kubelet.cdi import (
     Mount,
 )
 from fabricdra.kubeletplugin.kubelet.checkpoint import Checkpoint, ClaimEntry
+from fabricdra.kubeletplugin.kubelet.claims import (
+    RestClaimReader,
+    api_timeout,
+    drop_other_boots,
+    ensure_wanted,
+    read_claim,
+    remove_recorded_specs,
+    wait_until,
+)
 
 from .channels import ChannelError, ChannelNode, ensure_host_node, imex_major
 from .imexfiles import imex_injection
@@ -65,15 +76,21 @@ class NodeConfig:
     imex_wait_seconds: float = 20.0  # how long prepare waits for IMEX to become READY
     driver_root: Path = Path("/")  # host path of the NVIDIA driver install (CDI mount source)
     driver_root_view: Path | None = None  # where this plugin sees it (None: driver_root)
+    boot_id: str | None = None  # this boot (checkpoint entries of another are dropped)
 
 
 class ComputeDomainDriver:
+    # API reads and the IMEX wait happen outside the lock; only writing is serialized.
+    locks_itself = True
+
     def __init__(self, rest: Rest, config: NodeConfig) -> None:
         self.rest = rest
+        self.claims = RestClaimReader(rest)
         self.config = config
         self.cdi = CdiWriter(config.cdi_dir, CDI_KIND)
         config.plugin_dir.mkdir(parents=True, exist_ok=True)
-        self.checkpoint = Checkpoint(config.plugin_dir / "checkpoint.json")
+        self.checkpoint = Checkpoint(config.plugin_dir / "checkpoint.json", boot_id=config.boot_id)
+        drop_other_boots(self.checkpoint, self.cdi)
         self._lock = threading.Lock()
 
     @property
@@ -82,25 +99,30 @@ class ComputeDomainDriver:
 
     # -- prepare -------------------------------------------------------------------------
     def prepare(self, claim: ClaimRef) -> Sequence[PreparedDevice]:
-        self._await_imex(claim)  # before the lock: a wait must not hold up other claims
+        # Phase 1, no lock: every API read and wait (a slow claim holds up no other).
+        obj = read_claim(self.claims, claim)
+        results = self._results(obj)
+        if not results:
+            raise PrepareError(
+                f"claim {claim} has no {cd.DRIVER} device on node {self.config.node_name}"
+            )
+        wait_until(lambda: self._imex_state(claim, obj), self.config.imex_wait_seconds)
+        checked = []
+        for result in results:
+            if result["device"] not in (cd.CHANNEL_DEVICE, cd.DAEMON_DEVICE):
+                raise PrepareError(f"claim {claim}: unknown device {result['device']!r}")
+            params = self._params(obj, result)
+            checked.append((result, params, self._domain(claim, params)))
+        # Phase 2: local writes only, under the lock, for a kubelet that still waits.
         with self._lock, self.checkpoint.exclusive():
-            obj = self._claim(claim)
-            results = self._results(obj)
-            if not results:
-                raise PrepareError(
-                    f"claim {claim} has no {cd.DRIVER} device on node {self.config.node_name}"
-                )
+            ensure_wanted()
             devices: list[CdiDevice] = []
             prepared: list[PreparedDevice] = []
-            for result in results:
-                params = self._params(obj, result)
-                domain = self._domain(claim, params)
+            for result, params, domain in checked:
                 if result["device"] == cd.CHANNEL_DEVICE:
                     edits = self._channel_edits(claim, params, domain)
-                elif result["device"] == cd.DAEMON_DEVICE:
-                    edits = self._daemon_edits(params)
                 else:
-                    raise PrepareError(f"claim {claim}: unknown device {result['device']!r}")
+                    edits = self._daemon_edits(params)
                 name = f"{claim.uid}-{result['device']}"
                 devices.append(CdiDevice(name=name, edits=edits))
                 prepared.append(
@@ -119,17 +141,19 @@ class ComputeDomainDriver:
             self.cdi.write(claim.uid, CdiSpec(kind=CDI_KIND, devices=tuple(devices)))
             return prepared
 
-    def _imex_state(self, claim: ClaimRef) -> tuple[bool, str]:
+    def _imex_state(self, claim: ClaimRef, obj: JSON) -> tuple[bool, str]:
         """Is IMEX on this node ready for the claim's workload channels? (True for claims
         that need none: daemon claims, or managed mode on a node without a fabric, where
-        nothing is imported.)"""
-        obj = self._claim(claim)
+        nothing is imported.) Reads the domain afresh each time it is asked."""
         for result in self._results(obj):
             if result["device"] != cd.CHANNEL_DEVICE:
                 continue
             params = self._params(obj, result)
             if params.get("imexMode") == "host":
-                return self.host_imex()
+                ready, message = self.host_imex(timeout=api_timeout())
+                if not ready:
+                    return ready, message
+                continue
             if not self.config.fabric_domain:
                 continue  # no multi-node fabric here: nothing is imported through IMEX
             domain = self._domain(claim, params)
@@ -146,29 +170,6 @@ class ComputeDomainDriver:
                     f"{self.config.node_name}: {row.get('message') or 'no report yet'}"
                 )
         return True, ""
-
-    def _await_imex(self, claim: ClaimRef) -> None:
-        deadline = time.monotonic() + self.config.imex_wait_seconds
-        while True:
-            ready, message = self._imex_state(claim)
-            if ready:
-                return
-            if time.monotonic() >= deadline:
-                raise PrepareError(
-                    f"{message} (waited {self.config.imex_wait_seconds:.0f}s; kubelet retries)"
-                )
-            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-
-    def _claim(self, claim: ClaimRef) -> JSON:
-        try:
-            obj = self.rest.get(CLAIMS, claim.name, claim.namespace)
-        except ApiError as e:
-            raise PrepareError(f"cannot read claim {claim}: {e}") from None
-        if obj["metadata"].get("uid") != claim.uid:
-            raise PrepareError(
-                f"claim {claim} was replaced (the API has uid {obj['metadata'].get('uid')})"
-            )
-        return obj
 
     def _results(self, obj: JSON) -> list[JSON]:
         allocation = (obj.get("status") or {}).get("allocation") or {}
@@ -205,7 +206,7 @@ class ComputeDomainDriver:
                 f"ComputeDomain {name} is in {ns}"
             )
         try:
-            domain = self.rest.get(COMPUTE_DOMAINS, str(name), str(ns))
+            domain = self.rest.get(COMPUTE_DOMAINS, str(name), str(ns), timeout=api_timeout())
         except ApiError as e:
             raise PrepareError(f"ComputeDomain {ns}/{name} of claim {claim}: {e}") from None
         if domain["metadata"].get("uid") != uid or domain["metadata"].get("deletionTimestamp"):
@@ -222,13 +223,12 @@ class ComputeDomainDriver:
             raise PrepareError(
                 f"claim {claim} names IMEX channel {channel} but its ComputeDomain holds {held}"
             )
-        if params.get("imexMode") == "host":
-            if params.get("allocationMode") == "All":  # refused by the CRD; never trusted here
-                raise PrepareError(
-                    f"claim {claim} asks for all IMEX channels of a host-mode domain: the "
-                    "host's channels are shared by every domain on it"
-                )
-            self._check_host_imex()  # again: it may have gone since the wait
+        # "All" in host mode is refused by the CRD; never trusted here.
+        if params.get("imexMode") == "host" and params.get("allocationMode") == "All":
+            raise PrepareError(
+                f"claim {claim} asks for all IMEX channels of a host-mode domain: the "
+                "host's channels are shared by every domain on it"
+            )
         env = (
             f"FABRICDRA_COMPUTE_DOMAIN={params['domainName']}",
             f"FABRICDRA_COMPUTE_DOMAIN_UID={params['domainUID']}",
@@ -289,36 +289,31 @@ class ComputeDomainDriver:
             device_nodes=imex.device_nodes,
         )
 
-    def host_imex(self) -> tuple[bool, str]:
-        """Whether this host's IMEX service answers READY (host mode), and what it said."""
+    def host_imex(self, timeout: float = 10.0) -> tuple[bool, str]:
+        """Whether this host's IMEX service answers READY (host mode), and what it said
+        within `timeout` seconds."""
         cmd = [self.config.imex_ctl, *self.config.imex_ctl_args]
         try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=False)
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
         except FileNotFoundError:
             return False, (
                 f"host IMEX mode: {self.config.imex_ctl} not found on this node; "
                 "is the host's nvidia-imex service installed?"
             )
         except subprocess.TimeoutExpired:
-            return False, f"host IMEX mode: {' '.join(cmd)} did not answer in 10 s"
+            return False, f"host IMEX mode: {' '.join(cmd)} did not answer in {timeout:.0f} s"
         answer = done.stdout.strip()
         if answer != "READY":
             said = answer or done.stderr.strip() or f"exit status {done.returncode}"
             return False, f"host IMEX service not ready: {' '.join(cmd)} answered {said}"
         return True, "host IMEX service READY"
 
-    def _check_host_imex(self) -> None:
-        ready, message = self.host_imex()
-        if not ready:
-            raise PrepareError(message)
-
     # -- unprepare -----------------------------------------------------------------------
     def unprepare(self, claim: ClaimRef) -> None:
         with self._lock, self.checkpoint.exclusive():
             entry = self.checkpoint.get(claim.uid)
-            for spec in entry.cdi_specs if entry is not None else ():
-                with contextlib.suppress(FileNotFoundError):
-                    Path(spec).unlink()
+            if entry is not None:
+                remove_recorded_specs(entry, self.cdi)
             self.cdi.remove(claim.uid)  # also one written before its checkpoint entry existed
             if entry is not None:
                 self.checkpoint.remove(claim.uid)

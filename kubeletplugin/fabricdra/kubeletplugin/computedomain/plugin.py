@@ -23,7 +23,8 @@ import structlog
 from fabricdra.api import computedomain as cd
 from fabricdra.api import labels
 from fabricdra.api.rest import NODES, ApiError, Rest
-from fabricdra.kubeletplugin.kubelet import PluginPaths, PluginServer
+from fabricdra.kubeletplugin.kubelet import ClaimSweeper, PluginPaths, PluginServer
+from fabricdra.kubeletplugin.kubelet.checkpoint import BOOT_ID_PATH, current_boot_id
 
 from .daemon import REPORT_LEASE_SECONDS
 from .driver import ComputeDomainDriver, NodeConfig
@@ -47,6 +48,8 @@ class PluginConfig:
     driver_root_view: Path | None = None  # where this plugin sees driver_root (None: same)
     report_namespace: str = "fabricdra-system"
     host_imex_interval: float = 30.0  # 0: no host IMEX report
+    sweep_interval: float = 600.0  # seconds between reports of claims gone from the API
+    boot_id_file: Path = BOOT_ID_PATH  # the kernel's boot id: state of another boot is dropped
 
 
 class ComputeDomainPlugin:
@@ -68,7 +71,11 @@ class ComputeDomainPlugin:
                 imex_wait_seconds=config.imex_wait_seconds,
                 driver_root=config.driver_root,
                 driver_root_view=config.driver_root_view,
+                boot_id=current_boot_id(config.boot_id_file),
             ),
+        )
+        self.sweeper = ClaimSweeper(
+            self.driver.checkpoint, self.driver.claims, config.sweep_interval, cd.DRIVER
         )
         self.server = PluginServer(
             self.driver,
@@ -84,6 +91,7 @@ class ComputeDomainPlugin:
         """Serve kubelet until `stop` is set (raises `PluginServerError` if the sockets
         cannot be opened)."""
         self.server.start()
+        self.sweeper.start()
         try:
             if self.node_labels.get(cd.PLUGIN_NODE_LABEL) != "true":
                 self.rest.patch(
@@ -96,6 +104,7 @@ class ComputeDomainPlugin:
             else:
                 stop.wait()
         finally:
+            self.sweeper.stop()
             self.server.stop()
 
     def _report_host_imex(self, stop: threading.Event) -> None:

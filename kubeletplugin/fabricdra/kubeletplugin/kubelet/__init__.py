@@ -14,11 +14,26 @@ Public surface (import from `fabricdra.kubeletplugin.kubelet`):
 - `cdi`: CDI spec model, lowest cdiVersion, atomic writes (`CdiWriter`) — see `cdi.py`.
 - `checkpoint`: per-claim records, written atomically, that survive restarts
   (`Checkpoint`) — see `checkpoint.py`.
+- `claims`: the safety rules every driver's prepare follows (API reads before any lock,
+  within `api_timeout()`; `read_claim`, `wait_until`, `ensure_wanted`; spec removal confined
+  to the CDI folder; the sweep that reports, never frees, claims gone from the API) — see
+  `claims.py`.
 
 Nothing here knows about a particular driver's devices: `fabricdra.kubeletplugin.prepare`
 (devices.fabricdra.io) and the ComputeDomain driver both plug into it.
 """
 
+from .claims import (
+    DEADLINE_MARGIN,
+    READ_BUDGET,
+    ClaimReader,
+    ClaimSweeper,
+    RestClaimReader,
+    api_timeout,
+    ensure_wanted,
+    read_claim,
+    wait_until,
+)
 from .driver import (
     KUBELET_DEADLINE,
     Call,
@@ -43,13 +58,17 @@ from .server import (
 )
 
 __all__ = [
+    "DEADLINE_MARGIN",
     "DRA_V1BETA1_SERVICE",
     "DRA_V1_SERVICE",
     "HEALTH_V1ALPHA1_SERVICE",
     "KUBELET_DEADLINE",
     "PLUGIN_TYPE",
+    "READ_BUDGET",
     "Call",
+    "ClaimReader",
     "ClaimRef",
+    "ClaimSweeper",
     "DeviceHealth",
     "DraDriver",
     "Health",
@@ -60,5 +79,10 @@ __all__ = [
     "PrepareError",
     "PreparedDevice",
     "RegistrationStatus",
+    "RestClaimReader",
+    "api_timeout",
     "current_call",
+    "ensure_wanted",
+    "read_claim",
+    "wait_until",
 ]

@@ -19,12 +19,16 @@ old one exits, and kubelet may call either), so the file, not this object's memo
 state: every change takes an exclusive `flock` on `<checkpoint>.lock` and is applied to the
 file's current content, and reads pick up a file another process rewrote. `exclusive()` holds
 that lock across a driver's whole read-check-write (e.g. "is this device held by another
-claim?" then "record it").
+claim?" then "record it"). The lock is waited for at most `lock_timeout` (`LOCK_TIMEOUT`,
+10 s, as NVIDIA's GPU driver): then `CheckpointLockTimeout`, a clear error for that one call,
+never a hang.
 
-A checkpoint that cannot be parsed is a clear error at start-up (`CheckpointError`), never
-silently treated as empty, since that would strand the specs it names — except one last written
-before this boot began (what a machine crash may leave of an unsynced file): its entries are of
-another boot, so it is renamed `<name>.unreadable`, logged, and the plugin starts empty. The
+A checkpoint that cannot be parsed, or of a version this plugin does not know, is a clear
+error at start-up (`CheckpointError`), never silently treated as empty, since that would strand
+the specs it names — except one of another boot (its boot id says so, or it was last written
+before this boot began: what a machine crash may leave of an unsynced file, or what a newer
+plugin wrote before a reboot into this one): its entries are of containers that are gone, so
+it is set aside (renamed `<name>.unreadable`), logged, and the plugin starts empty. The
 file records the boot it was written in: entries of another boot are dropped at load (the
 containers that used them are gone, and /var/run/cdi with their specs), and listed in `dropped`
 so the caller can remove the spec files they name. Version 1 files (no devices, no boot id) are
@@ -33,10 +37,12 @@ read as entries of this boot without recorded devices.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -51,12 +57,20 @@ log = structlog.get_logger("fabricdra.checkpoint")
 
 VERSION = 2
 READABLE = (1, 2)
+# How long a change waits for `<checkpoint>.lock` (NVIDIA's GPU driver bounds its checkpoint
+# flock at 10 s too): past it, a clear error for this claim instead of a kubelet call that
+# hangs behind a stuck holder.
+LOCK_TIMEOUT = 10.0
 BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 PROC_STAT = Path("/proc/stat")
 
 
 class CheckpointError(Exception):
     """The checkpoint file exists but is not one this version can read."""
+
+
+class CheckpointLockTimeout(CheckpointError):
+    """`<checkpoint>.lock` stayed held (by another thread or process) for `lock_timeout`."""
 
 
 def current_boot_id(path: Path = BOOT_ID_PATH) -> str | None:
@@ -168,9 +182,11 @@ class Checkpoint:
         *,
         boot_id: str | None = None,
         boot_time: float | None = None,
+        lock_timeout: float = LOCK_TIMEOUT,
     ) -> None:
         """`boot_time` None: read from /proc/stat."""
         self.path = Path(path)
+        self.lock_timeout = lock_timeout
         self.lock_path = self.path.with_name(self.path.name + ".lock")
         self.boot_id = boot_id
         self.boot_time = boot_time if boot_time is not None else current_boot_time()
@@ -187,17 +203,13 @@ class Checkpoint:
     @contextmanager
     def exclusive(self) -> Iterator[None]:
         """Hold the checkpoint against every other thread and process (flock on the lock
-        file) with this object's view refreshed from the file."""
-        with self._lock:
+        file) with this object's view refreshed from the file. Waits at most `lock_timeout`
+        seconds for it, then raises `CheckpointLockTimeout`."""
+        if not self._lock.acquire(timeout=self.lock_timeout):
+            raise self._timeout("another thread of this plugin")
+        try:
             if self._flock_depth == 0:
-                self.lock_path.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX)
-                except BaseException:
-                    os.close(fd)
-                    raise
-                self._flock_fd = fd
+                self._flock_fd = self._flock()
             self._flock_depth += 1
             try:
                 self._refresh()
@@ -207,6 +219,38 @@ class Checkpoint:
                 if self._flock_depth == 0 and self._flock_fd is not None:
                     os.close(self._flock_fd)  # closing the descriptor releases the flock
                     self._flock_fd = None
+        finally:
+            self._lock.release()
+
+    def _flock(self) -> int:
+        """The lock file, flocked: polled without blocking, so the wait is bounded (flock
+        itself has no timeout)."""
+        self.lock_path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        deadline = time.monotonic() + self.lock_timeout
+        pause = 0.001
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return fd
+                except OSError as e:
+                    if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                        raise
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise self._timeout("another process (an agent pod of a rolling update?)")
+                time.sleep(min(pause, left))
+                pause = min(pause * 2, 0.01)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _timeout(self, holder: str) -> CheckpointLockTimeout:
+        return CheckpointLockTimeout(
+            f"checkpoint lock {self.lock_path} held by {holder} for more than "
+            f"{self.lock_timeout:g} s; nothing was changed"
+        )
 
     def _stat(self) -> tuple[int, int, int] | None:
         try:
@@ -231,33 +275,47 @@ class Checkpoint:
             return {}
         try:
             doc = json.loads(raw)
-            if doc.get("version") not in READABLE:
-                raise CheckpointError(
-                    f"checkpoint {self.path}: version {doc.get('version')!r}, expected one "
-                    f"of {', '.join(map(str, READABLE))}"
-                )
-            entries = [ClaimEntry.from_dict(c) for c in doc["claims"]]
+            version = doc.get("version")
             written_in = doc.get("bootId")
+            if version not in READABLE:
+                problem = f"version {version!r}, expected one of {', '.join(map(str, READABLE))}"
+                if self._of_another_boot(written_in):
+                    return self._set_aside(problem)
+                raise CheckpointError(f"checkpoint {self.path}: {problem}")
+            entries = [ClaimEntry.from_dict(c) for c in doc["claims"]]
         except CheckpointError:
             raise
         except (ValueError, KeyError, TypeError, AttributeError) as e:
-            if self._written_before_boot():
-                aside = self.path.with_name(self.path.name + ".unreadable")
-                os.replace(self.path, aside)
-                log.error(
-                    "checkpoint of an earlier boot unreadable (a crash before it reached the "
-                    "disk); set aside, starting empty",
-                    path=str(self.path),
-                    kept=str(aside),
-                    error=str(e),
-                )
-                return {}
+            if self._of_another_boot(None):
+                return self._set_aside(f"cannot be read: {e}")
             raise CheckpointError(f"checkpoint {self.path} cannot be read: {e}") from e
         # Only a known, different boot drops entries: an unreadable id is not a reboot.
         if written_in and self.boot_id and written_in != self.boot_id:
             self.dropped = entries
             return {}
         return {e.uid: e for e in entries}
+
+    def _of_another_boot(self, written_in: Any) -> bool:
+        """The file says (boot id) or shows (last written before this boot began) that it is
+        of another boot: its entries are of containers that are gone."""
+        if isinstance(written_in, str) and written_in and self.boot_id:
+            return written_in != self.boot_id
+        return self._written_before_boot()
+
+    def _set_aside(self, problem: str) -> dict[str, ClaimEntry]:
+        """A checkpoint of another boot this version cannot use (torn by a crash before it
+        reached the disk; written by another version of the plugin): renamed
+        `<name>.unreadable` for a person to read, logged, and the plugin starts empty. Its
+        spec files are not removed: paths in a file we cannot read are not trusted."""
+        aside = self.path.with_name(self.path.name + ".unreadable")
+        os.replace(self.path, aside)
+        log.error(
+            "checkpoint of another boot cannot be used; set aside, starting empty",
+            path=str(self.path),
+            kept=str(aside),
+            problem=problem,
+        )
+        return {}
 
     def _written_before_boot(self) -> bool:
         try:

@@ -20,7 +20,10 @@ Kubelet's side of the contract, as this server meets it (kubelet v1.34-v1.36):
 - every claim in a request gets exactly one entry in the response (kubelet fails the whole
   batch otherwise); a driver exception becomes that claim's `error`.
 - driver calls are serialized by one lock, like the Go helper's default, unless the driver
-  says it `locks_itself` (then it is called concurrently and serializes what it must).
+  says it `locks_itself` (then it is called concurrently and serializes what it must; a
+  driver that reads the API or waits must, see `claims.py`: a slow claim never delays
+  another). The lock is waited for only until kubelet's deadline, and a call kubelet has
+  given up on (cancelled, or its deadline passed) never reaches the driver.
 - each driver call runs inside `serving(Call(...))`: the deadline is kubelet's (the gRPC
   deadline, at most `KUBELET_DEADLINE`), and `active()` follows the gRPC context, so a driver
   stops working for a call kubelet has given up on.
@@ -36,7 +39,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -150,19 +153,36 @@ class _Claims:
 
     def __init__(self, driver: DraDriver, lock: threading.Lock) -> None:
         self.driver = driver
-        self.lock: AbstractContextManager[Any] = (
-            nullcontext() if getattr(driver, "locks_itself", False) else lock
-        )
+        self.lock: threading.Lock | None = None if getattr(driver, "locks_itself", False) else lock
 
     def prepare(self, pb: Any, request: Any, with_share_id: bool, call: Call) -> Any:
         with serving(call):
-            return self._prepare(pb, request, with_share_id)
+            return self._prepare(pb, request, with_share_id, call)
 
     def unprepare(self, pb: Any, request: Any, call: Call) -> Any:
         with serving(call):
-            return self._unprepare(pb, request)
+            return self._unprepare(pb, request, call)
 
-    def _prepare(self, pb: Any, request: Any, with_share_id: bool) -> Any:
+    @contextmanager
+    def _driver(self, call: Call) -> Iterator[None]:
+        """The right to call the driver for one claim of `call`: never for a call kubelet
+        gave up on, and the server's lock (serialized drivers) waited for only until
+        kubelet's deadline — a claim another call holds up fails instead of answering late."""
+        if not call.active():
+            raise GaveUp("kubelet gave up on this call before the driver was asked")
+        if self.lock is None:
+            yield
+            return
+        if not self.lock.acquire(timeout=max(0.0, call.remaining())):
+            raise GaveUp("another claim held the driver until kubelet's deadline")
+        try:
+            if not call.active():  # it went while this call waited for the lock
+                raise GaveUp("kubelet gave up on this call before the driver was asked")
+            yield
+        finally:
+            self.lock.release()
+
+    def _prepare(self, pb: Any, request: Any, with_share_id: bool, call: Call) -> Any:
         response = pb.NodePrepareResourcesResponse()
         name = self.driver.driver_name
         for c in request.claims:
@@ -172,7 +192,7 @@ class _Claims:
             try:
                 if not (c.uid and c.name and c.namespace):
                     raise ValueError(f"claim {claim}: namespace, name and uid are all required")
-                with self.lock:
+                with self._driver(call):
                     devices = self.driver.prepare(claim)
                 entry.devices.extend(_device(pb, d, with_share_id) for d in devices)
                 log.info("claim prepared", claim=str(claim), devices=len(devices))
@@ -185,7 +205,7 @@ class _Claims:
                 metrics.PREPARE_SECONDS.labels(name).observe(time.perf_counter() - start)
         return response
 
-    def _unprepare(self, pb: Any, request: Any) -> Any:
+    def _unprepare(self, pb: Any, request: Any, call: Call) -> Any:
         response = pb.NodeUnprepareResourcesResponse()
         name = self.driver.driver_name
         for c in request.claims:
@@ -195,7 +215,7 @@ class _Claims:
             try:
                 if not c.uid:
                     raise ValueError(f"claim {claim}: uid is required")
-                with self.lock:
+                with self._driver(call):
                     self.driver.unprepare(claim)
                 log.info("claim unprepared", claim=str(claim))
             except Exception as e:
@@ -205,6 +225,10 @@ class _Claims:
             finally:
                 metrics.UNPREPARE_SECONDS.labels(name).observe(time.perf_counter() - start)
         return response
+
+
+class GaveUp(Exception):
+    """The driver was not asked: kubelet had gone, or its deadline came first."""
 
 
 def _call(context: Any) -> Call:
