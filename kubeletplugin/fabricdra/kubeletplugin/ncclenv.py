@@ -33,6 +33,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .kubelet import PrepareError
 from .kubelet.cdi import write_atomic
 from .kubelet.checkpoint import ClaimEntry
 
@@ -78,6 +79,41 @@ def companions(
     if not pods:
         return []
     return [e for e in entries if e.uid != claim_uid and pods.intersection(e.consumers)]
+
+
+def pod_hcas(
+    entries: Iterable[ClaimEntry], claim_uid: str, claim: dict[str, Any], own: Iterable[str | None]
+) -> tuple[list[str], list[str]]:
+    """The names the NCCL_IB_HCA of claim `claim_uid` (the ResourceClaim `claim`, whose RDMA
+    devices are `own`) selects: its own and those of the prepared claims reserved for the same
+    pods; and the spec files of those claims, to `widen_all` to them. ([], []) for a claim
+    without RDMA devices: it carries no list."""
+    names = {n for n in own if n}
+    if not names:
+        return [], []
+    consumers = [
+        str(r["uid"])
+        for r in (claim.get("status") or {}).get("reservedFor") or []
+        if isinstance(r, dict) and r.get("uid")
+    ]
+    specs = []
+    for entry in companions(entries, claim_uid, consumers):
+        for path in entry.cdi_specs:
+            theirs = spec_hcas(path)
+            if theirs:
+                names |= theirs
+                specs.append(path)
+    return ordered(names), specs
+
+
+def widen_all(spec_paths: Iterable[str], names: Sequence[str]) -> None:
+    """`widen` each spec; called before the claim's own spec is recorded, so a failure leaves
+    nothing of that claim behind (and kubelet's retry prepares it afresh)."""
+    for path in spec_paths:
+        try:
+            widen(path, names)
+        except OSError as e:
+            raise PrepareError(f"cannot widen NCCL_IB_HCA in {path}: {e}") from None
 
 
 def spec_hcas(spec_path: str | Path) -> set[str]:

@@ -207,45 +207,15 @@ class DevicesDriver:
                 return done
             grants = self.grants(claim, obj)
             self._refuse_in_use(claim, grants)
-            hcas, widen = self._pod_hcas(claim, obj, grants)
+            own = [g.device.endpoint.rdmaDevice for g in grants if g.device.endpoint]
+            hcas, companions = ncclenv.pod_hcas(self.checkpoint.entries(), claim.uid, obj, own)
             try:
                 spec, prepared = self.build(claim, grants, hcas)
             except DeviceNodeError as e:
                 raise PrepareError(str(e)) from None
-            for path in widen:  # before ours is recorded: a failure leaves nothing of ours
-                try:
-                    ncclenv.widen(path, hcas)
-                except OSError as e:
-                    raise PrepareError(f"cannot widen NCCL_IB_HCA in {path}: {e}") from None
+            ncclenv.widen_all(companions, hcas)  # before ours is recorded: see ncclenv
             self._record(claim, obj, grants, spec, prepared)
         return prepared
-
-    def _pod_hcas(
-        self, claim: ClaimRef, obj: dict[str, Any], grants: Sequence[Grant]
-    ) -> tuple[list[str], list[str]]:
-        """The HCA names this claim's NCCL_IB_HCA selects (its own and those of the prepared
-        claims reserved for the same pods), and the spec files of those claims to widen to
-        them; ([], []) for a claim without RDMA devices."""
-        own = [
-            g.device.endpoint.rdmaDevice
-            for g in grants
-            if g.device.endpoint is not None and g.device.endpoint.rdmaDevice
-        ]
-        if not own:
-            return [], []
-        consumers = [
-            str(r["uid"])
-            for r in (obj.get("status") or {}).get("reservedFor") or []
-            if isinstance(r, dict) and r.get("uid")
-        ]
-        names, widen = set(own), []
-        for entry in ncclenv.companions(self.checkpoint.entries(), claim.uid, consumers):
-            for path in entry.cdi_specs:
-                theirs = ncclenv.spec_hcas(path)
-                if theirs:
-                    names |= theirs
-                    widen.append(path)
-        return ncclenv.ordered(names), widen
 
     def _already_prepared(self, claim: ClaimRef) -> list[PreparedDevice] | None:
         """The recorded answer of an earlier prepare of this claim (same UID), while every
