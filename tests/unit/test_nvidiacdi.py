@@ -110,3 +110,12 @@ def test_a_device_found_by_uuid_must_hold_exactly_the_grants_nodes(tmp_path: Pat
     assert specs.mig_id("MIG-a", 0, caps) is None
     assert specs.mig_id("MIG-b", 0, caps) == "nvidia.com/gpu=MIG-b"
     assert specs.mig_id("MIG-b") is None
+
+
+def test_lookups_within_a_pinned_block_share_one_look_at_the_folders(tmp_path: Path) -> None:
+    specs = _spec(tmp_path / "cdi", [{"name": "0", "containerEdits": _nodes("/dev/nvidia0")}])
+    with specs.pinned():
+        assert specs.gpu_id(None, 0) == "nvidia.com/gpu=0"
+        (tmp_path / "cdi" / "nvidia.yaml").unlink()
+        assert specs.gpu_id(None, 0) == "nvidia.com/gpu=0"
+    assert specs.gpu_id(None, 0) is None  # the next prepare looks again

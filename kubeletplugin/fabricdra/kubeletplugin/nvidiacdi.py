@@ -20,10 +20,11 @@ is rebuilt only when a toolkit file itself changed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,8 +74,21 @@ class ToolkitSpecs:
         self._files: dict[str, tuple[_Stamp, dict[str, ToolkitDevice] | None]] = {}
         self._key: tuple[tuple[str, _Stamp], ...] | None = None
         self._devices: dict[str, ToolkitDevice] = {}
+        self._pinned: dict[str, ToolkitDevice] | None = None
+
+    @contextlib.contextmanager
+    def pinned(self) -> Iterator[None]:
+        """Within the block, every lookup uses one look at the folders (a prepare of 8 GPUs
+        looks up 8 times; the folder may hold dozens of other drivers' specs)."""
+        self._pinned = self.devices()
+        try:
+            yield
+        finally:
+            self._pinned = None
 
     def devices(self) -> dict[str, ToolkitDevice]:
+        if self._pinned is not None:
+            return self._pinned
         seen: dict[str, tuple[_Stamp, dict[str, ToolkitDevice] | None]] = {}
         toolkit: list[tuple[str, _Stamp]] = []
         for path, st in self._scan():

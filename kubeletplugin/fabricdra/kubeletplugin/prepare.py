@@ -210,7 +210,8 @@ class DevicesDriver:
             own = [g.device.endpoint.rdmaDevice for g in grants if g.device.endpoint]
             hcas, companions = ncclenv.pod_hcas(self.checkpoint.entries(), claim.uid, obj, own)
             try:
-                spec, prepared = self.build(claim, grants, hcas)
+                with self.toolkit.pinned():
+                    spec, prepared = self.build(claim, grants, hcas)
             except DeviceNodeError as e:
                 raise PrepareError(str(e)) from None
             ncclenv.widen_all(companions, hcas)  # before ours is recorded: see ncclenv
