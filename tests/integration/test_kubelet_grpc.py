@@ -199,13 +199,13 @@ def test_prepare_gpus_and_their_nics(plugin: Plugin, api: Any, ns: str, version:
     entry = resp.claims[uid]
     assert entry.error == ""
     kind = "k8s.devices.fabricdra.io/device"
-    common = f"{kind}=rdma-{uid}-nic"
+    common, gpus = f"{kind}=rdma-{uid}", f"{kind}=gpus-{uid}"
     assert [
         (d.device_name, d.pool_name, list(d.request_names), list(d.cdi_device_ids))
         for d in entry.devices
     ] == [
-        (GPU0, "node-a", ["gpu"], [f"{kind}={GPU0}-{uid}"]),
-        (GPU1, "node-a", ["gpu"], [f"{kind}={GPU1}-{uid}"]),
+        (GPU0, "node-a", ["gpu"], [f"{kind}={GPU0}-{uid}", gpus]),
+        (GPU1, "node-a", ["gpu"], [f"{kind}={GPU1}-{uid}", gpus]),
         (NIC0, "node-a", ["nic"], [f"{kind}={NIC0}-{uid}", common]),
         (NIC1, "node-a", ["nic"], [f"{kind}={NIC1}-{uid}", common]),
     ]
@@ -215,9 +215,11 @@ def test_prepare_gpus_and_their_nics(plugin: Plugin, api: Any, ns: str, version:
     # hostPath differs from the container path only because of the test dev root
     assert doc["cdiVersion"] == "0.5.0"
     assert doc["kind"] == kind
-    # a legacy-mode nvidia-container-runtime must not add GPUs on top (image env "all")
-    assert doc["containerEdits"] == {"env": ["NVIDIA_VISIBLE_DEVICES=void"]}
+    # a legacy-mode nvidia-container-runtime must not add GPUs on top (image env "all"); only
+    # GPU grants say so, so a container given only the NICs keeps any device-plugin GPUs
+    assert "containerEdits" not in doc
     edits = edits_by_device(doc)
+    assert edits[f"gpus-{uid}"] == {"env": ["NVIDIA_VISIBLE_DEVICES=void"]}
     assert edits[f"{NIC0}-{uid}"] == {
         "deviceNodes": [
             {
@@ -230,8 +232,8 @@ def test_prepare_gpus_and_their_nics(plugin: Plugin, api: Any, ns: str, version:
         ]
     }
     assert edits[f"{NIC1}-{uid}"]["deviceNodes"][0]["path"] == "/dev/infiniband/uverbs1"
-    # rdma_cm and NCCL_IB_HCA once per request; "=": NCCL matches the names exactly
-    assert edits[f"rdma-{uid}-nic"] == {
+    # rdma_cm and NCCL_IB_HCA once per claim; "=": NCCL matches the names exactly
+    assert edits[f"rdma-{uid}"] == {
         "env": ["NCCL_IB_HCA==mlx5_0,mlx5_1"],
         "deviceNodes": [
             {
@@ -250,7 +252,7 @@ def test_prepare_gpus_and_their_nics(plugin: Plugin, api: Any, ns: str, version:
     assert "/dev/infiniband" not in every_path
     assert every_path.count("/dev/infiniband/rdma_cm") == 1
     assert not any(
-        "NCCL" in e for k, ed in edits.items() if k != f"rdma-{uid}-nic" for e in ed.get("env", [])
+        "NCCL" in e for k, ed in edits.items() if k != f"rdma-{uid}" for e in ed.get("env", [])
     )
 
 
@@ -260,7 +262,7 @@ def test_prepare_a_virtual_function(plugin: Plugin, api: Any, ns: str) -> None:
     assert entry.error == ""
     edits = edits_by_device(plugin.spec(uid))
     assert edits[f"{VF60}-{uid}"]["deviceNodes"][0]["path"] == "/dev/infiniband/uverbs7"
-    assert edits[f"rdma-{uid}-nic"]["env"] == ["NCCL_IB_HCA==mlx5_6v0"]
+    assert edits[f"rdma-{uid}"]["env"] == ["NCCL_IB_HCA==mlx5_6v0"]
 
 
 def test_a_pf_with_vfs_is_not_offered_whole(plugin: Plugin, api: Any, ns: str) -> None:
@@ -458,9 +460,14 @@ def test_toolkit_ids_when_its_spec_is_on_the_host(
         resp = p.prepare([(ns, "tk", uid)]).claims[uid]
         assert resp.error == ""
         ids = [list(d.cdi_device_ids) for d in resp.devices]
-        assert ids[0] == ["nvidia.com/gpu=0"]
-        assert ids[1] == ["nvidia.com/gpu=7:0"]
-        assert [d["name"] for d in p.spec(uid)["devices"]] == [f"{NIC0}-{uid}", f"rdma-{uid}-nic"]
+        gpus = f"{CDI_KIND}=gpus-{uid}"
+        assert ids[0] == ["nvidia.com/gpu=0", gpus]
+        assert ids[1] == ["nvidia.com/gpu=7:0", gpus]
+        assert [d["name"] for d in p.spec(uid)["devices"]] == [
+            f"{NIC0}-{uid}",
+            f"rdma-{uid}",
+            f"gpus-{uid}",
+        ]
         # the uuid naming strategy wins when present
         (etc_cdi / "nvidia.yaml").write_text(
             yaml.safe_dump(
@@ -479,8 +486,12 @@ def test_toolkit_ids_when_its_spec_is_on_the_host(
         assert p.unprepare([(ns, "tk", uid)]).claims[uid].error == ""  # GPU0 is free again
         uid2 = create_claim(api, ns, "tk2", [result("gpu", GPU0)])
         resp2 = p.prepare([(ns, "tk2", uid2)]).claims[uid2]
-        assert list(resp2.devices[0].cdi_device_ids) == [f"nvidia.com/gpu={uuid0}"]
-        assert spec_file(uid2) not in p.specs()  # nothing of ours to write
+        assert list(resp2.devices[0].cdi_device_ids) == [
+            f"nvidia.com/gpu={uuid0}",
+            f"{CDI_KIND}=gpus-{uid2}",
+        ]
+        # of ours only the device that keeps a legacy runtime from adding GPUs
+        assert [d["name"] for d in p.spec(uid2)["devices"]] == [f"gpus-{uid2}"]
     finally:
         p.stop()
 
@@ -489,7 +500,11 @@ def test_mig_without_toolkit_gets_its_capability_nodes(plugin: Plugin, api: Any,
     uid = create_claim(api, ns, "mig", [result("mig", "mig-0000-cd-00-0-gi2-ci0")])
     entry = plugin.prepare([(ns, "mig", uid)]).claims[uid]
     assert entry.error == ""
-    (dev,) = plugin.spec(uid)["devices"]
+    dev, void = plugin.spec(uid)["devices"]
+    assert void == {
+        "name": f"gpus-{uid}",
+        "containerEdits": {"env": ["NVIDIA_VISIBLE_DEVICES=void"]},
+    }
     assert [n["path"] for n in dev["containerEdits"]["deviceNodes"]] == [
         "/dev/nvidia7",
         "/dev/nvidiactl",
@@ -640,41 +655,56 @@ def _events(api: Any, ns: str, uid: str) -> list[Any]:
     return list(found.items)
 
 
-def test_nccl_ib_hca_is_scoped_per_request_and_exact(
+def _container_hca_lists(p: Plugin, entries: list[Any], request: str = "") -> set[str]:
+    """Every NCCL_IB_HCA value a container can end with: kubelet gives it the CDI ids of the
+    devices of each claim it uses (all of them, or those of its `request`), and the runtime
+    applies their environment last-wins, in some order."""
+    ids = [
+        i
+        for entry in entries
+        for d in entry.devices
+        if not request or not d.request_names or request in d.request_names
+        for i in d.cdi_device_ids
+    ]
+    values = set()
+    for spec in p.specs():
+        doc = json.loads((p.cdi_dir / spec).read_text())
+        for dev in doc["devices"]:
+            if f"{doc['kind']}={dev['name']}" in ids:
+                env = dev["containerEdits"].get("env", [])
+                values |= {e.split("=", 1)[1] for e in env if e.startswith("NCCL_IB_HCA=")}
+    return values
+
+
+def test_a_whole_claim_with_two_nic_requests_gets_both_hcas(
     tmp_path_factory: pytest.TempPathFactory, api: Any, ns: str
 ) -> None:
-    rdma = build_rdma_host(tmp_path_factory.mktemp("h16"), hcas=16)
-    assert len(rdma.rdma) == 16
-    p = Plugin(tmp_path_factory.mktemp("p16"), rdma, api, rdma.inventory())
+    """Issue 17: a container using the whole claim ended with NCCL_IB_HCA==mlx5_3 only."""
+    rdma = build_rdma_host(tmp_path_factory.mktemp("h12"), hcas=12)
+    p = Plugin(tmp_path_factory.mktemp("p12"), rdma, api, rdma.inventory())
     p.start()
     try:
-        a1, b10, b11 = rdma.device("mlx5_1"), rdma.device("mlx5_10"), rdma.device("mlx5_11")
-        uid = create_claim(
-            api, ns, "two", [result("nic-a", a1), result("nic-b", b10), result("nic-b", b11)]
-        )
+        a, b = rdma.device("mlx5_2"), rdma.device("mlx5_3")
+        uid = create_claim(api, ns, "two", [result("nic-a", a), result("nic-b", b)])
         entry = p.prepare([(ns, "two", uid)]).claims[uid]
         assert entry.error == ""
-        kind = "k8s.devices.fabricdra.io/device"
+        common = f"{CDI_KIND}=rdma-{uid}"
         assert [list(d.cdi_device_ids) for d in entry.devices] == [
-            [f"{kind}={a1}-{uid}", f"{kind}=rdma-{uid}-nic-a"],
-            [f"{kind}={b10}-{uid}", f"{kind}=rdma-{uid}-nic-b"],
-            [f"{kind}={b11}-{uid}", f"{kind}=rdma-{uid}-nic-b"],
+            [f"{CDI_KIND}={a}-{uid}", common],
+            [f"{CDI_KIND}={b}-{uid}", common],
         ]
-        edits = edits_by_device(p.spec(uid))
-        # a container bound to nic-a hears of mlx5_1 only, and mlx5_1 is not a prefix match
-        assert edits[f"rdma-{uid}-nic-a"]["env"] == ["NCCL_IB_HCA==mlx5_1"]
-        assert edits[f"rdma-{uid}-nic-b"]["env"] == ["NCCL_IB_HCA==mlx5_10,mlx5_11"]
-        # a container given both requests sees one list: said in an event on the claim
-        reasons = {e.reason: e for e in _events(api, ns, uid)}
-        assert reasons["NcclIbHcaPerRequest"].type == "Warning"
-        assert "nic-a, nic-b" in reasons["NcclIbHcaPerRequest"].message
+        # one list wherever it appears: every order of applying the devices ends with both
+        assert _container_hca_lists(p, [entry]) == {"=mlx5_2,mlx5_3"}
+        assert _container_hca_lists(p, [entry], "nic-a") == {"=mlx5_2,mlx5_3"}
+        assert edits_by_device(p.spec(uid))[f"{a}-{uid}"]["deviceNodes"][0]["path"] == (
+            "/dev/infiniband/uverbs2"  # a one-request container gets only its own verbs device
+        )
+        assert _events(api, ns, uid) == []  # nothing left to warn about
     finally:
         p.stop()
 
 
-def test_rdma_through_two_claims_of_one_pod_is_warned_about(
-    plugin: Plugin, api: Any, ns: str
-) -> None:
+def test_two_claims_of_one_pod_carry_one_hca_list(plugin: Plugin, api: Any, ns: str) -> None:
     from kubernetes import client
 
     uids = {
@@ -706,12 +736,14 @@ def test_rdma_through_two_claims_of_one_pod_is_warned_about(
             name, ns, {"status": {"reservedFor": [pod]}}
         )
     lonely = create_claim(api, ns, "lonely", [result("nic", NIC2)])
-    for name, uid in [*uids.items(), ("lonely", lonely)]:
-        assert plugin.prepare([(ns, name, uid)]).claims[uid].error == ""
-    warned = [e for e in _events(api, ns, uids["right"]) if e.reason == "NcclIbHcaPerClaim"]
-    assert len(warned) == 1
-    assert f"{ns}/left" in warned[0].message
-    assert _events(api, ns, lonely) == []
+    # kubelet prepares a pod's claims of one driver in one call
+    resp = plugin.prepare([(ns, "left", uids["left"]), (ns, "right", uids["right"])])
+    assert all(r.error == "" for r in resp.claims.values())
+    assert plugin.prepare([(ns, "lonely", lonely)]).claims[lonely].error == ""
+    both = [resp.claims[uids["left"]], resp.claims[uids["right"]]]
+    assert _container_hca_lists(plugin, both) == {"=mlx5_0,mlx5_1"}
+    lonely_entry = plugin.prepare([(ns, "lonely", lonely)]).claims[lonely]
+    assert _container_hca_lists(plugin, [lonely_entry]) == {"=mlx5_2"}
 
 
 # -- idempotence and checkpoint hygiene -------------------------------------------------------

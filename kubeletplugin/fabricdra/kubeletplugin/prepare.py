@@ -5,18 +5,22 @@ take the allocation results for this driver and this node's pool, resolve each d
 against the *current* `DeviceInventory`, and write one CDI spec for the claim:
 
 - RDMA endpoint: its own verbs character device (`/dev/infiniband/uverbsN`, major/minor from
-  the host's node). Once per *request*, in a request-level CDI device every RDMA device of
-  that request includes: `/dev/infiniband/rdma_cm` where the host has it, and
-  `NCCL_IB_HCA==<its RDMA devices>` (the leading `=` makes NCCL match names exactly, so
-  `mlx5_1` never also selects `mlx5_10`). A container is told only about the HCAs of the
-  requests it is given. Never the whole /dev/infiniband folder.
+  the host's node). Once per *claim*, in a claim-level CDI device every RDMA device of the
+  claim includes: `/dev/infiniband/rdma_cm` where the host has it, and
+  `NCCL_IB_HCA==<the claim's RDMA devices>` (the leading `=` makes NCCL match names exactly,
+  so `mlx5_1` never also selects `mlx5_10`), widened to every HCA of the pod's other claims
+  of this driver: one list wherever it appears, so no order of applying CDI devices leaves a
+  container with fewer HCAs than it was given (see `ncclenv`). Never the whole
+  /dev/infiniband folder.
 - GPU / MIG instance: the NVIDIA container toolkit's own CDI id when its spec is on the host
   (driver libraries then come the supported way); otherwise the device nodes
   (`/dev/nvidiaN`, `/dev/nvidiactl`, UVM; for MIG also the instance's two capability nodes)
   and nothing else: no driver libraries (the image brings its own). An AMD GPU gets
-  `/dev/kfd` and its own `/dev/dri/renderDN`. Every spec we write sets
-  `NVIDIA_VISIBLE_DEVICES=void`, so a legacy-mode nvidia-container-runtime never honours an
-  image's `NVIDIA_VISIBLE_DEVICES=all` and injects GPUs nobody was granted.
+  `/dev/kfd` and its own `/dev/dri/renderDN`. Every GPU or MIG grant also includes the
+  claim's `gpus-<claim uid>` CDI device, which sets `NVIDIA_VISIBLE_DEVICES=void`, so a
+  legacy-mode nvidia-container-runtime never honours an image's `NVIDIA_VISIBLE_DEVICES=all`
+  and injects GPUs nobody was granted. A container given only NICs never gets it: the GPUs
+  NVIDIA's device plugin (env mode) gave the same container stay.
   No NUMA or CPU settings are injected: a MIG slice or a shared GPU cannot honour them.
 
 Refusals (the driver is the last line of defence): a device that overlaps one another
@@ -53,10 +57,10 @@ import structlog
 
 from fabricdra.api.rest import CLAIMS, EVENTS, ApiError
 
-from . import exclusivity, metrics
+from . import exclusivity, metrics, ncclenv
 from .devices import Device, DeviceInventory
 from .hostdevices import DeviceNodeError, HostLayout
-from .kubelet import ClaimRef, PreparedDevice, PrepareError, current_call
+from .kubelet import ClaimRef, PreparedDevice, PrepareError
 from .kubelet.cdi import CdiDevice, CdiSpec, CdiWriter, ContainerEdits, DeviceNode
 from .kubelet.checkpoint import Checkpoint, ClaimEntry, PreparedRecord
 from .kubelet.claims import (
@@ -177,12 +181,15 @@ class DevicesDriver:
                 return done
             grants = self.grants(claim, obj)
             self._refuse_in_use(claim, grants)
+            own = [g.device.endpoint.rdmaDevice for g in grants if g.device.endpoint]
+            hcas, companions = ncclenv.pod_hcas(self.checkpoint.entries(), claim.uid, obj, own)
             try:
-                spec, prepared = self.build(claim, grants)
+                with self.toolkit.pinned():
+                    spec, prepared = self.build(claim, grants, hcas)
             except DeviceNodeError as e:
                 raise PrepareError(str(e)) from None
+            ncclenv.widen_all(companions, hcas)  # before ours is recorded: see ncclenv
             self._record(claim, obj, grants, spec, prepared)
-        self._warn_about_hca_lists(claim, obj, grants)
         return prepared
 
     def _already_prepared(self, claim: ClaimRef) -> list[PreparedDevice] | None:
@@ -337,57 +344,19 @@ class DevicesDriver:
             label = f"{g.device_name} (request {g.request})"
             raise PrepareError(conflict.reason(wanted[conflict.index], label))
 
-    def _warn_about_hca_lists(
-        self, claim: ClaimRef, obj: dict[str, Any], grants: Sequence[Grant]
-    ) -> None:
-        """CDI environment is last-wins, so a container given RDMA devices through several
-        requests (of this claim, or of several claims) sees one request's NCCL_IB_HCA.
-        Advice only: skipped when kubelet's deadline is near, never delaying the answer past
-        it."""
-        budget = min(EVENT_BUDGET, current_call().remaining() - 1.0)
-        if self.events is None or budget <= 0:
-            return
-        rdma_requests = sorted({g.request for g in grants if g.device.type == "rdma"})
-        if len(rdma_requests) > 1:
-            self.events.warn(
-                obj,
-                "NcclIbHcaPerRequest",
-                f"RDMA devices come through requests {', '.join(rdma_requests)}: a container "
-                "given more than one of them sees only the NCCL_IB_HCA of the last one "
-                "(CDI environment is last-wins); request a container's NICs in one request "
-                "or set NCCL_IB_HCA in the pod",
-                budget / 2,
-            )
-        if not rdma_requests:
-            return
-        entry = self.checkpoint.get(claim.uid)
-        mine = set(entry.consumers if entry else ())
-        others = sorted(
-            f"{e.namespace}/{e.name}"
-            for e in self.checkpoint.entries()
-            if e.uid != claim.uid
-            and mine.intersection(e.consumers)
-            and any(r.base_name.startswith("rdma-") for r in e.devices or ())
-        )
-        if others:
-            self.events.warn(
-                obj,
-                "NcclIbHcaPerClaim",
-                f"a pod of this claim also gets RDMA devices through {', '.join(others)}: a "
-                "container given several of these claims sees only one claim's NCCL_IB_HCA "
-                "(CDI environment is last-wins); set NCCL_IB_HCA in the pod to use all",
-                budget / 2,
-            )
-
     def build(
-        self, claim: ClaimRef, grants: Sequence[Grant]
+        self, claim: ClaimRef, grants: Sequence[Grant], hcas: Sequence[str] | None = None
     ) -> tuple[CdiSpec | None, list[PreparedDevice]]:
         """The claim's CDI spec (None when every device uses the toolkit's ids) and the
-        devices kubelet is told about, in allocation order."""
+        devices kubelet is told about, in allocation order. `hcas`: the names the claim's
+        NCCL_IB_HCA selects (default: its own RDMA devices)."""
         cdi_devices: list[CdiDevice] = []
         prepared: list[PreparedDevice] = []
-        hcas: dict[str, list[str]] = {}  # request -> its RDMA devices, in allocation order
-        rdma_ids: list[int] = []  # indexes into `prepared` that also get their request's id
+        own_hcas: list[str] = []
+        # The device's own id first (kubelet reports health by it), then the claim-level one.
+        rdma_id = self.cdi.device_id(ncclenv.claim_device(claim.uid))
+        gpus_id = self.cdi.device_id(_gpus_device(claim))
+        with_gpus = False
         for g in grants:
             dev = g.device
             name = f"{g.device_name}-{claim.uid}" + (f"-{g.share_id}" if g.share_id else "")
@@ -398,18 +367,16 @@ class DevicesDriver:
                     raise PrepareError(f"device {g.device_name} names no RDMA endpoint")
                 node = self.host.verbs_device(ep.rdmaDevice, ep.verbsDevice)
                 cdi_devices.append(CdiDevice(name, ContainerEdits(device_nodes=(node,))))
-                ids = [self.cdi.device_id(name)]
-                names = hcas.setdefault(g.request, [])
-                if ep.rdmaDevice not in names:
-                    names.append(ep.rdmaDevice)
-                rdma_ids.append(len(prepared))
+                ids = [self.cdi.device_id(name), rdma_id]
+                own_hcas.append(ep.rdmaDevice)
             else:
                 toolkit_id, nodes = self._gpu(dev)
                 if toolkit_id is not None:
-                    ids = [toolkit_id]
+                    ids = [toolkit_id, gpus_id]
                 else:
                     cdi_devices.append(CdiDevice(name, ContainerEdits(device_nodes=tuple(nodes))))
-                    ids = [self.cdi.device_id(name)]
+                    ids = [self.cdi.device_id(name), gpus_id]
+                with_gpus = True
             prepared.append(
                 PreparedDevice(
                     pool_name=self.node_name,
@@ -419,32 +386,20 @@ class DevicesDriver:
                     share_id=g.share_id,
                 )
             )
-        if hcas:
+        if own_hcas:
             cm: tuple[DeviceNode, ...] = ()
             if self.host.has_char_device("/dev/infiniband/rdma_cm"):
                 cm = (self.host.char_device("/dev/infiniband/rdma_cm"),)
-            for request, names in hcas.items():
-                # `=`: exact names (NCCL matches prefixes otherwise: mlx5_1 ~ mlx5_10..17)
-                edits = ContainerEdits(env=(f"NCCL_IB_HCA=={','.join(names)}",), device_nodes=cm)
-                cdi_devices.append(CdiDevice(_request_device(claim, request), edits))
-            for i in rdma_ids:  # the device's own id first: kubelet reports health by it
-                p = prepared[i]
-                request = p.request_names[0] if p.request_names else ""
-                common = self.cdi.device_id(_request_device(claim, request))
-                prepared[i] = PreparedDevice(
-                    p.pool_name,
-                    p.device_name,
-                    (*p.cdi_device_ids, common),
-                    p.request_names,
-                    p.share_id,
-                )
+            names = ncclenv.ordered([*own_hcas, *(hcas or ())])
+            edits = ContainerEdits(env=(ncclenv.env(names),), device_nodes=cm)
+            cdi_devices.append(CdiDevice(ncclenv.claim_device(claim.uid), edits))
+        if with_gpus:
+            # Per device, not spec-wide: a container given only this claim's NICs keeps the
+            # GPUs another source (NVIDIA's device plugin in env mode) gave it.
+            cdi_devices.append(CdiDevice(_gpus_device(claim), ContainerEdits(env=(VOID_GPUS,))))
         spec = None
         if cdi_devices:
-            spec = CdiSpec(
-                kind=self.cdi.kind,
-                devices=tuple(cdi_devices),
-                edits=ContainerEdits(env=(VOID_GPUS,)),
-            )
+            spec = CdiSpec(kind=self.cdi.kind, devices=tuple(cdi_devices))
         return spec, prepared
 
     def _gpu(self, dev: Device) -> tuple[str | None, list[DeviceNode]]:
@@ -465,13 +420,12 @@ class DevicesDriver:
         if mig is None:
             raise PrepareError(f"device {dev.name} names no MIG instance")
         if mig.gpuInstanceId is None or mig.computeInstanceId is None:
-            toolkit = self.toolkit.mig_id(mig.uuid)
-            if toolkit is None:
-                raise PrepareError(
-                    f"MIG device {dev.name}: no GPU/compute instance ids and no toolkit CDI "
-                    "spec naming its UUID"
-                )
-            return toolkit, []
+            # Neither its capability nodes nor a toolkit device holding exactly them can be
+            # found: anything else could hand over other instances.
+            raise PrepareError(
+                f"MIG device {dev.name}: its GPU/compute instance ids are unknown, so its "
+                "device nodes cannot be found or a toolkit CDI device checked against them"
+            )
         caps = self.host.mig_cap_nodes(minor, mig.gpuInstanceId, mig.computeInstanceId)
         toolkit = self.toolkit.mig_id(mig.uuid, minor, [c.path for c in caps])
         if toolkit is not None:
@@ -490,9 +444,9 @@ class DevicesDriver:
             self.checkpoint.remove(claim.uid)
 
 
-def _request_device(claim: ClaimRef, request: str) -> str:
-    """The CDI device with one request's `rdma_cm` and NCCL_IB_HCA."""
-    return f"rdma-{claim.uid}-{request}" if request else f"rdma-{claim.uid}"
+def _gpus_device(claim: ClaimRef) -> str:
+    """The CDI device every GPU and MIG grant of the claim includes: NVIDIA_VISIBLE_DEVICES=void."""
+    return f"gpus-{claim.uid}"
 
 
 def _current(path: Path) -> Any:
