@@ -22,10 +22,10 @@ from fabricdra.api.rest import (
     Kind,
 )
 
-from . import channels, metrics, objects, status
+from . import channels, metrics, objects, records, status
 from .claims import channel_of, claim_nodes, domain_uid, node_fabric, node_ip
 from .informer import Informer, key_of
-from .placement import is_gang
+from .placement import Placed, is_gang
 from .writes import now
 
 if TYPE_CHECKING:
@@ -58,6 +58,7 @@ class DomainReconciler:
             return
         if cd.FINALIZER not in domain.metadata.get("finalizers", []):
             self._add_finalizer(domain)
+            return  # the watch brings the new version (every later write is conditional on it)
         try:
             channel: int | None = self._ensure_channel(domain, key)
         except channels.ChannelsExhausted as e:
@@ -65,7 +66,12 @@ class DomainReconciler:
             ready, reason, message = False, "ChannelsExhausted", str(e)
         else:
             assert channel is not None
-            ready, reason, message = self._ensure_objects(domain, channel, key)
+            # A gang is placed before its workload template exists, so every claim made from
+            # the template is pinned to the gang's fabric domain (placement.py).
+            placed = c.placement.place(domain, key)
+            if self._record(domain, key, channel, placed.fabric):
+                return  # recorded first; the watch brings the new status, queueing us again
+            ready, reason, message = self._ensure_objects(domain, channel, placed)
         self._update_status(domain, key, ready, reason, message, channel)
         self._count_domains()
 
@@ -105,7 +111,8 @@ class DomainReconciler:
 
     def _ensure_channel(self, domain: ComputeDomain, key: str) -> int:
         """The domain's channel: the recorded one, else the lowest free id, reserved in memory
-        until the status write that records it (the same pass's status patch) is seen."""
+        (so parallel workers never pick the same id) until the cache shows the status write
+        that records it, which precedes any object carrying it (`_record`)."""
         own = self.c.ownership
         if domain.status.channels:
             own.recorded(domain.uid)
@@ -160,15 +167,36 @@ class DomainReconciler:
             return None
         return pinned
 
+    def _record(self, domain: ComputeDomain, key: str, channel: int, fabric: str | None) -> bool:
+        """Write the domain's channel and a gang's placement into its status before any
+        object is made from them (records.py): a controller killed after creating the claim
+        template but before recording what it carries would, restarted, decide again from
+        the status and hand the domain another channel or fabric domain than its running
+        pods' claims hold. True when a write was made (or refused by a conflict): the pass
+        ends there and the domain's next event (or the retry) continues it."""
+        patch = records.decisions_patch(
+            domain.status.model_dump(mode="json"),
+            domain.metadata["resourceVersion"],
+            channel,
+            fabric,
+        )
+        if patch is None:
+            return False
+        try:
+            self.c.rest.patch(COMPUTE_DOMAINS, domain.name, patch, domain.namespace, sub="status")
+        except ApiError as e:
+            if not e.conflict:
+                raise
+            log.info("status of %s changed meanwhile; recording its decisions again", key)
+            self.c.domain_queue.add_after(key, 0.1)
+        return True
+
     def _ensure_objects(
-        self, domain: ComputeDomain, channel: int, key: str
+        self, domain: ComputeDomain, channel: int, placed: Placed
     ) -> tuple[bool, str, str]:
-        """Returns (ready, Ready's reason while not, message)."""
+        """Returns (ready, Ready's reason while not, message). A gang that fits nowhere now
+        gets no workload template yet (its pods wait for their claims)."""
         c = self.c
-        # A gang is placed before its workload template exists, so every claim made from
-        # the template is pinned to the gang's fabric domain; one that fits nowhere now
-        # gets no template yet (its pods wait for their claims).
-        placed = c.placement.place(domain, key)
         try:
             if not placed.waiting:  # else no template yet; Ready says why
                 rct = objects.workload_claim_template(domain, channel, self._pin(domain))
@@ -275,7 +303,7 @@ class DomainReconciler:
         message: str,
         channel: int | None,
     ) -> None:
-        # The channel is recorded by the same write as the conditions: one write per pass.
+        # The channel is recorded before this write (`_record`); None: none was free.
         domain = domain.model_copy(deep=True)
         recorded = list(domain.status.channels)
         domain.status.channels = recorded or ([channel] if channel is not None else [])

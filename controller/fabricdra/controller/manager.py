@@ -48,6 +48,7 @@ from .liveness import Heartbeats
 from .nodes import NodeReconciler
 from .ownership import Ownership
 from .placement import Placement
+from .records import NotRecorded
 from .workqueue import WorkQueue
 from .writes import Writer, counting_rest
 
@@ -314,7 +315,7 @@ class Controller:
             except Exception as e:
                 metrics.RECONCILE_ERRORS.labels(target).inc()
                 delay = queue.retry(key)
-                if isinstance(e, ApiError | NotSynced):
+                if isinstance(e, ApiError | NotSynced | NotRecorded):
                     log.warning("reconcile %s %s: %s (retry in %.2fs)", target, key, e, delay)
                 else:
                     log.exception("reconcile %s %s failed (retry in %.2fs)", target, key, delay)

@@ -11,7 +11,7 @@ from fabricdra.api import computedomain as cd
 from fabricdra.api.computedomain import ComputeDomain
 from fabricdra.api.rest import CLAIMS, NODES, SLICES, ApiError
 
-from . import admission, metrics, objects
+from . import admission, metrics, objects, records
 from .claims import claim_nodes, claim_views, dev_key, domain_uid, node_fabric
 from .status import Event
 from .writes import FIELD_MANAGER, now
@@ -71,9 +71,14 @@ class NodeReconciler:
                 c.placement.follow(view.domain, fabric)
         live, multi = self.live_domains()
         decision = admission.decide(name, fabric, views, live, previous, multi_clique=multi)
-        c.ownership.set_owner(name, decision.owner)
         for uid, pinned in decision.fabric_pins.items():
+            # The pin is written before the admission it comes with (records.py): a leader
+            # that died after admitting but before recording would let its successor admit
+            # the domain's next claim in another fabric domain. Not written: nothing is
+            # decided now (raises; the node is retried).
+            records.record_fabric(c, uid, pinned)
             c.ownership.pin(uid, pinned)
+        c.ownership.set_owner(name, decision.owner)
         self._ensure_slice(node, decision.owner, fabric)
         self._ensure_node_label(node, decision.owner)
         by_key = {f"{cl['metadata']['namespace']}/{cl['metadata']['name']}": cl for cl in claims}

@@ -16,10 +16,12 @@ pinned to that fabric domain, so every claim made from it can only be allocated 
 domain that fits nowhere now gets no template (its pods wait for their claims, quietly
 Pending) and `Ready=False, WaitingForFabric`; it is placed as soon as room appears (a domain
 deleted, a node freed or added), and the claim controller makes its pods' claims when the
-template appears. A placement lasts as long as the domain (it is recorded in
-`status.fabricDomain`, so a restarted controller keeps it). A claim allocated before the
+template appears. A placement lasts as long as the domain: it is recorded in
+`status.fabricDomain` before the template is created from it (records.py), so a restarted
+controller or a new leader keeps it. A claim allocated before the
 placement existed (made from an older template) on a node of another fabric domain that has
-room for the whole gang moves the placement there, while the domain holds no node yet.
+room for the whole gang moves the placement there, while the domain holds no node yet
+(recorded before that claim is admitted).
 Clusters without any fabric-labelled node place nothing (gangs then rely on the gang timeout).
 """
 
@@ -33,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from fabricdra.api.computedomain import FREE_OWNER, ComputeDomain
 
+from . import records
 from .claims import node_fabric
 
 if TYPE_CHECKING:
@@ -174,6 +177,8 @@ class Placement:
             fabrics, owners, gangs = self._view(uid)
             if free_nodes(fabrics, owners, gangs, uid).get(fabric, 0) < want:
                 return False
+            # Recorded before the claim is admitted under it (records.py); raises if not.
+            records.record_fabric(c, uid, fabric, replace=True)
             c.ownership.pin(uid, fabric)
         log.info("ComputeDomain %s follows its first claim to fabric domain %s", key, fabric)
         assert key is not None
