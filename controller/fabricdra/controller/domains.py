@@ -382,7 +382,7 @@ class DomainReconciler:
             if not e.not_found:
                 raise
         c.ownership.forget_domain(domain.uid)
-        c.placement.forget(f"{domain.namespace}/{domain.name}")
+        c.placement.forget(f"{domain.namespace}/{domain.name}", domain.uid)
 
 
 def _duration(lease: JSON) -> float:

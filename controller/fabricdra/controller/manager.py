@@ -76,6 +76,8 @@ class ControllerConfig:
     lease_seconds: float = 15.0  # leader Lease duration; renew deadline is 2/3 of it
     channel_count: int = cd.CHANNEL_COUNT  # the nvidia driver's NVreg_ImexChannelCount
     gang_timeout_seconds: float = 300.0  # numNodes domains: how long a partial gang is held
+    # Gang placement counts only nodes the verification gate passed (capacity.py).
+    require_verified_nodes: bool = False
 
 
 class Controller:

@@ -165,6 +165,8 @@ class NodeReconciler:
             left = c.ownership.gang_hold(key, gang, c.config.gang_timeout_seconds)
             if left is None:
                 timed_out.append(key)
+                if not spans:  # placed again, without the nodes that failed it
+                    c.placement.failed(uid, fabric, members)
                 for n in members - {node}:  # the whole gang is released, not just this one
                     c.node_queue.add(n)
             else:
