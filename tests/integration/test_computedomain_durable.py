@@ -16,14 +16,16 @@ from e2e.harness.controlplane import ControlPlane, wait_for
 from fabricdra.api import computedomain as cd
 from fabricdra.api.computedomain import ComputeDomain
 from fabricdra.api.labels import FABRIC_DOMAIN
-from fabricdra.api.rest import CLAIM_TEMPLATES, CLAIMS, COMPUTE_DOMAINS, NODES, Rest
+from fabricdra.api.rest import CLAIM_TEMPLATES, CLAIMS, COMPUTE_DOMAINS, NODES, SLICES, Rest
 from fabricdra.controller import objects
 from fabricdra.controller.claims import channel_of
 from fabricdra.controller.manager import Controller, ControllerConfig
 from fabricdra.controller.objects import DaemonSettings
+from fabricdra.kubeletplugin.computedomain.report import write_host_report
 
 from .computedomain_helpers import (
     allocate_claim,
+    condition,
     create_plugin_node,
     domain_body,
     install_crd,
@@ -200,3 +202,56 @@ def test_an_elastic_domains_fabric_pin_is_recorded_before_its_first_admission(
     finally:
         leader.stop()
         standby.stop()
+
+
+def _row(rest: Rest, ns: str, name: str, node: str) -> dict[str, Any] | None:
+    rows = rest.get(COMPUTE_DOMAINS, name, ns)["status"].get("nodes", []) or []
+    return next((r for r in rows if r["name"] == node), None)
+
+
+def test_a_held_node_that_disappears_keeps_its_row_and_hold_while_its_claim_exists(
+    control_plane: ControlPlane, rest: Rest
+) -> None:
+    """Issue 22 point 6. A held node's Node object goes (its plugin label with it, for the
+    controller) while its pod's claim is still allocated. Its row must not change (its
+    fabric domain did not: today it turned "" and the domain said Degraded=FabricConflict
+    about its own node), a restarted controller must still hold it for the domain (today
+    the hold lived only in the node's slice, removed with the node), and once the claim is
+    gone, row and hold go too."""
+    ns, driver_ns = _ns(control_plane, "cd-dur6"), unique("cd-system")
+    node, fabric = unique("dur6"), unique("dur6f")
+    create_plugin_node(control_plane, node, fabric)
+    with running_controller(control_plane, driver_ns, leader_election=False):
+        rest.create(COMPUTE_DOMAINS, domain_body("keep", mode="host"), ns)
+        obj = wait_for(
+            lambda: (o := rest.get(COMPUTE_DOMAINS, "keep", ns))["status"].get("channels") and o,
+            what="channel recorded",
+        )
+        domain = ComputeDomain.model_validate(obj)
+        template = objects.workload_claim_template(domain, domain.status.channels[0])
+        allocate_claim(rest, ns, template, node, "held", binding_conditions=True)
+        wait_for(lambda: _answer(rest, ns, "held") == cd.ADMITTED_CONDITION, what="admitted")
+        wait_for(lambda: _row(rest, ns, "keep", node), what="row")
+        rest.delete(NODES, node)
+        wait_gone(lambda: rest.get_or_none(SLICES, objects.slice_name(node)), "its slice")
+        # A status write after the node went (the host IMEX report changes the row).
+        write_host_report(rest, driver_ns, node, ready=True, message="gone", lease_seconds=600)
+        row = wait_for(
+            lambda: (r := _row(rest, ns, "keep", node)) and r["message"] == "gone" and r,
+            what="the row after the node went",
+        )
+        assert row["fabricDomain"] == fabric
+        degraded = condition(rest.get(COMPUTE_DOMAINS, "keep", ns), cd.DEGRADED) or {}
+        assert degraded.get("reason") != "FabricConflict", degraded
+    with running_controller(control_plane, driver_ns, leader_election=False):
+        # Restarted: the node still held for the domain (its row still follows its report).
+        write_host_report(rest, driver_ns, node, ready=True, message="still", lease_seconds=600)
+        row = wait_for(
+            lambda: (r := _row(rest, ns, "keep", node)) and r["message"] == "still" and r,
+            what="the row followed by the restarted controller",
+        )
+        assert row["fabricDomain"] == fabric
+        rest.delete(CLAIMS, "held", ns)
+        wait_for(lambda: _row(rest, ns, "keep", node) is None, what="row gone with the claim")
+        rest.delete(COMPUTE_DOMAINS, "keep", ns)
+        wait_gone(lambda: rest.get_or_none(COMPUTE_DOMAINS, "keep", ns), "keep deleted")

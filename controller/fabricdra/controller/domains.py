@@ -218,12 +218,22 @@ class DomainReconciler:
             return False, "WaitingForFabric", placed.waiting
         return True, "CreatingObjects", "claim templates created"
 
-    def _held_nodes(self, uid: str) -> list[status.HeldNode]:
+    def _held_nodes(self, domain: ComputeDomain) -> list[status.HeldNode]:
         out = []
-        for node in self.c.ownership.nodes_of(uid):
-            obj = self.c.nodes.get(node) or {}
-            out.append(status.HeldNode(node, node_ip(obj), node_fabric(obj)))
+        for node in self.c.ownership.nodes_of(domain.uid):
+            ip, fabric = self._node_facts(domain, node)
+            out.append(status.HeldNode(node, ip, fabric))
         return out
+
+    def _node_facts(self, domain: ComputeDomain, node: str) -> tuple[str, str]:
+        """A held node's (IP, fabric domain): from its Node, else, while the Node (or its
+        plugin label) is gone and a claim still holds it, from its row (the node did not
+        leave its clique by disappearing from our view; its row and index stay)."""
+        obj = self.c.nodes.get(node)
+        if obj is not None:
+            return node_ip(obj), node_fabric(obj)
+        row = next((r for r in domain.status.nodes if r.name == node), None)
+        return (row.ipAddress, row.fabricDomain) if row is not None else ("", "")
 
     def _reports(self, uid: str, host_mode: bool) -> tuple[dict[str, status.DaemonReport], float]:
         """Managed mode: the domain's daemons' reports. Host mode: the node plugins' reports
@@ -275,7 +285,7 @@ class DomainReconciler:
             if domain_uid(claim) != domain.uid or meta["namespace"] != domain.namespace:
                 continue
             for node in sorted(claim_nodes(claim)):
-                fabric = node_fabric(self.c.nodes.get(node) or {})
+                fabric = self._node_facts(domain, node)[1]
                 if fabric != pinned:
                     out.append(
                         f"claim {meta['name']} was allocated on node {node} in fabric domain "
@@ -311,7 +321,7 @@ class DomainReconciler:
         observed = status.Observed(
             ready,
             message,
-            self._held_nodes(domain.uid),
+            self._held_nodes(domain),
             reports,
             fabric_conflicts=self._fabric_conflicts(domain),
             objects_reason=reason,

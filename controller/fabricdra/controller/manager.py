@@ -346,5 +346,9 @@ class Controller:
         for channel, owners in channels.duplicates(held).items():
             # Only an outside edit of status can do this; say so, do not guess who is right.
             log.error("IMEX channel %d is recorded by several ComputeDomains: %s", channel, owners)
-        for node in own.known_nodes() | {n["metadata"]["name"] for n in self.nodes.items()}:
+        # Nodes named by allocated claims too: a held node whose Node (or plugin label) is
+        # gone has no slice any more, and its hold is rebuilt from its admitted claims.
+        claimed = {n for cl in self.claims.items() for n in claim_nodes(cl)}
+        nodes = {n["metadata"]["name"] for n in self.nodes.items()}
+        for node in own.known_nodes() | nodes | claimed:
             self.node_queue.add(node)

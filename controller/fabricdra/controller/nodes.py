@@ -57,11 +57,28 @@ class NodeReconciler:
         claims = [cl for cl in c.claims.items() if name in claim_nodes(cl)]
         previous = c.ownership.owner(name)
         if node is None:
-            # No plugin here (or no node): no devices to offer. Held state lives on while
-            # claims are still allocated on it.
+            # No plugin here (or no node): no devices to offer. The hold lives on while a
+            # claim is still allocated on it (its pod may still run), never handed on: from
+            # its admitted claims, so a restarted controller (whose slice view lost the node
+            # with its slice) still knows who holds it.
             c.rest.delete(SLICES, objects.slice_name(name))
             if not claims:
                 c.ownership.forget_node(name)
+            else:
+                namespaces = {
+                    o["metadata"]["uid"]: o["metadata"]["namespace"] for o in c.domains.items()
+                }
+                admitted = {
+                    v.domain
+                    for cl in claims
+                    for v in claim_views(cl, name, namespaces)
+                    if v.state == "admitted" and v.domain
+                }
+                if admitted and previous not in admitted:
+                    c.ownership.set_owner(name, min(admitted))
+                    key = c.ownership.key_of(min(admitted))
+                    if key:
+                        c.domain_queue.add(key)
             return
         fabric = node_fabric(node)
         namespaces = {o["metadata"]["uid"]: o["metadata"]["namespace"] for o in c.domains.items()}
