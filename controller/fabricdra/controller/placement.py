@@ -227,6 +227,7 @@ class Placement:
                 return False
             # Recorded before the claim is admitted under it (records.py); raises if not.
             records.record_fabric(c, uid, fabric, replace=True)
+            self._again.discard(uid)  # placed: by its claim, not by first fit
             c.ownership.pin(uid, fabric)
         log.info("ComputeDomain %s follows its first claim to fabric domain %s", key, fabric)
         assert key is not None
