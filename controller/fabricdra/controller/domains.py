@@ -57,8 +57,8 @@ class DomainReconciler:
             self._finalize(domain)
             return
         if cd.FINALIZER not in domain.metadata.get("finalizers", []):
-            self._add_finalizer(domain)
-            return  # the watch brings the new version (every later write is conditional on it)
+            # Go on from the version the patch returned: every later write is conditional.
+            domain = self._add_finalizer(domain)
         try:
             channel: int | None = self._ensure_channel(domain, key)
         except channels.ChannelsExhausted as e:
@@ -69,8 +69,10 @@ class DomainReconciler:
             # A gang is placed before its workload template exists, so every claim made from
             # the template is pinned to the gang's fabric domain (placement.py).
             placed = c.placement.place(domain, key)
-            if self._record(domain, key, channel, placed.fabric):
-                return  # recorded first; the watch brings the new status, queueing us again
+            recorded = self._record(domain, key, channel, placed.fabric)
+            if recorded is None:
+                return  # not recorded: nothing may be made from the decisions yet
+            domain = recorded
             ready, reason, message = self._ensure_objects(domain, channel, placed)
         self._update_status(domain, key, ready, reason, message, channel)
         self._count_domains()
@@ -84,7 +86,7 @@ class DomainReconciler:
         for value, n in counts.items():
             metrics.DOMAINS.labels(value).set(n)
 
-    def _add_finalizer(self, domain: ComputeDomain) -> None:
+    def _add_finalizer(self, domain: ComputeDomain) -> ComputeDomain:
         finalizers = [*domain.metadata.get("finalizers", []), cd.FINALIZER]
         # resourceVersion makes the merge patch conditional: a list is replaced whole.
         patch = {
@@ -93,7 +95,8 @@ class DomainReconciler:
                 "resourceVersion": domain.metadata["resourceVersion"],
             }
         }
-        self.c.rest.patch(COMPUTE_DOMAINS, domain.name, patch, domain.namespace)
+        out = self.c.rest.patch(COMPUTE_DOMAINS, domain.name, patch, domain.namespace)
+        return ComputeDomain.model_validate(out)
 
     def held_channels(self) -> list[int]:
         """Channels no new domain may take: those recorded in live domains' statuses, and
@@ -167,13 +170,16 @@ class DomainReconciler:
             return None
         return pinned
 
-    def _record(self, domain: ComputeDomain, key: str, channel: int, fabric: str | None) -> bool:
+    def _record(
+        self, domain: ComputeDomain, key: str, channel: int, fabric: str | None
+    ) -> ComputeDomain | None:
         """Write the domain's channel and a gang's placement into its status before any
         object is made from them (records.py): a controller killed after creating the claim
         template but before recording what it carries would, restarted, decide again from
         the status and hand the domain another channel or fabric domain than its running
-        pods' claims hold. True when a write was made (or refused by a conflict): the pass
-        ends there and the domain's next event (or the retry) continues it."""
+        pods' claims hold. Returns the domain as recorded (the patch's answer, so the rest
+        of the pass writes conditionally on it), or None when the write met a conflict (the
+        key is retried)."""
         patch = records.decisions_patch(
             domain.status.model_dump(mode="json"),
             domain.metadata["resourceVersion"],
@@ -181,15 +187,18 @@ class DomainReconciler:
             fabric,
         )
         if patch is None:
-            return False
+            return domain
         try:
-            self.c.rest.patch(COMPUTE_DOMAINS, domain.name, patch, domain.namespace, sub="status")
+            out = self.c.rest.patch(
+                COMPUTE_DOMAINS, domain.name, patch, domain.namespace, sub="status"
+            )
         except ApiError as e:
             if not e.conflict:
                 raise
             log.info("status of %s changed meanwhile; recording its decisions again", key)
             self.c.domain_queue.add_after(key, 0.1)
-        return True
+            return None
+        return ComputeDomain.model_validate(out)
 
     def _ensure_objects(
         self, domain: ComputeDomain, channel: int, placed: Placed
