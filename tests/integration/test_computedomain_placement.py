@@ -8,6 +8,7 @@ import pytest
 
 from e2e.harness.controlplane import ControlPlane, wait_for
 from fabricdra.api import computedomain as cd
+from fabricdra.api import labels
 from fabricdra.api.computedomain import ComputeDomain
 from fabricdra.api.rest import (
     CLAIM_TEMPLATES,
@@ -85,6 +86,27 @@ def test_gang_placement_counts_only_ready_schedulable_nodes(
         rest.create(COMPUTE_DOMAINS, domain_body("gang", mode="host", num_nodes=2), ns)
         placed = wait_for(lambda: _placed(rest, ns, "gang"), what="gang placed")
         assert placed == racks[2]
+
+
+def test_with_the_verification_gate_required_only_verified_nodes_count(
+    control_plane: ControlPlane, rest: Rest
+) -> None:
+    """`--require-verified-nodes`: a fabric domain whose nodes the verification gate has not
+    passed yet (no `fabricdra.io/verified=true`; their devices are tainted) gets no gang."""
+    ns, driver_ns = _ns(control_plane, "cd-ver"), unique("cd-system")
+    racks = [unique("0000vera"), unique("0000verb")]  # sort first
+    for rack in racks:
+        for _ in range(2):
+            name = unique("ver")
+            create_plugin_node(control_plane, name, rack)
+            if rack == racks[1]:
+                rest.patch(NODES, name, {"metadata": {"labels": {labels.VERIFIED: "true"}}})
+    with running_controller(
+        control_plane, driver_ns, leader_election=False, require_verified_nodes=True
+    ):
+        rest.create(COMPUTE_DOMAINS, domain_body("gang", mode="host", num_nodes=2), ns)
+        placed = wait_for(lambda: _placed(rest, ns, "gang"), what="gang placed")
+        assert placed == racks[1]
 
 
 def _answer(rest: Rest, ns: str, claim: str) -> dict[str, str]:
