@@ -20,6 +20,10 @@ from fabricdra.kubeletplugin.kubelet import ClaimRef
 
 CRD_FILE = Path(__file__).resolve().parents[2] / "api" / "crds" / "computedomains.fabricdra.io.yaml"
 CRDS = Kind("apiextensions.k8s.io", "v1", "customresourcedefinitions", False)
+POLICIES = Kind("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies", False)
+POLICY_BINDINGS = Kind(
+    "admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings", False
+)
 
 
 def unique(prefix: str) -> str:
@@ -158,3 +162,77 @@ def allocate_claim(
         content_type=STRATEGIC_PATCH,
     )
     return ClaimRef(ns, name, created["metadata"]["uid"])
+
+
+@contextmanager
+def refused_status_writes(rest: Rest, namespace: str, refuse_when: str) -> Iterator[str]:
+    """While inside: the API server refuses every ComputeDomain status write in `namespace`
+    whose new object matches the CEL expression `refuse_when` (over `object`). A
+    ValidatingAdmissionPolicy, so no webhook and nothing of the code under test changes: it
+    stops the controller between two of its writes, as a crash there would. Yields the
+    refusal's message (unique: a test can wait for the controller to have hit it). Returns
+    once the policy is in force, probed with a domain of its own (so: enter it before a
+    controller runs, or the probe may get a finalizer)."""
+    name = unique("refuse-status")
+    probe = unique("probe")
+    marker = f"status write refused by test policy {name}"
+    rest.create(
+        POLICIES,
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {
+                    "resourceRules": [
+                        {
+                            "apiGroups": [cd.GROUP],
+                            "apiVersions": ["*"],
+                            "operations": ["UPDATE"],
+                            "resources": ["computedomains/status"],
+                        }
+                    ]
+                },
+                "validations": [
+                    {
+                        "expression": f"object.metadata.name != '{probe}' && !({refuse_when})",
+                        "message": marker,
+                    }
+                ],
+            },
+        },
+    )
+    rest.create(
+        POLICY_BINDINGS,
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "policyName": name,
+                "validationActions": ["Deny"],
+                "matchResources": {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+                },
+            },
+        },
+    )
+    rest.create(COMPUTE_DOMAINS, domain_body(probe, mode="host"), namespace)
+
+    def in_force() -> bool:
+        try:
+            rest.patch(
+                COMPUTE_DOMAINS,
+                probe,
+                {"status": {"fabricDomain": unique("probe")}},
+                namespace,
+                sub="status",
+            )
+        except ApiError as e:
+            return marker in e.message
+        return False
+
+    wait_for(in_force, what="the status-refusing policy in force")
+    rest.delete(COMPUTE_DOMAINS, probe, namespace)  # before any controller gives it a finalizer
+    try:
+        yield marker
+    finally:
+        rest.delete(POLICY_BINDINGS, name)
+        rest.delete(POLICIES, name)

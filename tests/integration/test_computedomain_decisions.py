@@ -499,6 +499,8 @@ def test_a_pinned_domain_selects_only_its_fabric_until_it_holds_nothing(
     with running_controller(control_plane, driver_ns, leader_election=False):
         rest.create(COMPUTE_DOMAINS, domain_body("pin", mode="host"), ns)
         template = _workload_template(rest, _wait_channel(rest, ns, "pin"))
+        # The channel is recorded before the template is made from it: wait for the template.
+        wait_for(lambda: rest.get_or_none(CLAIM_TEMPLATES, "pin-channel", ns), what="template")
         assert "fabricDomain" not in _selector(rest, ns, "pin-channel")
         allocate_claim(rest, ns, template, node, "only", binding_conditions=True)
         wait_for(
@@ -656,6 +658,10 @@ def test_a_gang_that_fits_nowhere_waits_without_a_template_until_room_appears(
             ),
             what="first placed in the rack",
         )
+        # The placement is recorded before the template is made from it (issue 19 point 11:
+        # the other order let a restarted controller place the gang again elsewhere while the
+        # template said the first place): the template comes second, so wait for it.
+        wait_for(lambda: rest.get_or_none(CLAIM_TEMPLATES, "first-channel", ns), what="template")
         assert f"fabricDomain == '{rack}'" in _selector(rest, ns, "first-channel")
         rest.create(COMPUTE_DOMAINS, domain_body("second", mode="host", num_nodes=3), ns)
         ready = wait_for(
@@ -674,5 +680,6 @@ def test_a_gang_that_fits_nowhere_waits_without_a_template_until_room_appears(
             lambda: rest.get_or_none(CLAIM_TEMPLATES, "second-channel", ns),
             what="second placed once the first is gone",
         )
-        assert f"fabricDomain == '{rack}'" in _selector(rest, ns, "second-channel")
+        # The template exists: the placement it carries is recorded already.
         assert rest.get(COMPUTE_DOMAINS, "second", ns)["status"]["fabricDomain"] == rack
+        assert f"fabricDomain == '{rack}'" in _selector(rest, ns, "second-channel")

@@ -16,16 +16,19 @@ import pytest
 
 from e2e.harness.controlplane import ControlPlane, wait_for
 from fabricdra.api import computedomain as cd
+from fabricdra.api import labels
 from fabricdra.api.rest import (
     CLAIM_TEMPLATES,
     CLAIMS,
     COMPUTE_DOMAINS,
     LEASES,
+    NODES,
     Rest,
 )
 from fabricdra.kubeletplugin.computedomain.daemon import DaemonIdentity, ImexDaemon
 from fabricdra.kubeletplugin.computedomain.driver import ComputeDomainDriver, NodeConfig
 from fabricdra.kubeletplugin.computedomain.imex import ImexSettings, ImexSupervisor
+from fabricdra.kubeletplugin.computedomain.plugin import ComputeDomainPlugin, PluginConfig
 from fabricdra.kubeletplugin.computedomain.report import write_host_report
 from fabricdra.kubeletplugin.kubelet import PluginPaths, PluginServer, PrepareError
 from fabricdra.proto.gen.dra_v1 import api_pb2 as v1_pb2
@@ -181,6 +184,48 @@ def test_prepare_injects_exactly_the_domains_channel(
             rest.delete(COMPUTE_DOMAINS, name, ns)
         for name in ("train", "other"):
             wait_gone(lambda name=name: rest.get_or_none(COMPUTE_DOMAINS, name, ns), name)
+
+
+def test_the_plugin_follows_its_nodes_fabric_label_for_the_imex_gate(
+    control_plane: ControlPlane, roots: dict[str, Path], tmp_path: Path
+) -> None:
+    """Issue 22 point 4. On a fresh node the compute-domain plugin starts before the
+    devices agent's first pass labels the node's fabric domain. A plugin that read the label
+    once, at start, kept "no fabric" and skipped the managed-mode IMEX READY gate in prepare
+    for good (workloads started before IMEX was ready). It follows the label: once the node
+    is labelled, prepare waits for the node's IMEX row to be ready, and refuses until then."""
+    rest = Rest(control_plane.api_client())
+    install_crd(rest)
+    ns, driver_ns = unique("cd-follow"), unique("cd-system")
+    control_plane.create_namespace(ns)
+    node = unique("fresh")
+    create_plugin_node(control_plane, node)  # no fabric label yet: the agent has not run
+    plugin = ComputeDomainPlugin(
+        PluginConfig(
+            node_name=node,
+            cdi_dir=roots["cdi"],
+            plugin_dir=roots["plugin"],
+            registry_dir=tmp_path / "registry",
+            proc_root=roots["proc"],
+            dev_root=roots["dev"],
+            imex_wait_seconds=1.0,
+            host_imex_interval=0,
+        ),
+        control_plane.api_client(),
+    )
+    # The devices agent's first pass: the node's NVLink fabric domain.
+    rest.patch(NODES, node, {"metadata": {"labels": {labels.FABRIC_DOMAIN: unique("rack")}}})
+    with running_controller(control_plane, driver_ns):
+        rest.create(COMPUTE_DOMAINS, domain_body("fresh", rct="fresh-imex"), ns)
+        template = wait_for(
+            lambda: rest.get_or_none(CLAIM_TEMPLATES, "fresh-imex", ns), what="template"
+        )
+        ref = allocate_claim(rest, ns, template, node, "fresh-0")
+        with pytest.raises(PrepareError, match=r"IMEX .* is not ready on node"):
+            plugin.driver.prepare(ref)
+        assert plugin.driver.checkpoint.get(ref.uid) is None
+        rest.delete(COMPUTE_DOMAINS, "fresh", ns)
+        wait_gone(lambda: rest.get_or_none(COMPUTE_DOMAINS, "fresh", ns), "fresh")
 
 
 def _uid(rest: Rest, ns: str, name: str) -> str:

@@ -121,6 +121,14 @@ def register(sub: Any) -> None:
         "before they are released (default 300) [FABRICDRA_GANG_TIMEOUT_SECONDS]",
     )
     a(
+        "--require-verified-nodes",
+        default=_env("REQUIRE_VERIFIED_NODES", "false"),
+        choices=["true", "false"],
+        help="gang placement counts only nodes labelled fabricdra.io/verified=true (set where "
+        "the devices plugin's verification gate is on; default false) "
+        "[FABRICDRA_REQUIRE_VERIFIED_NODES]",
+    )
+    a(
         "--metrics-port",
         type=int,
         default=int(_env("METRICS_PORT", "8080") or 0),
@@ -176,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
         lease_seconds=args.lease_seconds,
         channel_count=args.imex_channel_count,
         gang_timeout_seconds=args.gang_timeout_seconds,
+        require_verified_nodes=args.require_verified_nodes == "true",
         **({"identity": args.identity} if args.identity else {}),
     )
     if args.metrics_port:

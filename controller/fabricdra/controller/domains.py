@@ -22,10 +22,10 @@ from fabricdra.api.rest import (
     Kind,
 )
 
-from . import channels, metrics, objects, status
+from . import channels, metrics, objects, records, status
 from .claims import channel_of, claim_nodes, domain_uid, node_fabric, node_ip
 from .informer import Informer, key_of
-from .placement import is_gang
+from .placement import Placed, is_gang
 from .writes import now
 
 if TYPE_CHECKING:
@@ -57,7 +57,8 @@ class DomainReconciler:
             self._finalize(domain)
             return
         if cd.FINALIZER not in domain.metadata.get("finalizers", []):
-            self._add_finalizer(domain)
+            # Go on from the version the patch returned: every later write is conditional.
+            domain = self._add_finalizer(domain)
         try:
             channel: int | None = self._ensure_channel(domain, key)
         except channels.ChannelsExhausted as e:
@@ -65,7 +66,14 @@ class DomainReconciler:
             ready, reason, message = False, "ChannelsExhausted", str(e)
         else:
             assert channel is not None
-            ready, reason, message = self._ensure_objects(domain, channel, key)
+            # A gang is placed before its workload template exists, so every claim made from
+            # the template is pinned to the gang's fabric domain (placement.py).
+            placed = c.placement.place(domain, key)
+            recorded = self._record(domain, key, channel, placed.fabric)
+            if recorded is None:
+                return  # not recorded: nothing may be made from the decisions yet
+            domain = recorded
+            ready, reason, message = self._ensure_objects(domain, channel, placed)
         self._update_status(domain, key, ready, reason, message, channel)
         self._count_domains()
 
@@ -78,7 +86,7 @@ class DomainReconciler:
         for value, n in counts.items():
             metrics.DOMAINS.labels(value).set(n)
 
-    def _add_finalizer(self, domain: ComputeDomain) -> None:
+    def _add_finalizer(self, domain: ComputeDomain) -> ComputeDomain:
         finalizers = [*domain.metadata.get("finalizers", []), cd.FINALIZER]
         # resourceVersion makes the merge patch conditional: a list is replaced whole.
         patch = {
@@ -87,7 +95,8 @@ class DomainReconciler:
                 "resourceVersion": domain.metadata["resourceVersion"],
             }
         }
-        self.c.rest.patch(COMPUTE_DOMAINS, domain.name, patch, domain.namespace)
+        out = self.c.rest.patch(COMPUTE_DOMAINS, domain.name, patch, domain.namespace)
+        return ComputeDomain.model_validate(out)
 
     def held_channels(self) -> list[int]:
         """Channels no new domain may take: those recorded in live domains' statuses, and
@@ -105,7 +114,8 @@ class DomainReconciler:
 
     def _ensure_channel(self, domain: ComputeDomain, key: str) -> int:
         """The domain's channel: the recorded one, else the lowest free id, reserved in memory
-        until the status write that records it (the same pass's status patch) is seen."""
+        (so parallel workers never pick the same id) until the cache shows the status write
+        that records it, which precedes any object carrying it (`_record`)."""
         own = self.c.ownership
         if domain.status.channels:
             own.recorded(domain.uid)
@@ -160,15 +170,42 @@ class DomainReconciler:
             return None
         return pinned
 
+    def _record(
+        self, domain: ComputeDomain, key: str, channel: int, fabric: str | None
+    ) -> ComputeDomain | None:
+        """Write the domain's channel and a gang's placement into its status before any
+        object is made from them (records.py): a controller killed after creating the claim
+        template but before recording what it carries would, restarted, decide again from
+        the status and hand the domain another channel or fabric domain than its running
+        pods' claims hold. Returns the domain as recorded (the patch's answer, so the rest
+        of the pass writes conditionally on it), or None when the write met a conflict (the
+        key is retried)."""
+        patch = records.decisions_patch(
+            domain.status.model_dump(mode="json"),
+            domain.metadata["resourceVersion"],
+            channel,
+            fabric,
+        )
+        if patch is None:
+            return domain
+        try:
+            out = self.c.rest.patch(
+                COMPUTE_DOMAINS, domain.name, patch, domain.namespace, sub="status"
+            )
+        except ApiError as e:
+            if not e.conflict:
+                raise
+            log.info("status of %s changed meanwhile; recording its decisions again", key)
+            self.c.domain_queue.add_after(key, 0.1)
+            return None
+        return ComputeDomain.model_validate(out)
+
     def _ensure_objects(
-        self, domain: ComputeDomain, channel: int, key: str
+        self, domain: ComputeDomain, channel: int, placed: Placed
     ) -> tuple[bool, str, str]:
-        """Returns (ready, Ready's reason while not, message)."""
+        """Returns (ready, Ready's reason while not, message). A gang that fits nowhere now
+        gets no workload template yet (its pods wait for their claims)."""
         c = self.c
-        # A gang is placed before its workload template exists, so every claim made from
-        # the template is pinned to the gang's fabric domain; one that fits nowhere now
-        # gets no template yet (its pods wait for their claims).
-        placed = c.placement.place(domain, key)
         try:
             if not placed.waiting:  # else no template yet; Ready says why
                 rct = objects.workload_claim_template(domain, channel, self._pin(domain))
@@ -190,12 +227,22 @@ class DomainReconciler:
             return False, "WaitingForFabric", placed.waiting
         return True, "CreatingObjects", "claim templates created"
 
-    def _held_nodes(self, uid: str) -> list[status.HeldNode]:
+    def _held_nodes(self, domain: ComputeDomain) -> list[status.HeldNode]:
         out = []
-        for node in self.c.ownership.nodes_of(uid):
-            obj = self.c.nodes.get(node) or {}
-            out.append(status.HeldNode(node, node_ip(obj), node_fabric(obj)))
+        for node in self.c.ownership.nodes_of(domain.uid):
+            ip, fabric = self._node_facts(domain, node)
+            out.append(status.HeldNode(node, ip, fabric))
         return out
+
+    def _node_facts(self, domain: ComputeDomain, node: str) -> tuple[str, str]:
+        """A held node's (IP, fabric domain): from its Node, else, while the Node (or its
+        plugin label) is gone and a claim still holds it, from its row (the node did not
+        leave its clique by disappearing from our view; its row and index stay)."""
+        obj = self.c.nodes.get(node)
+        if obj is not None:
+            return node_ip(obj), node_fabric(obj)
+        row = next((r for r in domain.status.nodes if r.name == node), None)
+        return (row.ipAddress, row.fabricDomain) if row is not None else ("", "")
 
     def _reports(self, uid: str, host_mode: bool) -> tuple[dict[str, status.DaemonReport], float]:
         """Managed mode: the domain's daemons' reports. Host mode: the node plugins' reports
@@ -247,7 +294,7 @@ class DomainReconciler:
             if domain_uid(claim) != domain.uid or meta["namespace"] != domain.namespace:
                 continue
             for node in sorted(claim_nodes(claim)):
-                fabric = node_fabric(self.c.nodes.get(node) or {})
+                fabric = self._node_facts(domain, node)[1]
                 if fabric != pinned:
                     out.append(
                         f"claim {meta['name']} was allocated on node {node} in fabric domain "
@@ -275,7 +322,7 @@ class DomainReconciler:
         message: str,
         channel: int | None,
     ) -> None:
-        # The channel is recorded by the same write as the conditions: one write per pass.
+        # The channel is recorded before this write (`_record`); None: none was free.
         domain = domain.model_copy(deep=True)
         recorded = list(domain.status.channels)
         domain.status.channels = recorded or ([channel] if channel is not None else [])
@@ -283,7 +330,7 @@ class DomainReconciler:
         observed = status.Observed(
             ready,
             message,
-            self._held_nodes(domain.uid),
+            self._held_nodes(domain),
             reports,
             fabric_conflicts=self._fabric_conflicts(domain),
             objects_reason=reason,
@@ -354,7 +401,7 @@ class DomainReconciler:
             if not e.not_found:
                 raise
         c.ownership.forget_domain(domain.uid)
-        c.placement.forget(f"{domain.namespace}/{domain.name}")
+        c.placement.forget(f"{domain.namespace}/{domain.name}", domain.uid)
 
 
 def _duration(lease: JSON) -> float:

@@ -48,6 +48,7 @@ from .liveness import Heartbeats
 from .nodes import NodeReconciler
 from .ownership import Ownership
 from .placement import Placement
+from .records import NotRecorded
 from .workqueue import WorkQueue
 from .writes import Writer, counting_rest
 
@@ -75,6 +76,8 @@ class ControllerConfig:
     lease_seconds: float = 15.0  # leader Lease duration; renew deadline is 2/3 of it
     channel_count: int = cd.CHANNEL_COUNT  # the nvidia driver's NVreg_ImexChannelCount
     gang_timeout_seconds: float = 300.0  # numNodes domains: how long a partial gang is held
+    # Gang placement counts only nodes the verification gate passed (capacity.py).
+    require_verified_nodes: bool = False
 
 
 class Controller:
@@ -314,7 +317,7 @@ class Controller:
             except Exception as e:
                 metrics.RECONCILE_ERRORS.labels(target).inc()
                 delay = queue.retry(key)
-                if isinstance(e, ApiError | NotSynced):
+                if isinstance(e, ApiError | NotSynced | NotRecorded):
                     log.warning("reconcile %s %s: %s (retry in %.2fs)", target, key, e, delay)
                 else:
                     log.exception("reconcile %s %s failed (retry in %.2fs)", target, key, delay)
@@ -343,5 +346,9 @@ class Controller:
         for channel, owners in channels.duplicates(held).items():
             # Only an outside edit of status can do this; say so, do not guess who is right.
             log.error("IMEX channel %d is recorded by several ComputeDomains: %s", channel, owners)
-        for node in own.known_nodes() | {n["metadata"]["name"] for n in self.nodes.items()}:
+        # Nodes named by allocated claims too: a held node whose Node (or plugin label) is
+        # gone has no slice any more, and its hold is rebuilt from its admitted claims.
+        claimed = {n for cl in self.claims.items() for n in claim_nodes(cl)}
+        nodes = {n["metadata"]["name"] for n in self.nodes.items()}
+        for node in own.known_nodes() | nodes | claimed:
             self.node_queue.add(node)

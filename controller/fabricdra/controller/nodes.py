@@ -11,7 +11,7 @@ from fabricdra.api import computedomain as cd
 from fabricdra.api.computedomain import ComputeDomain
 from fabricdra.api.rest import CLAIMS, NODES, SLICES, ApiError
 
-from . import admission, metrics, objects
+from . import admission, metrics, objects, records
 from .claims import claim_nodes, claim_views, dev_key, domain_uid, node_fabric
 from .status import Event
 from .writes import FIELD_MANAGER, now
@@ -57,11 +57,28 @@ class NodeReconciler:
         claims = [cl for cl in c.claims.items() if name in claim_nodes(cl)]
         previous = c.ownership.owner(name)
         if node is None:
-            # No plugin here (or no node): no devices to offer. Held state lives on while
-            # claims are still allocated on it.
+            # No plugin here (or no node): no devices to offer. The hold lives on while a
+            # claim is still allocated on it (its pod may still run), never handed on: from
+            # its admitted claims, so a restarted controller (whose slice view lost the node
+            # with its slice) still knows who holds it.
             c.rest.delete(SLICES, objects.slice_name(name))
             if not claims:
                 c.ownership.forget_node(name)
+            else:
+                namespaces = {
+                    o["metadata"]["uid"]: o["metadata"]["namespace"] for o in c.domains.items()
+                }
+                admitted = {
+                    v.domain
+                    for cl in claims
+                    for v in claim_views(cl, name, namespaces)
+                    if v.state == "admitted" and v.domain
+                }
+                if admitted and previous not in admitted:
+                    c.ownership.set_owner(name, min(admitted))
+                    key = c.ownership.key_of(min(admitted))
+                    if key:
+                        c.domain_queue.add(key)
             return
         fabric = node_fabric(node)
         namespaces = {o["metadata"]["uid"]: o["metadata"]["namespace"] for o in c.domains.items()}
@@ -71,9 +88,14 @@ class NodeReconciler:
                 c.placement.follow(view.domain, fabric)
         live, multi = self.live_domains()
         decision = admission.decide(name, fabric, views, live, previous, multi_clique=multi)
-        c.ownership.set_owner(name, decision.owner)
         for uid, pinned in decision.fabric_pins.items():
+            # The pin is written before the admission it comes with (records.py): a leader
+            # that died after admitting but before recording would let its successor admit
+            # the domain's next claim in another fabric domain. Not written: nothing is
+            # decided now (raises; the node is retried).
+            records.record_fabric(c, uid, pinned)
             c.ownership.pin(uid, pinned)
+        c.ownership.set_owner(name, decision.owner)
         self._ensure_slice(node, decision.owner, fabric)
         self._ensure_node_label(node, decision.owner)
         by_key = {f"{cl['metadata']['namespace']}/{cl['metadata']['name']}": cl for cl in claims}
@@ -160,6 +182,8 @@ class NodeReconciler:
             left = c.ownership.gang_hold(key, gang, c.config.gang_timeout_seconds)
             if left is None:
                 timed_out.append(key)
+                if not spans:  # placed again, without the nodes that failed it
+                    c.placement.failed(uid, fabric, members)
                 for n in members - {node}:  # the whole gang is released, not just this one
                     c.node_queue.add(n)
             else:

@@ -16,10 +16,12 @@ pinned to that fabric domain, so every claim made from it can only be allocated 
 domain that fits nowhere now gets no template (its pods wait for their claims, quietly
 Pending) and `Ready=False, WaitingForFabric`; it is placed as soon as room appears (a domain
 deleted, a node freed or added), and the claim controller makes its pods' claims when the
-template appears. A placement lasts as long as the domain (it is recorded in
-`status.fabricDomain`, so a restarted controller keeps it). A claim allocated before the
+template appears. A placement lasts as long as the domain: it is recorded in
+`status.fabricDomain` before the template is created from it (records.py), so a restarted
+controller or a new leader keeps it. A claim allocated before the
 placement existed (made from an older template) on a node of another fabric domain that has
-room for the whole gang moves the placement there, while the domain holds no node yet.
+room for the whole gang moves the placement there, while the domain holds no node yet
+(recorded before that claim is admitted).
 Clusters without any fabric-labelled node place nothing (gangs then rely on the gang timeout).
 """
 
@@ -33,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from fabricdra.api.computedomain import FREE_OWNER, ComputeDomain
 
-from .claims import node_fabric
+from . import capacity, records
 
 if TYPE_CHECKING:
     from .manager import Controller
@@ -96,19 +98,29 @@ class Placement:
         self.c = controller
         self._lock = threading.Lock()
         self._waiting: set[str] = set()  # domain keys that fit nowhere yet
+        self._excluded: dict[str, set[str]] = {}  # domain UID -> nodes that failed its gang
+        self._again: set[str] = set()  # UIDs of gangs to place again (their recorded one failed)
 
     def _current(self, uid: str, recorded: str) -> str | None:
+        if uid in self._again:
+            return None
         pinned = self.c.ownership.pin_of(uid)
         if pinned is not None:
             return pinned
         return recorded or None
 
-    def _view(self, for_uid: str) -> tuple[dict[str, list[str]], dict[str, str], list[Gang]]:
+    def _view(
+        self, for_uid: str, exclude: bool = True
+    ) -> tuple[dict[str, list[str]], dict[str, str], list[Gang]]:
+        """The nodes that count (capacity.py: Ready, schedulable, verified where required;
+        without those that failed this gang before, if `exclude`), who holds them, and the
+        other gangs' placements."""
         c = self.c
-        fabrics: dict[str, list[str]] = {}
-        for node in c.nodes.items():
-            if fabric := node_fabric(node):
-                fabrics.setdefault(fabric, []).append(node["metadata"]["name"])
+        fabrics = capacity.usable_by_fabric(
+            c.nodes.items(),
+            require_verified=c.config.require_verified_nodes,
+            exclude=self._excluded.get(for_uid, set()) if exclude else frozenset(),
+        )
         owners = {n: c.ownership.owner(n) for nodes in fabrics.values() for n in nodes}
         gangs = []
         for obj in c.domains.items():
@@ -138,6 +150,12 @@ class Placement:
                 return Placed(None)
             free = free_nodes(fabrics, owners, gangs, domain.uid)
             fabric = first_fit(want, free)
+            if fabric is None and self._excluded.get(domain.uid):
+                # The nodes that failed it are a preference, not a ban: with nowhere else
+                # to go, it is placed as if they had not (they may work now).
+                fabrics, owners, gangs = self._view(domain.uid, exclude=False)
+                free = free_nodes(fabrics, owners, gangs, domain.uid)
+                fabric = first_fit(want, free)
             if fabric is None:
                 self._waiting.add(key)
                 log.info("ComputeDomain %s (numNodes %d) fits nowhere yet: %s", key, want, free)
@@ -150,9 +168,42 @@ class Placement:
                     "for room; the claim template is created once the domain is placed",
                 )
             self._waiting.discard(key)
+            self._again.discard(domain.uid)
             self.c.ownership.pin(domain.uid, fabric)
             log.info("placed ComputeDomain %s (numNodes %d) in fabric domain %s", key, want, fabric)
             return Placed(fabric)
+
+    def failed(self, uid: str, fabric: str, held: Iterable[str]) -> None:
+        """Gang `uid` timed out in `fabric` holding only `held`: the other nodes of `fabric`
+        that counted for it failed it (its pods did not get there in time: a taint, a
+        resource its pods need, a node we cannot see is broken). Place it again without
+        them, so it does not land in the same place for ever while another fabric domain
+        has room. Pods made from the old template keep its selector: the job's pods must
+        be made again (Kueue's waitForPodsReady requeue, or the job's owner) to follow."""
+        c = self.c
+        key = c.ownership.key_of(uid)
+        obj = c.domains.get(key) if key else None
+        if obj is None or not fabric:
+            return
+        with self._lock:
+            recorded = (obj.get("status") or {}).get("fabricDomain", "")
+            if self._current(uid, recorded) != fabric:
+                return  # placed elsewhere already (another claim of the gang said so)
+            nodes = capacity.usable_by_fabric(
+                c.nodes.items(), require_verified=c.config.require_verified_nodes
+            ).get(fabric, [])
+            failing = set(nodes) - set(held)
+            self._excluded.setdefault(uid, set()).update(failing)
+            self._again.add(uid)
+            c.ownership.unpin(uid)
+        log.info(
+            "ComputeDomain %s timed out in fabric domain %s; placing it again without %s",
+            key,
+            fabric,
+            sorted(failing),
+        )
+        assert key is not None
+        c.domain_queue.add(key)
 
     def follow(self, uid: str, fabric: str) -> bool:
         """A claim of gang `uid` was allocated on a node of `fabric` although the gang is
@@ -174,6 +225,9 @@ class Placement:
             fabrics, owners, gangs = self._view(uid)
             if free_nodes(fabrics, owners, gangs, uid).get(fabric, 0) < want:
                 return False
+            # Recorded before the claim is admitted under it (records.py); raises if not.
+            records.record_fabric(c, uid, fabric, replace=True)
+            self._again.discard(uid)  # placed: by its claim, not by first fit
             c.ownership.pin(uid, fabric)
         log.info("ComputeDomain %s follows its first claim to fabric domain %s", key, fabric)
         assert key is not None
@@ -187,6 +241,8 @@ class Placement:
         for key in waiting:
             self.c.domain_queue.add(key)
 
-    def forget(self, key: str) -> None:
+    def forget(self, key: str, uid: str = "") -> None:
         with self._lock:
             self._waiting.discard(key)
+            self._excluded.pop(uid, None)
+            self._again.discard(uid)

@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from fabricdra.api import computedomain as cd
-from fabricdra.api.rest import COMPUTE_DOMAINS, ApiError, Rest
+from fabricdra.api import labels
+from fabricdra.api.rest import COMPUTE_DOMAINS, NODES, ApiError, Rest
 from fabricdra.kubeletplugin.kubelet import ClaimRef, PreparedDevice, PrepareError
 from fabricdra.kubeletplugin.kubelet.cdi import (
     CdiDevice,
@@ -71,6 +72,9 @@ class NodeConfig:
     proc_root: Path = Path("/proc")
     dev_root: Path = Path("/dev")
     fabric_domain: str = ""  # this node's fabricdra.io/fabric.domain ("" = no NVLink fabric)
+    # Read the node's fabricdra.io/fabric.domain label at each use instead of `fabric_domain`
+    # (the plugin: on a fresh node the devices agent sets it only after its first pass).
+    fabric_from_node: bool = False
     imex_ctl: str = "nvidia-imex-ctl"  # host mode: the host IMEX service's control tool
     imex_ctl_args: tuple[str, ...] = field(default=("-q",))
     imex_wait_seconds: float = 20.0  # how long prepare waits for IMEX to become READY
@@ -154,7 +158,7 @@ class ComputeDomainDriver:
                 if not ready:
                     return ready, message
                 continue
-            if not self.config.fabric_domain:
+            if not self.fabric_domain():
                 continue  # no multi-node fabric here: nothing is imported through IMEX
             domain = self._domain(claim, params)
             rows = domain.get("status", {}).get("nodes", []) or []
@@ -170,6 +174,19 @@ class ComputeDomainDriver:
                     f"{self.config.node_name}: {row.get('message') or 'no report yet'}"
                 )
         return True, ""
+
+    def fabric_domain(self) -> str:
+        """This node's NVLink fabric domain ("" = none). Followed for the plugin's life: read
+        from the Node at each use, since the devices agent labels a fresh node only after its
+        first pass, and a plugin that kept the value it saw at start would skip the IMEX
+        READY gate for good."""
+        if not self.config.fabric_from_node:
+            return self.config.fabric_domain
+        try:
+            node = self.rest.get(NODES, self.config.node_name, timeout=api_timeout())
+        except ApiError as e:
+            raise PrepareError(f"cannot read node {self.config.node_name}: {e}") from None
+        return str((node["metadata"].get("labels") or {}).get(labels.FABRIC_DOMAIN, ""))
 
     def _results(self, obj: JSON) -> list[JSON]:
         allocation = (obj.get("status") or {}).get("allocation") or {}
@@ -239,10 +256,10 @@ class ComputeDomainDriver:
         except ChannelError as e:
             raise PrepareError(str(e)) from None
         if major is None:
-            if self.config.fabric_domain:
+            if fabric := self.fabric_domain():
                 raise PrepareError(
                     f"node {self.config.node_name} is in NVLink fabric domain "
-                    f"{self.config.fabric_domain} but "
+                    f"{fabric} but "
                     f"{self.config.proc_root / 'devices'} lists no "
                     "nvidia-caps-imex-channels: is the NVIDIA driver loaded?"
                 )
@@ -276,7 +293,7 @@ class ComputeDomainDriver:
             f"FABRICDRA_DOMAIN_UID={params['domainUID']}",
             f"FABRICDRA_DOMAIN_NAME={params['domainName']}",
             f"FABRICDRA_DOMAIN_NAMESPACE={params['namespace']}",
-            f"FABRICDRA_FABRIC_DOMAIN={self.config.fabric_domain}",
+            f"FABRICDRA_FABRIC_DOMAIN={self.fabric_domain()}",
         )
         cfg = self.config
         view = cfg.driver_root_view or cfg.driver_root

@@ -67,6 +67,7 @@ class ComputeDomainPlugin:
                 proc_root=config.proc_root,
                 dev_root=config.dev_root,
                 fabric_domain=self.node_labels.get(labels.FABRIC_DOMAIN, ""),
+                fabric_from_node=True,  # followed, not read once (see fabric_domain())
                 imex_ctl=config.imex_ctl,
                 imex_wait_seconds=config.imex_wait_seconds,
                 driver_root=config.driver_root,

@@ -1,0 +1,151 @@
+"""Gang placement on a changing rack (issue 22 point 3), against a real kube-apiserver: only
+nodes that can take a pod now count (controller/capacity.py), and a gang that timed out is
+placed again without the nodes that failed it."""
+
+from __future__ import annotations
+
+import pytest
+
+from e2e.harness.controlplane import ControlPlane, wait_for
+from fabricdra.api import computedomain as cd
+from fabricdra.api import labels
+from fabricdra.api.computedomain import ComputeDomain
+from fabricdra.api.rest import (
+    CLAIM_TEMPLATES,
+    CLAIMS,
+    COMPUTE_DOMAINS,
+    NODES,
+    STRATEGIC_PATCH,
+    Rest,
+)
+from fabricdra.controller import objects
+
+from .computedomain_helpers import (
+    allocate_claim,
+    create_plugin_node,
+    domain_body,
+    install_crd,
+    running_controller,
+    unique,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def rest(control_plane: ControlPlane) -> Rest:
+    r = Rest(control_plane.api_client())
+    install_crd(r)
+    return r
+
+
+def _ns(cp: ControlPlane, prefix: str) -> str:
+    name = unique(prefix)
+    cp.create_namespace(name)
+    return name
+
+
+def _placed(rest: Rest, ns: str, name: str) -> str:
+    return str(rest.get(COMPUTE_DOMAINS, name, ns).get("status", {}).get("fabricDomain") or "")
+
+
+def _not_ready(rest: Rest, node: str) -> None:
+    cond = {
+        "type": "Ready",
+        "status": "False",
+        "reason": "KubeletNotReady",
+        "message": "test: the node went down",
+        "lastHeartbeatTime": "2026-01-01T00:00:00Z",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+    }
+    rest.patch(
+        NODES,
+        node,
+        {"status": {"conditions": [cond]}},
+        sub="status",
+        content_type=STRATEGIC_PATCH,
+    )
+
+
+def test_gang_placement_counts_only_ready_schedulable_nodes(
+    control_plane: ControlPlane, rest: Rest
+) -> None:
+    """Three fabric domains of two nodes, first fit in name order: in the first one a node
+    is NotReady, in the second one a node is cordoned. Counting every compute-domain node,
+    the gang went to the first, where it can never fill (it timed out and landed there
+    again for ever); counting only nodes that can take its pods, it goes to the third."""
+    ns, driver_ns = _ns(control_plane, "cd-cap"), unique("cd-system")
+    racks = [unique("0000capa"), unique("0000capb"), unique("0000capc")]  # sort first
+    nodes = {rack: [unique("cap"), unique("cap")] for rack in racks}
+    for rack, names in nodes.items():
+        for n in names:
+            create_plugin_node(control_plane, n, rack)
+    _not_ready(rest, nodes[racks[0]][1])
+    rest.patch(NODES, nodes[racks[1]][1], {"spec": {"unschedulable": True}})
+    with running_controller(control_plane, driver_ns, leader_election=False):
+        rest.create(COMPUTE_DOMAINS, domain_body("gang", mode="host", num_nodes=2), ns)
+        placed = wait_for(lambda: _placed(rest, ns, "gang"), what="gang placed")
+        assert placed == racks[2]
+
+
+def test_with_the_verification_gate_required_only_verified_nodes_count(
+    control_plane: ControlPlane, rest: Rest
+) -> None:
+    """`--require-verified-nodes`: a fabric domain whose nodes the verification gate has not
+    passed yet (no `fabricdra.io/verified=true`; their devices are tainted) gets no gang."""
+    ns, driver_ns = _ns(control_plane, "cd-ver"), unique("cd-system")
+    racks = [unique("0000vera"), unique("0000verb")]  # sort first
+    for rack in racks:
+        for _ in range(2):
+            name = unique("ver")
+            create_plugin_node(control_plane, name, rack)
+            if rack == racks[1]:
+                rest.patch(NODES, name, {"metadata": {"labels": {labels.VERIFIED: "true"}}})
+    with running_controller(
+        control_plane, driver_ns, leader_election=False, require_verified_nodes=True
+    ):
+        rest.create(COMPUTE_DOMAINS, domain_body("gang", mode="host", num_nodes=2), ns)
+        placed = wait_for(lambda: _placed(rest, ns, "gang"), what="gang placed")
+        assert placed == racks[1]
+
+
+def _answer(rest: Rest, ns: str, claim: str) -> dict[str, str]:
+    devices = rest.get(CLAIMS, claim, ns)["status"].get("devices", []) or []
+    return {c["type"]: c["reason"] for d in devices for c in d.get("conditions", []) or []}
+
+
+def test_a_timed_out_gang_is_placed_again_without_the_nodes_that_failed_it(
+    control_plane: ControlPlane, rest: Rest
+) -> None:
+    """A gang of 2 is placed in the first of two empty fabric domains; its pods reach only
+    one of the two nodes there (the other fails them, for a reason the controller cannot
+    see) and the gang timeout releases it. Never revisited, the placement stayed there, and
+    the job was placed in the same trap each time while the other fabric domain stood
+    empty. Placed again without the node that failed it, it moves to the other one, and
+    the template (so every claim made from it from now on) follows."""
+    ns, driver_ns = _ns(control_plane, "cd-again"), unique("cd-system")
+    racks = [unique("0000agna"), unique("0000agnb")]  # sort first: first fit
+    nodes = {rack: [unique("agn"), unique("agn")] for rack in racks}
+    for rack, names in nodes.items():
+        for n in names:
+            create_plugin_node(control_plane, n, rack)
+    with running_controller(
+        control_plane, driver_ns, leader_election=False, gang_timeout_seconds=2.0
+    ):
+        rest.create(COMPUTE_DOMAINS, domain_body("job", mode="host", num_nodes=2), ns)
+        wait_for(lambda: _placed(rest, ns, "job") == racks[0], what="placed in the first")
+        domain = ComputeDomain.model_validate(rest.get(COMPUTE_DOMAINS, "job", ns))
+        template = objects.workload_claim_template(domain, domain.status.channels[0], racks[0])
+        allocate_claim(rest, ns, template, nodes[racks[0]][0], "j0", binding_conditions=True)
+        released = wait_for(
+            lambda: _answer(rest, ns, "j0").get(cd.CONFLICT_CONDITION), what="gang released"
+        )
+        assert released == "GangTimeout"
+        wait_for(lambda: _placed(rest, ns, "job") == racks[1], what="placed again elsewhere")
+        wait_for(
+            lambda: (
+                f"fabricDomain == '{racks[1]}'"
+                in str((rest.get_or_none(CLAIM_TEMPLATES, "job-channel", ns) or {}).get("spec"))
+            ),
+            what="the template follows the new placement",
+        )

@@ -1,0 +1,65 @@
+"""Which nodes gang placement counts (controller/capacity.py, issue 22 point 3): only those
+that can take a pod now."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fabricdra.api import labels
+from fabricdra.controller.capacity import unusable, usable_by_fabric
+
+
+def _node(
+    name: str,
+    fabric: str = "rack-a",
+    *,
+    ready: str | None = "True",
+    cordoned: bool = False,
+    taints: tuple[str, ...] = (),
+    verified: bool = False,
+) -> dict[str, Any]:
+    node_labels = {labels.FABRIC_DOMAIN: fabric} if fabric else {}
+    if verified:
+        node_labels[labels.VERIFIED] = "true"
+    conds = [] if ready is None else [{"type": "Ready", "status": ready}]
+    spec: dict[str, Any] = {"taints": [{"key": k, "effect": "NoSchedule"} for k in taints]}
+    if cordoned:
+        spec["unschedulable"] = True
+    return {
+        "metadata": {"name": name, "labels": node_labels},
+        "spec": spec,
+        "status": {"conditions": conds},
+    }
+
+
+def test_only_ready_schedulable_nodes_count() -> None:
+    assert unusable(_node("ok")) == ""
+    assert unusable(_node("down", ready="False")) == "Ready is False"
+    assert unusable(_node("gone", ready="Unknown")) == "Ready is Unknown"
+    assert unusable(_node("new", ready=None)) == "Ready is not reported"
+    assert unusable(_node("drained", cordoned=True)) == "cordoned"
+    assert "unreachable" in unusable(_node("far", taints=("node.kubernetes.io/unreachable",)))
+    # A taint the workload may tolerate is the workload's business, not placement's.
+    assert unusable(_node("gpu", taints=("nvidia.com/gpu",))) == ""
+
+
+def test_verified_only_where_the_gate_is_required() -> None:
+    assert unusable(_node("fresh"), require_verified=False) == ""
+    assert "not verified" in unusable(_node("fresh"), require_verified=True)
+    assert unusable(_node("checked", verified=True), require_verified=True) == ""
+
+
+def test_usable_by_fabric_keeps_a_fabric_whose_nodes_all_fail() -> None:
+    nodes = [
+        _node("a1"),
+        _node("a2", ready="False"),
+        _node("b1", "rack-b", cordoned=True),
+        _node("c1", "rack-c"),
+        _node("c2", "rack-c"),
+        _node("plain", ""),
+    ]
+    assert usable_by_fabric(nodes, exclude={"c2"}) == {
+        "rack-a": ["a1"],
+        "rack-b": [],
+        "rack-c": ["c1"],
+    }
