@@ -22,7 +22,7 @@ from fabricdra.kubeletplugin.discovery.node import Discovery, discover
 from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
 from tests.sysfs.builder import SysfsBuilder
-from tests.sysfs.nodes import Hgx, h100_snapshot, hgx_h100, write_json
+from tests.sysfs.nodes import Hgx, amd_mi300x, h100_snapshot, hgx_h100, write_json
 
 
 def _discover(
@@ -340,3 +340,28 @@ def test_rdma_mode_names_and_overrides_are_parsed_strictly() -> None:
             parse_override(bad)
     with pytest.raises(ValueError, match="rdma mode"):
         DeviceConfig(rdma_overrides=(RdmaOverride("ens1f0", "vf"),))  # type: ignore[arg-type]
+
+
+def test_an_accelerator_off_its_vendors_driver_is_kept_in_the_inventory_but_not_offered(
+    tmp_path: Path,
+) -> None:
+    """A GPU bound to vfio-pci (passthrough to a VM) or to no driver has no /proc/driver/nvidia
+    entry or device node prepare could hand over: discovery keeps it, no slice offers it."""
+    b = SysfsBuilder(tmp_path / "nv" / "sys")
+    hgx = hgx_h100(b)
+    b.rebind(hgx.gpus[0], "vfio-pci")
+    b.rebind(hgx.gpus[1], None)
+    snap = load_snapshot(write_json(tmp_path / "nvml.json", h100_snapshot(hgx.gpus)))
+    d = discover(SysfsTree(str(b.root)), nvml_source=lambda: snap)
+    assert d.accelerators is not None
+    drivers = {a.pciBusId: a.driver for a in d.accelerators}
+    assert (drivers[hgx.gpus[0]], drivers[hgx.gpus[1]]) == ("vfio-pci", None)  # kept
+    offered = {x.accelerator.pciBusId for x in _build(d).devices if x.accelerator}
+    assert offered == set(hgx.gpus[2:])
+
+    a = SysfsBuilder(tmp_path / "amd" / "sys")
+    mi300x = amd_mi300x(a)
+    a.rebind(mi300x.gpus[0], "vfio-pci")
+    d = discover(SysfsTree(str(a.root)))
+    offered = {x.accelerator.pciBusId for x in _build(d).devices if x.accelerator}
+    assert offered == set(mi300x.gpus[1:])

@@ -266,6 +266,8 @@ def build_devices(
 def _accelerator_devices(
     acc: Accelerator, gpu_health: Mapping[str, GpuHealth], info: GpuInfo | None
 ) -> list[Device]:
+    if VENDOR_DRIVERS.get(acc.vendorId, acc.driver) != acc.driver:
+        return []  # e.g. vfio-pci (passthrough to a VM): prepare has nothing to hand over
     health, reason = _gpu_health(gpu_health.get(acc.pciBusId))
     if not acc.migMode:
         return [
@@ -306,6 +308,12 @@ def _mig_name(acc: Accelerator, mig: MigDevice) -> str:
         )
     # Without instance ids the MIG UUID is the stable identity NVML offers.
     return dns_label("mig", mig.uuid.removeprefix("MIG-"))
+
+
+# An accelerator is offered only while bound to its vendor's own kernel driver (kept in the
+# inventory either way): on vfio-pci (passthrough to a VM) or unbound, prepare finds no
+# /proc/driver/nvidia entry or device node to hand over.
+VENDOR_DRIVERS = {"0x10de": "nvidia", "0x1002": "amdgpu"}
 
 
 def _gpu_health(reading: GpuHealth | None) -> tuple[Health, str | None]:
