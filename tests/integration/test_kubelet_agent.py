@@ -27,6 +27,7 @@ from kubernetes.client.exceptions import ApiException
 from e2e.harness.controlplane import ControlPlane
 from e2e.harness.process import free_port
 from fabricdra.kubeletplugin.agent import Agent, AgentConfig, health_reports
+from fabricdra.kubeletplugin.kubelet import ClaimRef
 from fabricdra.kubeletplugin.resourceslices import TAINT_KEY
 from fabricdra.proto.gen.dra_health_v1alpha1 import api_pb2 as health_pb2
 from fabricdra.proto.gen.dra_health_v1alpha1 import api_pb2_grpc as health_grpc
@@ -663,3 +664,91 @@ def test_a_hanging_sweep_stops_no_discovery_pass(
             assert reader.hanging.wait(20)
             passes = agent.passes
             eventually(lambda: agent.passes >= passes + 2, "passes while the sweep hangs")
+
+
+def _rdma_modes(api: Any, node: str) -> dict[str, str]:
+    slices = (
+        client.ResourceV1Api(api).list_resource_slice(field_selector=f"spec.nodeName={node}").items
+    )
+    return {
+        d.name: d.attributes["rdmaMode"].string
+        for s in slices
+        for d in s.spec.devices or []
+        if d.attributes and "rdmaMode" in d.attributes
+    }
+
+
+def _versions(api: Any, node: str) -> dict[str, str]:
+    slices = (
+        client.ResourceV1Api(api).list_resource_slice(field_selector=f"spec.nodeName={node}").items
+    )
+    return {s.metadata.name: s.metadata.resource_version for s in slices}
+
+
+def test_the_node_label_picks_the_rdma_mode_and_a_held_nic_keeps_its_own(
+    tmp_path_factory: pytest.TempPathFactory,
+    control_plane: ControlPlane,
+    crds: None,
+    node: str,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """Issue 20 point 4: the agent follows `fabricdra.io/rdma-mode` for its life (re-read each
+    pass); an endpoint a prepared claim holds stays as it was published until unprepared; an
+    unchanged pass writes nothing; an invalid value falls back to --rdma-mode with an error
+    and one Warning event on the NodeDevices record; `off` withdraws the NICs, not the GPUs."""
+    base = tmp_path_factory.mktemp("mode")
+    host = build_host(base / "host", vf_nics=())
+    config = agent_config(base, host, node, discovery_interval=3600, verification_gate=False)
+    held = "rdma-0000-19-00-0"
+
+    def label(value: str) -> None:
+        patch = {"metadata": {"labels": {"fabricdra.io/rdma-mode": value}}}
+        client.CoreV1Api(api).patch_node(node, patch)
+
+    with control_plane.api_client() as api:
+        agent = Agent(config, api)
+        agent.pass_once()
+        modes = _rdma_modes(api, node)
+        assert len(modes) == 8
+        assert set(modes.values()) == {"exclusive"}  # no label: --rdma-mode (exclusive)
+
+        uid = create_claim(api, node, "held", [{"request": "nic", "device": held, "pool": node}])
+        claim = ClaimRef(node, "held", uid)
+        assert [d.device_name for d in agent.driver.prepare(claim)] == [held]
+
+        label("shared")
+        agent.pass_once()
+        modes = _rdma_modes(api, node)
+        assert modes.pop(held) == "exclusive"  # held: not flipped under its claim
+        assert set(modes.values()) == {"shared"}
+        before = _versions(api, node)
+        agent.pass_once()
+        assert _versions(api, node) == before  # an unchanged pass writes nothing
+
+        agent.driver.unprepare(claim)
+        agent.pass_once()
+        assert set(_rdma_modes(api, node).values()) == {"shared"}
+
+        label("partitioned")
+        capfd.readouterr()
+        agent.pass_once()
+        agent.pass_once()
+        assert set(_rdma_modes(api, node).values()) == {"exclusive"}  # the default
+        logged = capfd.readouterr()
+        assert "invalid node label; using the default RDMA mode" in logged.out + logged.err
+        events = (
+            client.CoreV1Api(api)
+            .list_namespaced_event(
+                "default", field_selector=f"involvedObject.name={node},reason=InvalidRdmaMode"
+            )
+            .items
+        )
+        assert len(events) == 1  # once per invalid value, not once per pass
+        assert events[0].involved_object.kind == "NodeDevices"
+        assert "'partitioned'" in events[0].message
+
+        label("off")
+        agent.pass_once()
+        assert _rdma_modes(api, node) == {}
+        assert "gpu-0000-18-00-0" in slice_devices(api, node)
+        agent.xids.close()

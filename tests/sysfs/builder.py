@@ -176,6 +176,15 @@ class SysfsBuilder:
         self.pcie_link(path, link)
         return path
 
+    def rebind(self, bdf: str, driver: str | None) -> None:
+        """Bind a function to another driver (`vfio-pci` for passthrough to a VM), or unbind it
+        (None): the kernel swaps, or removes, its `driver` link."""
+        path = os.path.relpath((self.root / f"bus/pci/devices/{bdf}").resolve(), self.root)
+        (self.root / path / "driver").unlink(missing_ok=True)
+        if driver:
+            (self.root / f"bus/pci/drivers/{driver}").mkdir(parents=True, exist_ok=True)
+            self.link(f"{path}/driver", f"bus/pci/drivers/{driver}")
+
     def pcie_link(self, path: str, link: PcieLink | None) -> None:
         """Write (or, with None, leave out) a device's PCIe link files."""
         if link is None:

@@ -147,11 +147,43 @@ def test_the_verification_profile_reaches_the_agent_inline(chart: Chart) -> None
     assert json.loads(arg.split("=", 1)[1]) == profile
 
 
+def test_rdma_overrides_and_vfs_reach_the_agent(chart: Chart) -> None:
+    """Issue 20 point 4: per-NIC modes and the VF switch (the node label needs no value)."""
+    args = _one(chart.template(), "DaemonSet", "fabricdra-node")["spec"]["template"]["spec"][
+        "containers"
+    ][0]["args"]
+    assert "--rdma-vfs=true" in args
+    assert not [a for a in args if a.startswith("--rdma-override")]
+    docs = chart.template(
+        {
+            "rdma": {
+                "mode": "off",
+                "vfs": False,
+                "overrides": [
+                    {"match": "0000:1c:00.0", "mode": "shared"},
+                    {"match": "ens1f1", "mode": "off"},
+                ],
+            }
+        }
+    )
+    args = _one(docs, "DaemonSet", "fabricdra-node")["spec"]["template"]["spec"]["containers"][0][
+        "args"
+    ]
+    assert "--rdma-mode=off" in args
+    assert "--rdma-vfs=false" in args
+    assert [a for a in args if a.startswith("--rdma-override")] == [
+        "--rdma-override=0000:1c:00.0=shared",
+        "--rdma-override=ens1f1=off",
+    ]
+
+
 @pytest.mark.parametrize(
     ("values", "complaint"),
     [
         ({"verification": {"expect": {"gpu": {}}}}, "/verification/expect"),
         ({"rdma": {"mode": "bogus"}}, "/rdma/mode"),
+        ({"rdma": {"overrides": [{"match": "ens1f0", "mode": "vf"}]}}, "/rdma/overrides/0/mode"),
+        ({"rdma": {"overrides": [{"mode": "off"}]}}, "/rdma/overrides/0"),
         ({"image": {"tag": "latest"}}, "/image/tag"),
         ({"kubeletRootDir": "relative"}, "/kubeletRootDir"),
         ({"nosuch": 1}, "nosuch"),

@@ -8,6 +8,7 @@ import pytest
 
 from fabricdra.cli import UsageError, build_parser
 from fabricdra.cli.kubelet_plugin import build_config
+from fabricdra.kubeletplugin.devices import RdmaOverride
 
 
 def _config(*argv: str) -> object:
@@ -46,3 +47,27 @@ def test_the_system_profile_comes_from_a_file_or_inline(
         _config("--verify-expect-json", '{"gpus": {"count": "many"}}')
     with pytest.raises(UsageError, match="exclude each other"):
         _config("--verify-expect", str(profile), "--verify-expect-json", "{}")
+
+
+def test_rdma_mode_off_overrides_and_vfs(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("FABRICDRA_RDMA_MODE", "FABRICDRA_RDMA_OVERRIDES", "FABRICDRA_RDMA_VFS"):
+        monkeypatch.delenv(var, raising=False)
+    default = _config().devices  # type: ignore[attr-defined]
+    assert (default.rdma_mode, default.rdma_overrides, default.rdma_vfs) == ("exclusive", (), True)
+    assert _config("--rdma-mode", "off").devices.rdma_mode == "off"  # type: ignore[attr-defined]
+    devices = _config(  # type: ignore[attr-defined]
+        "--rdma-override",
+        "0000:1c:00.0=shared",
+        "--rdma-override",
+        "ens1f1=off",
+        "--rdma-vfs=false",
+    ).devices
+    assert devices.rdma_overrides == (
+        RdmaOverride("0000:1c:00.0", "shared"),
+        RdmaOverride("ens1f1", "off"),
+    )
+    assert devices.rdma_vfs is False
+    monkeypatch.setenv("FABRICDRA_RDMA_OVERRIDES", "ens1f0=exclusive,ens1f1=off")
+    assert [o.match for o in _config().devices.rdma_overrides] == ["ens1f0", "ens1f1"]  # type: ignore[attr-defined]
+    with pytest.raises(UsageError, match="rdma override 'ens1f0=sometimes'"):
+        _config("--rdma-override", "ens1f0=sometimes")

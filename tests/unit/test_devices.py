@@ -11,14 +11,18 @@ from fabricdra.kubeletplugin.devices import (
     DeviceConfig,
     DeviceInventory,
     GpuHealth,
+    HeldAs,
+    RdmaOverride,
     build_devices,
     dns_label,
+    parse_override,
+    parse_rdma_mode,
 )
 from fabricdra.kubeletplugin.discovery.node import Discovery, discover
 from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
 from tests.sysfs.builder import SysfsBuilder
-from tests.sysfs.nodes import Hgx, h100_snapshot, hgx_h100, write_json
+from tests.sysfs.nodes import Hgx, amd_mi300x, h100_snapshot, hgx_h100, write_json
 
 
 def _discover(
@@ -233,3 +237,131 @@ def test_rdma_off_offers_only_gpus(tmp_path: Path) -> None:
     inv = _build(d, config=DeviceConfig(offer_rdma=False))
     assert {x.type for x in inv.devices} == {"gpu"}
     assert len(inv) == len(hgx.gpus)
+
+
+# --- RDMA mode per node and per NIC (issue 20, point 4) -----------------------------------
+
+
+def _rdma_modes(inv: DeviceInventory) -> dict[str, str | None]:
+    return {x.name: x.mode for x in inv.devices if x.type == "rdma"}
+
+
+def test_rdma_mode_off_offers_no_rdma_endpoint_and_keeps_the_gpus(tmp_path: Path) -> None:
+    d, hgx = _discover(tmp_path, vf_nics=(0,), vfs_per_nic=2)
+    inv = _build(d, config=DeviceConfig(rdma_mode="off"))
+    assert _rdma_modes(inv) == {}
+    assert len([x for x in inv.devices if x.type == "gpu"]) == len(hgx.gpus)
+
+
+def test_a_per_nic_override_by_pci_address_or_netdev_beats_the_node_mode(tmp_path: Path) -> None:
+    d, hgx = _discover(tmp_path)
+    nic0, nic1, nic2 = hgx.nics[0], hgx.nics[1], hgx.nics[2]
+    netdev1 = _build(d).get(dns_label("rdma", nic1)).endpoint.name  # type: ignore[union-attr]
+    assert netdev1
+    config = DeviceConfig(
+        rdma_mode="shared",
+        rdma_overrides=(
+            RdmaOverride(nic0.upper(), "exclusive"),  # PCI addresses compare case-blind
+            RdmaOverride(netdev1, "off"),
+            RdmaOverride(nic2.removeprefix("0000:"), "exclusive"),  # domain 0000 implied
+        ),
+    )
+    modes = _rdma_modes(_build(d, config=config))
+    assert modes[dns_label("rdma", nic0)] == "exclusive"
+    assert dns_label("rdma", nic1) not in modes
+    assert modes[dns_label("rdma", nic2)] == "exclusive"
+    assert {modes[dns_label("rdma", n)] for n in hgx.nics[3:]} == {"shared"}
+    # The override also switches a NIC on where the node's mode is off.
+    on = DeviceConfig(rdma_mode="off", rdma_overrides=(RdmaOverride(nic0, "shared"),))
+    assert _rdma_modes(_build(d, config=on)) == {dns_label("rdma", nic0): "shared"}
+
+
+def test_vfs_can_be_switched_off_node_wide_per_pf_or_per_vf(tmp_path: Path) -> None:
+    d, hgx = _discover(tmp_path, vf_nics=(0, 1), vfs_per_nic=2)
+    pf0, pf1 = hgx.nics[0], hgx.nics[1]
+    vfs0, vfs1 = hgx.vfs[pf0], hgx.vfs[pf1]
+    everything = _rdma_modes(_build(d))
+    assert {everything[dns_label("rdma", v)] for v in vfs0 + vfs1} == {"vf"}
+    # Node-wide: no VF offered, and a PF with VFs configured is still not offered whole
+    # (its link is the VFs'); PFs without VFs are unaffected.
+    no_vfs = _rdma_modes(_build(d, config=DeviceConfig(rdma_vfs=False)))
+    assert not any(m == "vf" for m in no_vfs.values())
+    assert dns_label("rdma", pf0) not in no_vfs
+    assert {no_vfs[dns_label("rdma", n)] for n in hgx.nics[2:]} == {"exclusive"}
+    # A PF's override off switches its VFs off too; a VF's own override only that VF.
+    per_nic = DeviceConfig(
+        rdma_overrides=(RdmaOverride(pf0, "off"), RdmaOverride(vfs1[0], "off")),
+    )
+    modes = _rdma_modes(_build(d, config=per_nic))
+    assert not any(dns_label("rdma", v) in modes for v in vfs0)
+    assert dns_label("rdma", vfs1[0]) not in modes
+    assert modes[dns_label("rdma", vfs1[1])] == "vf"
+
+
+def test_a_held_endpoint_keeps_the_mode_it_was_published_in(tmp_path: Path) -> None:
+    """A mode change never moves a prepared device: an endpoint a prepared claim holds is
+    offered as it was held (exclusive or shared, a VF as a VF) until it is unprepared."""
+    d, hgx = _discover(tmp_path, vf_nics=(0,), vfs_per_nic=2)
+    pf0, nic1, nic2, nic3 = hgx.nics[0], hgx.nics[1], hgx.nics[2], hgx.nics[3]
+    vf = hgx.vfs[pf0][0]
+    held: dict[str, HeldAs] = {
+        dns_label("rdma", nic1): "exclusive",
+        dns_label("rdma", nic2): "shared",
+        dns_label("rdma", nic3): "exclusive",
+        dns_label("rdma", vf): "exclusive",  # a VF is held as itself: offered `vf`
+    }
+    config = DeviceConfig(
+        rdma_mode="shared",
+        rdma_vfs=False,
+        rdma_overrides=(RdmaOverride(nic3, "off"),),
+    )
+    modes = _rdma_modes(_build(d, config=config, held=held))
+    assert modes[dns_label("rdma", nic1)] == "exclusive"  # not flipped to shared
+    assert modes[dns_label("rdma", nic2)] == "shared"
+    assert modes[dns_label("rdma", nic3)] == "exclusive"  # not switched off while held
+    assert modes[dns_label("rdma", vf)] == "vf"  # VFs off, but this one is held
+    assert dns_label("rdma", hgx.vfs[pf0][1]) not in modes
+    assert {modes[dns_label("rdma", n)] for n in hgx.nics[4:]} == {"shared"}
+    off = _rdma_modes(_build(d, config=DeviceConfig(rdma_mode="off"), held=held))
+    assert off[dns_label("rdma", nic2)] == "shared"
+    assert dns_label("rdma", hgx.nics[4]) not in off
+
+
+def test_rdma_mode_names_and_overrides_are_parsed_strictly() -> None:
+    assert parse_rdma_mode("shared") == "shared"
+    assert parse_rdma_mode("off") == "off"
+    for bad in ("partitioned", "Shared", "", "vf"):
+        with pytest.raises(ValueError, match="exclusive, shared or off"):
+            parse_rdma_mode(bad)
+    assert parse_override("0000:1c:00.0=shared") == RdmaOverride("0000:1c:00.0", "shared")
+    assert parse_override("ens1f0=off") == RdmaOverride("ens1f0", "off")
+    for bad in ("ens1f0", "=off", "ens1f0=sometimes"):
+        with pytest.raises(ValueError, match="override"):
+            parse_override(bad)
+    with pytest.raises(ValueError, match="rdma mode"):
+        DeviceConfig(rdma_overrides=(RdmaOverride("ens1f0", "vf"),))  # type: ignore[arg-type]
+
+
+def test_an_accelerator_off_its_vendors_driver_is_kept_in_the_inventory_but_not_offered(
+    tmp_path: Path,
+) -> None:
+    """A GPU bound to vfio-pci (passthrough to a VM) or to no driver has no /proc/driver/nvidia
+    entry or device node prepare could hand over: discovery keeps it, no slice offers it."""
+    b = SysfsBuilder(tmp_path / "nv" / "sys")
+    hgx = hgx_h100(b)
+    b.rebind(hgx.gpus[0], "vfio-pci")
+    b.rebind(hgx.gpus[1], None)
+    snap = load_snapshot(write_json(tmp_path / "nvml.json", h100_snapshot(hgx.gpus)))
+    d = discover(SysfsTree(str(b.root)), nvml_source=lambda: snap)
+    assert d.accelerators is not None
+    drivers = {a.pciBusId: a.driver for a in d.accelerators}
+    assert (drivers[hgx.gpus[0]], drivers[hgx.gpus[1]]) == ("vfio-pci", None)  # kept
+    offered = {x.accelerator.pciBusId for x in _build(d).devices if x.accelerator}
+    assert offered == set(hgx.gpus[2:])
+
+    a = SysfsBuilder(tmp_path / "amd" / "sys")
+    mi300x = amd_mi300x(a)
+    a.rebind(mi300x.gpus[0], "vfio-pci")
+    d = discover(SysfsTree(str(a.root)))
+    offered = {x.accelerator.pciBusId for x in _build(d).devices if x.accelerator}
+    assert offered == set(mi300x.gpus[1:])

@@ -11,6 +11,10 @@ FABRIC_MEMBERS = PREFIX + "fabric.members"
 # "true" while the node's verification gate is open (docs/verification.md); absent otherwise.
 VERIFIED = PREFIX + "verified"
 
+# Set by the operator, read by the node agent (never written by it): the node's RDMA mode,
+# exclusive | shared | off (docs/labels.md). Not under a managed prefix, so never removed.
+RDMA_MODE = PREFIX + "rdma-mode"
+
 # The keys discovery derives (VERIFIED is the verification gate's, set by the publisher).
 ALL = (RDMA_CAPABLE, RDMA_DISTANCE, RDMA_NUMA, FABRIC_DOMAIN, FABRIC_MEMBERS)
 # The families a writer may remove stale keys from (and only these).

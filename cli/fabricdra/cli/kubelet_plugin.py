@@ -58,8 +58,24 @@ def register(sub: Any) -> None:
     a(
         "--rdma-mode",
         default=_env("RDMA_MODE", "exclusive"),
-        choices=["exclusive", "shared"],
-        help="how whole-function RDMA endpoints are offered [FABRICDRA_RDMA_MODE]",
+        choices=["exclusive", "shared", "off"],
+        help="how whole-function RDMA endpoints are offered where the node has no "
+        "fabricdra.io/rdma-mode label [FABRICDRA_RDMA_MODE]",
+    )
+    a(
+        "--rdma-override",
+        action="append",
+        metavar="MATCH=MODE",
+        default=[o for o in (_env("RDMA_OVERRIDES", "") or "").split(",") if o],
+        help="one NIC's RDMA mode, beating the node's: MATCH a PCI address or netdev name of a "
+        "PF or VF, MODE exclusive|shared|off; repeatable [FABRICDRA_RDMA_OVERRIDES, "
+        "comma-separated]",
+    )
+    a(
+        "--rdma-vfs",
+        default=_env("RDMA_VFS", "true"),
+        choices=["true", "false"],
+        help="offer SR-IOV virtual functions (default true) [FABRICDRA_RDMA_VFS]",
     )
     a(
         "--rdma-shared-holders",
@@ -165,7 +181,7 @@ def register(sub: Any) -> None:
 
 def build_config(args: argparse.Namespace) -> Any:
     from fabricdra.kubeletplugin.agent import AgentConfig
-    from fabricdra.kubeletplugin.devices import DeviceConfig
+    from fabricdra.kubeletplugin.devices import DeviceConfig, parse_override
     from fabricdra.kubeletplugin.verification import Tools
 
     if not args.node_name:
@@ -182,6 +198,8 @@ def build_config(args: argparse.Namespace) -> Any:
         devices = DeviceConfig(
             args.rdma_mode,
             args.rdma_shared_holders,
+            rdma_overrides=tuple(parse_override(o) for o in args.rdma_override),
+            rdma_vfs=args.rdma_vfs == "true",
             efa=args.efa,
             offer_gpus=args.gpus == "true",
             offer_rdma=args.rdma == "true",

@@ -13,7 +13,11 @@ registration — kubelet deletes the node's slices when it starts):
 3. `build_devices` → the new `DeviceInventory`, swapped in as one reference, so prepare
    always resolves names against one complete pass. A GPU seen earlier in this process that a
    complete enumeration no longer finds (the kernel removed it: fell off the bus) is kept from
-   its last record, Unhealthy and marked lost (prepare refuses it), until the agent restarts;
+   its last record, Unhealthy and marked lost (prepare refuses it), until the agent restarts.
+   The node's RDMA mode is re-read from the Node's `fabricdra.io/rdma-mode` label each pass
+   (absent: `--rdma-mode`; invalid: an error log, a Warning event on the NodeDevices record,
+   and `--rdma-mode`; unreadable: the last pass's mode), and RDMA endpoints prepared claims
+   hold (the checkpoint) keep the mode they are held in until unprepared;
 4. `NodePublisher.sync` (slices, NodeDevices, labels; it compares with the live objects, so
    a pass that changes nothing writes nothing, and slices kubelet deleted come back);
 5. the health stream snapshot (Unhealthy/healed devices reach kubelet at once).
@@ -41,14 +45,19 @@ from __future__ import annotations
 import errno
 import threading
 import time
-from dataclasses import dataclass, field
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import structlog
 from prometheus_client import start_http_server
 
+from fabricdra.api import labels as label_keys
 from fabricdra.api.inventory import Accelerator
+from fabricdra.api.rest import EVENTS, NODES
 from fabricdra.api.verification import SystemProfile
 
 from . import metrics
@@ -56,10 +65,13 @@ from .devices import (
     DeviceConfig,
     DeviceInventory,
     GpuHealth,
+    HeldAs,
+    RdmaMode,
     build_devices,
     gpu_info,
     holder_name,
     lost_accelerators,
+    parse_rdma_mode,
 )
 from .discovery.node import Discovery, NvmlSource, Previous, discover
 from .discovery.nvml import (
@@ -74,10 +86,11 @@ from .health import DcgmState, gpu_health, keep_unhealthy, nvidia_bound
 from .hostdevices import HostLayout
 from .kubelet import ClaimSweeper, DeviceHealth, HealthBroadcaster, PluginPaths, PluginServer
 from .kubelet.cdi import CdiWriter
-from .kubelet.checkpoint import BOOT_ID_PATH, Checkpoint, current_boot_id
+from .kubelet.checkpoint import BOOT_ID_PATH, Checkpoint, ClaimEntry, current_boot_id
 from .kubelet.claims import ClaimReader
 from .nvidiacdi import DEFAULT_SPEC_DIRS, ToolkitSpecs
 from .prepare import CDI_KIND, DRIVER_NAME, ApiClaimReader, DevicesDriver
+from .publisher import NODE_DEVICES
 from .verification import GateInput, Tools, fingerprint
 from .verification import metrics as verification_metrics
 from .verification.runner import CHANGED, FIRST_RUN, Schedule, run_once
@@ -176,6 +189,9 @@ class Agent:
         self.wake = threading.Event()
         self._rechecks: list[float] = []  # monotonic times of extra passes still due
         self.passes = 0  # discovery passes done
+        self._rest = metrics.counting_rest(api)  # the Node's RDMA mode label; its events
+        self.rdma_mode: RdmaMode = config.devices.rdma_mode  # the mode of the last pass
+        self._warned_label: str | None = None  # the invalid label value an event was sent for
         reader = ApiClaimReader(api)
         checkpoint = Checkpoint(config.checkpoint_path, boot_id=boot_id)
         self.driver = DevicesDriver(
@@ -261,10 +277,11 @@ class Agent:
         inventory = build_devices(
             discovery.interfaces or [],
             discovery.accelerators or [],
-            self.config.devices,
+            replace(self.config.devices, rdma_mode=self._node_rdma_mode()),
             gpus,
             gpu_info(discovery.nvml),
             lost=lost,
+            held=held_endpoints(self.driver.checkpoint.entries()),
         )
         self.inventory = inventory
         metrics.DISCOVERY_SECONDS.observe(time.perf_counter() - start)
@@ -273,6 +290,71 @@ class Agent:
         self.health.publish(health_reports(self.config.node_name, inventory))
         _count_devices(inventory)
         return inventory
+
+    def _node_rdma_mode(self) -> RdmaMode:
+        """This pass's RDMA mode: the Node's label, else `--rdma-mode`. Read afresh each pass,
+        so a relabelled node follows within one discovery interval; an unreadable Node keeps
+        the last pass's mode (a transient API error must not flip every NIC)."""
+        default = self.config.devices.rdma_mode
+        try:
+            node = self._rest.get_or_none(NODES, self.config.node_name)
+        except Exception as e:
+            log.warning("node unreadable; RDMA mode kept", mode=self.rdma_mode, error=str(e))
+            return self.rdma_mode
+        labels = ((node or {}).get("metadata") or {}).get("labels") or {}
+        value = labels.get(label_keys.RDMA_MODE)
+        mode, source = default, "--rdma-mode"
+        if value is not None:
+            try:
+                mode, source = parse_rdma_mode(value), "node label"
+            except ValueError as e:
+                log.error(
+                    "invalid node label; using the default RDMA mode",
+                    label=label_keys.RDMA_MODE,
+                    value=value,
+                    default=default,
+                    error=str(e),
+                )
+                if self._warned_label != value and self._warn_invalid_label(value, default):
+                    self._warned_label = value
+        if value is None or mode == value:
+            self._warned_label = None  # a later invalid value is reported afresh
+        if mode != self.rdma_mode or self.passes == 0:
+            log.info("RDMA mode of this node", mode=mode, source=source)
+        self.rdma_mode = mode
+        return mode
+
+    def _warn_invalid_label(self, value: str, default: RdmaMode) -> bool:
+        """A Warning event on this node's NodeDevices record (once per invalid value; False:
+        not sent, e.g. no record yet, so the next pass tries again)."""
+        try:
+            record = self._rest.get_or_none(NODE_DEVICES, self.config.node_name)
+            if record is None:
+                return False
+            now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            meta = record["metadata"]
+            body = {
+                "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:12]}"},
+                "involvedObject": {
+                    "apiVersion": record["apiVersion"],
+                    "kind": record["kind"],
+                    "name": meta["name"],
+                    "uid": meta.get("uid"),
+                },
+                "type": "Warning",
+                "reason": "InvalidRdmaMode",
+                "message": f"node label {label_keys.RDMA_MODE}={value!r} is not exclusive, "
+                f"shared or off; RDMA endpoints are offered in the default mode {default!r}",
+                "source": {"component": "fabricdra-kubelet-plugin", "host": meta["name"]},
+                "firstTimestamp": now,
+                "lastTimestamp": now,
+                "count": 1,
+            }
+            self._rest.create(EVENTS, body, "default", timeout=10.0, retries=False)
+        except Exception as e:  # an event is advice: the log line above already says it
+            log.warning("cannot record event", reason="InvalidRdmaMode", error=str(e))
+            return False
+        return True
 
     def _publish(
         self, discovery: Discovery, inventory: DeviceInventory, gate: GateInput | None
@@ -471,6 +553,20 @@ def health_reports(pool: str, inventory: DeviceInventory) -> list[DeviceHealth]:
                 DeviceHealth(pool, holder_name(d.name, k), d.health, d.health_reason)
                 for k in range(inventory.shared_holders)
             )
+    return out
+
+
+def held_endpoints(entries: Iterable[ClaimEntry]) -> dict[str, HeldAs]:
+    """How prepared claims hold each device (by inventory name): `shared` when allocated as a
+    share (a `shareID`, or a 1.34/1.35 holder name `<endpoint>-s<k>`), else `exclusive`; an
+    exclusive hold wins over a share. What the publisher keeps offering a held NIC as, so a
+    mode change never moves a prepared device."""
+    out: dict[str, HeldAs] = {}
+    for entry in entries:
+        for r in entry.devices or ():
+            shared = r.share_id is not None or r.device_name != r.base_name
+            if out.get(r.base_name) != "exclusive":
+                out[r.base_name] = "shared" if shared else "exclusive"
     return out
 
 

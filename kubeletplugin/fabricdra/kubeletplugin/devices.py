@@ -14,9 +14,15 @@ Rules (issue 4, seeds 000 "The RDMA resource keys" and 003 "MIG profiles", "Heal
   MIG-enabled GPU a process can only use MIG instances, so the parent has nothing to hand
   over (with MIG on and no instances, the GPU offers nothing until instances exist;
   NodeDevices still records it).
-* Every RDMA endpoint is offered in the node's mode. A physical function with virtual
-  functions configured offers only its VFs (mode `vf`); otherwise the whole function is
-  offered `exclusive` or `shared` as `DeviceConfig.rdma_mode` says. EFA endpoints (driver
+* Every RDMA endpoint is offered in its mode: a per-NIC override (`DeviceConfig.rdma_overrides`,
+  by PCI address or netdev name) beats the node's mode (`DeviceConfig.rdma_mode`: the agent
+  puts the node label `fabricdra.io/rdma-mode` there, else the `--rdma-mode` default). A
+  physical function with virtual functions configured offers only its VFs (mode `vf`, unless
+  `rdma_vfs` is off, or the PF's or the VF's own mode is `off`); otherwise the whole function
+  is offered `exclusive` or `shared`, or not at all (`off`). An endpoint a prepared claim
+  holds (`held`) is offered as it is held whatever the mode says now, so a mode change never
+  moves a prepared device (prepare's in-use check refuses what the change would otherwise
+  let two claims share). EFA endpoints (driver
   `efa`) are skipped unless `DeviceConfig.efa` is on: AWS nodes advertise them through their
   own device plugin, and offering them twice would hand one out twice. An endpoint without a
   bound RDMA device name is offered in no mode: the name is what prepare resolves to a verbs
@@ -48,7 +54,9 @@ from fabricdra.api.inventory import Accelerator, Endpoint, Interface, MigDevice
 
 from .discovery.nvml import NvmlReadings
 
-RdmaMode = Literal["exclusive", "shared"]
+RdmaMode = Literal["exclusive", "shared", "off"]
+RDMA_MODES: tuple[RdmaMode, ...] = ("exclusive", "shared", "off")
+HeldAs = Literal["exclusive", "shared"]  # how a prepared claim holds a whole function
 DeviceType = Literal["gpu", "mig", "rdma"]
 EndpointMode = Literal["exclusive", "shared", "vf"]
 Health = Literal["Healthy", "Unhealthy", "Unknown"]
@@ -64,12 +72,49 @@ MAX_NAME = 63  # a ResourceSlice device name is a DNS label
 
 
 @dataclass(frozen=True)
+class RdmaOverride:
+    """One NIC's RDMA mode, beating the node's: `match` is a PCI address (`0000:1c:00.0`;
+    `1c:00.0` means domain 0000) or a netdev name (`ens1f0`), of a PF or of one VF."""
+
+    match: str
+    mode: RdmaMode
+
+    def matches(self, ep: Endpoint) -> bool:
+        want = self.match.lower()
+        if ep.pciBusId and want in (ep.pciBusId.lower(), ep.pciBusId.lower().removeprefix("0000:")):
+            return True
+        return ep.name is not None and self.match == ep.name
+
+
+def parse_rdma_mode(value: str) -> RdmaMode:
+    """A mode name as the flag, the chart and the node label spell it; ValueError otherwise."""
+    for mode in RDMA_MODES:
+        if value == mode:
+            return mode
+    raise ValueError(f"rdma mode must be exclusive, shared or off, not {value!r}")
+
+
+def parse_override(text: str) -> RdmaOverride:
+    """`MATCH=MODE` (`0000:1c:00.0=shared`, `ens1f0=off`), as `--rdma-override` takes it."""
+    match, sep, mode = text.rpartition("=")
+    if not sep or not match:
+        raise ValueError(f"rdma override must be MATCH=MODE (PCI address or netdev), not {text!r}")
+    try:
+        return RdmaOverride(match, parse_rdma_mode(mode))
+    except ValueError as e:
+        raise ValueError(f"rdma override {text!r}: {e}") from None
+
+
+@dataclass(frozen=True)
 class DeviceConfig:
     """How this node offers its devices (read off the node's configuration, not chosen per
     claim)."""
 
     rdma_mode: RdmaMode = "exclusive"
     rdma_shared_holders: int = DEFAULT_SHARED_HOLDERS
+    # Per NIC (a PF, or one VF), first match wins; beats `rdma_mode` (the node's).
+    rdma_overrides: tuple[RdmaOverride, ...] = ()
+    rdma_vfs: bool = True  # off: no VF is offered (a PF with VFs is still not offered whole)
     efa: bool = False  # offer EFA endpoints (driver `efa`) too
     # Which kinds this node offers at all: GPUs off lets fabricdra run beside NVIDIA's GPU DRA
     # driver (which then owns the GPUs) offering only NICs; discovery still reports everything.
@@ -77,8 +122,9 @@ class DeviceConfig:
     offer_rdma: bool = True
 
     def __post_init__(self) -> None:
-        if self.rdma_mode not in ("exclusive", "shared"):
-            raise ValueError(f"rdma mode must be 'exclusive' or 'shared', not {self.rdma_mode!r}")
+        for mode in (self.rdma_mode, *(o.mode for o in self.rdma_overrides)):
+            if mode not in RDMA_MODES:
+                raise ValueError(f"rdma mode must be exclusive, shared or off, not {mode!r}")
         if self.rdma_shared_holders < 1:
             raise ValueError(
                 f"shared RDMA holders per endpoint must be at least 1, not "
@@ -213,10 +259,12 @@ def build_devices(
     gpu_health: Mapping[str, GpuHealth] | None = None,
     gpu_info: Mapping[str, GpuInfo] | None = None,
     lost: Sequence[Accelerator] = (),
+    held: Mapping[str, HeldAs] | None = None,
 ) -> DeviceInventory:
     """Every device this node offers, sorted by name (a stable order for slices and diffs).
     `lost`: GPUs seen earlier that have left the PCI bus (`lost_accelerators`): offered from
-    their last record, Unhealthy, marked `lost`."""
+    their last record, Unhealthy, marked `lost`. `held`: RDMA device names prepared claims
+    hold, and how (`held_endpoints`); offered so."""
     out: list[Device] = []
     if config.offer_gpus:
         for acc in accelerators:
@@ -235,7 +283,7 @@ def build_devices(
             )
     if config.offer_rdma:
         for iface in interfaces:
-            out.extend(_rdma_devices(iface, config))
+            out.extend(_rdma_devices(iface, config, held or {}))
     out.sort(key=lambda d: d.name)
     return DeviceInventory(tuple(out), shared_holders=config.rdma_shared_holders)
 
@@ -263,6 +311,8 @@ def gpu_name(acc: Accelerator) -> str:
 def _accelerator_devices(
     acc: Accelerator, gpu_health: Mapping[str, GpuHealth], info: GpuInfo | None
 ) -> list[Device]:
+    if VENDOR_DRIVERS.get(acc.vendorId, acc.driver) != acc.driver:
+        return []  # e.g. vfio-pci (passthrough to a VM): prepare has nothing to hand over
     health, reason = _gpu_health(gpu_health.get(acc.pciBusId))
     if not acc.migMode:
         return [
@@ -305,6 +355,12 @@ def _mig_name(acc: Accelerator, mig: MigDevice) -> str:
     return dns_label("mig", mig.uuid.removeprefix("MIG-"))
 
 
+# An accelerator is offered only while bound to its vendor's own kernel driver (kept in the
+# inventory either way): on vfio-pci (passthrough to a VM) or unbound, prepare finds no
+# /proc/driver/nvidia entry or device node to hand over.
+VENDOR_DRIVERS = {"0x10de": "nvidia", "0x1002": "amdgpu"}
+
+
 def _gpu_health(reading: GpuHealth | None) -> tuple[Health, str | None]:
     if reading is None or reading.healthy is None:
         return "Unknown", (reading.reason if reading else None)
@@ -316,16 +372,38 @@ def _gpu_health(reading: GpuHealth | None) -> tuple[Health, str | None]:
 # --- RDMA endpoints ----------------------------------------------------------------------
 
 
-def _rdma_devices(iface: Interface, config: DeviceConfig) -> list[Device]:
+def _rdma_devices(
+    iface: Interface, config: DeviceConfig, held: Mapping[str, HeldAs]
+) -> list[Device]:
     if iface.driver == "efa" and not config.efa:
         return []
+    mode = _mode_of(iface, config, config.rdma_mode)
     if iface.sriovVfsConfigured or iface.virtualFunctions:
         # A PF with VFs configured serves the partitioned mode only: the node was put in that
         # state before we started, and offering the PF whole too would hand its link out twice.
-        return [_rdma_device(vf, iface, "vf") for vf in iface.virtualFunctions if vf.rdmaDevice]
+        # A VF switched off (node-wide, its PF's mode or its own) stays offered while held.
+        out = []
+        for vf in iface.virtualFunctions:
+            if vf.rdmaDevice:
+                device = _rdma_device(vf, iface, "vf")
+                on = config.rdma_vfs and _mode_of(vf, config, mode) != "off"
+                if on or device.name in held:
+                    out.append(device)
+        return out
     if not iface.rdmaDevice:
         return []
-    return [_rdma_device(iface, iface, config.rdma_mode)]
+    device = _rdma_device(iface, iface, "shared" if mode == "shared" else "exclusive")
+    held_as = held.get(device.name)
+    if held_as is not None:  # never moved while prepared: offered as it is held
+        return [replace(device, mode=held_as)]
+    return [] if mode == "off" else [device]
+
+
+def _mode_of(ep: Endpoint, config: DeviceConfig, default: RdmaMode) -> RdmaMode:
+    for o in config.rdma_overrides:
+        if o.matches(ep):
+            return o.mode
+    return default
 
 
 def _rdma_device(ep: Endpoint, iface: Interface, mode: EndpointMode) -> Device:
