@@ -41,6 +41,7 @@ from typing import Literal
 
 from fabricdra.api.inventory import Accelerator, Endpoint, Interface, MigDevice
 
+from .discovery.nvlink import nvlink_groups
 from .discovery.nvml import NvmlReadings
 
 RdmaMode = Literal["exclusive", "shared"]
@@ -92,6 +93,8 @@ class GpuInfo:
     cuda_compute_capability: str | None = None  # "9.0.0"
     architecture: str | None = None
     brand: str | None = None
+    # The GPUs this one reaches over NVLink inside the node (discovery/nvlink.py); None: none.
+    nvlink_group: str | None = None
     mig_capacity: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
 
@@ -99,6 +102,7 @@ def gpu_info(nvml: NvmlReadings | None) -> dict[str, GpuInfo]:
     """Per PCI bus id, from this pass's NVML readings (nothing where NVML had no answer)."""
     if nvml is None or not nvml.available:
         return {}
+    groups = nvlink_groups(nvml)
     out = {}
     for bus, g in nvml.gpus.items():
         cuda = g.cudaDriverVersion
@@ -108,6 +112,7 @@ def gpu_info(nvml: NvmlReadings | None) -> dict[str, GpuInfo]:
             cuda_compute_capability=semver(g.cudaComputeCapability),
             architecture=g.architecture,
             brand=g.brand,
+            nvlink_group=groups.get(bus),
             mig_capacity={
                 m.uuid: {
                     k: v

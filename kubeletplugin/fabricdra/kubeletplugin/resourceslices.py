@@ -340,6 +340,8 @@ def _accelerator_values(device: Device, acc: Accelerator) -> list[tuple[str, Val
         ("parentUuid", acc.uuid if mig else None),
         ("migProfile", mig.profile if mig else None),
         ("fabricDomain", acc.topology.fabric.domain if acc.topology.fabric else None),
+        # Whole GPUs only: a MIG instance has no GPU-to-GPU peer access over NVLink.
+        ("nvlinkGroup", info.nvlink_group if info and not mig else None),
     ]
 
 
