@@ -241,7 +241,7 @@ def test_failed_link_taints_the_device_with_its_first_seen_time(tmp_path: Path) 
     assert broken["attributes"]["linkVerdict"] == {"string": "Failed"}
     (taint,) = broken["taints"]
     assert taint["key"] == "fabricdra.io/unhealthy"
-    assert taint["value"] == "rdma-link"
+    assert taint["value"] == "rdma-link-down"
     assert taint["effect"] == "NoSchedule"
     assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$", taint["timeAdded"])
     healthy = [x for x in devs.values() if x is not broken]

@@ -80,6 +80,8 @@ class DeviceConfig:
 class GpuHealth:
     healthy: bool | None  # None = unknown (no reading)
     reason: str | None = None  # e.g. "uncorrectable ECC errors: 3"
+    # Unhealthy: each problem's cause token, a label value (`ecc`, `xid-79`; health.py).
+    causes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -159,6 +161,9 @@ class Device:
     health: Health
     health_reason: str | None
     info: GpuInfo | None = None  # gpu and mig: NVML's facts about the (parent) GPU
+    # Unhealthy: the causes as short label-value tokens (`ecc`, `xid-79`, `link-down`), what
+    # the device taint's value carries; the full text is `health_reason`.
+    health_causes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -224,6 +229,7 @@ def _accelerator_devices(
     acc: Accelerator, gpu_health: Mapping[str, GpuHealth], info: GpuInfo | None
 ) -> list[Device]:
     health, reason = _gpu_health(gpu_health.get(acc.pciBusId))
+    causes = _gpu_causes(gpu_health.get(acc.pciBusId))
     if not acc.migMode:
         return [
             Device(
@@ -237,6 +243,7 @@ def _accelerator_devices(
                 health=health,
                 health_reason=reason,
                 info=info,
+                health_causes=causes,
             )
         ]
     return [
@@ -251,6 +258,7 @@ def _accelerator_devices(
             health=health,
             health_reason=reason,
             info=info,
+            health_causes=causes,
         )
         for mig in acc.migDevices
     ]
@@ -271,6 +279,10 @@ def _gpu_health(reading: GpuHealth | None) -> tuple[Health, str | None]:
     if reading.healthy:
         return "Healthy", None
     return "Unhealthy", reading.reason or "unhealthy"
+
+
+def _gpu_causes(reading: GpuHealth | None) -> tuple[str, ...]:
+    return reading.causes if reading is not None and reading.healthy is False else ()
 
 
 # --- RDMA endpoints ----------------------------------------------------------------------
@@ -305,6 +317,8 @@ def _rdma_device(ep: Endpoint, iface: Interface, mode: EndpointMode) -> Device:
         mode=mode,
         health=health,
         health_reason=reason,
+        # The only Failed verdict discovery gives: every port of the link is down.
+        health_causes=("link-down",) if health == "Unhealthy" else (),
     )
 
 
