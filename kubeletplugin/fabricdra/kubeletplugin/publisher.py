@@ -166,9 +166,11 @@ class NodePublisher:
             log.error("slices left as published: enumeration failed", failures=discovery.failures)
         else:
             gate = gate_of(state)
-            self._guard(result, "ResourceSlice", lambda: self._sync_slices(devices, owner, gate))
+            # Events first: a restarted agent learns what was last reported from the slices
+            # as they stand, before this pass rewrites them.
             if node is not None:
                 self._guard(result, "Event", lambda: self.health_events.sync(devices, node))
+            self._guard(result, "ResourceSlice", lambda: self._sync_slices(devices, owner, gate))
         self._guard(result, ND_KIND, lambda: self._sync_node_devices(discovery, owner, state))
         if node is not None:
             self._guard(result, "Node", lambda: self._sync_labels(discovery, node, state))
