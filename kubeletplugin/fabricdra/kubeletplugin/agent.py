@@ -65,6 +65,7 @@ from .hostdevices import HostLayout
 from .kubelet import DeviceHealth, HealthBroadcaster, PluginPaths, PluginServer
 from .kubelet.cdi import CdiWriter
 from .kubelet.checkpoint import BOOT_ID_PATH, Checkpoint, current_boot_id
+from .networkstatus import NetworkStatus
 from .nvidiacdi import DEFAULT_SPEC_DIRS, ToolkitSpecs
 from .prepare import CDI_KIND, DRIVER_NAME, ApiClaimReader, ClaimReader, DevicesDriver
 from .verification import GateInput, Tools, fingerprint
@@ -172,6 +173,12 @@ class Agent:
             host=HostLayout(config.dev_root, config.proc_root, config.sysfs_root),
             toolkit=ToolkitSpecs(config.toolkit_cdi_dirs),
             events=reader,
+            # Only where claims are read from the API server is there one to write to.
+            network=None
+            if claims is not None
+            else NetworkStatus(
+                metrics.counting_rest(api), config.node_name, config.sysfs_root, config.proc_root
+            ),
         )
         self.server = PluginServer(
             self.driver,

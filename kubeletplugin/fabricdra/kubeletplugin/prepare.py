@@ -57,6 +57,7 @@ from .hostdevices import DeviceNodeError, HostLayout
 from .kubelet import ClaimRef, PreparedDevice, PrepareError, current_call
 from .kubelet.cdi import CdiDevice, CdiSpec, CdiWriter, ContainerEdits, DeviceNode
 from .kubelet.checkpoint import Checkpoint, ClaimEntry, PreparedRecord
+from .networkstatus import NetworkStatus
 from .nvidiacdi import ToolkitSpecs
 
 log = structlog.get_logger("fabricdra.prepare")
@@ -156,6 +157,8 @@ class DevicesDriver:
     host: HostLayout = field(default_factory=HostLayout)
     toolkit: ToolkitSpecs = field(default_factory=ToolkitSpecs)
     events: EventRecorder | None = None
+    # status.devices[].networkData of granted RDMA netdevs (networkstatus.py); None: not written.
+    network: NetworkStatus | None = None
     # Reads happen outside the lock; resolving, the in-use check and writing inside it.
     locks_itself = True
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
@@ -209,6 +212,8 @@ class DevicesDriver:
                 raise PrepareError(str(e)) from None
             self._record(claim, obj, grants, spec, prepared)
         self._warn_about_hca_lists(claim, obj, grants)
+        if self.network is not None:
+            self.network.write(claim.namespace, claim.name, grants)
         return prepared
 
     def _already_prepared(self, claim: ClaimRef) -> list[PreparedDevice] | None:
