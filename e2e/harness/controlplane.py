@@ -77,10 +77,13 @@ class ControlPlane:
         bin_dir: Path | None = None,
         detached: bool = False,
         on_adopt: Callable[[Daemon], None] | None = None,
+        apiserver_flags: tuple[str, ...] = (),
     ) -> None:
         """`detached`: the daemons may outlive this Python process (up.sh); `on_adopt` is
-        called with each daemon once it is up, so a caller can record its pid."""
+        called with each daemon once it is up, so a caller can record its pid;
+        `apiserver_flags` are added to kube-apiserver's (e.g. `--feature-gates=...`)."""
         self.workdir = workdir
+        self.apiserver_flags = apiserver_flags
         self.detached = detached
         self._on_adopt = on_adopt
         self.logs_dir = workdir / "logs"
@@ -205,6 +208,7 @@ class ControlPlane:
                     f"--audit-log-path={self.audit_log}",
                     "--audit-log-mode=blocking",  # an event is on disk before the response
                     "--v=2",
+                    *self.apiserver_flags,
                 ],
                 self.logs_dir / "kube-apiserver.log",
                 die_with_parent=not self.detached,

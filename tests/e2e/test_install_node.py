@@ -257,7 +257,7 @@ def _link_taint(device: Any) -> list[Any]:
     return [
         t
         for t in device.taints or []
-        if t.key == "fabricdra.io/unhealthy" and t.value == "rdma-link"
+        if t.key == "fabricdra.io/unhealthy" and t.value == "rdma-link-down"
     ]
 
 

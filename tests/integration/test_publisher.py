@@ -244,7 +244,7 @@ def test_a_failed_link_taints_its_device_and_the_taint_is_stable(node: Node) -> 
     d2 = node.discover(previous=d)
     r = node.publisher.sync(d2, _inventory(d2))
     assert r.ok, r.errors
-    assert r.writes == {"ResourceSlice": 1, "NodeDevices": 1}
+    assert r.writes == {"ResourceSlice": 1, "NodeDevices": 1, "Event": 1}
     (s1,) = node.slices()
     assert s1.spec.pool.generation == s0.spec.pool.generation + 1
     nic = next(

@@ -16,14 +16,14 @@ import yaml
 from kubernetes import client
 
 from e2e.harness.controlplane import ControlPlane, KubeScheduler, wait_for
-from fabricdra.kubeletplugin.devices import build_devices
+from fabricdra.kubeletplugin.devices import build_devices, gpu_info
 from fabricdra.kubeletplugin.discovery.node import discover
 from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
 from fabricdra.kubeletplugin.publisher import NodePublisher
 from tests.integration.dra_setup import installed  # noqa: F401 - a fixture
 from tests.sysfs.builder import SysfsBuilder
-from tests.sysfs.nodes import HGX_BUSES, h100_snapshot, hgx_h100, write_json
+from tests.sysfs.nodes import HGX_BUSES, h100_snapshot, hgx_h100, nvlink_bridges, write_json
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("installed")]
 
@@ -172,3 +172,31 @@ def test_gpu_and_nic_on_the_same_numa_node(
     assert _attr(gpu, "resource.kubernetes.io/numaNode") == _attr(
         nic, "resource.kubernetes.io/numaNode"
     )
+
+
+def test_two_gpus_joined_by_an_nvlink_bridge(
+    control_plane: ControlPlane, kube_scheduler: KubeScheduler, tmp_path: Path
+) -> None:
+    # PCIe cards: the first GPU has no NVLink, the next ones are bridged crosswise (1-3, 2-4),
+    # so the first two in slice order are never a pair: only the constraint gets one.
+    name = f"sched-bridged-{_suffix()}"
+    control_plane.create_node(name, labels={"kubernetes.io/hostname": name})
+    b = SysfsBuilder(tmp_path / "sys")
+    gpus = hgx_h100(b).gpus
+    snap = nvlink_bridges(h100_snapshot(gpus), [(gpus[1], gpus[3]), (gpus[2], gpus[4])])
+    readings = load_snapshot(write_json(tmp_path / "nvml.json", snap))
+    d = discover(SysfsTree(str(b.root)), nvml_source=lambda: readings)
+    assert d.interfaces is not None
+    assert d.accelerators is not None
+    inventory = build_devices(d.interfaces, d.accelerators, gpu_info=gpu_info(d.nvml))
+    with control_plane.api_client() as api:
+        assert NodePublisher(api, name).sync(d, inventory).ok
+    ns = f"sched-{_suffix()}"
+    control_plane.create_namespace(ns)
+    _, devices = _schedule(control_plane, name, "gpus-nvlink-pair.yaml", ns)
+    with control_plane.api_client() as api:
+        claim = client.ResourceV1Api(api).read_namespaced_resource_claim("gpus-nvlink-pair", ns)
+    claimed = sorted(r.device for r in claim.status.allocation.devices.results)
+    assert claimed == ["gpu-0000-3a-00-0", "gpu-0000-5c-00-0"]  # gpus[1] and gpus[3]
+    assert {_attr(devices[n], "nvlinkGroup") for n in claimed} == {gpus[1]}
+    assert "nvlinkGroup" not in devices["gpu-0000-18-00-0"].attributes

@@ -27,6 +27,14 @@ from .builder import (
 # port, a PCIe switch, and one GPU and one NIC on two of the switch's downstream ports.
 HGX_BUSES = [0x15, 0x37, 0x48, 0x59, 0x97, 0xA8, 0xB9, 0xCA]
 SOCKET_CPUS = {0: "0-55,112-167", 1: "56-111,168-223"}
+# The far end of each of an HGX H100 GPU's 18 NVLink links: the four NVSwitch chips on the
+# baseboard (DGX H100 User Guide / BasePOD RA: 4 NVSwitch chips, research/hardware-facts.md),
+# 5, 4, 4 and 5 links to them (NVIDIA H100 Tensor Core GPU Architecture whitepaper, "DGX
+# H100"). The switches' PCI functions sit on the host's bus like the GPUs'.
+HGX_NVSWITCHES = ["0000:05:00.0", "0000:06:00.0", "0000:07:00.0", "0000:08:00.0"]
+HGX_NVLINK_SWITCHES = [
+    sw for sw, n in zip(HGX_NVSWITCHES, (5, 4, 4, 5), strict=True) for _ in range(n)
+]
 
 
 @dataclass
@@ -189,8 +197,12 @@ def h100_snapshot(
             },
             "eccUncorrectable": 0,
             "thermalViolation": False,
-            # H100 SXM: 18 NVLink 4 links, all up (the verification probe's expected count).
-            "nvlinks": [{"link": k, "active": True} for k in range(18)],
+            # H100 SXM: 18 NVLink 4 links, all up (the verification probe's expected count),
+            # each to one of the baseboard's four NVSwitch chips.
+            "nvlinks": [
+                {"link": k, "active": True, "remoteBusId": sw, "remoteType": "switch"}
+                for k, sw in enumerate(HGX_NVLINK_SWITCHES)
+            ],
         }
         if i == mig_gpu:
             entry["migDevices"] = [
@@ -205,6 +217,24 @@ def h100_snapshot(
             ]
         out[bus] = entry
     return out
+
+
+def nvlink_bridges(
+    snapshot: dict[str, Any], pairs: list[tuple[str, str]], *, links: int = 4
+) -> dict[str, Any]:
+    """`snapshot` with PCIe cards' NVLink instead of NVSwitches: each pair of GPUs joined by
+    `links` active links over a bridge (remote type GPU), every other GPU with no NVLink at
+    all (NVML reports no link: `nvlinks` absent)."""
+    peer = dict(pairs) | {b: a for a, b in pairs}
+    for bus, gpu in snapshot.items():
+        if bus in peer:
+            gpu["nvlinks"] = [
+                {"link": k, "active": True, "remoteBusId": peer[bus], "remoteType": "gpu"}
+                for k in range(links)
+            ]
+        else:
+            gpu.pop("nvlinks", None)
+    return snapshot
 
 
 def write_json(path: Path, doc: Any) -> Path:

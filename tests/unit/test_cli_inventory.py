@@ -273,6 +273,6 @@ def test_node_name_slices_carry_recorded_xid_events(
     out = run(capsys, "--sysfs-root", str(root), "--nvml-snapshot", str(snap), "--node-name", "n")
     devices = {d["name"]: d for s in out["resourceSlices"] for d in s["spec"]["devices"]}
     gpu = devices["gpu-" + first.replace(":", "-").replace(".", "-")]
-    assert [t["value"] for t in gpu.get("taints", [])] == ["gpu"]
+    assert [t["value"] for t in gpu.get("taints", [])] == ["gpu-xid-79"]
     other = devices["gpu-" + second.replace(":", "-").replace(".", "-")]
     assert other.get("taints", []) == []

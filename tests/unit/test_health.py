@@ -118,16 +118,20 @@ def test_nvml_readings() -> None:
     )
     out = gpu_health(readings, None)
     assert out["0000:1b:00.0"] == GpuHealth(True)
-    assert out["0000:2b:00.0"] == GpuHealth(False, "uncorrectable ECC errors: 3")
+    assert out["0000:2b:00.0"] == GpuHealth(False, "uncorrectable ECC errors: 3", ("ecc",))
     # thermal slowdown is the GPU protecting itself, not a fault
     assert out["0000:3b:00.0"] == GpuHealth(True)
     assert out["0000:4b:00.0"].healthy is None
     # a GPU NVML enumerates but cannot read is a fault: it stays published, tainted
-    assert out["0000:5b:00.0"] == GpuHealth(False, "NVML cannot read this GPU: NVML: GPU is lost")
+    assert out["0000:5b:00.0"] == GpuHealth(
+        False, "NVML cannot read this GPU: NVML: GPU is lost", ("unreadable",)
+    )
     assert out["0000:6b:00.0"] == GpuHealth(True)
-    assert out["0000:7b:00.0"] == GpuHealth(False, "critical Xid errors: 79")
-    assert out["0000:8b:00.0"] == GpuHealth(False, "row remapping failed")
-    assert out["0000:9b:00.0"] == GpuHealth(False, "row remapping pending (the GPU needs a reset)")
+    assert out["0000:7b:00.0"] == GpuHealth(False, "critical Xid errors: 79", ("xid-79",))
+    assert out["0000:8b:00.0"] == GpuHealth(False, "row remapping failed", ("row-remap-failed",))
+    assert out["0000:9b:00.0"] == GpuHealth(
+        False, "row remapping pending (the GPU needs a reset)", ("row-remap-pending",)
+    )
     assert gpu_health(None, None) == {}
 
 
@@ -144,6 +148,7 @@ def test_link_error_counters_judge_their_growth_between_passes() -> None:
     assert health(6000, 70500) == GpuHealth(
         False,
         "PCIe replays: 950 since the previous pass; NVLink errors: 500 since the previous pass",
+        ("pcie-errors", "nvlink-errors"),
     )
     assert health(6000, 70500) == GpuHealth(True)
 
@@ -153,8 +158,8 @@ def test_dcgm_exporter_ecc_and_xid(exporter: Exporter) -> None:
     exporter.body = dcgm_text({"1B": 0, "2B": 2, "3B": 0}, {"1B": 1000}, {"1B": 0, "3B": 48})
     first = gpu_health(None, exporter.url, state=state)
     assert first["0000:1b:00.0"] == GpuHealth(True)
-    assert first["0000:2b:00.0"] == GpuHealth(False, "uncorrectable ECC errors: 2")
-    assert first["0000:3b:00.0"] == GpuHealth(False, "critical Xid errors: 48")
+    assert first["0000:2b:00.0"] == GpuHealth(False, "uncorrectable ECC errors: 2", ("ecc",))
+    assert first["0000:3b:00.0"] == GpuHealth(False, "critical Xid errors: 48", ("xid-48",))
     # throttling time growing (hot GPU under load) changes nothing
     exporter.body = dcgm_text({"1B": 0, "2B": 2}, {"1B": 5000}, {"1B": 31})
     assert gpu_health(None, exporter.url, state=state)["0000:1b:00.0"] == GpuHealth(True)
@@ -171,11 +176,11 @@ def test_a_problem_either_source_sees_counts_and_nvml_covers_the_rest(
     nvml = NvmlReadings(source="snapshot", available=True, gpus=gpus)
     exporter.body = dcgm_text({"1B": 0, "2B": 0}, {})
     out = gpu_health(nvml, exporter.url, state=DcgmState())
-    assert out["0000:1b:00.0"] == GpuHealth(False, "uncorrectable ECC errors: 5")
+    assert out["0000:1b:00.0"] == GpuHealth(False, "uncorrectable ECC errors: 5", ("ecc",))
     assert out["0000:2b:00.0"] == GpuHealth(True)  # DCGM answers where NVML could not
     assert out["0000:9b:00.0"] == GpuHealth(True)  # NVML for the one DCGM does not report
     down = gpu_health(nvml, "http://127.0.0.1:9/metrics", state=DcgmState())
-    assert down["0000:1b:00.0"] == GpuHealth(False, "uncorrectable ECC errors: 5")
+    assert down["0000:1b:00.0"] == GpuHealth(False, "uncorrectable ECC errors: 5", ("ecc",))
 
 
 def test_parse_dcgm_skips_mig_series() -> None:
@@ -223,12 +228,13 @@ def test_amd_gpu_nodes_from_its_drm_folder(tmp_path: Path) -> None:
 
 
 def test_an_unhealthy_gpu_stays_unhealthy_while_it_cannot_be_read() -> None:
-    bad = {"0000:1b:00.0": GpuHealth(False, "uncorrectable ECC errors: 2")}
+    bad = {"0000:1b:00.0": GpuHealth(False, "uncorrectable ECC errors: 2", ("ecc",))}
     unreadable = {"0000:1b:00.0": GpuHealth(None, "NVML: GPU is lost")}
     kept = keep_unhealthy(unreadable, bad)
     assert kept["0000:1b:00.0"].healthy is False
     assert kept["0000:1b:00.0"].reason is not None
     assert kept["0000:1b:00.0"].reason.startswith("uncorrectable ECC errors: 2")
+    assert kept["0000:1b:00.0"].causes == ("ecc",)  # the taint keeps saying why
     assert keep_unhealthy({}, bad)["0000:1b:00.0"].healthy is False  # NVML did not load at all
     assert keep_unhealthy(kept, kept) == kept  # the note is not stacked pass after pass
     healed = {"0000:1b:00.0": GpuHealth(True)}

@@ -14,7 +14,12 @@ from typing import Any
 import pytest
 
 from fabricdra.api.inventory import Interface, LinkRecord
-from fabricdra.kubeletplugin.devices import DeviceConfig, DeviceInventory, build_devices
+from fabricdra.kubeletplugin.devices import (
+    DeviceConfig,
+    DeviceInventory,
+    build_devices,
+    gpu_info,
+)
 from fabricdra.kubeletplugin.discovery.distance import distance
 from fabricdra.kubeletplugin.discovery.node import Discovery, discover
 from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
@@ -236,7 +241,7 @@ def test_failed_link_taints_the_device_with_its_first_seen_time(tmp_path: Path) 
     assert broken["attributes"]["linkVerdict"] == {"string": "Failed"}
     (taint,) = broken["taints"]
     assert taint["key"] == "fabricdra.io/unhealthy"
-    assert taint["value"] == "rdma-link"
+    assert taint["value"] == "rdma-link-down"
     assert taint["effect"] == "NoSchedule"
     assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$", taint["timeAdded"])
     healthy = [x for x in devs.values() if x is not broken]
@@ -359,7 +364,7 @@ def test_inventory_command_prints_the_slices_the_plugin_would_publish(tmp_path: 
     doc = _fabricdra(*argv, "--node-name", "node-x")
     readings = load_snapshot(snap_path)
     d = discover(SysfsTree(str(b.root)), nvml_source=lambda: readings)
-    inv = _inventory(d, gpu_health=gpu_health(d.nvml, None))
+    inv = _inventory(d, gpu_health=gpu_health(d.nvml, None), gpu_info=gpu_info(d.nvml))
     # Two discoveries, two clocks: a taint's timeAdded (first seen now) may differ by a second.
     assert _without_taint_times(doc["resourceSlices"]) == _without_taint_times(
         build_slices(inv, "node-x").slices

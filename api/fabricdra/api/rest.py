@@ -227,6 +227,8 @@ class Rest:
         field_manager: str,
         sub: str = "",
         force: bool = True,
+        timeout: float | None = 30.0,
+        retries: bool = False,
     ) -> JSON:
         """Server-side apply: `body` states exactly the fields `field_manager` owns; fields of
         other managers (other drivers' entries of a list-map) are left alone."""
@@ -237,6 +239,8 @@ class Rest:
             query=query,
             body=body,
             content_type=APPLY_PATCH,
+            timeout=timeout,
+            retries=retries,
         )
         self._accepted(kind, "apply")
         return out

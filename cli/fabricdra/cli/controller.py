@@ -168,6 +168,8 @@ def run(args: argparse.Namespace) -> int:
             )
     daemon_env = _daemon_env(args.daemon_env)
     api = api_client(args.kubeconfig)
+    if not _preflight(api):
+        return 1
     cfg = ControllerConfig(
         namespace=args.namespace,
         daemon=DaemonSettings(
@@ -201,6 +203,27 @@ def run(args: argparse.Namespace) -> int:
             return 1
     controller.stop()
     return 0
+
+
+def _preflight(api: Any) -> bool:
+    """The API features ComputeDomains need (controller/preflight.py): one log line either
+    way; False (the controller exits 1) when any is off or the server cannot be asked."""
+    import logging
+
+    from fabricdra.api.rest import ApiError, Rest
+    from fabricdra.controller import preflight
+
+    log = logging.getLogger("fabricdra.controller")
+    try:
+        checked = preflight.check(Rest(api))
+    except ApiError as e:
+        log.error("cannot check the API features ComputeDomains need: %s", e)
+        return False
+    if not checked.ok:
+        log.error("%s", checked.message())
+        return False
+    log.info("%s", checked.message())
+    return True
 
 
 def _daemon_env(text: str) -> tuple[dict[str, Any], ...]:

@@ -88,6 +88,7 @@ from .kubelet import ClaimSweeper, DeviceHealth, HealthBroadcaster, PluginPaths,
 from .kubelet.cdi import CdiWriter
 from .kubelet.checkpoint import BOOT_ID_PATH, Checkpoint, ClaimEntry, current_boot_id
 from .kubelet.claims import ClaimReader
+from .networkstatus import NetworkStatus
 from .nvidiacdi import DEFAULT_SPEC_DIRS, ToolkitSpecs
 from .prepare import CDI_KIND, DRIVER_NAME, ApiClaimReader, DevicesDriver
 from .publisher import NODE_DEVICES
@@ -203,6 +204,12 @@ class Agent:
             host=HostLayout(config.dev_root, config.proc_root, config.sysfs_root),
             toolkit=ToolkitSpecs(config.toolkit_cdi_dirs),
             events=reader,
+            # Only where claims are read from the API server is there one to write to.
+            network=None
+            if claims is not None
+            else NetworkStatus(
+                metrics.counting_rest(api), config.node_name, config.sysfs_root, config.proc_root
+            ),
         )
         # Its own thread: a hung claim read never holds up discovery, Xid or health updates.
         self.sweeper = ClaimSweeper(

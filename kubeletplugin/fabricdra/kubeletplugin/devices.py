@@ -52,6 +52,7 @@ from typing import Literal
 
 from fabricdra.api.inventory import Accelerator, Endpoint, Interface, MigDevice
 
+from .discovery.nvlink import nvlink_groups
 from .discovery.nvml import NvmlReadings
 
 RdmaMode = Literal["exclusive", "shared", "off"]
@@ -136,6 +137,8 @@ class DeviceConfig:
 class GpuHealth:
     healthy: bool | None  # None = unknown (no reading)
     reason: str | None = None  # e.g. "uncorrectable ECC errors: 3"
+    # Unhealthy: each problem's cause token, a label value (`ecc`, `xid-79`; health.py).
+    causes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,8 @@ class GpuInfo:
     cuda_compute_capability: str | None = None  # "9.0.0"
     architecture: str | None = None
     brand: str | None = None
+    # The GPUs this one reaches over NVLink inside the node (discovery/nvlink.py); None: none.
+    nvlink_group: str | None = None
     mig_capacity: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
 
@@ -156,6 +161,7 @@ def gpu_info(nvml: NvmlReadings | None) -> dict[str, GpuInfo]:
     """Per PCI bus id, from this pass's NVML readings (nothing where NVML had no answer)."""
     if nvml is None or not nvml.available:
         return {}
+    groups = nvlink_groups(nvml)
     out = {}
     for bus, g in nvml.gpus.items():
         cuda = g.cudaDriverVersion
@@ -165,6 +171,7 @@ def gpu_info(nvml: NvmlReadings | None) -> dict[str, GpuInfo]:
             cuda_compute_capability=semver(g.cudaComputeCapability),
             architecture=g.architecture,
             brand=g.brand,
+            nvlink_group=groups.get(bus),
             mig_capacity={
                 m.uuid: {
                     k: v
@@ -214,6 +221,9 @@ class Device:
     # gpu and mig: the GPU left the PCI bus; kept published (tainted) from its last record so
     # the claims holding it keep their health signal, but prepare refuses it.
     lost: bool = False
+    # Unhealthy: the causes as short label-value tokens (`ecc`, `xid-79`, `link-down`), what
+    # the device taint's value carries; the full text is `health_reason`.
+    health_causes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -273,7 +283,7 @@ def build_devices(
             info = (gpu_info or {}).get(acc.pciBusId)
             out.extend(_accelerator_devices(acc, gpu_health or {}, info))
         present = {acc.pciBusId for acc in accelerators}
-        gone = GpuHealth(False, LOST_REASON)
+        gone = GpuHealth(False, LOST_REASON, ("lost",))
         for acc in lost:
             if acc.pciBusId in present or acc.vendorId not in SERVED_VENDORS:
                 continue
@@ -314,6 +324,7 @@ def _accelerator_devices(
     if VENDOR_DRIVERS.get(acc.vendorId, acc.driver) != acc.driver:
         return []  # e.g. vfio-pci (passthrough to a VM): prepare has nothing to hand over
     health, reason = _gpu_health(gpu_health.get(acc.pciBusId))
+    causes = _gpu_causes(gpu_health.get(acc.pciBusId))
     if not acc.migMode:
         return [
             Device(
@@ -327,6 +338,7 @@ def _accelerator_devices(
                 health=health,
                 health_reason=reason,
                 info=info,
+                health_causes=causes,
             )
         ]
     return [
@@ -341,6 +353,7 @@ def _accelerator_devices(
             health=health,
             health_reason=reason,
             info=info,
+            health_causes=causes,
         )
         for mig in acc.migDevices
     ]
@@ -367,6 +380,10 @@ def _gpu_health(reading: GpuHealth | None) -> tuple[Health, str | None]:
     if reading.healthy:
         return "Healthy", None
     return "Unhealthy", reading.reason or "unhealthy"
+
+
+def _gpu_causes(reading: GpuHealth | None) -> tuple[str, ...]:
+    return reading.causes if reading is not None and reading.healthy is False else ()
 
 
 # --- RDMA endpoints ----------------------------------------------------------------------
@@ -418,6 +435,8 @@ def _rdma_device(ep: Endpoint, iface: Interface, mode: EndpointMode) -> Device:
         mode=mode,
         health=health,
         health_reason=reason,
+        # The only Failed verdict discovery gives: every port of the link is down.
+        health_causes=("link-down",) if health == "Unhealthy" else (),
     )
 
 

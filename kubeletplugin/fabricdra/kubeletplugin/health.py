@@ -23,6 +23,10 @@ Two sources, one answer per GPU keyed by PCI bus id (`0000:1b:00.0`):
   `DCGM_FI_DEV_ROW_REMAP_FAILURE`. A problem either source sees counts; GPUs DCGM does not
   report, or a scrape that fails, fall back to NVML.
 A GPU neither source can read is `GpuHealth(None)` (Unknown), never healthy by default.
+
+Each problem also has a short cause token (`GpuHealth.causes`: `ecc`, `xid-<n>`,
+`row-remap-failed`, `row-remap-pending`, `pcie-errors`, `nvlink-errors`, `unreadable`, `lost`),
+what the device taint's value says (resourceslices.taint_value, docs/attributes.md).
 """
 
 from __future__ import annotations
@@ -79,7 +83,9 @@ def gpu_health(
     if nvml is not None and nvml.available:
         for bus in expected:
             if bus not in out:
-                out[bus] = GpuHealth(False, "NVML does not report this GPU (lost, or off the bus)")
+                out[bus] = GpuHealth(
+                    False, "NVML does not report this GPU (lost, or off the bus)", ("lost",)
+                )
     if dcgm_url:
         try:
             readings = parse_dcgm(scrape(dcgm_url))
@@ -107,7 +113,7 @@ def keep_unhealthy(
         now = out.get(bus)
         if before.healthy is False and (now is None or now.healthy is None):
             reason = (before.reason or "unhealthy").removesuffix(_STALE)
-            out[bus] = GpuHealth(False, reason + _STALE)
+            out[bus] = GpuHealth(False, reason + _STALE, before.causes)
     return out
 
 
@@ -118,7 +124,10 @@ def _merge(a: GpuHealth, b: GpuHealth) -> GpuHealth:
     """Two sources on one GPU: any problem either reports counts; healthy needs one to say so."""
     if a.healthy is False or b.healthy is False:
         reasons = [h.reason for h in (a, b) if h.healthy is False and h.reason]
-        return GpuHealth(False, "; ".join(dict.fromkeys(reasons)) or None)
+        causes = [c for h in (a, b) if h.healthy is False for c in h.causes]
+        return GpuHealth(
+            False, "; ".join(dict.fromkeys(reasons)) or None, tuple(dict.fromkeys(causes))
+        )
     if a.healthy or b.healthy:
         return GpuHealth(True)
     return GpuHealth(None, a.reason or b.reason)
@@ -128,20 +137,25 @@ def nvml_health(nvml: NvmlReadings | None, state: DcgmState | None = None) -> di
     if nvml is None:
         return {}
     out = {
-        bus: GpuHealth(False, f"NVML cannot read this GPU: {reason}")
+        bus: GpuHealth(False, f"NVML cannot read this GPU: {reason}", ("unreadable",))
         for bus, reason in nvml.errors.items()
     }
     for bus, gpu in nvml.gpus.items():
-        reasons = []
+        reasons: list[str] = []
+        causes: list[str] = []
         if gpu.eccUncorrectable:
             reasons.append(f"uncorrectable ECC errors: {gpu.eccUncorrectable}")
-        critical = [x for x in gpu.xidErrors or () if x not in APPLICATION_XIDS]
+            causes.append("ecc")
+        critical = sorted({x for x in gpu.xidErrors or () if x not in APPLICATION_XIDS})
         if critical:
-            reasons.append(f"critical Xid errors: {', '.join(map(str, sorted(set(critical))))}")
+            reasons.append(f"critical Xid errors: {', '.join(map(str, critical))}")
+            causes += [f"xid-{x}" for x in critical]
         if gpu.rowRemapFailure:
             reasons.append("row remapping failed")
+            causes.append("row-remap-failed")
         if gpu.rowRemapPending:
             reasons.append("row remapping pending (the GPU needs a reset)")
+            causes.append("row-remap-pending")
         for key, what, value in (
             ("pcie", "PCIe replays", gpu.pcieReplayCounter),
             ("nvlink", "NVLink errors", gpu.nvlinkErrors),
@@ -149,9 +163,10 @@ def nvml_health(nvml: NvmlReadings | None, state: DcgmState | None = None) -> di
             grew = _growth(state, bus, key, value)
             if grew is not None and grew > COUNTER_LIMIT:
                 reasons.append(f"{what}: {grew} since the previous pass")
+                causes.append(f"{key}-errors")
         readings = (gpu.eccUncorrectable, gpu.xidErrors, gpu.rowRemapFailure)
         if reasons:
-            out[bus] = GpuHealth(False, "; ".join(reasons))
+            out[bus] = GpuHealth(False, "; ".join(reasons), tuple(causes))
         elif gpu.xidEventsSupported is False:
             # A critical Xid could happen unseen: not healthy, whatever else reads fine.
             out[bus] = GpuHealth(None, gpu.xidEventsReason or "Xid events not supported")
@@ -174,15 +189,19 @@ def _growth(state: DcgmState | None, bus: str, key: str, value: int | None) -> i
 def dcgm_health(readings: Mapping[str, DcgmReading]) -> dict[str, GpuHealth]:
     out: dict[str, GpuHealth] = {}
     for bus, r in readings.items():
-        reasons = []
+        reasons: list[str] = []
+        causes: list[str] = []
         if r.ecc_uncorrectable:
             reasons.append(f"uncorrectable ECC errors: {int(r.ecc_uncorrectable)}")
+            causes.append("ecc")
         if r.xid and int(r.xid) not in APPLICATION_XIDS:
             reasons.append(f"critical Xid errors: {int(r.xid)}")
+            causes.append(f"xid-{int(r.xid)}")
         if r.row_remap_failure:
             reasons.append("row remapping failed")
+            causes.append("row-remap-failed")
         if reasons:
-            out[bus] = GpuHealth(False, "; ".join(reasons))
+            out[bus] = GpuHealth(False, "; ".join(reasons), tuple(causes))
         elif r.ecc_uncorrectable is None and r.xid is None and r.row_remap_failure is None:
             out[bus] = GpuHealth(None, "no ECC, Xid or row-remapping reading")
         else:

@@ -70,6 +70,7 @@ from .kubelet.claims import (
     read_claim,
     remove_recorded_specs,
 )
+from .networkstatus import NetworkStatus
 from .nvidiacdi import ToolkitSpecs
 
 log = structlog.get_logger("fabricdra.prepare")
@@ -153,6 +154,8 @@ class DevicesDriver:
     host: HostLayout = field(default_factory=HostLayout)
     toolkit: ToolkitSpecs = field(default_factory=ToolkitSpecs)
     events: EventRecorder | None = None
+    # status.devices[].networkData of granted RDMA netdevs (networkstatus.py); None: not written.
+    network: NetworkStatus | None = None
     # Reads happen outside the lock; resolving, the in-use check and writing inside it.
     locks_itself = True
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
@@ -190,6 +193,8 @@ class DevicesDriver:
                 raise PrepareError(str(e)) from None
             ncclenv.widen_all(companions, hcas)  # before ours is recorded: see ncclenv
             self._record(claim, obj, grants, spec, prepared)
+        if self.network is not None:
+            self.network.write(claim.namespace, claim.name, grants)
         return prepared
 
     def _already_prepared(self, claim: ClaimRef) -> list[PreparedDevice] | None:

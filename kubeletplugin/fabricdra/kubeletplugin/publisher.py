@@ -24,6 +24,9 @@ Node labels (fabricdra.io/): every desired key is set; a key under `fabricdra.io
 in this pass (then nothing is removed) or its inputs could not be read (`labels.unknown`).
 Other keys, ours or not, are never touched. One merge patch, only when something differs.
 
+Health Events: each pass whose slices are synced, one Event on the Node per device whose health
+(or an Unhealthy device's cause) changed since it was last reported (healthevents.py).
+
 Verification gate (when the agent passes a `GateInput`; docs/verification.md): the state is
 decided from the last run, the node's fingerprint now and the Node's override annotation; a node
 that is not Verified/Overridden has every device tainted `fabricdra.io/unverified` (or
@@ -53,6 +56,7 @@ from fabricdra.api.verification import Verification
 from . import metrics
 from .devices import DeviceInventory
 from .discovery.node import Discovery
+from .healthevents import HealthEvents
 from .resourceslices import DRIVER_NAME, ApiFeatures, Gate, build_slices
 from .verification.gate import (
     OVERRIDE_ANNOTATION,
@@ -113,6 +117,8 @@ class NodePublisher:
         self._warned_rewrite = False
         # The gate state the last sync applied (None: no gate in use, or not decided yet).
         self.verification: Verification | None = None
+        # One Event on the Node per device health change (healthevents.py).
+        self.health_events = HealthEvents(self.rest, node_name, driver_name)
 
     # -- one pass ------------------------------------------------------------------------
 
@@ -161,6 +167,10 @@ class NodePublisher:
             log.error("slices left as published: enumeration failed", failures=discovery.failures)
         else:
             gate = gate_of(state)
+            # Events first: a restarted agent learns what was last reported from the slices
+            # as they stand, before this pass rewrites them.
+            if node is not None:
+                self._guard(result, "Event", lambda: self.health_events.sync(devices, node))
             self._guard(result, "ResourceSlice", lambda: self._sync_slices(devices, owner, gate))
         self._guard(result, ND_KIND, lambda: self._sync_node_devices(discovery, owner, state))
         if node is not None:

@@ -243,10 +243,29 @@ def _with_capacity(device: dict[str, Any], capacity: dict[str, Any]) -> dict[str
     return device
 
 
+MAX_LABEL_VALUE = 63  # a taint's value is a label value
+
+
+def taint_value(device: Device) -> str:
+    """What an Unhealthy device's taint says: the kind of device and why, as a label value:
+    `gpu-ecc`, `gpu-xid-79`, `gpu-ecc.xid-48.xid-79`, `rdma-link-down` (`gpu` / `rdma-link`
+    alone when no cause is known). Causes that would pass the 63 characters are left to the
+    health reason (the Node's Events and kubelet's health stream carry it in full)."""
+    rdma = device.type == "rdma"
+    if not device.health_causes:
+        return "rdma-link" if rdma else "gpu"
+    value, sep = ("rdma" if rdma else "gpu"), "-"
+    for cause in device.health_causes:
+        if len(value) + len(sep) + len(cause) > MAX_LABEL_VALUE:
+            break
+        value, sep = value + sep + cause, "."
+    return value
+
+
 def _taint(device: Device) -> dict[str, Any]:
     taint: dict[str, Any] = {
         "key": TAINT_KEY,
-        "value": "rdma-link" if device.type == "rdma" else "gpu",
+        "value": taint_value(device),
         "effect": TAINT_EFFECT,
     }
     # A failed link carries the time it was first seen, stable while it persists: the taint
@@ -340,6 +359,8 @@ def _accelerator_values(device: Device, acc: Accelerator) -> list[tuple[str, Val
         ("parentUuid", acc.uuid if mig else None),
         ("migProfile", mig.profile if mig else None),
         ("fabricDomain", acc.topology.fabric.domain if acc.topology.fabric else None),
+        # Whole GPUs only: a MIG instance has no GPU-to-GPU peer access over NVLink.
+        ("nvlinkGroup", info.nvlink_group if info and not mig else None),
     ]
 
 

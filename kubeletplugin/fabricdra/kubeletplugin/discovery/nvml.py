@@ -7,7 +7,9 @@ on (`driverVersion`, `cudaDriverVersion` as NVML's integer, e.g. 12040, `cudaCom
 "9.0", `architecture`, `brand`), per-MIG-instance compute capacities (`multiprocessors`,
 `copyEngines`, `decoders`, `encoders`, `jpegEngines`, `ofaEngines`) and health inputs
 (`eccUncorrectable`, `xidErrors` seen, `rowRemapFailure`, `rowRemapPending`,
-`pcieReplayCounter`, `nvlinkErrors`; `thermalViolation` is recorded but judges nothing).
+`pcieReplayCounter`, `nvlinkErrors`; `thermalViolation` is recorded but judges nothing) and
+the NVLink links (`nvlinks`: state, and for an active link the remote end's PCI bus id and
+type, GPU or NVSwitch, from which discovery/nvlink.py groups the GPUs that reach each other).
 `fabricdra nvml-snapshot` records one on a GPU host, so
 hosts without GPUs (CI, laptops) can replay a real machine's answers.
 
@@ -67,13 +69,23 @@ class SnapshotMigDevice(BaseModel):
     ofaEngines: int | None = None
 
 
+NvLinkRemote = Literal["gpu", "switch", "ibmnpu", "unknown"]
+_REMOTE_TYPES: dict[int, NvLinkRemote] = {0: "gpu", 1: "ibmnpu", 2: "switch"}
+
+
 class SnapshotNvLink(BaseModel):
-    """One NVLink link's state (nvmlDeviceGetNvLinkState), for the verification probe."""
+    """One NVLink link's state (nvmlDeviceGetNvLinkState), for the verification probe, and for
+    an active link what is at its far end: the remote PCI bus id in sysfs form
+    (nvmlDeviceGetNvLinkRemotePciInfo) and the remote device's type
+    (nvmlDeviceGetNvLinkRemoteDeviceType: a GPU over a bridge, or an NVSwitch). None: not
+    recorded, or NVML did not answer — such a link joins nothing (kubeletplugin/.../nvlink.py)."""
 
     model_config = ConfigDict(frozen=True, extra="allow")
 
     link: int
     active: bool
+    remoteBusId: str | None = None
+    remoteType: NvLinkRemote | None = None
 
 
 class SnapshotXidEvent(BaseModel):
@@ -251,8 +263,25 @@ def _read_nvlinks(pynvml: Any, handle: Any) -> list[dict[str, Any]] | None:
             continue  # no such link on this GPU
         except pynvml.NVMLError:
             return None
-        links.append({"link": link, "active": state == pynvml.NVML_FEATURE_ENABLED})
+        active = state == pynvml.NVML_FEATURE_ENABLED
+        entry: dict[str, Any] = {"link": link, "active": active}
+        if active:
+            entry.update(_read_nvlink_remote(pynvml, handle, link))
+        links.append(entry)
     return links or None
+
+
+def _read_nvlink_remote(pynvml: Any, handle: Any, link: int) -> dict[str, Any]:
+    """The far end of an active link, each fact only when NVML answers (older drivers lack
+    the device-type call)."""
+    out: dict[str, Any] = {}
+    with contextlib.suppress(pynvml.NVMLError, AttributeError, ValueError):
+        remote = pynvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link)
+        out["remoteBusId"] = normalise_bus_id(_text(remote.busId))
+    with contextlib.suppress(pynvml.NVMLError, AttributeError):
+        kind = int(pynvml.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link))
+        out["remoteType"] = _REMOTE_TYPES.get(kind, "unknown")
+    return out
 
 
 _ARCHITECTURES = {

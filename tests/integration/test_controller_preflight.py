@@ -1,0 +1,81 @@
+"""The ComputeDomain controller's start-up check of the API features it needs, against real
+kube-apiservers: the default 1.36 one, and one with the two feature gates turned off (as on
+1.34/1.35 by default), where the server would silently drop the fields the controller writes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from e2e.harness.controlplane import ControlPlane
+from e2e.harness.errors import HarnessError
+from fabricdra.api.rest import Rest
+from fabricdra.controller import preflight
+
+pytestmark = pytest.mark.integration
+
+GATES_OFF = "--feature-gates=DRAConsumableCapacity=false,DRADeviceBindingConditions=false"
+
+
+@pytest.fixture(scope="module")
+def gates_off(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    cp = ControlPlane(tmp_path_factory.mktemp("gates-off"), apiserver_flags=(GATES_OFF,))
+    try:
+        cp.start()
+    except HarnessError as e:
+        pytest.fail(f"real control plane unavailable: {e}", pytrace=False)
+    try:
+        yield cp
+    finally:
+        cp.stop()
+
+
+def test_a_136_server_has_everything(control_plane: ControlPlane) -> None:
+    with control_plane.api_client() as api:
+        checked = preflight.check(Rest(api))
+    assert checked.ok, checked.problems
+    assert checked.version.startswith("v1.36.")
+    assert not checked.old
+    assert "every API feature ComputeDomains need is on" in checked.message()
+
+
+def test_gates_off_are_named_with_the_fields_the_server_drops(gates_off: ControlPlane) -> None:
+    with gates_off.api_client() as api:
+        checked = preflight.check(Rest(api))
+    assert checked.problems == [
+        "feature gate DRAConsumableCapacity is off: the API server drops allowMultipleAllocations",
+        "feature gate DRADeviceBindingConditions is off: the API server drops bindsToNode, "
+        "bindingConditions, bindingFailureConditions",
+    ]
+    message = checked.message()
+    assert message.startswith("ComputeDomains cannot run on this cluster (Kubernetes v1.36.")
+    assert "computeDomains.enabled=false" in message
+
+
+def test_the_controller_exits_with_the_reason(gates_off: ControlPlane, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fabricdra.cli",
+            "controller",
+            "--kubeconfig",
+            str(gates_off.kubeconfig),
+            "--metrics-port",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert "feature gate DRADeviceBindingConditions is off" in done.stderr
+    # It stopped before doing anything: no DeviceClass of the compute-domain driver.
+    with gates_off.api_client() as api:
+        classes = Rest(api).call("GET", "/apis/resource.k8s.io/v1/deviceclasses")["items"]
+    assert classes == []
