@@ -1,0 +1,150 @@
+"""Extended resources backed by DRA (KEP-5004, beta and on by default in 1.36): a pod asking
+`resources.limits: {fabricdra.io/gpu: 1}` with no resourceClaims is served from our published
+slices by the real kube-scheduler, which writes a ResourceClaim of its own and names it in
+`pod.status.extendedResourceClaimStatus` (PreBind, before the pod is bound; kubelet only reads
+it). A node whose device plugin advertises the same name keeps being served by that plugin.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from e2e.harness.controlplane import ControlPlane, KubeScheduler, wait_for
+from tests.integration.dra_setup import installed  # noqa: F401 - a fixture
+from tests.integration.test_scheduling import hgx_node  # noqa: F401 - a fixture
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("installed")]
+
+DRIVER = "devices.fabricdra.io"
+# Set by the scheduler on the claims it writes for extended resources (KEP-5004).
+EXTENDED_CLAIM = "resource.kubernetes.io/extended-resource-claim"
+
+
+def _suffix() -> str:
+    return uuid.uuid4().hex[:8]
+
+
+def _raw(response: Any) -> dict[str, Any]:
+    # The JSON as served: fields newer than the generated client's models are kept.
+    return dict(json.loads(response.data))
+
+
+def _run_pod(cp: ControlPlane, node: str, limits: dict[str, str]) -> tuple[str, dict[str, Any]]:
+    """A pod pinned to `node` asking `limits` and no claims; returns its namespace and the pod
+    as the API server has it once bound."""
+    ns = f"extres-{_suffix()}"
+    cp.create_namespace(ns)
+    pod = {
+        "metadata": {"name": "workload"},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"limits": limits},
+                }
+            ],
+        },
+    }
+    with cp.api_client() as api:
+        core = client.CoreV1Api(api)
+        core.create_namespaced_pod(ns, pod)
+        bound = wait_for(
+            lambda: core.read_namespaced_pod("workload", ns).spec.node_name,
+            timeout=60,
+            what=f"pod asking {limits} scheduled",
+        )
+        assert bound == node
+        return ns, _raw(core.read_namespaced_pod("workload", ns, _preload_content=False))
+
+
+def _claims(cp: ControlPlane, ns: str) -> list[dict[str, Any]]:
+    with cp.api_client() as api:
+        resource = client.ResourceV1Api(api)
+        found = _raw(resource.list_namespaced_resource_claim(ns, _preload_content=False))
+    return list(found["items"])
+
+
+def _devices(cp: ControlPlane, node: str) -> dict[str, dict[str, Any]]:
+    with cp.api_client() as api:
+        resource = client.ResourceV1Api(api)
+        slices = _raw(
+            resource.list_resource_slice(
+                field_selector=f"spec.nodeName={node}", _preload_content=False
+            )
+        )
+    return {d["name"]: d for s in slices["items"] for d in s["spec"].get("devices") or []}
+
+
+def _type(device: dict[str, Any]) -> str:
+    return str(device["attributes"]["type"]["string"])
+
+
+def test_a_pod_asking_fabricdra_gpu_gets_one_gpu_through_a_generated_claim(
+    control_plane: ControlPlane,
+    kube_scheduler: KubeScheduler,
+    hgx_node: str,  # noqa: F811
+) -> None:
+    ns, pod = _run_pod(control_plane, hgx_node, {"fabricdra.io/gpu": "1"})
+    status = pod["status"].get("extendedResourceClaimStatus")
+    assert status is not None, "the scheduler named no claim in the pod's status"
+    [claim] = _claims(control_plane, ns)
+    assert claim["metadata"]["name"] == status["resourceClaimName"]
+    assert claim["metadata"]["annotations"][EXTENDED_CLAIM] == "true"
+    # The claim belongs to the pod: it goes when the pod goes.
+    [owner] = claim["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"]) == ("Pod", "workload")
+    [mapping] = status["requestMappings"]
+    assert (mapping["containerName"], mapping["resourceName"]) == ("main", "fabricdra.io/gpu")
+    allocation = claim["status"]["allocation"]
+    [result] = allocation["devices"]["results"]
+    assert result["request"] == mapping["requestName"]
+    assert (result["driver"], result["pool"]) == (DRIVER, hgx_node)
+    assert _type(_devices(control_plane, hgx_node)[result["device"]]) == "gpu"
+    assert [r["name"] for r in claim["status"]["reservedFor"]] == ["workload"]
+
+
+def test_gpus_and_rdma_endpoints_by_count_in_one_container(
+    control_plane: ControlPlane,
+    kube_scheduler: KubeScheduler,
+    hgx_node: str,  # noqa: F811
+) -> None:
+    ns, pod = _run_pod(control_plane, hgx_node, {"fabricdra.io/gpu": "2", "fabricdra.io/rdma": "1"})
+    status = pod["status"]["extendedResourceClaimStatus"]
+    by_resource = {m["resourceName"]: m["requestName"] for m in status["requestMappings"]}
+    assert sorted(by_resource) == ["fabricdra.io/gpu", "fabricdra.io/rdma"]
+    [claim] = _claims(control_plane, ns)
+    devices = _devices(control_plane, hgx_node)
+    got: dict[str, list[str]] = {}
+    for r in claim["status"]["allocation"]["devices"]["results"]:
+        assert r["driver"] == DRIVER
+        got.setdefault(r["request"], []).append(_type(devices[r["device"]]))
+    assert got == {
+        by_resource["fabricdra.io/gpu"]: ["gpu", "gpu"],
+        by_resource["fabricdra.io/rdma"]: ["rdma"],
+    }
+
+
+def test_a_node_whose_device_plugin_advertises_the_name_keeps_the_device_plugin(
+    control_plane: ControlPlane,
+    kube_scheduler: KubeScheduler,
+    hgx_node: str,  # noqa: F811
+) -> None:
+    # The same node, as if a device plugin also advertised fabricdra.io/gpu there: the scheduler
+    # then counts the node's allocatable and writes no claim (KEP-5004), so DRA serves nothing.
+    with control_plane.api_client() as api:
+        core = client.CoreV1Api(api)
+        node = core.read_node_status(hgx_node)
+        resources = {**node.status.allocatable, "fabricdra.io/gpu": "8"}
+        core.patch_node_status(
+            hgx_node, {"status": {"capacity": resources, "allocatable": resources}}
+        )
+    ns, pod = _run_pod(control_plane, hgx_node, {"fabricdra.io/gpu": "1"})
+    assert pod["status"].get("extendedResourceClaimStatus") is None
+    assert _claims(control_plane, ns) == []
