@@ -45,21 +45,31 @@ class Chart:
         return self.run("lint", "--strict", f"--kube-version={KUBE_VERSION}", str(self.chart_dir))
 
     def render(
-        self, values: dict[str, Any] | None = None, *, namespace: str = "fabricdra-system"
+        self,
+        values: dict[str, Any] | None = None,
+        *,
+        namespace: str = "fabricdra-system",
+        kube_version: str = KUBE_VERSION,
     ) -> str:
+        # kube_version: what the chart is told the cluster runs (it gates version-bound fields).
         return self.run(
             "template",
             "fabricdra",
             str(self.chart_dir),
             f"--namespace={namespace}",
-            f"--kube-version={KUBE_VERSION}",
+            f"--kube-version={kube_version}",
             *self._values(values),
         )
 
     def template(
-        self, values: dict[str, Any] | None = None, *, namespace: str = "fabricdra-system"
+        self,
+        values: dict[str, Any] | None = None,
+        *,
+        namespace: str = "fabricdra-system",
+        kube_version: str = KUBE_VERSION,
     ) -> list[dict[str, Any]]:
-        return [d for d in yaml.safe_load_all(self.render(values, namespace=namespace)) if d]
+        rendered = self.render(values, namespace=namespace, kube_version=kube_version)
+        return [d for d in yaml.safe_load_all(rendered) if d]
 
     def install(
         self,
