@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 
 from e2e.harness.controlplane import ControlPlane, KubeScheduler, wait_for
@@ -21,6 +23,8 @@ from tests.integration.test_scheduling import hgx_node  # noqa: F401 - a fixture
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("installed")]
 
 DRIVER = "devices.fabricdra.io"
+EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "pod-extended-gpu.yaml"
+POD = "one-gpu"  # the example's name
 # Set by the scheduler on the claims it writes for extended resources (KEP-5004).
 EXTENDED_CLAIM = "resource.kubernetes.io/extended-resource-claim"
 
@@ -34,34 +38,30 @@ def _raw(response: Any) -> dict[str, Any]:
     return dict(json.loads(response.data))
 
 
-def _run_pod(cp: ControlPlane, node: str, limits: dict[str, str]) -> tuple[str, dict[str, Any]]:
-    """A pod pinned to `node` asking `limits` and no claims; returns its namespace and the pod
-    as the API server has it once bound."""
+def _run_pod(
+    cp: ControlPlane, node: str, limits: dict[str, str] | None = None
+) -> tuple[str, dict[str, Any]]:
+    """The docs' example pod (asking `limits` instead of its own when given, no claims) pinned
+    to `node`; returns its namespace and the pod as the API server has it once bound."""
     ns = f"extres-{_suffix()}"
     cp.create_namespace(ns)
-    pod = {
-        "metadata": {"name": "workload"},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "registry.k8s.io/pause:3.10",
-                    "resources": {"limits": limits},
-                }
-            ],
-        },
-    }
+    pod = yaml.safe_load(EXAMPLE.read_text())
+    pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+    if limits is not None:
+        pod["spec"]["containers"][0]["resources"] = {"limits": limits}
+    # Quantities as strings: the generated client refuses the YAML's plain `1`.
+    wanted = {k: str(v) for k, v in pod["spec"]["containers"][0]["resources"]["limits"].items()}
+    pod["spec"]["containers"][0]["resources"]["limits"] = wanted
     with cp.api_client() as api:
         core = client.CoreV1Api(api)
         core.create_namespaced_pod(ns, pod)
         bound = wait_for(
-            lambda: core.read_namespaced_pod("workload", ns).spec.node_name,
+            lambda: core.read_namespaced_pod(POD, ns).spec.node_name,
             timeout=60,
-            what=f"pod asking {limits} scheduled",
+            what=f"pod asking {wanted} scheduled",
         )
         assert bound == node
-        return ns, _raw(core.read_namespaced_pod("workload", ns, _preload_content=False))
+        return ns, _raw(core.read_namespaced_pod(POD, ns, _preload_content=False))
 
 
 def _claims(cp: ControlPlane, ns: str) -> list[dict[str, Any]]:
@@ -91,7 +91,7 @@ def test_a_pod_asking_fabricdra_gpu_gets_one_gpu_through_a_generated_claim(
     kube_scheduler: KubeScheduler,
     hgx_node: str,  # noqa: F811
 ) -> None:
-    ns, pod = _run_pod(control_plane, hgx_node, {"fabricdra.io/gpu": "1"})
+    ns, pod = _run_pod(control_plane, hgx_node)
     status = pod["status"].get("extendedResourceClaimStatus")
     assert status is not None, "the scheduler named no claim in the pod's status"
     [claim] = _claims(control_plane, ns)
@@ -99,7 +99,7 @@ def test_a_pod_asking_fabricdra_gpu_gets_one_gpu_through_a_generated_claim(
     assert claim["metadata"]["annotations"][EXTENDED_CLAIM] == "true"
     # The claim belongs to the pod: it goes when the pod goes.
     [owner] = claim["metadata"]["ownerReferences"]
-    assert (owner["kind"], owner["name"]) == ("Pod", "workload")
+    assert (owner["kind"], owner["name"]) == ("Pod", POD)
     [mapping] = status["requestMappings"]
     assert (mapping["containerName"], mapping["resourceName"]) == ("main", "fabricdra.io/gpu")
     allocation = claim["status"]["allocation"]
@@ -107,7 +107,7 @@ def test_a_pod_asking_fabricdra_gpu_gets_one_gpu_through_a_generated_claim(
     assert result["request"] == mapping["requestName"]
     assert (result["driver"], result["pool"]) == (DRIVER, hgx_node)
     assert _type(_devices(control_plane, hgx_node)[result["device"]]) == "gpu"
-    assert [r["name"] for r in claim["status"]["reservedFor"]] == ["workload"]
+    assert [r["name"] for r in claim["status"]["reservedFor"]] == [POD]
 
 
 def test_gpus_and_rdma_endpoints_by_count_in_one_container(
