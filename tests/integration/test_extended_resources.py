@@ -131,20 +131,45 @@ def test_gpus_and_rdma_endpoints_by_count_in_one_container(
     }
 
 
+@pytest.mark.parametrize(("advertised", "by_dra"), [("8", False), ("0", True)])
 def test_a_node_whose_device_plugin_advertises_the_name_keeps_the_device_plugin(
     control_plane: ControlPlane,
     kube_scheduler: KubeScheduler,
     hgx_node: str,  # noqa: F811
+    advertised: str,
+    by_dra: bool,
 ) -> None:
-    # The same node, as if a device plugin also advertised fabricdra.io/gpu there: the scheduler
-    # then counts the node's allocatable and writes no claim (KEP-5004), so DRA serves nothing.
+    # The same node, as if a device plugin also advertised fabricdra.io/gpu there: with a count
+    # the scheduler counts the node's allocatable and writes no claim (KEP-5004). A plugin that
+    # has gone leaves 0 behind, which counts as absent: DRA serves the pod (docs/install.md,
+    # moving off NVIDIA's device plugin).
     with control_plane.api_client() as api:
         core = client.CoreV1Api(api)
         node = core.read_node_status(hgx_node)
-        resources = {**node.status.allocatable, "fabricdra.io/gpu": "8"}
+        resources = {**node.status.allocatable, "fabricdra.io/gpu": advertised}
         core.patch_node_status(
             hgx_node, {"status": {"capacity": resources, "allocatable": resources}}
         )
     ns, pod = _run_pod(control_plane, hgx_node, {"fabricdra.io/gpu": "1"})
-    assert pod["status"].get("extendedResourceClaimStatus") is None
-    assert _claims(control_plane, ns) == []
+    claims = _claims(control_plane, ns)
+    if by_dra:
+        [claim] = claims
+        named = pod["status"]["extendedResourceClaimStatus"]["resourceClaimName"]
+        assert named == claim["metadata"]["name"]
+    else:
+        assert pod["status"].get("extendedResourceClaimStatus") is None
+        assert claims == []
+
+
+def test_every_class_answers_to_its_implicit_name(
+    control_plane: ControlPlane,
+    kube_scheduler: KubeScheduler,
+    hgx_node: str,  # noqa: F811
+) -> None:
+    # deviceclass.resource.kubernetes.io/<class> needs no extendedResourceName on the class.
+    ns, _ = _run_pod(
+        control_plane, hgx_node, {"deviceclass.resource.kubernetes.io/rdma.fabricdra.io": "1"}
+    )
+    [claim] = _claims(control_plane, ns)
+    [result] = claim["status"]["allocation"]["devices"]["results"]
+    assert _type(_devices(control_plane, hgx_node)[result["device"]]) == "rdma"
