@@ -383,3 +383,71 @@ def test_the_readiness_probe_finds_this_pods_socket_only(chart: Chart) -> None:
                     (folder / name).unlink()
     finally:
         shutil.rmtree(root)
+
+
+def _extended_names(docs: list[dict[str, Any]]) -> dict[str, str | None]:
+    return {
+        d["metadata"]["name"]: d["spec"].get("extendedResourceName")
+        for d in docs
+        if d["kind"] == "DeviceClass"
+    }
+
+
+def test_device_classes_name_the_extended_resources_on_136(chart: Chart) -> None:
+    assert _extended_names(chart.template(kube_version="v1.36.0")) == {
+        "gpu.fabricdra.io": "fabricdra.io/gpu",
+        "mig.fabricdra.io": None,
+        "rdma-shared.fabricdra.io": None,
+        "rdma-vf.fabricdra.io": None,
+        "rdma.fabricdra.io": "fabricdra.io/rdma",
+    }
+
+
+def test_default_device_classes_are_the_api_sources(chart: Chart) -> None:
+    # The chart rebuilds each class from its copy; with default values nothing may differ
+    # from what `kubectl apply -f api/deviceclasses/` creates.
+    rendered = {d["metadata"]["name"]: d for d in chart.template() if d["kind"] == "DeviceClass"}
+    for path in sorted((REPO / "api" / "deviceclasses").glob("*.yaml")):
+        source = yaml.safe_load(path.read_text())
+        assert rendered[source["metadata"]["name"]] == source, path.name
+
+
+@pytest.mark.parametrize("kube_version", ["v1.34.0", "v1.35.4"])
+def test_below_136_the_device_classes_leave_the_extended_resource_out(
+    chart: Chart, kube_version: str
+) -> None:
+    names = _extended_names(chart.template(kube_version=kube_version))
+    assert len(names) == 5
+    assert set(names.values()) == {None}
+
+
+def test_extended_resources_off_names_none(chart: Chart) -> None:
+    names = _extended_names(chart.template({"extendedResources": {"enabled": False}}))
+    assert len(names) == 5
+    assert set(names.values()) == {None}
+
+
+def test_gpus_can_take_over_nvidia_gpu_and_rdma_follows_the_shared_mode(chart: Chart) -> None:
+    values = {
+        "extendedResources": {"enabled": True, "gpu": "nvidia.com/gpu", "rdma": "example.com/hca"},
+        "rdma": {"mode": "shared"},
+    }
+    names = _extended_names(chart.template(values))
+    assert names["gpu.fabricdra.io"] == "nvidia.com/gpu"
+    # Only the class of the mode in use may hold the name: one class per name in a cluster.
+    assert names["rdma-shared.fabricdra.io"] == "example.com/hca"
+    assert names["rdma.fabricdra.io"] is None
+    no_rdma = {"extendedResources": {"enabled": True, "gpu": "fabricdra.io/gpu", "rdma": ""}}
+    assert _extended_names(chart.template(no_rdma))["rdma.fabricdra.io"] is None
+
+
+def test_one_extended_resource_name_is_never_given_to_two_classes(chart: Chart) -> None:
+    same = {"extendedResources": {"enabled": True, "gpu": "x.io/dev", "rdma": "x.io/dev"}}
+    with pytest.raises(HarnessError, match="one DeviceClass per extended resource name"):
+        chart.template(same)
+
+
+@pytest.mark.parametrize("name", ["gpu", "kubernetes.io/gpu", "Fabric.io/gpu", "a/b/c"])
+def test_schema_refuses_names_that_are_no_extended_resource(chart: Chart, name: str) -> None:
+    with pytest.raises(HarnessError, match=re.escape("/extendedResources/gpu")):
+        chart.template({"extendedResources": {"enabled": True, "gpu": name, "rdma": ""}})

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from pathlib import Path
 
 import pytest
+import yaml
 
 from fabricdra.api.deviceclasses import (
     DeviceClassTable,
@@ -137,3 +139,47 @@ def test_an_unknown_key_in_a_class_is_refused() -> None:
         DeviceClassTable.model_validate(
             {"classes": [{"class": "x", "label": "x", "architecture": "x", "memoryMib": 1}]}
         )
+
+
+# The DeviceClass manifests (api/deviceclasses/): extended resource names (KEP-5004).
+MANIFESTS = Path(__file__).resolve().parents[2] / "api" / "deviceclasses"
+# What Kubernetes accepts as an extended resource name: a domain-prefixed name outside the
+# kubernetes.io domains (k8s.io/apimachinery IsExtendedResourceName).
+_EXTENDED = re.compile(
+    r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+)
+
+
+def _extended_names() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for path in sorted(MANIFESTS.glob("*.yaml")):
+        doc = yaml.safe_load(path.read_text())
+        out[doc["metadata"]["name"]] = doc["spec"].get("extendedResourceName")
+    return out
+
+
+def test_whole_gpus_and_exclusive_rdma_endpoints_are_extended_resources() -> None:
+    assert _extended_names() == {
+        "gpu.fabricdra.io": "fabricdra.io/gpu",
+        "mig.fabricdra.io": None,
+        "rdma-shared.fabricdra.io": None,
+        "rdma-vf.fabricdra.io": None,
+        "rdma.fabricdra.io": "fabricdra.io/rdma",
+    }
+
+
+def test_each_extended_resource_name_belongs_to_one_class_and_is_valid() -> None:
+    # Two classes with one name: the scheduler silently serves the newer class only.
+    names = [n for n in _extended_names().values() if n is not None]
+    assert len(names) == len(set(names))
+    for name in names:
+        assert _EXTENDED.fullmatch(name), name
+        assert "kubernetes.io/" not in name
+
+
+def test_the_charts_default_names_are_the_manifests() -> None:
+    values = yaml.safe_load((MANIFESTS.parents[1] / "charts/fabricdra/values.yaml").read_text())
+    ext = values["extendedResources"]
+    assert ext["enabled"] is True
+    names = _extended_names()
+    assert (ext["gpu"], ext["rdma"]) == (names["gpu.fabricdra.io"], names["rdma.fabricdra.io"])
