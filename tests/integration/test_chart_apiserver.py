@@ -31,11 +31,13 @@ UNVERIFIED = "fabricdra.io/unverified"
 OPS_GROUP = "fdra-test-ops"
 ONCALL_USER = "oncall@example.test"
 USERS_GROUP = "fdra-test-users"  # RBAC lets it (and OPS_GROUP) write nodes and NodeDevices
-VALUES: dict[str, Any] = {
-    "admissionPolicy": {
-        "overrideAdmins": {"groups": ["system:masters", OPS_GROUP], "users": [ONCALL_USER]}
-    }
-}
+
+
+def _values(ns: str) -> dict[str, Any]:
+    # The node agent's own account listed too, as a careless operator might: it still may not.
+    agent = f"system:serviceaccount:{ns}:{NODE_SA}"
+    admins = {"groups": ["system:masters", OPS_GROUP], "users": [ONCALL_USER, agent]}
+    return {"admissionPolicy": {"overrideAdmins": admins}}
 
 
 def _kubectl(cp: ControlPlane, *args: str, stdin: str) -> subprocess.CompletedProcess[str]:
@@ -63,7 +65,7 @@ def installed(control_plane: ControlPlane) -> Installed:
     suffix = uuid.uuid4().hex[:6]
     ns = f"fdra-chart-{suffix}"
     control_plane.create_namespace(ns)
-    manifests = Chart().render(VALUES, namespace=ns)
+    manifests = Chart().render(_values(ns), namespace=ns)
     done = _kubectl(control_plane, "apply", "--server-side", "-f", "-", stdin=manifests)
     assert done.returncode == 0, done.stderr
     nodes = Installed(ns, f"chart-a-{suffix}", f"chart-b-{suffix}")
