@@ -83,7 +83,12 @@ def register(sub: Any) -> None:
     )
     a("-o", "--output", choices=["table", "json"], default="table", help="output format")
     a("--all", action="store_true", help="list every probe, not only those that did not pass")
-    a("--override", metavar="NODE", help="mark NODE verified by hand (needs --reason)")
+    a(
+        "--override",
+        metavar="NODE",
+        help="mark NODE verified by hand, for the hardware it has now and until --expires-in "
+        "(needs --reason; only the admins the chart's admission policy names may)",
+    )
     a("--reason", help="why the override is justified (recorded in the node's status)")
     a(
         "--expires-in",
