@@ -1,9 +1,12 @@
 """The chart against the real API server: every rendered manifest accepted (server-side dry-run),
-and the admission policy holding a node agent to its own node, keyed on the node the API server
-authenticated (`authentication.kubernetes.io/node-name` of a pod-bound service-account token)."""
+the admission policy holding a node agent to its own node, keyed on the node the API server
+authenticated (`authentication.kubernetes.io/node-name` of a pod-bound service-account token),
+the verification override settable only by the configured admins (never by a node agent), and
+claims refused a toleration of `fabricdra.io/unverified` unless they ask for admin access."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import uuid
 from dataclasses import dataclass
@@ -21,6 +24,20 @@ from fabricdra.api.nodedevices import NodeDevicesSpec
 pytestmark = pytest.mark.integration
 
 NODE_SA = "fabricdra-node"
+OVERRIDE = "fabricdra.io/verification-override"
+UNVERIFIED = "fabricdra.io/unverified"
+# The chart's override admins for these tests: system:masters (the default) plus a group and a
+# user from the values, as an operator would list them.
+OPS_GROUP = "fdra-test-ops"
+ONCALL_USER = "oncall@example.test"
+USERS_GROUP = "fdra-test-users"  # RBAC lets it (and OPS_GROUP) write nodes and NodeDevices
+
+
+def _values(ns: str) -> dict[str, Any]:
+    # The node agent's own account listed too, as a careless operator might: it still may not.
+    agent = f"system:serviceaccount:{ns}:{NODE_SA}"
+    admins = {"groups": ["system:masters", OPS_GROUP], "users": [ONCALL_USER, agent]}
+    return {"admissionPolicy": {"overrideAdmins": admins}}
 
 
 def _kubectl(cp: ControlPlane, *args: str, stdin: str) -> subprocess.CompletedProcess[str]:
@@ -48,12 +65,41 @@ def installed(control_plane: ControlPlane) -> Installed:
     suffix = uuid.uuid4().hex[:6]
     ns = f"fdra-chart-{suffix}"
     control_plane.create_namespace(ns)
-    manifests = Chart().render(namespace=ns)
+    manifests = Chart().render(_values(ns), namespace=ns)
     done = _kubectl(control_plane, "apply", "--server-side", "-f", "-", stdin=manifests)
     assert done.returncode == 0, done.stderr
     nodes = Installed(ns, f"chart-a-{suffix}", f"chart-b-{suffix}")
     control_plane.create_node(nodes.node_a)
     control_plane.create_node(nodes.node_b)
+    with control_plane.api_client() as api:
+        rbac = client.RbacAuthorizationV1Api(api)
+        rbac.create_cluster_role(
+            {
+                "metadata": {"name": f"fdra-test-writers-{suffix}"},
+                "rules": [
+                    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+                    {
+                        "apiGroups": ["fabricdra.io"],
+                        "resources": ["nodedevices"],
+                        "verbs": ["get", "create", "patch"],
+                    },
+                ],
+            }
+        )
+        rbac.create_cluster_role_binding(
+            {
+                "metadata": {"name": f"fdra-test-writers-{suffix}"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": f"fdra-test-writers-{suffix}",
+                },
+                "subjects": [
+                    {"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": g}
+                    for g in (USERS_GROUP, OPS_GROUP)
+                ],
+            }
+        )
     return nodes
 
 
@@ -206,3 +252,169 @@ def test_a_token_bound_to_no_pod_names_no_node_and_writes_nothing(
     with _agent_on(control_plane, installed, None) as api:
         body = _denied(client.ResourceV1Api(api).create_resource_slice, _slice(installed.node_a))
         assert "name no node" in body
+
+
+# --- the verification override: admins only -------------------------------------------------
+
+
+def _as(cp: ControlPlane, user: str, *groups: str) -> client.ApiClient:
+    """The admin's client impersonating `user` in `groups` (the admission policy sees them)."""
+    api = cp.api_client()
+    api.set_default_header("Impersonate-User", user)
+    # one group per header is what the API server reads; the client sends one value per key
+    assert len(groups) == 1
+    api.set_default_header("Impersonate-Group", groups[0])
+    return api
+
+
+def _override_patch(reason: str | None) -> dict[str, Any]:
+    value = None if reason is None else json.dumps({"reason": reason})
+    return {"metadata": {"annotations": {OVERRIDE: value}}}
+
+
+def test_only_the_configured_admins_may_set_or_clear_the_override(
+    control_plane: ControlPlane, installed: Installed
+) -> None:
+    node = installed.node_a
+    with _as(control_plane, "alice", USERS_GROUP) as api:
+        core = client.CoreV1Api(api)
+        # RBAC lets alice patch nodes: other annotations pass, the override does not
+        core.patch_node(node, {"metadata": {"annotations": {"example.test/note": "x"}}})
+        body = _denied(core.patch_node, node, _override_patch("alice says so"))
+        assert "verification override" in body
+    with _as(control_plane, "bob", OPS_GROUP) as api:  # a group the values list
+        client.CoreV1Api(api).patch_node(node, _override_patch("bob"))
+    with _as(control_plane, "alice", USERS_GROUP) as api:  # nor may alice change or clear it
+        core = client.CoreV1Api(api)
+        _denied(core.patch_node, node, _override_patch("alice"))
+        _denied(core.patch_node, node, _override_patch(None))
+        # an update that leaves the override as it is passes
+        core.patch_node(node, {"metadata": {"annotations": {"example.test/note": "y"}}})
+    with _as(control_plane, ONCALL_USER, USERS_GROUP) as api:  # a user the values list
+        client.CoreV1Api(api).patch_node(node, _override_patch(None))
+    with control_plane.api_client() as api:  # system:masters, the default
+        client.CoreV1Api(api).patch_node(node, _override_patch("admin"))
+        client.CoreV1Api(api).patch_node(node, _override_patch(None))
+
+
+def test_a_node_agent_may_not_override_its_own_node(
+    control_plane: ControlPlane, installed: Installed
+) -> None:
+    with _agent_on(control_plane, installed, installed.node_a) as api:
+        core = client.CoreV1Api(api)
+        body = _denied(core.patch_node, installed.node_a, _override_patch("I am fine"))
+        assert "verification override" in body
+        # what the agent does write to its Node still passes: labels, the reverify request
+        core.patch_node(installed.node_a, {"metadata": {"labels": {"fabricdra.io/t": "1"}}})
+        core.patch_node(
+            installed.node_a, {"metadata": {"annotations": {"fabricdra.io/reverify": None}}}
+        )
+        custom = client.CustomObjectsApi(api)
+        nd = _node_devices(installed.node_a)
+        nd["metadata"]["annotations"] = {OVERRIDE: '{"reason": "me"}'}
+        body = _denied(
+            custom.create_cluster_custom_object, "fabricdra.io", "v1alpha1", "nodedevices", nd
+        )
+        assert "verification override" in body
+
+
+def test_the_override_on_nodedevices_is_admins_only_too(
+    control_plane: ControlPlane, installed: Installed
+) -> None:
+    name = installed.node_b
+    with control_plane.api_client() as api:
+        custom = client.CustomObjectsApi(api)
+        try:
+            custom.create_cluster_custom_object(
+                "fabricdra.io", "v1alpha1", "nodedevices", _node_devices(name)
+            )
+        except ApiException as e:
+            if e.status != 409:
+                raise
+    with _as(control_plane, "alice", USERS_GROUP) as api:
+        custom = client.CustomObjectsApi(api)
+        body = _denied(
+            custom.patch_cluster_custom_object,
+            "fabricdra.io",
+            "v1alpha1",
+            "nodedevices",
+            name,
+            _override_patch("alice"),
+        )
+        assert "verification override" in body
+    with _as(control_plane, "bob", OPS_GROUP) as api:
+        client.CustomObjectsApi(api).patch_cluster_custom_object(
+            "fabricdra.io", "v1alpha1", "nodedevices", name, _override_patch("bob")
+        )
+
+
+# --- claims may tolerate the verification gate only with admin access -----------------------
+
+
+def _claim(request: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"generateName": "tolerates-"},
+        "spec": {"devices": {"requests": [request]}},
+    }
+
+
+def _exactly(tolerations: list[dict[str, Any]], admin: bool = False) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": "gpu.fabricdra.io", "tolerations": tolerations}
+    if admin:
+        exactly["adminAccess"] = True
+    return {"name": "gpu", "exactly": exactly}
+
+
+GATE = {"key": UNVERIFIED, "operator": "Exists", "effect": "NoSchedule"}
+
+
+@pytest.fixture(scope="module")
+def claims_ns(control_plane: ControlPlane, installed: Installed) -> str:
+    ns = f"fdra-claims-{uuid.uuid4().hex[:6]}"
+    control_plane.create_namespace(ns)
+    with control_plane.api_client() as api:  # admin access needs the namespace's consent
+        client.CoreV1Api(api).patch_namespace(
+            ns, {"metadata": {"labels": {"resource.kubernetes.io/admin-access": "true"}}}
+        )
+    return ns
+
+
+def test_a_claim_tolerating_the_gate_without_admin_access_is_refused(
+    control_plane: ControlPlane, claims_ns: str
+) -> None:
+    with control_plane.api_client() as api:  # even the cluster admin's claims
+        resource = client.ResourceV1Api(api)
+        create = resource.create_namespaced_resource_claim
+        body = _denied(create, claims_ns, _claim(_exactly([GATE])))
+        assert UNVERIFIED in body
+        # an empty key with Exists tolerates every taint, the gate's too
+        _denied(create, claims_ns, _claim(_exactly([{"operator": "Exists"}])))
+        sub = {"name": "g", "deviceClassName": "gpu.fabricdra.io", "tolerations": [GATE]}
+        _denied(create, claims_ns, _claim({"name": "gpu", "firstAvailable": [sub]}))
+        template = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "tolerates"},
+            "spec": {"spec": {"devices": {"requests": [_exactly([GATE])]}}},
+        }
+        _denied(resource.create_namespaced_resource_claim_template, claims_ns, template)
+
+
+def test_admin_access_claims_and_other_tolerations_pass(
+    control_plane: ControlPlane, claims_ns: str
+) -> None:
+    with control_plane.api_client() as api:
+        resource = client.ResourceV1Api(api)
+        made = resource.create_namespaced_resource_claim(
+            claims_ns, _claim(_exactly([GATE], admin=True))
+        )
+        tolerations = made.spec.devices.requests[0].exactly.tolerations
+        assert [t.key for t in tolerations] == [UNVERIFIED]  # the field reached the server
+        unhealthy = {"key": "fabricdra.io/unhealthy", "operator": "Exists"}
+        resource.create_namespaced_resource_claim(claims_ns, _claim(_exactly([unhealthy])))
+        resource.create_namespaced_resource_claim(
+            claims_ns,
+            _claim({"name": "gpu", "exactly": {"deviceClassName": "gpu.fabricdra.io"}}),
+        )

@@ -13,7 +13,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -368,6 +368,65 @@ def test_a_manual_override_opens_the_gate_and_is_recorded(
     assert node.label() is None
     annotations = Rest(node.api).get(NODES, node.name)["metadata"].get("annotations") or {}
     assert "fabricdra.io/verification-override" not in annotations
+
+
+def test_an_override_ends_with_the_hardware_it_was_given_for(
+    gated: Callable[..., GatedNode],
+) -> None:
+    node = gated()
+    node.sysfs(f"bus/pci/devices/{node.host.hgx.nics[0]}/current_link_speed", "8.0 GT/s PCIe")
+    node.agent.pass_once()
+    assert node.verification()["state"] == "Failed"
+    kubeconfig = str(node.cp.kubeconfig)
+    done = _fabricdra(
+        "verify", "--override", node.name, "--reason", "RMA-9", "--expires-in", "2h",
+        "--kubeconfig", kubeconfig,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    node.agent.pass_once()
+    v = node.verification()
+    assert v["state"] == "Overridden"
+    given_for = v["currentFingerprint"]
+    assert v["override"]["fingerprint"] == given_for
+    expires = datetime.fromisoformat(v["override"]["expires"])
+    assert timedelta(hours=1) < expires - datetime.now(UTC) <= timedelta(hours=2)
+
+    # a repair: GPU 3 swapped. The override spoke for the old hardware only.
+    doc = node.snapshot()
+    doc[node.host.hgx.gpus[3]]["uuid"] = "GPU-00000003-aaaa-4c1a-9f3e-bbbbbbbbbbbb"
+    node.write_snapshot(doc)
+    node.agent.pass_once()
+    v = node.verification()
+    assert v["state"] == "Failed"  # the new hardware's own run (the NIC is still slow)
+    assert v["currentFingerprint"] != given_for
+    assert "override" not in v
+    assert f"given for hardware {given_for}" in v["overrideIgnored"]
+    assert set(node.gate_taints().values()) == {"failed"}
+    assert node.label() is None
+
+
+def test_an_expired_override_is_ignored_and_recorded(gated: Callable[..., GatedNode]) -> None:
+    node = gated()
+    node.sysfs(f"bus/pci/devices/{node.host.hgx.nics[0]}/current_link_speed", "8.0 GT/s PCIe")
+    node.agent.pass_once()
+    v = node.verification()
+    assert v["state"] == "Failed"
+    # as the CLI writes it, for this hardware, but already past its expiry
+    value = json.dumps(
+        {
+            "reason": "burn-in",
+            "fingerprint": v["currentFingerprint"],
+            "expires": "2026-01-01T00:00:00Z",
+        }
+    )
+    patch = {"metadata": {"annotations": {"fabricdra.io/verification-override": value}}}
+    client.CoreV1Api(node.api).patch_node(node.name, patch)
+    node.agent.pass_once()
+    v = node.verification()
+    assert v["state"] == "Failed"
+    assert "override" not in v
+    assert v["overrideIgnored"] == "override expired at 2026-01-01T00:00:00Z: not applied"
+    assert set(node.gate_taints().values()) == {"failed"}
 
 
 def _request_one_gpu(api: Any, cp: ControlPlane, node: str) -> Callable[[], str | None]:

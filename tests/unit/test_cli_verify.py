@@ -72,6 +72,16 @@ def test_override_needs_a_reason() -> None:
     assert "--override needs --reason" in done.stderr
 
 
+def test_an_override_lasts_a_stated_positive_time() -> None:
+    for bad in ("0d", "forever", "7"):
+        done = fabricdra("verify", "--override", "node-1", "--reason", "x", "--expires-in", bad)
+        assert done.returncode == 2, bad
+        assert "--expires-in" in done.stderr
+    done = fabricdra("verify", "--fingerprint", "abc")
+    assert done.returncode == 2
+    assert "--fingerprint goes with --override" in done.stderr
+
+
 # --- issue 18: the hardware the system model promises ----------------------------------------
 
 

@@ -77,3 +77,62 @@ def test_the_dashboard_queries_only_metrics_the_controller_serves() -> None:
     served = set(re.findall(r"^(fabricdra_[a-z_]+)", generate_latest(registry).decode(), re.M))
     assert used
     assert used <= served, used - served
+
+
+# --- issue 18 point 7: admin access, and the basic model's health --------------------------
+
+
+def _gpu(name: str, **attrs: object) -> dict[str, object]:
+    kinds = {bool: "bool", str: "string"}
+    base: dict[str, object] = {"type": "gpu", "deviceClass": "h100-80gb-sxm", **attrs}
+    return {
+        "name": name,
+        "attributes": {k: {kinds[type(v)]: v} for k, v in base.items()},
+    }
+
+
+def _slice(node: str, *devices: dict[str, object]) -> dict[str, object]:
+    return {
+        "spec": {
+            "driver": "devices.fabricdra.io",
+            "nodeName": node,
+            "pool": {"name": node},
+            "devices": list(devices),
+        }
+    }
+
+
+def _claim(node: str, device: str, admin: bool) -> dict[str, object]:
+    result: dict[str, object] = {
+        "request": "r",
+        "driver": "devices.fabricdra.io",
+        "pool": node,
+        "device": device,
+    }
+    if admin:
+        result["adminAccess"] = True
+    return {"status": {"allocation": {"devices": {"results": [result]}}}}
+
+
+def test_an_admin_access_claim_takes_no_device() -> None:
+    """Admin access (monitoring, repair) looks at a device without taking it: the scheduler
+    still hands the device out, so the fleet view must still count it free."""
+    slices = [_slice("n1", _gpu("gpu-0"), _gpu("gpu-1"))]
+    claims = [_claim("n1", "gpu-0", admin=True), _claim("n1", "gpu-1", admin=False)]
+    c = fleet(slices, claims, [], []).totals()["h100-80gb-sxm"]
+    assert (c.total, c.allocated, c.free) == (2, 1, 1)
+
+
+def test_on_the_basic_model_an_unhealthy_device_is_neither_healthy_nor_free() -> None:
+    """1.34/1.35 publish no taints: health is the `health` attribute, the gate `verified`."""
+    slices = [
+        _slice(
+            "n1",
+            _gpu("gpu-0", health="Unhealthy", verified=True),
+            _gpu("gpu-1", health="Healthy", verified=False),
+            _gpu("gpu-2", health="Healthy", verified=True),
+            _gpu("gpu-3", health="Unknown", verified=True),  # not known bad: counted healthy
+        )
+    ]
+    c = fleet(slices, [], [], []).totals()["h100-80gb-sxm"]
+    assert (c.total, c.healthy, c.verified, c.free) == (4, 3, 3, 2)

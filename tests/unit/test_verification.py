@@ -297,18 +297,79 @@ def test_gate_states() -> None:
         probe="nvlink", device="0000:18:00.0", deviceClass="h100-80gb-sxm", outcome="Failed"
     )
     assert decide(_run(False, probes=[failed_probe]), "fp", None).state == "Failed"
-    over = decide(_run(False, probes=[failed_probe]), "fp", Override(reason="RMA 123"))
+    over = decide(_run(False, probes=[failed_probe]), "fp", _override("RMA 123"), NOW)
     assert over.state == "Overridden"
     assert over.offered
     assert over.passed is False  # the run it overrides is still recorded
     assert over.reason == "marked verified by hand: RMA 123"
 
 
+NOW = datetime(2026, 3, 1, 12, tzinfo=UTC)
+
+
+def _override(reason: str, fp: str | None = "fp", expires: datetime | None = None) -> Override:
+    return Override(reason=reason, fingerprint=fp, expires=expires or NOW + timedelta(days=1))
+
+
+def test_an_override_holds_only_for_the_hardware_it_was_given_for() -> None:
+    """A repair after the override (a swapped GPU: a new fingerprint) ends it: the node is
+    gated by what its runs say again, and the record says why the override is not applied."""
+    given = _override("RMA 123", fp="fp")
+    applied = decide(_run(True, fp="fp"), "fp", given, NOW)
+    assert (applied.state, applied.override, applied.overrideIgnored) == ("Overridden", given, None)
+    assert applied.currentFingerprint == "fp"
+    repaired = decide(_run(False, fp="fp"), "new", given, NOW)
+    assert repaired.state == "Unverified"
+    assert not repaired.offered
+    assert repaired.override is None
+    assert repaired.currentFingerprint == "new"
+    assert repaired.overrideIgnored is not None
+    assert "given for hardware fp, the node is now new" in repaired.overrideIgnored
+    # the new hardware's own passed run still verifies it: the stale override is only ignored
+    assert decide(_run(True, fp="new"), "new", given, NOW).state == "Verified"
+
+
+def test_an_expired_override_is_ignored() -> None:
+    failed_probe = ProbeResult(
+        probe="nvlink", device="0000:18:00.0", deviceClass="h100-80gb-sxm", outcome="Failed"
+    )
+    run = _run(False, probes=[failed_probe])
+    over = _override("burn-in", expires=NOW + timedelta(seconds=1))
+    assert decide(run, "fp", over, NOW).state == "Overridden"
+    expired = decide(run, "fp", over, NOW + timedelta(seconds=1))
+    assert expired.state == "Failed"
+    assert expired.override is None
+    assert expired.overrideIgnored == "override expired at 2026-03-01T12:00:01Z: not applied"
+    # a zone-less timestamp (written by hand) is read as UTC
+    naive = _override("burn-in", expires=datetime(2026, 3, 1, 11))
+    assert decide(run, "fp", naive, NOW).state == "Failed"
+
+
+def test_an_override_bound_to_no_hardware_or_without_expiry_is_ignored() -> None:
+    for over in (
+        Override(reason="plain words"),  # the old annotation form, or hand-written text
+        Override(reason="no expiry", fingerprint="fp"),
+        Override(reason="no hardware", expires=NOW + timedelta(days=1)),
+    ):
+        v = decide(_run(False), "fp", over, NOW)
+        assert v.state == "Unverified", over
+        assert v.override is None
+        assert v.overrideIgnored
+        assert "not applied" in v.overrideIgnored
+
+
 def test_override_annotation() -> None:
-    doc = {"reason": "burn-in done", "by": "ops@x", "time": "2026-01-02T03:04:05Z"}
+    doc = {
+        "reason": "burn-in done",
+        "by": "ops@x",
+        "time": "2026-01-02T03:04:05Z",
+        "fingerprint": "abc",
+        "expires": "2026-01-09T03:04:05Z",
+    }
     o = override_from_annotation(json.dumps(doc))
     assert o is not None
-    assert (o.reason, o.by) == ("burn-in done", "ops@x")
+    assert (o.reason, o.by, o.fingerprint) == ("burn-in done", "ops@x", "abc")
+    assert o.expires == datetime(2026, 1, 9, 3, 4, 5, tzinfo=UTC)
     assert override_from_annotation("plain words") == Override(reason="plain words")
     assert override_from_annotation("  ") is None
     assert override_from_annotation(None) is None

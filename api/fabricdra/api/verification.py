@@ -207,9 +207,19 @@ class ProbeResult(_Frozen):
 
 
 class Override(_Frozen):
+    """A manual override, as `fabricdra verify --override` writes it into the Node annotation.
+
+    It holds only for the hardware it was given for (`fingerprint`, the node's
+    `currentFingerprint` when it was given) and only until `expires`: one without either is
+    not applied (docs/verification.md)."""
+
     reason: str
     by: str | None = None
     time: datetime | None = None
+    fingerprint: str | None = Field(
+        default=None, description="The node's hardware and driver identity it was given for."
+    )
+    expires: datetime | None = Field(default=None, description="When it stops applying.")
 
 
 class Verification(_Frozen):
@@ -225,7 +235,17 @@ class Verification(_Frozen):
     )
     passed: bool | None = Field(default=None, description="Whether the last run passed.")
     probes: list[ProbeResult] = Field(default_factory=list)
-    override: Override | None = None
+    override: Override | None = Field(default=None, description="The override applied, if any.")
+    currentFingerprint: str | None = Field(
+        default=None,
+        description="The hardware and driver identity the node has now (what an override is "
+        "given for; differs from `fingerprint` while a run on new hardware is pending).",
+    )
+    overrideIgnored: str | None = Field(
+        default=None,
+        description="Why the node's override annotation is not applied (given for other "
+        "hardware, expired, or not bound to any), in words.",
+    )
 
     @property
     def offered(self) -> bool:

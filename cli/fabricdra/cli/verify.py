@@ -5,8 +5,13 @@ manual override of a node's verification gate (docs/verification.md).
                      [-o table|json] [--all]
         exit 0: passed; 1: not passed (a probe failed, or a required probe did not run)
     fabricdra verify --node NODE [--kubeconfig K]      ask NODE's agent to verify again
-    fabricdra verify --override NODE --reason TEXT [--kubeconfig K]
+    fabricdra verify --override NODE --reason TEXT [--expires-in 7d] [--fingerprint FP]
+                     [--kubeconfig K]
     fabricdra verify --clear-override NODE [--kubeconfig K]
+
+An override holds for the hardware the node has when it is given (the fingerprint its agent
+records as `status.verification.currentFingerprint`) and until it expires; only the identities
+the chart's admission policy names may set it (docs/verification.md).
 """
 
 from __future__ import annotations
@@ -14,12 +19,15 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+import re
 import sys
 from contextlib import ExitStack, closing
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from fabricdra.api.rest import NODES, ApiError, Rest
+from fabricdra.api.nodedevices import API_VERSION as ND_API_VERSION
+from fabricdra.api.nodedevices import PLURAL as ND_PLURAL
+from fabricdra.api.rest import NODES, ApiError, Kind, Rest
 from fabricdra.api.verification import ProbeResult, load_expectations, parse_profile
 from fabricdra.kubeletplugin.discovery.node import NvmlSource, discover
 from fabricdra.kubeletplugin.discovery.nvml import SnapshotError, load_snapshot, read_live
@@ -75,8 +83,25 @@ def register(sub: Any) -> None:
     )
     a("-o", "--output", choices=["table", "json"], default="table", help="output format")
     a("--all", action="store_true", help="list every probe, not only those that did not pass")
-    a("--override", metavar="NODE", help="mark NODE verified by hand (needs --reason)")
+    a(
+        "--override",
+        metavar="NODE",
+        help="mark NODE verified by hand, for the hardware it has now and until --expires-in "
+        "(needs --reason; only the admins the chart's admission policy names may)",
+    )
     a("--reason", help="why the override is justified (recorded in the node's status)")
+    a(
+        "--expires-in",
+        default="7d",
+        metavar="DURATION",
+        help="how long the override holds: N followed by s, m, h or d (default 7d)",
+    )
+    a(
+        "--fingerprint",
+        metavar="FP",
+        help="the hardware fingerprint the override is for (default: the one NODE's agent "
+        "recorded in its NodeDevices status, currentFingerprint)",
+    )
     a("--clear-override", metavar="NODE", help="remove NODE's manual override")
     a(
         "--node",
@@ -101,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
         return _set_override(args)
     if args.reason:
         raise UsageError("--reason goes with --override")
+    if args.fingerprint:
+        raise UsageError("--fingerprint goes with --override")
     return _verify(args)
 
 
@@ -186,7 +213,11 @@ def table(probes: list[ProbeResult]) -> str:
 
 
 def _now() -> str:
-    return datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    return _stamp(datetime.now(UTC).replace(microsecond=0))
+
+
+def _stamp(t: datetime) -> str:
+    return t.isoformat().replace("+00:00", "Z")
 
 
 def _request_reverify(args: argparse.Namespace) -> int:
@@ -213,22 +244,67 @@ def _annotate(args: argparse.Namespace, node: str, key: str, value: str | None) 
     return True
 
 
+NODE_DEVICES = Kind(
+    ND_API_VERSION.partition("/")[0], ND_API_VERSION.partition("/")[2], ND_PLURAL, False
+)
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> timedelta:
+    """'90m', '12h', '7d' -> a positive timedelta."""
+    m = re.fullmatch(r"\s*(\d+)\s*([smhd])\s*", text)
+    if m is None or int(m.group(1)) == 0:
+        raise UsageError(f"--expires-in {text!r}: give a positive N followed by s, m, h or d")
+    return timedelta(seconds=int(m.group(1)) * _UNITS[m.group(2)])
+
+
+def _current_fingerprint(args: argparse.Namespace, node: str) -> str:
+    """The fingerprint NODE's agent recorded for the hardware it has now."""
+    api = api_client(args.kubeconfig, USER_AGENT)
+    try:
+        live = Rest(api).get_or_none(NODE_DEVICES, node)
+    finally:
+        api.close()
+    v = ((live or {}).get("status") or {}).get("verification") or {}
+    fp = v.get("currentFingerprint")
+    if not isinstance(fp, str) or not fp:
+        raise UsageError(
+            f"node {node}: its agent has recorded no hardware fingerprint "
+            "(status.verification.currentFingerprint of its NodeDevices): give --fingerprint, "
+            "as `fabricdra verify -o json` on the node prints it"
+        )
+    return fp
+
+
 def _set_override(args: argparse.Namespace) -> int:
     node = args.override or args.clear_override
     value: str | None = None
     if args.override:
         if not args.reason or not args.reason.strip():
             raise UsageError("--override needs --reason: the override is recorded with it")
+        lasts = parse_duration(args.expires_in)
+        fp = args.fingerprint or _current_fingerprint(args, node)
+        now = datetime.now(UTC).replace(microsecond=0)
         value = json.dumps(
             {
                 "reason": args.reason.strip(),
                 "by": getpass.getuser(),
-                "time": _now(),
+                "time": _stamp(now),
+                # bound to this hardware, for this long (docs/verification.md)
+                "fingerprint": fp,
+                "expires": _stamp(now + lasts),
             },
             sort_keys=True,
         )
+    elif args.fingerprint:
+        raise UsageError("--fingerprint goes with --override")
     if not _annotate(args, node, OVERRIDE_ANNOTATION, value):
         return 1
-    verb = "marked verified by hand" if value else "override cleared"
-    print(f"node {node}: {verb}; its agent applies it at its next pass")
+    if value is None:
+        print(f"node {node}: override cleared; its agent applies it at its next pass")
+    else:
+        print(
+            f"node {node}: marked verified by hand until {json.loads(value)['expires']}, for "
+            f"hardware {json.loads(value)['fingerprint']}; its agent applies it at its next pass"
+        )
     return 0

@@ -6,9 +6,12 @@ Counting rules (the device seed's free/allocated accounting):
 
 * a device is one published `devices.fabricdra.io` device; a shared RDMA endpoint published as
   holder devices `<name>-s<k>` (1.34/1.35) counts once;
-* healthy: no `fabricdra.io/unhealthy` taint and no `linkVerdict: Failed`;
+* healthy: no `fabricdra.io/unhealthy` taint, no `linkVerdict: Failed` and no `health:
+  Unhealthy` attribute (1.34/1.35 publish no taints: the attribute is all there is);
 * verified: no `fabricdra.io/unverified` taint and no `verified: false` attribute;
-* allocated: named by an allocation result of a ResourceClaim (driver devices.fabricdra.io);
+* allocated: named by an allocation result of a ResourceClaim (driver devices.fabricdra.io)
+  that is not `adminAccess` (admin access looks at a device without taking it: the scheduler
+  still hands it out);
 * free: healthy, verified and not allocated — what placement may still hand out.
 
 Stranded GPUs (free, yet no job that needs them whole can get them), each counted once:
@@ -172,7 +175,9 @@ def _devices(slices: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], _Devi
                 type=type_,
                 device_class=_attr(d, "deviceClass") or type_,
                 fabric_domain=_attr(d, "fabricDomain"),
-                healthy=UNHEALTHY_TAINT not in taints and _attr(d, "linkVerdict") != "Failed",
+                healthy=UNHEALTHY_TAINT not in taints
+                and _attr(d, "linkVerdict") != "Failed"
+                and _attr(d, "health") != "Unhealthy",
                 verified=UNVERIFIED_TAINT not in taints and _attr(d, "verified") is not False,
                 shared_capacity=int(capacity)
                 if capacity and d.get("allowMultipleAllocations")
@@ -185,7 +190,7 @@ def _allocate(devices: dict[tuple[str, str], _Device], claims: Iterable[Mapping[
     for claim in claims:
         allocation = (claim.get("status") or {}).get("allocation") or {}
         for r in (allocation.get("devices") or {}).get("results") or []:
-            if r.get("driver") != DRIVER:
+            if r.get("driver") != DRIVER or r.get("adminAccess") is True:
                 continue
             name, pool = r.get("device", ""), r.get("pool", "")
             device = devices.get((pool, name))

@@ -28,7 +28,8 @@ Health Events: each pass whose slices are synced, one Event on the Node per devi
 (or an Unhealthy device's cause) changed since it was last reported (healthevents.py).
 
 Verification gate (when the agent passes a `GateInput`; docs/verification.md): the state is
-decided from the last run, the node's fingerprint now and the Node's override annotation; a node
+decided from the last run, the node's fingerprint now and the Node's override annotation (applied
+only while it names that fingerprint and has not expired); a node
 that is not Verified/Overridden has every device tainted `fabricdra.io/unverified` (or
 `verified: false` on the basic model) and no `fabricdra.io/verified` label; the state is written
 to the NodeDevices status subresource when it differs. When the Node cannot be read, the
@@ -156,6 +157,15 @@ class NodePublisher:
             annotations = node.get("metadata", {}).get("annotations") or {}
             override = override_from_annotation(annotations.get(OVERRIDE_ANNOTATION))
             state = decide(verification.run, verification.fingerprint, override)
+            if state.overrideIgnored and (
+                self.verification is None
+                or self.verification.overrideIgnored != state.overrideIgnored
+            ):  # said once per change, not every pass; the status records it too
+                log.warning(
+                    "verification override not applied",
+                    node=self.node_name,
+                    why=state.overrideIgnored,
+                )
             self.verification = state
         gate_unknown = verification is not None and state is None
 

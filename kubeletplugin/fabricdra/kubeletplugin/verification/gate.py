@@ -5,8 +5,11 @@
     Unverified   no run yet; a required probe could not run; or the fingerprint changed since
                  the last run (a repair, a swapped device, a driver upgrade): the old result
                  no longer speaks for the node
-    Overridden   an operator marked the node verified (`fabricdra verify --override`); the
-                 last run is still recorded next to it
+    Overridden   an operator marked the node verified (`fabricdra verify --override`) for the
+                 hardware it has now, and the override has not expired; the last run is still
+                 recorded next to it. An override given for other hardware (its fingerprint is
+                 not the node's now), expired, or naming no fingerprint or expiry is not
+                 applied: the state is what the last run says, and `overrideIgnored` says why
 
 Only Verified and Overridden nodes have their devices offered (docs/verification.md).
 """
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from fabricdra.api.verification import (
     Expectations,
@@ -80,12 +83,50 @@ def run_passed(probes: list[ProbeResult], expectations: Expectations) -> tuple[b
     return True, f"{sum(r.outcome == 'Passed' for r in probes)} probes passed"
 
 
+def override_problem(override: Override, fingerprint_now: str, now: datetime) -> str | None:
+    """Why `override` does not apply to the node as it is now (None: it applies)."""
+    if not override.fingerprint:
+        return "override names no hardware fingerprint: not applied (set it with fabricdra verify)"
+    if override.expires is None:
+        return "override has no expiry: not applied (set it with fabricdra verify)"
+    if override.fingerprint != fingerprint_now:
+        return (
+            f"override was given for hardware {override.fingerprint}, the node is now "
+            f"{fingerprint_now} (a repair or driver change): not applied"
+        )
+    expires = override.expires
+    if expires.tzinfo is None:  # a hand-written timestamp without a zone: read as UTC
+        expires = expires.replace(tzinfo=UTC)
+    if expires <= now:
+        return f"override expired at {_stamp(expires)}: not applied"
+    return None
+
+
+def _stamp(t: datetime) -> str:
+    return t.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
 def decide(
-    run: VerificationRun | None, fingerprint_now: str, override: Override | None
+    run: VerificationRun | None,
+    fingerprint_now: str,
+    override: Override | None,
+    now: datetime | None = None,
 ) -> Verification:
+    """The gate state; `now` (default: the clock) decides whether the override expired."""
+    ignored = None
+    if override is not None:
+        ignored = override_problem(override, fingerprint_now, now or datetime.now(UTC))
+    applied = override if ignored is None else None
+
     def record(state: GateState, reason: str) -> Verification:
         if run is None:
-            return Verification(state=state, reason=reason, override=override)
+            return Verification(
+                state=state,
+                reason=reason,
+                override=applied,
+                currentFingerprint=fingerprint_now,
+                overrideIgnored=ignored,
+            )
         return Verification(
             state=state,
             reason=reason,
@@ -93,11 +134,13 @@ def decide(
             fingerprint=run.fingerprint,
             passed=run.passed,
             probes=run.probes,
-            override=override,
+            override=applied,
+            currentFingerprint=fingerprint_now,
+            overrideIgnored=ignored,
         )
 
-    if override is not None:
-        return record("Overridden", f"marked verified by hand: {override.reason}")
+    if applied is not None:
+        return record("Overridden", f"marked verified by hand: {applied.reason}")
     if run is None:
         return record("Unverified", "no verification run yet")
     if run.fingerprint != fingerprint_now:
@@ -113,8 +156,9 @@ def decide(
 
 
 def override_from_annotation(value: str | None) -> Override | None:
-    """The node annotation `fabricdra.io/verification-override` (JSON {reason, by, time}, as
-    `fabricdra verify --override` writes it; plain text is taken as the reason)."""
+    """The node annotation `fabricdra.io/verification-override` (JSON {reason, by, time,
+    fingerprint, expires}, as `fabricdra verify --override` writes it; plain text is taken as
+    the reason, and such an override, bound to no hardware, is not applied by `decide`)."""
     if value is None or not value.strip():
         return None
     try:
