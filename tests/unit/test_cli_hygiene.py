@@ -212,7 +212,7 @@ def test_component_logs_are_json_lines_with_level_and_time(tmp_path: Path) -> No
         assert record["timestamp"].endswith("Z"), line
         assert record["event"], line
         loggers.add(record.get("logger"))
-    assert loggers & {"fabricdra.controller.informer", "fabricdra.api.informer", "urllib3"}
+    assert loggers & {"fabricdra.informer", "urllib3"}
 
 
 def test_stdlib_exception_is_one_json_line(tmp_path: Path) -> None:
