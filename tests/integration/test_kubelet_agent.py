@@ -150,7 +150,7 @@ def test_agent_publishes_serves_and_republishes(
     assert slice_devices(api, node) == []
     with grpc.insecure_channel(f"unix://{agent.server.paths.registration_socket}") as ch:
         stub = reg_grpc.RegistrationStub(ch)
-        assert stub.GetInfo(reg_pb2.InfoRequest(), timeout=1).name == "devices.fabricdra.io"
+        assert stub.GetInfo(reg_pb2.InfoRequest(), timeout=30).name == "devices.fabricdra.io"
         stub.NotifyRegistrationStatus(reg_pb2.RegistrationStatus(plugin_registered=True))
     assert wait_for(lambda: slice_devices(api, node), what="republished slices") == published
 
@@ -176,7 +176,7 @@ def test_agent_publishes_serves_and_republishes(
         assert json.loads(config.checkpoint_path.read_text())["claims"][0]["uid"] == uid
 
         stream = health_grpc.DRAResourceHealthStub(ch).NodeWatchResources(
-            health_pb2.NodeWatchResourcesRequest(), timeout=10
+            health_pb2.NodeWatchResourcesRequest(), timeout=60
         )
         health = {d.device.device_name: d for d in next(stream).devices}
         stream.cancel()
