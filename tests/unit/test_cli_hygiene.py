@@ -54,6 +54,14 @@ def test_inventory_process_imports_neither_controller_nor_clients() -> None:
     assert _heavy(modules) == []
 
 
+def test_help_lists_every_command_without_importing_one() -> None:
+    modules = _modules_after(
+        "from fabricdra.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass"
+    )
+    assert _heavy(modules) == []
+    assert not [m for m in modules if m.startswith("fabricdra.kubeletplugin")]
+
+
 def test_commands_table_matches_what_the_modules_register() -> None:
     """`COMMANDS` repeats each subcommand's help so `--help` imports nothing: it must say
     what the module itself registers."""
