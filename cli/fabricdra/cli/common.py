@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
@@ -32,7 +33,8 @@ class EnvDefault:
 
     Checked then, not when the parser is built, so that a value the command line overrides is
     never looked at, and a bad one is a one-line usage error naming the variable (exit 2), not
-    a traceback. `main` resolves every one left in the parsed arguments.
+    a traceback. The command's parser resolves every one left in the parsed arguments
+    (`resolve_env_defaults`).
     """
 
     def __init__(
@@ -122,7 +124,7 @@ def _bool(text: str) -> bool:
 
 def _finite_float(text: str) -> float:
     value = float(text)
-    if value != value or value in (float("inf"), float("-inf")):
+    if not math.isfinite(value):  # "nan", "inf": no interval or timeout means that
         raise ValueError(text)
     return value
 
