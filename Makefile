@@ -60,6 +60,7 @@ test: lint typecheck cluster-binaries
 
 bench: venv cluster-binaries
 	$(BIN)/python -m bench.discovery
+	$(BIN)/python -m bench.startup
 	$(BIN)/python -m bench.prepare
 	$(BIN)/python -m bench.controller
 	$(BIN)/python -m bench.fleet

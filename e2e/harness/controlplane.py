@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import ssl
-import time
 import urllib.request
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
@@ -22,7 +21,8 @@ from e2e.harness import binaries
 from e2e.harness.errors import HarnessError
 from e2e.harness.kubeconfig import write_kubeconfig
 from e2e.harness.pki import KeyPair, Pki
-from e2e.harness.process import Daemon, free_port, wait_until
+from e2e.harness.poll import wait_for
+from e2e.harness.process import Daemon, free_port
 
 # Metadata for every request, one event per request (ResponseComplete), so counting writes by
 # a component is counting lines.
@@ -218,7 +218,7 @@ class ControlPlane:
         context.load_cert_chain(str(admin.cert), str(admin.key))
 
         def apiserver_ready(daemon: Daemon) -> None:
-            wait_until(
+            wait_for(
                 lambda: _https_ok(f"{self.server}/readyz", context),
                 timeout=START_TIMEOUT,
                 what="ready (/readyz)",
@@ -261,7 +261,7 @@ class ControlPlane:
                 with urllib.request.urlopen(f"{url}/health", timeout=5) as response:
                     return bool(json.load(response).get("health") == "true")
 
-            wait_until(healthy, timeout=60, what="healthy (/health)", daemon=daemon)
+            wait_for(healthy, timeout=60, what="healthy (/health)", daemon=daemon)
 
         self.adopt(_start_on_free_ports(start, ready))
         return url
@@ -397,7 +397,7 @@ class _Component:
 
         def ready(daemon: Daemon) -> None:
             url = f"https://127.0.0.1:{self.port}/healthz"
-            wait_until(
+            wait_for(
                 lambda: _https_ok(url, _insecure_context()),
                 timeout=START_TIMEOUT,
                 what="healthy (/healthz)",
@@ -443,24 +443,6 @@ class KubeControllerManager(_Component):
             "--use-service-account-credentials=true",
             f"--node-monitor-grace-period={self.node_monitor_grace_period}",
         ]
-
-
-def wait_for(check: Callable[[], Any], *, timeout: float = 60.0, what: str = "condition") -> Any:
-    """Poll `check` until it returns something truthy, and return that (for tests)."""
-    deadline = time.monotonic() + timeout
-    last_error: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = check()
-        except Exception as e:  # keep polling through transient API errors
-            last_error = e
-        else:
-            if value:
-                return value
-        time.sleep(0.25)
-    raise AssertionError(
-        f"timed out after {timeout:.0f}s waiting for {what}; last error: {last_error}"
-    )
 
 
 __all__ = [

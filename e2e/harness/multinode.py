@@ -58,7 +58,8 @@ from e2e.harness.nodecluster import (
     take_machine_lock,
     write_cni_config,
 )
-from e2e.harness.process import Daemon, free_port, kill_matching, wait_until
+from e2e.harness.poll import wait_for
+from e2e.harness.process import Daemon, free_port, kill_matching
 
 FIRST_HOST = 11  # node i listens on 127.0.0.<FIRST_HOST + i>
 MAX_NODES = 40  # bridges fdra-mn<i> and subnets 10.245.<i>.0/24 stay distinct below this
@@ -156,7 +157,7 @@ class WorkerNode:
         self.control_plane.adopt(self._containerd)
 
     def wait_containerd(self, bin_dir: Path) -> None:
-        wait_until(
+        wait_for(
             lambda: _ctr(bin_dir, self.containerd_socket, "version").returncode == 0,
             timeout=60,
             what="serving its socket",
@@ -221,7 +222,7 @@ class WorkerNode:
             # ...and the node-lifecycle controller has lifted the not-ready taint.
             return conditions.get("Ready") == "True" and not (spec and spec.taints)
 
-        wait_until(ready, timeout=NODE_READY_TIMEOUT, what="a Ready node", daemon=self._kubelet)
+        wait_for(ready, timeout=NODE_READY_TIMEOUT, what="a Ready node", daemon=self._kubelet)
 
     # -- stop -------------------------------------------------------------------------------
 

@@ -31,13 +31,13 @@ from typing import Any, Self
 from e2e.harness import binaries, images
 from e2e.harness.controlplane import ControlPlane, KubeControllerManager, KubeScheduler
 from e2e.harness.errors import HarnessError
+from e2e.harness.poll import wait_for
 from e2e.harness.process import (
     Daemon,
     free_port,
     kill_matching,
     log_tail,
     stop_recorded,
-    wait_until,
 )
 
 DEFAULT_BASE = Path("/var/lib/fabricdra-e2e")
@@ -274,7 +274,7 @@ class NodeCluster:
             env=env,
             die_with_parent=not self.detached,
         )
-        wait_until(
+        wait_for(
             lambda: self._ctr(bin_dir, "version").returncode == 0,
             timeout=60,
             what="serving its socket",
@@ -349,7 +349,7 @@ class NodeCluster:
             # ...and the node-lifecycle controller has lifted the not-ready taint.
             return conditions.get("Ready") == "True" and not (spec and spec.taints)
 
-        wait_until(ready, timeout=NODE_READY_TIMEOUT, what="a Ready node", daemon=self._kubelet)
+        wait_for(ready, timeout=NODE_READY_TIMEOUT, what="a Ready node", daemon=self._kubelet)
 
 
 def write_cni_config(conf_dir: Path, bridge: str, subnet: str, ipam_dir: Path) -> None:

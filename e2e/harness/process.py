@@ -177,24 +177,6 @@ def kill_matching(match: Callable[[list[str]], bool]) -> list[int]:
     return killed
 
 
-def wait_until(
-    check: Callable[[], bool], *, timeout: float, what: str, daemon: Daemon | None = None
-) -> None:
-    """Poll `check` until it is true; fail early if `daemon` exits, with its log tail."""
-    deadline = time.monotonic() + timeout
-    while True:
-        with contextlib.suppress(Exception):
-            if check():
-                return
-        if daemon is not None and not daemon.alive():
-            raise daemon.failure(f"exited before {what}")
-        if time.monotonic() > deadline:
-            if daemon is not None:
-                raise daemon.failure(f"not {what} after {timeout:.0f}s")
-            raise HarnessError(f"not {what} after {timeout:.0f}s")
-        time.sleep(0.25)
-
-
 @atexit.register
 def _stop_all() -> None:
     with _lock:

@@ -285,7 +285,7 @@ def test_host_mode_prepare_checks_the_host_imex_service(
             )
         )
         try:
-            wait_for(lambda: sup.step(["10.1.1.1"]).ready, what="host IMEX up", timeout=20)
+            wait_for(lambda: sup.step(["10.1.1.1"]).ready, what="host IMEX up")
             assert driver.prepare(ref)[0].device_name == cd.CHANNEL_DEVICE
             write_host_report(rest, driver_ns, node, ready=True, message=driver.host_imex()[1])
             wait_for(

@@ -8,8 +8,8 @@ import uuid
 import pytest
 
 from e2e.harness.controlplane import ControlPlane
+from fabricdra.api.informer import Informer
 from fabricdra.api.rest import LEASES, Rest
-from fabricdra.controller.informer import Informer
 
 pytestmark = pytest.mark.integration
 

@@ -14,9 +14,9 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 import pytest
@@ -25,6 +25,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from e2e.harness.controlplane import ControlPlane
+from e2e.harness.poll import wait_for
 from e2e.harness.process import free_port
 from fabricdra.kubeletplugin.agent import Agent, AgentConfig, health_reports
 from fabricdra.kubeletplugin.kubelet import ClaimRef
@@ -42,18 +43,6 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 _ids = itertools.count()
-T = TypeVar("T")
-
-
-def eventually(check: Callable[[], T | None], what: str, timeout: float = 20.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +127,7 @@ def running(
         thread = threading.Thread(target=agent.run, args=(stop,))
         thread.start()
         try:
-            eventually(agent.server.paths.registration_socket.exists, "the registration socket")
+            wait_for(agent.server.paths.registration_socket.exists, what="the registration socket")
             yield agent, config, api
         finally:
             agent.stop_event_wakes(stop)
@@ -163,9 +152,9 @@ def test_agent_publishes_serves_and_republishes(
     assert slice_devices(api, node) == []
     with grpc.insecure_channel(f"unix://{agent.server.paths.registration_socket}") as ch:
         stub = reg_grpc.RegistrationStub(ch)
-        assert stub.GetInfo(reg_pb2.InfoRequest(), timeout=1).name == "devices.fabricdra.io"
+        assert stub.GetInfo(reg_pb2.InfoRequest(), timeout=30).name == "devices.fabricdra.io"
         stub.NotifyRegistrationStatus(reg_pb2.RegistrationStatus(plugin_registered=True))
-    assert eventually(lambda: slice_devices(api, node), "republished slices") == published
+    assert wait_for(lambda: slice_devices(api, node), what="republished slices") == published
 
     # prepare resolves names against the agent's current inventory
     uid = create_claim(
@@ -189,7 +178,7 @@ def test_agent_publishes_serves_and_republishes(
         assert json.loads(config.checkpoint_path.read_text())["claims"][0]["uid"] == uid
 
         stream = health_grpc.DRAResourceHealthStub(ch).NodeWatchResources(
-            health_pb2.NodeWatchResourcesRequest(), timeout=10
+            health_pb2.NodeWatchResourcesRequest(), timeout=60
         )
         health = {d.device.device_name: d for d in next(stream).devices}
         stream.cancel()
@@ -221,10 +210,10 @@ def test_the_cli_process_runs_and_stops_on_sigterm(
     proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
     try:
         reg = config.registry_dir / "devices.fabricdra.io-reg.sock"
-        eventually(lambda: reg.exists() or proc.poll() is not None, "the registration socket")
+        wait_for(lambda: reg.exists() or proc.poll() is not None, what="the registration socket")
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
         with control_plane.api_client() as api:
-            devices = eventually(lambda: slice_devices(api, node), "published slices")
+            devices = wait_for(lambda: slice_devices(api, node), what="published slices")
         assert "rdma-0000-19-00-0" in devices or "rdma-0000-19-00-0-s0" in devices
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
@@ -264,11 +253,11 @@ def test_a_surge_roll_of_two_agent_processes_keeps_the_new_ones_sockets_and_port
         for uid in ("old-1111", "new-2222"):
             env = {**os.environ, "FABRICDRA_POD_UID": uid}
             proc = procs[uid] = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
-            eventually(
+            wait_for(
                 lambda uid=uid, proc=proc: (
                     all(p.exists() for p in sockets(uid)) or proc.poll() is not None
                 ),
-                f"the sockets of {uid}",
+                what=f"the sockets of {uid}",
                 timeout=60,
             )
             assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
@@ -284,7 +273,9 @@ def test_a_surge_roll_of_two_agent_processes_keeps_the_new_ones_sockets_and_port
                 return None
 
         # The port is the new process's once the old one has gone (it retries every second).
-        eventually(lambda: metrics() if procs["old-1111"].poll() is not None else None, "metrics")
+        wait_for(
+            lambda: metrics() if procs["old-1111"].poll() is not None else None, what="metrics"
+        )
         left = sorted(p.name for p in config.registry_dir.iterdir())
         alive = new.poll() is None
         new.send_signal(signal.SIGTERM)
@@ -361,11 +352,11 @@ def test_slices_come_back_when_kubelets_wipe_lands_after_the_republish(
             reg_pb2.RegistrationStatus(plugin_registered=True)
         )
     passes = agent.passes
-    eventually(lambda: agent.passes > passes, "the pass the registration triggered")
+    wait_for(lambda: agent.passes > passes, what="the pass the registration triggered")
     resource = client.ResourceV1Api(api)
     for s in resource.list_resource_slice(field_selector=f"spec.nodeName={node}").items:
         resource.delete_resource_slice(s.metadata.name)  # the late wipe
-    assert eventually(lambda: slice_devices(api, node), "slices back after a late wipe") == (
+    assert wait_for(lambda: slice_devices(api, node), what="slices back after a late wipe") == (
         published
     )
 
@@ -394,7 +385,7 @@ def test_a_failures_first_seen_time_survives_a_plugin_restart(
             agent = Agent(config, api)
             agent.seed_history()
             agent.pass_once()
-            times.append(eventually(lambda: taint_time(api), "the failed link's taint"))
+            times.append(wait_for(lambda: taint_time(api), what="the failed link's taint"))
             time.sleep(1.1)  # the clock moves on (times have one-second resolution)
         assert times[0] == times[1]
 
@@ -433,11 +424,11 @@ def test_a_critical_xid_taints_the_gpu_and_survives_a_plugin_restart(
         record([])
         agent = Agent(config, api)
         agent.pass_once()
-        assert eventually(lambda: slice_devices(api, node), "the first publish")
+        assert wait_for(lambda: slice_devices(api, node), what="the first publish")
         assert taint_time(api) is None
         record([{"xid": 79}])
         agent.pass_once()
-        first = eventually(lambda: taint_time(api), "the Xid's taint")
+        first = wait_for(lambda: taint_time(api), what="the Xid's taint")
         agent.xids.close()
 
         record([])  # a new process: the event is not delivered again
@@ -472,13 +463,13 @@ def test_a_gpu_that_falls_off_the_bus_stays_published_tainted_until_a_restart(
     with control_plane.api_client() as api:
         agent = Agent(config, api)
         agent.pass_once()
-        assert eventually(lambda: device in taints(api), "the first publish")
+        assert wait_for(lambda: device in taints(api), what="the first publish")
         assert taints(api)[device] == []
         SysfsBuilder(config.sysfs_root).remove_pci(gone)  # Xid 79: the kernel drops the GPU
         del snapshot[gone]
         host.nvml_snapshot.write_text(json.dumps(snapshot))
         inventory = agent.pass_once()
-        assert eventually(lambda: TAINT_KEY in taints(api).get(device, []), "the taint")
+        assert wait_for(lambda: TAINT_KEY in taints(api).get(device, []), what="the taint")
         lost = inventory.get(device)
         assert lost is not None
         assert (lost.health, lost.lost) == ("Unhealthy", True)
@@ -490,7 +481,7 @@ def test_a_gpu_that_falls_off_the_bus_stays_published_tainted_until_a_restart(
 
         restarted = Agent(config, api)  # a new process publishes what is on the bus
         restarted.pass_once()
-        assert eventually(lambda: device not in taints(api), "the GPU withdrawn after a restart")
+        assert wait_for(lambda: device not in taints(api), what="the GPU withdrawn after a restart")
         restarted.xids.close()
 
 
@@ -524,14 +515,14 @@ def test_a_critical_xid_between_passes_is_published_within_seconds(
         thread = threading.Thread(target=agent.run, args=(stop,))
         thread.start()
         try:
-            eventually(lambda: slice_devices(api, node), "the first publish")
+            wait_for(lambda: slice_devices(api, node), what="the first publish")
             passes = agent.passes
             snapshot[second]["xidEvents"] = [{"xid": 13}]  # the application's own
             host.nvml_snapshot.write_text(json.dumps(snapshot))
             snapshot[first]["xidEvents"] = [{"xid": 79}]
             host.nvml_snapshot.write_text(json.dumps(snapshot))
             name = "gpu-" + first.replace(":", "-").replace(".", "-")
-            assert eventually(lambda: tainted(api), "the Xid's taint", timeout=15) == [name]
+            assert wait_for(lambda: tainted(api), what="the Xid's taint") == [name]
             assert agent.passes == passes + 1
         finally:
             agent.stop_event_wakes(stop)
@@ -574,7 +565,7 @@ def agent_running(
         thread = threading.Thread(target=agent.run, args=(stop,))
         thread.start()
         try:
-            eventually(agent.server.paths.registration_socket.exists, "the registration socket")
+            wait_for(agent.server.paths.registration_socket.exists, what="the registration socket")
             yield agent, config
         finally:
             reader.release.set()
@@ -623,7 +614,9 @@ def test_the_sweep_never_frees_a_device_kubelet_has_not_unprepared(
             # each sweep reads "kept": three more reads, and a whole sweep began (and ended)
             # after the delete
             seen = reader.reads.get("kept", 0)
-            eventually(lambda: reader.reads.get("kept", 0) >= seen + 3, "a sweep after the delete")
+            wait_for(
+                lambda: reader.reads.get("kept", 0) >= seen + 3, what="a sweep after the delete"
+            )
             assert (config.cdi_dir / f"k8s.devices.fabricdra.io-device_{first}.json").exists()
             second = create_claim(
                 api, node, "second", [{"request": "nic", "device": nic, "pool": node}]
@@ -663,7 +656,7 @@ def test_a_hanging_sweep_stops_no_discovery_pass(
         ) as (agent, _):
             assert reader.hanging.wait(20)
             passes = agent.passes
-            eventually(lambda: agent.passes >= passes + 2, "passes while the sweep hangs")
+            wait_for(lambda: agent.passes >= passes + 2, what="passes while the sweep hangs")
 
 
 def _rdma_modes(api: Any, node: str) -> dict[str, str]:

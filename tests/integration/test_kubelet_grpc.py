@@ -171,7 +171,7 @@ def test_registration_answers_kubelet(plugin: Plugin) -> None:
     assert plugin.paths.registration_socket.parent == plugin.base / "registry"
     with grpc.insecure_channel(f"unix://{plugin.paths.registration_socket}") as ch:
         stub = reg_grpc.RegistrationStub(ch)
-        info = stub.GetInfo(reg_pb2.InfoRequest(), timeout=1)
+        info = stub.GetInfo(reg_pb2.InfoRequest(), timeout=30)
         stub.NotifyRegistrationStatus(reg_pb2.RegistrationStatus(plugin_registered=True))
     assert (info.type, info.name) == ("DRAPlugin", "devices.fabricdra.io")
     assert info.endpoint == str(plugin.base / "plugin" / "dra.sock")
@@ -528,7 +528,7 @@ def test_health_stream_reports_a_failed_link_unhealthy(
     try:
         with grpc.insecure_channel(f"unix://{p.paths.dra_socket}") as ch:
             stream = health_grpc.DRAResourceHealthStub(ch).NodeWatchResources(
-                health_pb2.NodeWatchResourcesRequest(), timeout=10
+                health_pb2.NodeWatchResourcesRequest(), timeout=60
             )
             first = {d.device.device_name: d for d in next(stream).devices}
             assert first[NIC2].health == health_pb2.UNHEALTHY

@@ -134,7 +134,7 @@ class Node:
         self.paths = PluginPaths.for_driver(
             DRIVER, registry_dir=base / "registry", plugin_dir=base / "plugin"
         )
-        self.server = PluginServer(self.driver, self.paths)
+        self.server = PluginServer(self.driver, self.paths, metrics=metrics.claim_metrics())
         self.server.start()
         self.channel = grpc.insecure_channel(f"unix://{self.paths.dra_socket}")
         self.stub = v1_grpc.DRAPluginStub(self.channel)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -33,7 +33,6 @@ from tests.integration.kubelethost import Host, build_host
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("installed")]
 
-T = TypeVar("T")
 UNVERIFIED = "fabricdra.io/unverified"
 LABEL = "fabricdra.io/verified"
 
@@ -125,10 +124,6 @@ def gated(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Callable[...,
     yield make
     for api in apis:
         api.close()
-
-
-def _eventually(check: Callable[[], T | None], what: str) -> T:
-    return wait_for(check, timeout=60, what=what)  # type: ignore[no-any-return]
 
 
 def test_a_new_node_is_unverified_until_a_run_passes(gated: Callable[..., GatedNode]) -> None:
@@ -308,9 +303,9 @@ def test_a_repair_makes_the_node_unverified_until_the_new_run_passes(
     passing = threading.Thread(target=node.agent.pass_once)
     passing.start()
     try:
-        v = _eventually(
+        v = wait_for(
             lambda: (lambda s: s if s.get("state") == "Unverified" else None)(node.verification()),
-            "the repaired node unverified",
+            what="the repaired node unverified",
         )
         assert "changed since the last run" in v["reason"]
         assert v["fingerprint"] == first["fingerprint"]  # the old run, no longer speaking
@@ -504,11 +499,11 @@ def test_the_basic_model_gates_through_the_deviceclasses(
         assert {dev.attributes["verified"].bool for dev in devices.values()} == {False}
         assert all(not dev.taints for dev in devices.values())
         answer = _request_one_gpu(api, control_plane, name)
-        assert _eventually(answer, "the scheduler's answer").startswith("unschedulable")
+        assert wait_for(answer, what="the scheduler's answer").startswith("unschedulable")
 
         run = VerificationRun(datetime.now(UTC), "fp", [], True, "passed")
         assert publisher.sync(d, inventory, GateInput(run, "fp")).ok
-        assert _eventually(_bound(answer), "the pod scheduled") == f"bound to {name}"
+        assert wait_for(_bound(answer), what="the pod scheduled") == f"bound to {name}"
 
 
 def test_the_scheduler_offers_a_gated_nodes_devices_only_once_verified(
@@ -518,7 +513,7 @@ def test_the_scheduler_offers_a_gated_nodes_devices_only_once_verified(
     node.agent.pass_once()
     assert node.verification()["state"] == "Unverified"
     decided = _request_one_gpu(node.api, node.cp, node.name)
-    answer = _eventually(decided, "the scheduler's answer for the unverified node")
+    answer = wait_for(decided, what="the scheduler's answer for the unverified node")
     assert answer.startswith("unschedulable"), answer
 
     done = _fabricdra(
@@ -527,4 +522,4 @@ def test_the_scheduler_offers_a_gated_nodes_devices_only_once_verified(
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     node.agent.pass_once()
-    assert _eventually(_bound(decided), "the pod scheduled") == f"bound to {node.name}"
+    assert wait_for(_bound(decided), what="the pod scheduled") == f"bound to {node.name}"

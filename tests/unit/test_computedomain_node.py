@@ -6,12 +6,13 @@ from __future__ import annotations
 import os
 import socket
 import stat
-import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from e2e.harness.poll import wait_for
 from fabricdra.kubeletplugin.computedomain.channels import (
     ChannelError,
     ChannelNode,
@@ -88,16 +89,12 @@ def supervisor(tmp_path: Path) -> Iterator[ImexSupervisor]:
     sup.stop()
 
 
-def _until_ready(
-    sup: ImexSupervisor, peers: list[str] | dict[int, str], timeout: float = 10
-) -> str:
-    deadline = time.monotonic() + timeout
-    state = sup.step(peers)
-    while not state.ready and time.monotonic() < deadline:
-        time.sleep(0.1)
+def _until_ready(sup: ImexSupervisor, peers: list[str] | dict[int, str]) -> str:
+    def ready() -> str | None:
         state = sup.step(peers)
-    assert state.ready, state.message
-    return state.message
+        return state.message if state.ready else None
+
+    return str(wait_for(ready, what="IMEX ready", interval=0.1))
 
 
 def test_writes_config_starts_imex_and_reports_ready(supervisor: ImexSupervisor) -> None:
@@ -132,9 +129,11 @@ def test_a_join_reloads_imex_in_place(
     _until_ready(supervisor, {0: "10.0.0.1", 2: "10.0.0.3"})
     assert supervisor.pid() == first
     assert supervisor.reloads == 1
-    deadline = time.monotonic() + 10
-    while _fake_state(state_file)["reloads"] != 1 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(
+        lambda: _fake_state(state_file)["reloads"] == 1,
+        what="the fake IMEX to see the reload",
+        interval=0.05,
+    )
     seen = _fake_state(state_file)
     assert seen["pid"] == first
     assert seen["peers"]["fabricdra-imex-2"] == "10.0.0.3"  # type: ignore[index]
@@ -159,11 +158,12 @@ def test_imex_failure_is_reported_with_its_message(
     supervisor: ImexSupervisor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("FAKE_IMEX_EXIT_AFTER", "0.2")
-    state = supervisor.step(["10.0.0.1"])
-    deadline = time.monotonic() + 10
-    while "exited" not in state.message and time.monotonic() < deadline:
-        time.sleep(0.1)
+
+    def exited() -> object:
         state = supervisor.step(["10.0.0.1"])
+        return state if "exited" in state.message else None
+
+    state: Any = wait_for(exited, what="IMEX's exit reported", interval=0.1)
     assert not state.ready
     assert "exited with status 3" in state.message
     assert "lost connection" in state.message

@@ -90,7 +90,7 @@ def test_sockets_and_registration(server: tuple[PluginServer, RecordingDriver]) 
     assert srv.paths.registration_socket.name == "test.fabricdra.io-reg.sock"
     with channel(srv.paths.registration_socket) as ch:
         stub = reg_grpc.RegistrationStub(ch)
-        info = stub.GetInfo(reg_pb2.InfoRequest(), timeout=1)
+        info = stub.GetInfo(reg_pb2.InfoRequest(), timeout=30)
         assert info.type == "DRAPlugin"
         assert info.name == "test.fabricdra.io"
         assert info.endpoint == str(srv.paths.dra_socket)
@@ -120,11 +120,11 @@ def test_stop_removes_both_sockets(sockets: PluginPaths) -> None:
 def test_no_health_service_advertised_without_a_broadcaster(sockets: PluginPaths) -> None:
     with PluginServer(RecordingDriver(), sockets):
         with channel(sockets.registration_socket) as ch:
-            info = reg_grpc.RegistrationStub(ch).GetInfo(reg_pb2.InfoRequest(), timeout=1)
+            info = reg_grpc.RegistrationStub(ch).GetInfo(reg_pb2.InfoRequest(), timeout=30)
         assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
         with channel(sockets.dra_socket) as dra:
             stream = health_grpc.DRAResourceHealthStub(dra).NodeWatchResources(
-                health_pb2.NodeWatchResourcesRequest(), timeout=2
+                health_pb2.NodeWatchResourcesRequest(), timeout=30
             )
             with pytest.raises(grpc.RpcError) as e:
                 next(iter(stream))
@@ -188,7 +188,7 @@ def test_health_stream_sends_snapshot_changes_and_refreshes(
     srv.health.publish([DeviceHealth("node-a", "rdma-0", "Healthy")])
     with channel(srv.paths.dra_socket) as ch:
         stream = health_grpc.DRAResourceHealthStub(ch).NodeWatchResources(
-            health_pb2.NodeWatchResourcesRequest(), timeout=10
+            health_pb2.NodeWatchResourcesRequest(), timeout=60
         )
         first = next(stream)
         assert [(d.device.device_name, d.health) for d in first.devices] == [
@@ -289,14 +289,14 @@ def test_the_old_pods_exit_leaves_the_new_pods_sockets(tmp_path: Path) -> None:
         assert not old.paths.registration_socket.exists()
         assert not old.paths.dra_socket.exists()
         with channel(new.paths.registration_socket) as ch:
-            info = reg_grpc.RegistrationStub(ch).GetInfo(reg_pb2.InfoRequest(), timeout=5)
+            info = reg_grpc.RegistrationStub(ch).GetInfo(reg_pb2.InfoRequest(), timeout=30)
         assert info.endpoint == str(new.paths.dra_socket)
         with channel(new.paths.dra_socket) as ch:
             resp = v1_grpc.DRAPluginStub(ch).NodePrepareResources(
                 v1_pb2.NodePrepareResourcesRequest(
                     claims=[v1_pb2.Claim(namespace="ns", name="c", uid="u1")]
                 ),
-                timeout=5,
+                timeout=30,
             )
         assert resp.claims["u1"].devices[0].device_name == "gpu-0"
     finally:

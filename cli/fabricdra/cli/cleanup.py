@@ -11,7 +11,7 @@ import argparse
 import sys
 from typing import Any
 
-from fabricdra.cli.common import UsageError, api_client, print_json
+from fabricdra.cli.common import UsageError, api_client, env_float, print_json
 from fabricdra.cli.common import env as _env
 
 
@@ -47,14 +47,14 @@ def register(sub: Any) -> None:
     a(
         "--domain-timeout",
         type=float,
-        default=float(_env("DOMAIN_TIMEOUT", "60") or 60),
+        default=env_float("DOMAIN_TIMEOUT", 60),
         help="seconds the controller gets to finalize the deleted ComputeDomains before the "
         "cleanup finalizes them itself (default 60) [FABRICDRA_DOMAIN_TIMEOUT]",
     )
     a(
         "--stop-timeout",
         type=float,
-        default=float(_env("STOP_TIMEOUT", "120") or 120),
+        default=env_float("STOP_TIMEOUT", 120),
         help="seconds the components' pods get to terminate (default 120) [FABRICDRA_STOP_TIMEOUT]",
     )
     p.set_defaults(run=run)

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
 import threading
+from collections.abc import Callable, Collection
 from typing import Any
 
 
@@ -24,6 +26,107 @@ def print_json(doc: object) -> None:
 def env(name: str, default: str | None = None) -> str | None:
     """A flag's default from its environment variable `FABRICDRA_<NAME>` (the flag wins)."""
     return os.environ.get(f"FABRICDRA_{name}", default)
+
+
+class EnvDefault:
+    """A flag's default taken from an environment variable, checked after parsing.
+
+    Checked then, not when the parser is built, so that a value the command line overrides is
+    never looked at, and a bad one is a one-line usage error naming the variable (exit 2), not
+    a traceback. The command's parser resolves every one left in the parsed arguments
+    (`resolve_env_defaults`).
+    """
+
+    def __init__(
+        self,
+        var: str,
+        raw: str,
+        convert: Callable[[str], Any],
+        what: str,
+        choices: Collection[Any] | None = None,
+    ) -> None:
+        self.var, self.raw, self.convert, self.what, self.choices = var, raw, convert, what, choices
+
+    def resolve(self) -> Any:
+        try:
+            value = self.convert(self.raw)
+        except ValueError:
+            raise UsageError(f"{self.var}={self.raw!r} is not {self.what}") from None
+        if self.choices is not None and value not in self.choices:
+            allowed = ", ".join(str(c) for c in self.choices)
+            raise UsageError(f"{self.var}={self.raw!r} is not one of: {allowed}")
+        return value
+
+    def __repr__(self) -> str:  # what --help would show
+        return repr(self.raw)
+
+
+def resolve_env_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """Replace each flag default still read from the environment by its checked value."""
+    for key, value in vars(args).items():
+        if isinstance(value, EnvDefault):
+            setattr(args, key, value.resolve())
+    return args
+
+
+def _typed_env(
+    name: str, default: Any, convert: Callable[[str], Any], what: str, empty: Any
+) -> Any:
+    var = f"FABRICDRA_{name}"
+    raw = os.environ.get(var)
+    if raw is None:
+        return default
+    if raw == "":
+        # An empty variable (a chart value left blank) has always meant the default, or, for
+        # the few flags whose 0 disables something, `empty`.
+        return default if empty is None else empty
+    return EnvDefault(var, raw.strip(), convert, what)
+
+
+def env_int(name: str, default: int, *, empty: int | None = None) -> Any:
+    """An integer flag's default from `FABRICDRA_<NAME>`; an empty variable gives `empty`
+    (else `default`)."""
+    return _typed_env(name, default, int, "an integer", empty)
+
+
+def env_float(name: str, default: float, *, empty: float | None = None) -> Any:
+    """A number flag's default from `FABRICDRA_<NAME>`; an empty variable gives `empty`
+    (else `default`)."""
+    return _typed_env(
+        name, float(default), _finite_float, "a number", None if empty is None else float(empty)
+    )
+
+
+def env_choice(name: str, default: str | None, choices: Collection[str]) -> Any:
+    """A flag's default from `FABRICDRA_<NAME>`, one of `choices` (argparse checks only what
+    the command line gives, never a default)."""
+    var = f"FABRICDRA_{name}"
+    raw = os.environ.get(var)
+    if raw is None or raw == "":
+        return default
+    return EnvDefault(var, raw, str, "a string", choices)
+
+
+def env_bool(name: str, default: bool) -> Any:
+    """A switch's default from `FABRICDRA_<NAME>`: true/yes/1 or false/no/0 (any case); an
+    empty variable gives `default`."""
+    return _typed_env(name, default, _bool, "true or false", None)
+
+
+def _bool(text: str) -> bool:
+    word = text.lower()
+    if word in ("1", "true", "yes"):
+        return True
+    if word in ("0", "false", "no"):
+        return False
+    raise ValueError(text)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # "nan", "inf": no interval or timeout means that
+        raise ValueError(text)
+    return value
 
 
 def add_node_plugin_flags(

@@ -11,7 +11,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from fabricdra.cli.common import UsageError, add_node_plugin_flags, api_client, stop_event
+from fabricdra.cli.common import (
+    UsageError,
+    add_node_plugin_flags,
+    api_client,
+    env_float,
+    env_int,
+    stop_event,
+)
 from fabricdra.cli.common import env as _env
 
 
@@ -51,7 +58,7 @@ def register(sub: Any) -> None:
     a(
         "--imex-wait-seconds",
         type=float,
-        default=float(_env("IMEX_WAIT_SECONDS", "20") or 20),
+        default=env_float("IMEX_WAIT_SECONDS", 20),
         help="how long prepare waits for IMEX on this node to be READY before failing the "
         "claim (kubelet retries; default 20, below kubelet's 45 s) [FABRICDRA_IMEX_WAIT_SECONDS]",
     )
@@ -64,7 +71,7 @@ def register(sub: Any) -> None:
     a(
         "--host-imex-interval",
         type=float,
-        default=float(_env("HOST_IMEX_INTERVAL", "30") or 0),
+        default=env_float("HOST_IMEX_INTERVAL", 30, empty=0),
         help="seconds between reports on the host's IMEX service, for host-mode domains; "
         "0 disables the report (default 30) [FABRICDRA_HOST_IMEX_INTERVAL]",
     )
@@ -99,7 +106,7 @@ def register(sub: Any) -> None:
     b(
         "--interval",
         type=float,
-        default=float(_env("IMEX_INTERVAL", "2") or 2),
+        default=env_float("IMEX_INTERVAL", 2),
         help="seconds between IMEX health passes; domain changes are watched, not polled "
         "(default 2) [FABRICDRA_IMEX_INTERVAL]",
     )
@@ -112,7 +119,7 @@ def register(sub: Any) -> None:
     b(
         "--max-peers",
         type=int,
-        default=int(_env("IMEX_MAX_PEERS", "18") or 18),
+        default=env_int("IMEX_MAX_PEERS", 18),
         help="peer name slots in IMEX's nodes config (default 18: an NVL72 rack) "
         "[FABRICDRA_IMEX_MAX_PEERS]",
     )

@@ -10,7 +10,7 @@ import argparse
 import re
 from typing import Any
 
-from fabricdra.cli.common import UsageError, api_client, stop_event
+from fabricdra.cli.common import UsageError, api_client, env_choice, env_float, env_int, stop_event
 from fabricdra.cli.common import env as _env
 from fabricdra.controller.objects import (
     DEFAULT_DAEMON_CPU,
@@ -50,7 +50,9 @@ def register(sub: Any) -> None:
     )
     a(
         "--image-pull-policy",
-        default=_env("IMAGE_PULL_POLICY", "IfNotPresent"),
+        default=env_choice(
+            "IMAGE_PULL_POLICY", "IfNotPresent", ("Always", "IfNotPresent", "Never")
+        ),
         choices=("Always", "IfNotPresent", "Never"),
         help="pull policy of the IMEX daemon pods (default IfNotPresent) "
         "[FABRICDRA_IMAGE_PULL_POLICY]",
@@ -77,19 +79,19 @@ def register(sub: Any) -> None:
     a(
         "--workers",
         type=int,
-        default=int(_env("WORKERS", "4") or 4),
+        default=env_int("WORKERS", 4),
         help="parallel domain reconcilers (default 4) [FABRICDRA_WORKERS]",
     )
     a(
         "--resync-seconds",
         type=float,
-        default=float(_env("RESYNC_SECONDS", "300") or 300),
+        default=env_float("RESYNC_SECONDS", 300),
         help="how often every object is re-checked even without events (default 300) "
         "[FABRICDRA_RESYNC_SECONDS]",
     )
     a(
         "--leader-elect",
-        default=_env("LEADER_ELECT", "true"),
+        default=env_choice("LEADER_ELECT", "true", ["true", "false"]),
         choices=["true", "false"],
         help="take a Lease before working, so replicas are safe (default true) "
         "[FABRICDRA_LEADER_ELECT]",
@@ -102,21 +104,21 @@ def register(sub: Any) -> None:
     a(
         "--lease-seconds",
         type=float,
-        default=float(_env("LEASE_SECONDS", "15") or 15),
+        default=env_float("LEASE_SECONDS", 15),
         help="leader Lease duration; a leader that cannot renew for 2/3 of it stops (default "
         "15) [FABRICDRA_LEASE_SECONDS]",
     )
     a(
         "--imex-channel-count",
         type=int,
-        default=int(_env("IMEX_CHANNEL_COUNT", "2048") or 2048),
+        default=env_int("IMEX_CHANNEL_COUNT", 2048),
         help="IMEX channels the nodes' nvidia driver offers (its NVreg_ImexChannelCount; "
         "default 2048) [FABRICDRA_IMEX_CHANNEL_COUNT]",
     )
     a(
         "--gang-timeout-seconds",
         type=float,
-        default=float(_env("GANG_TIMEOUT_SECONDS", "300") or 300),
+        default=env_float("GANG_TIMEOUT_SECONDS", 300),
         help="a domain with numNodes: how long its claims wait at binding for the whole gang "
         "before they are released (default 300) [FABRICDRA_GANG_TIMEOUT_SECONDS]",
     )
@@ -131,7 +133,7 @@ def register(sub: Any) -> None:
     a(
         "--metrics-port",
         type=int,
-        default=int(_env("METRICS_PORT", "8080") or 0),
+        default=env_int("METRICS_PORT", 8080, empty=0),
         help="Prometheus /metrics port, 0 to disable (default 8080) [FABRICDRA_METRICS_PORT]",
     )
     p.set_defaults(run=run)

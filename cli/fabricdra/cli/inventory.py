@@ -8,8 +8,6 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-import structlog
-
 from fabricdra.kubeletplugin.discovery.node import Discovery, NvmlSource, discover
 from fabricdra.kubeletplugin.discovery.nvml import (
     SnapshotError,
@@ -22,9 +20,10 @@ from fabricdra.kubeletplugin.discovery.sysfs import RootError, SysfsTree
 from fabricdra.kubeletplugin.report import PreviousError, inventory_document, load_previous
 from fabricdra.kubeletplugin.samples import sample_node
 
+from . import logs
 from .common import UsageError, print_json
 
-log = structlog.get_logger("fabricdra.inventory")
+log = logs.get_logger("fabricdra.inventory")
 
 
 def register(sub: Any) -> None:

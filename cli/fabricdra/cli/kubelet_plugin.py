@@ -15,7 +15,15 @@ from typing import Any
 import structlog
 
 from fabricdra.cli import logs
-from fabricdra.cli.common import UsageError, add_node_plugin_flags, api_client
+from fabricdra.cli.common import (
+    UsageError,
+    add_node_plugin_flags,
+    api_client,
+    env_bool,
+    env_choice,
+    env_float,
+    env_int,
+)
 from fabricdra.cli.common import env as _env
 
 log = structlog.get_logger("fabricdra.kubelet-plugin")
@@ -57,7 +65,7 @@ def register(sub: Any) -> None:
     )
     a(
         "--rdma-mode",
-        default=_env("RDMA_MODE", "exclusive"),
+        default=env_choice("RDMA_MODE", "exclusive", ["exclusive", "shared", "off"]),
         choices=["exclusive", "shared", "off"],
         help="how whole-function RDMA endpoints are offered where the node has no "
         "fabricdra.io/rdma-mode label [FABRICDRA_RDMA_MODE]",
@@ -73,46 +81,46 @@ def register(sub: Any) -> None:
     )
     a(
         "--rdma-vfs",
-        default=_env("RDMA_VFS", "true"),
+        default=env_choice("RDMA_VFS", "true", ["true", "false"]),
         choices=["true", "false"],
         help="offer SR-IOV virtual functions (default true) [FABRICDRA_RDMA_VFS]",
     )
     a(
         "--rdma-shared-holders",
         type=int,
-        default=int(_env("RDMA_SHARED_HOLDERS", "64") or 64),
+        default=env_int("RDMA_SHARED_HOLDERS", 64),
         help="holders per endpoint in shared mode (default 64) [FABRICDRA_RDMA_SHARED_HOLDERS]",
     )
     a(
         "--efa",
         action="store_true",
-        default=(_env("EFA", "") or "").lower() in ("1", "true", "yes"),
+        default=env_bool("EFA", False),
         help="also offer EFA endpoints (RDMA devices of driver efa); off by default, as AWS "
         "nodes advertise them through their own device plugin [FABRICDRA_EFA=true]",
     )
     a(
         "--claim-sweep-interval",
         type=float,
-        default=float(_env("CLAIM_SWEEP_INTERVAL", "600") or 600),
+        default=env_float("CLAIM_SWEEP_INTERVAL", 600),
         help="seconds between sweeps that report checkpointed claims no longer in the API; "
         "only kubelet's unprepare frees them (default 600) [FABRICDRA_CLAIM_SWEEP_INTERVAL]",
     )
     a(
         "--gpus",
-        default=_env("GPUS", "true"),
+        default=env_choice("GPUS", "true", ["true", "false"]),
         choices=["true", "false"],
         help="offer GPUs and MIG devices; false beside NVIDIA's GPU driver (default true) "
         "[FABRICDRA_GPUS]",
     )
     a(
         "--rdma",
-        default=_env("RDMA", "true"),
+        default=env_choice("RDMA", "true", ["true", "false"]),
         choices=["true", "false"],
         help="offer RDMA endpoints (default true) [FABRICDRA_RDMA]",
     )
     a(
         "--resource-model",
-        default=_env("RESOURCE_MODEL", "auto"),
+        default=env_choice("RESOURCE_MODEL", "auto", ["auto", "current", "basic"]),
         choices=["auto", "current", "basic"],
         help="ResourceSlice model: current (1.36+: consumable capacity, device taints), basic "
         "(1.34/1.35 defaults), auto = from the API server's version [FABRICDRA_RESOURCE_MODEL]",
@@ -120,13 +128,13 @@ def register(sub: Any) -> None:
     a(
         "--discovery-interval",
         type=float,
-        default=float(_env("DISCOVERY_INTERVAL", "30") or 30),
+        default=env_float("DISCOVERY_INTERVAL", 30),
         help="seconds between discovery passes (default 30) [FABRICDRA_DISCOVERY_INTERVAL]",
     )
     a(
         "--metrics-port",
         type=int,
-        default=int(_env("METRICS_PORT", "9478") or 0),
+        default=env_int("METRICS_PORT", 9478, empty=0),
         help="Prometheus metrics port, 0 to disable (default 9478) [FABRICDRA_METRICS_PORT]",
     )
     a(
@@ -137,7 +145,7 @@ def register(sub: Any) -> None:
     )
     a(
         "--verification-gate",
-        default=_env("VERIFICATION_GATE", "on"),
+        default=env_choice("VERIFICATION_GATE", "on", ["on", "off"]),
         choices=["on", "off"],
         help="offer devices only after a verification run passed (docs/verification.md); "
         "off trusts discovery [FABRICDRA_VERIFICATION_GATE]",
@@ -145,7 +153,7 @@ def register(sub: Any) -> None:
     a(
         "--verify-interval",
         type=float,
-        default=float(_env("VERIFY_INTERVAL", "86400") or 0),
+        default=env_float("VERIFY_INTERVAL", 86400, empty=0),
         help="seconds between verification runs on an unchanged node (default 86400; 0: only "
         "at start-up and after a change) [FABRICDRA_VERIFY_INTERVAL]",
     )
@@ -172,7 +180,7 @@ def register(sub: Any) -> None:
     a(
         "--plugin-log-level",
         dest="plugin_log_level",
-        default=_env("LOG_LEVEL"),
+        default=env_choice("LOG_LEVEL", None, ["debug", "info", "warning", "error"]),
         choices=["debug", "info", "warning", "error"],
         help="log level (overrides the global --log-level) [FABRICDRA_LOG_LEVEL]",
     )

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from fabricdra.api import computedomain as cd
 from fabricdra.api.computedomain import ComputeDomain
+from fabricdra.api.informer import Informer, key_of
 from fabricdra.api.rest import (
     CLAIM_TEMPLATES,
     COMPUTE_DOMAINS,
@@ -24,7 +25,6 @@ from fabricdra.api.rest import (
 
 from . import channels, metrics, objects, records, status
 from .claims import channel_of, claim_nodes, domain_uid, node_fabric, node_ip
-from .informer import Informer, key_of
 from .placement import Placed, is_gang
 from .writes import now
 

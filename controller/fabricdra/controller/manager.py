@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fabricdra.api import computedomain as cd
+from fabricdra.api.informer import Informer, key_of
 from fabricdra.api.rest import (
     CLAIM_TEMPLATES,
     CLAIMS,
@@ -42,7 +43,6 @@ from fabricdra.api.rest import (
 from . import channels, metrics, objects
 from .claims import claim_nodes, domain_uid
 from .domains import DomainReconciler, NotOurs
-from .informer import Informer, key_of
 from .leader import LeaderElector
 from .liveness import Heartbeats
 from .nodes import NodeReconciler

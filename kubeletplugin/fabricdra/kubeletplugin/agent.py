@@ -225,6 +225,7 @@ class Agent:
             ),
             health=self.health,
             on_registration=self._registered,
+            metrics=metrics.claim_metrics(),
         )
 
     def _registered(self, status: Any) -> None:

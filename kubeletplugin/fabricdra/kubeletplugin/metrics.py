@@ -6,11 +6,14 @@ docs/kubelet-plugin.md.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from fabricdra.api.rest import CountingRest, Kind
+
+if TYPE_CHECKING:
+    from fabricdra.kubeletplugin.kubelet.server import ClaimMetrics
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -85,3 +88,11 @@ DEVICES = Gauge(
     ["type", "health"],
     registry=REGISTRY,
 )
+
+
+def claim_metrics() -> ClaimMetrics:
+    """The claim metrics above, for `PluginServer(metrics=...)`: the shared server records
+    into the collectors its driver's process gives it."""
+    from fabricdra.kubeletplugin.kubelet.server import ClaimMetrics
+
+    return ClaimMetrics(PREPARE_SECONDS, UNPREPARE_SECONDS, PREPARE_ERRORS, UNPREPARE_ERRORS)

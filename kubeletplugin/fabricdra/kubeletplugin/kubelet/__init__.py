@@ -8,7 +8,9 @@ Public surface (import from `fabricdra.kubeletplugin.kubelet`):
   — see `driver.py`.
 - `PluginServer(driver, PluginPaths.for_driver(name, registry_dir=..., plugin_dir=...),
   health=HealthBroadcaster())`: `start()`, `stop()`, context manager; `registered` is an
-  Event set when kubelet confirms the registration — see `server.py`.
+  Event set when kubelet confirms the registration; `metrics=ClaimMetrics(...)` records
+  each claim's prepare/unprepare time and failures into the caller's collectors — see
+  `server.py`.
 - `HealthBroadcaster.publish([DeviceHealth...])`: feeds kubelet's health stream — see
   `healthstream.py`.
 - `cdi`: CDI spec model, lowest cdiVersion, atomic writes (`CdiWriter`) — see `cdi.py`.
@@ -51,6 +53,7 @@ from .server import (
     DRA_V1BETA1_SERVICE,
     HEALTH_V1ALPHA1_SERVICE,
     PLUGIN_TYPE,
+    ClaimMetrics,
     PluginPaths,
     PluginServer,
     PluginServerError,
@@ -66,6 +69,7 @@ __all__ = [
     "PLUGIN_TYPE",
     "READ_BUDGET",
     "Call",
+    "ClaimMetrics",
     "ClaimReader",
     "ClaimRef",
     "ClaimSweeper",

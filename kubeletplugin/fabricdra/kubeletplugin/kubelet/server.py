@@ -6,6 +6,10 @@ stream for any `DraDriver`, over two unix sockets.
     ...
     server.stop()       # registration socket first (kubelet deregisters), then the DRA socket
 
+`metrics` (a `ClaimMetrics`, optional) receives each claim's prepare/unprepare time and
+failures, labelled by driver name: the driver's process owns its metrics registry, and this
+shared server imports no driver's module.
+
 `on_registration(status)` is called for each NotifyRegistrationStatus (e.g. to republish at
 once: kubelet deletes the node's ResourceSlices when it starts, then registers the plugin).
 
@@ -47,7 +51,6 @@ from typing import Any
 import grpc
 import structlog
 
-from fabricdra.kubeletplugin import metrics
 from fabricdra.proto.gen.dra_health_v1alpha1 import api_pb2 as health_pb2
 from fabricdra.proto.gen.dra_health_v1alpha1 import api_pb2_grpc as health_grpc
 from fabricdra.proto.gen.dra_v1 import api_pb2 as v1_pb2
@@ -148,11 +151,25 @@ class RegistrationStatus:
     error: str
 
 
+@dataclass(frozen=True)
+class ClaimMetrics:
+    """Prometheus collectors, each with one label (the driver name): time per claim as
+    histograms (`observe`), failed claims as counters (`inc`)."""
+
+    prepare_seconds: Any
+    unprepare_seconds: Any
+    prepare_errors: Any
+    unprepare_errors: Any
+
+
 class _Claims:
     """The claim-level logic both DRA API versions share (they differ only in `share_id`)."""
 
-    def __init__(self, driver: DraDriver, lock: threading.Lock) -> None:
+    def __init__(
+        self, driver: DraDriver, lock: threading.Lock, metrics: ClaimMetrics | None
+    ) -> None:
         self.driver = driver
+        self.metrics = metrics
         self.lock: threading.Lock | None = None if getattr(driver, "locks_itself", False) else lock
 
     def prepare(self, pb: Any, request: Any, with_share_id: bool, call: Call) -> Any:
@@ -197,12 +214,14 @@ class _Claims:
                 entry.devices.extend(_device(pb, d, with_share_id) for d in devices)
                 log.info("claim prepared", claim=str(claim), devices=len(devices))
             except Exception as e:
-                metrics.PREPARE_ERRORS.labels(name).inc()
+                if self.metrics is not None:
+                    self.metrics.prepare_errors.labels(name).inc()
                 log.warning("claim prepare failed", claim=str(claim), error=str(e))
                 entry.Clear()
                 entry.error = f"prepare {claim}: {e}"
             finally:
-                metrics.PREPARE_SECONDS.labels(name).observe(time.perf_counter() - start)
+                if self.metrics is not None:
+                    self.metrics.prepare_seconds.labels(name).observe(time.perf_counter() - start)
         return response
 
     def _unprepare(self, pb: Any, request: Any, call: Call) -> Any:
@@ -219,11 +238,14 @@ class _Claims:
                     self.driver.unprepare(claim)
                 log.info("claim unprepared", claim=str(claim))
             except Exception as e:
-                metrics.UNPREPARE_ERRORS.labels(name).inc()
+                if self.metrics is not None:
+                    self.metrics.unprepare_errors.labels(name).inc()
                 log.warning("claim unprepare failed", claim=str(claim), error=str(e))
                 entry.error = f"unprepare {claim}: {e}"
             finally:
-                metrics.UNPREPARE_SECONDS.labels(name).observe(time.perf_counter() - start)
+                if self.metrics is not None:
+                    elapsed = time.perf_counter() - start
+                    self.metrics.unprepare_seconds.labels(name).observe(elapsed)
         return response
 
 
@@ -339,12 +361,14 @@ class PluginServer:
         *,
         health: HealthBroadcaster | None = None,
         on_registration: Callable[[RegistrationStatus], None] | None = None,
+        metrics: ClaimMetrics | None = None,
         # Each open health stream holds a worker, and a prepare waiting on a slow API read
         # holds one until its budget ends: enough workers that an unprepare still gets one.
         max_workers: int = 16,
     ) -> None:
         self.driver = driver
         self.on_registration = on_registration
+        self.metrics = metrics
         self.paths = paths
         self.health = health
         self.max_workers = max_workers
@@ -379,7 +403,7 @@ class PluginServer:
         # only what serving allocates (unfrozen, one took 121 ms in the middle of a prepare).
         gc.collect()
         gc.freeze()
-        claims = _Claims(self.driver, threading.Lock())
+        claims = _Claims(self.driver, threading.Lock(), self.metrics)
         dra = self._serve(self.paths.dra_socket)
         # The generated add_* functions are untyped (protoc's grpc plugin emits no hints).
         _add(v1_grpc.add_DRAPluginServicer_to_server, _DraV1(claims), dra)

@@ -14,7 +14,7 @@ import urllib3
 
 from fabricdra.api.rest import ApiError, Kind, Rest
 
-log = logging.getLogger("fabricdra.controller.informer")
+log = logging.getLogger("fabricdra.informer")
 JSON = dict[str, Any]
 Handler = Callable[[str, JSON | None, JSON | None], None]  # (event, old, new)
 
