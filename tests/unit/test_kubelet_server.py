@@ -382,7 +382,7 @@ def test_a_call_kubelet_gave_up_on_while_it_waited_never_reaches_the_driver(
     """kubelet's deadline passed while the call waited behind another claim for the server's
     lock: the driver is not asked (it would prepare for nobody, and hold the lock again)."""
     driver = BlockingDriver()
-    srv = PluginServer(driver, sockets)
+    srv = PluginServer(driver, sockets, metrics=metrics.claim_metrics())
     srv.start()
     try:
         with channel(sockets.dra_socket) as ch:

@@ -124,7 +124,7 @@ def register(sub: Any) -> None:
     )
     a(
         "--require-verified-nodes",
-        default=_env("REQUIRE_VERIFIED_NODES", "false"),
+        default=env_choice("REQUIRE_VERIFIED_NODES", "false", ["true", "false"]),
         choices=["true", "false"],
         help="gang placement counts only nodes labelled fabricdra.io/verified=true (set where "
         "the devices plugin's verification gate is on; default false) "
