@@ -206,3 +206,22 @@ def test_a_token_bound_to_no_pod_names_no_node_and_writes_nothing(
     with _agent_on(control_plane, installed, None) as api:
         body = _denied(client.ResourceV1Api(api).create_resource_slice, _slice(installed.node_a))
         assert "name no node" in body
+
+
+def test_own_node_annotations_and_finalizers_are_denied(
+    control_plane: ControlPlane, installed: Installed
+) -> None:
+    """Issue 19 point 7: the node policy covers annotations and finalizers too: an agent that
+    could annotate its own node could set its own verification override
+    (fabricdra.io/verification-override), and a finalizer would hold its Node's deletion."""
+    with _agent_on(control_plane, installed, installed.node_a) as api:
+        core = client.CoreV1Api(api)
+        for prefix in ("fabricdra.io", "example.com"):
+            note = {"metadata": {"annotations": {f"{prefix}/verification-override": "pass"}}}
+            body = _denied(core.patch_node, installed.node_a, note)
+            assert "no annotation" in body
+        fin = {"metadata": {"finalizers": ["fabricdra.io/hold"]}}
+        body = _denied(core.patch_node, installed.node_a, fin)
+        assert "no finalizer" in body
+        # Its own labels still pass alongside (the rule is not a blanket denial).
+        core.patch_node(installed.node_a, {"metadata": {"labels": {"fabricdra.io/test": "ok"}}})
