@@ -159,6 +159,7 @@ def _exec_in(installation: Installed, container_id: str, code: str) -> str:
 def test_beside_nvidia_and_with_gpus_on_host_dev(
     installation: Installed, host_nvml_nodes: list[str]
 ) -> None:
+    assert host_nvml_nodes, "the harness host already has NVML's device nodes: nothing to test"
     if installation.present:
         installation.uninstall()
     cluster, node = installation.cluster, installation.cluster.node_name
