@@ -43,7 +43,7 @@ NVML_NODES["nvidia-uvm"] = (UVM_MAJOR, 0)
 OPEN_ALL = (
     "import errno, json, os\n"
     "out = {}\n"
-    "for name in {names!r}:\n"
+    "for name in NAMES:\n"
     "    try:\n"
     "        os.close(os.open('/dev/' + name, os.O_RDWR))\n"
     "        out[name] = 'opened'\n"
@@ -200,7 +200,9 @@ def test_beside_nvidia_and_with_gpus_on_host_dev(
             pod = _wait_rolled(installation)
             devices = next(s for s in pod.status.container_statuses if s.name == "devices")
             container_id = devices.container_id.split("://", 1)[1]
-            out = _exec_in(installation, container_id, OPEN_ALL.format(names=list(NVML_NODES)))
+            out = _exec_in(
+                installation, container_id, OPEN_ALL.replace("NAMES", repr(list(NVML_NODES)))
+            )
             opened = json.loads(out)
             for name in host_nvml_nodes:
                 # ENXIO: the kernel has no driver for the number; EPERM would be the cgroup.
