@@ -74,11 +74,23 @@ if [ $want_node = 1 ]; then
   fi
 fi
 
-if [ $want_helm = 1 ] && [ ! -x "$BIN/helm" ]; then
+# helm's default Kubernetes version (`helm template` without --kube-version, `helm lint`) is
+# stamped as helm's own Makefile stamps it: its client-go's minor (v0.X.Y -> 1.X). Unstamped it
+# is 1.20, which the chart's kubeVersion refuses. The stamp file marks a helm built this way (an
+# older unstamped build is rebuilt).
+if [ $want_helm = 1 ] && { [ ! -x "$BIN/helm" ] || [ ! -f "$BIN/helm.kube-version" ]; }; then
   log "building helm $HELM_VERSION"
-  CGO_ENABLED=0 GOBIN="$BIN" GOFLAGS= go install -trimpath \
-    -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
+  helm_gomod=$(GOFLAGS= go mod download -json "helm.sh/helm/v3@$HELM_VERSION" \
+    | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
+  client_go=$(sed -n 's/^[[:space:]]*k8s.io\/client-go v0\.\([0-9]*\)\..*/\1/p' "$helm_gomod")
+  [ -n "$client_go" ] || { echo "build.sh: no k8s.io/client-go in $helm_gomod" >&2; exit 1; }
+  hldf="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+  for p in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
+    hldf+=" -X $p.k8sVersionMajor=1 -X $p.k8sVersionMinor=$client_go"
+  done
+  CGO_ENABLED=0 GOBIN="$BIN" GOFLAGS= go install -trimpath -ldflags "$hldf" \
     "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+  echo "v1.$client_go.0" > "$BIN/helm.kube-version"
 fi
 
 echo "$BIN"

@@ -19,6 +19,9 @@ BUILD_SCRIPT = CLUSTER_DIR / "build.sh"
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 NODE = ("kubelet", "containerd", "containerd-shim-runc-v2", "ctr", "runc")
 HELM = ("helm",)
+# Files build.sh writes beside a binary built the current way; a binary without its file is
+# built again (helm: stamped with its default Kubernetes version, build.sh).
+STAMPS = {"helm": "helm.kube-version"}
 
 
 def kubernetes_version() -> str:
@@ -38,6 +41,13 @@ def bin_dir() -> Path:
     return cache / f"k8s-{kubernetes_version()}" / "bin"
 
 
+def _present(directory: Path, names: tuple[str, ...]) -> bool:
+    return all(
+        os.access(directory / n, os.X_OK) and (directory / STAMPS.get(n, n)).is_file()
+        for n in names
+    )
+
+
 def ensure(
     names: tuple[str, ...] = CONTROL_PLANE, *, node: bool = False, helm: bool = False
 ) -> Path:
@@ -47,7 +57,7 @@ def ensure(
     real Kubernetes must fail loudly, never skip.
     """
     directory = bin_dir()
-    if all(os.access(directory / n, os.X_OK) for n in names):
+    if _present(directory, names):
         return directory
     args = [str(BUILD_SCRIPT), *(["--node"] if node else []), *(["--helm"] if helm else [])]
     try:
@@ -61,7 +71,7 @@ def ensure(
             f"Go >= 1.26 and the Go module proxy to build {', '.join(names)}.\n{tail}"
         )
     built = Path(done.stdout.strip().splitlines()[-1])
-    missing = [n for n in names if not os.access(built / n, os.X_OK)]
+    missing = [n for n in names if not _present(built, (n,))]
     if missing:
         raise HarnessError(f"{BUILD_SCRIPT} finished but {built} lacks {', '.join(missing)}")
     return built

@@ -126,7 +126,8 @@ def harness_values(
             {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
             {"name": "KUBERNETES_SERVICE_PORT", "value": port},
         ],
-        "node": {"hostNetwork": True},
+        # The harness's node has no NFD labels: run the node pods on it regardless.
+        "node": {"hostNetwork": True, "deviceNodeLabels": []},
         "controller": {"hostNetwork": True, "replicas": 1},
         "cleanup": {"hostNetwork": True},
     }

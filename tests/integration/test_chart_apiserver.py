@@ -18,6 +18,7 @@ from kubernetes.client.exceptions import ApiException
 
 from e2e.harness.controlplane import ControlPlane
 from e2e.harness.helm import Chart
+from e2e.harness.poll import wait_for
 from fabricdra.api.nodedevices import API_VERSION as ND_API_VERSION
 from fabricdra.api.nodedevices import NodeDevicesSpec
 
@@ -100,7 +101,35 @@ def installed(control_plane: ControlPlane) -> Installed:
                 ],
             }
         )
+    _wait_for_policies(control_plane, nodes)
     return nodes
+
+
+def _wait_for_policies(cp: ControlPlane, inst: Installed) -> None:
+    """The API server enforces a new ValidatingAdmissionPolicy once it has loaded it, a moment
+    after the create: a test run first would race it (and pass a write the policy refuses).
+    Probe each policy family with a dry run until it refuses."""
+
+    def refused(call: Any, *args: Any) -> bool:
+        try:
+            call(*args, dry_run="All")
+        except ApiException as e:
+            return e.status == 403
+        return False
+
+    label = {"metadata": {"labels": {"example.com/probe": "x"}}}
+    override = {"metadata": {"annotations": {OVERRIDE: json.dumps({"reason": "probe"})}}}
+    with _agent_on(cp, inst, inst.node_a) as agent, _as(cp, "probe", USERS_GROUP) as user:
+        probes = [
+            (client.CoreV1Api(agent).patch_node, inst.node_a, label),
+            (client.CoreV1Api(user).patch_node, inst.node_a, override),
+        ]
+        with cp.api_client() as admin:
+            claim = _claim(_exactly([GATE]))
+            create = client.ResourceV1Api(admin).create_namespaced_resource_claim
+            probes.append((create, inst.namespace, claim))
+            for call, *args in probes:
+                wait_for(lambda c=call, a=args: refused(c, *a), what="the policies in force")
 
 
 def test_every_rendered_manifest_passes_server_side_dry_run(control_plane: ControlPlane) -> None:
@@ -303,7 +332,8 @@ def test_a_node_agent_may_not_override_its_own_node(
     with _agent_on(control_plane, installed, installed.node_a) as api:
         core = client.CoreV1Api(api)
         body = _denied(core.patch_node, installed.node_a, _override_patch("I am fine"))
-        assert "verification override" in body
+        # refused by the override policy, the node-label policy (no annotation), or both
+        assert "verification override" in body or "verification-override is the admin" in body
         # what the agent does write to its Node still passes: labels, the reverify request
         core.patch_node(installed.node_a, {"metadata": {"labels": {"fabricdra.io/t": "1"}}})
         core.patch_node(
@@ -418,3 +448,31 @@ def test_admin_access_claims_and_other_tolerations_pass(
             claims_ns,
             _claim({"name": "gpu", "exactly": {"deviceClassName": "gpu.fabricdra.io"}}),
         )
+
+
+def test_own_node_annotations_and_finalizers_are_denied(
+    control_plane: ControlPlane, installed: Installed
+) -> None:
+    """Issue 19 point 7: the node policy covers annotations and finalizers too: an agent that
+    could annotate its own node could set its own verification override
+    (fabricdra.io/verification-override), and a finalizer would hold its Node's deletion."""
+    with _agent_on(control_plane, installed, installed.node_a) as api:
+        core = client.CoreV1Api(api)
+        for prefix in ("fabricdra.io", "example.com"):
+            note = {"metadata": {"annotations": {f"{prefix}/verification-override": "pass"}}}
+            body = _denied(core.patch_node, installed.node_a, note)
+            assert "no other annotation" in body
+        fin = {"metadata": {"finalizers": ["fabricdra.io/hold"]}}
+        body = _denied(core.patch_node, installed.node_a, fin)
+        assert "no finalizer" in body
+        # Its own labels still pass alongside (the rule is not a blanket denial).
+        core.patch_node(installed.node_a, {"metadata": {"labels": {"fabricdra.io/test": "ok"}}})
+        # It removes a re-verification request it has served (issue 18), and never sets one.
+        reverify = "fabricdra.io/reverify"
+        with control_plane.api_client() as admin:
+            client.CoreV1Api(admin).patch_node(
+                installed.node_a, {"metadata": {"annotations": {reverify: "after-repair"}}}
+            )
+        core.patch_node(installed.node_a, {"metadata": {"annotations": {reverify: None}}})
+        again = {"metadata": {"annotations": {reverify: "again"}}}
+        assert "no other annotation" in _denied(core.patch_node, installed.node_a, again)

@@ -18,6 +18,7 @@ from fabricdra.api.rest import (
     CLAIMS,
     COMPUTE_DOMAINS,
     DAEMON_SETS,
+    DEVICE_CLASSES,
     EVENTS,
     SLICES,
     ApiError,
@@ -43,6 +44,8 @@ from .computedomain_helpers import (
 pytestmark = pytest.mark.integration
 RBAC_ROLES = Kind("rbac.authorization.k8s.io", "v1", "clusterroles", False)
 RBAC_BINDINGS = Kind("rbac.authorization.k8s.io", "v1", "clusterrolebindings", False)
+RBAC_NS_ROLES = Kind("rbac.authorization.k8s.io", "v1", "roles", True)
+RBAC_NS_BINDINGS = Kind("rbac.authorization.k8s.io", "v1", "rolebindings", True)
 
 
 @pytest.fixture(scope="module")
@@ -314,12 +317,25 @@ def test_controller_needs_only_its_documented_permissions(
     control_plane: ControlPlane, rest: Rest
 ) -> None:
     """The whole controller path (objects, channel, node slice, claim admission, status,
-    cleanup) as a non-admin user bound to rbac.CONTROLLER only."""
+    cleanup) as a non-admin user bound to rbac.CONTROLLER cluster-wide and to
+    rbac.CONTROLLER_NAMESPACED only in its own namespace (the chart's release namespace, which
+    exists before it starts). On the way it brings a DeviceClass an older version made (another
+    selector) to this version's shape."""
     user = unique("fabricdra-controller")
     rest.create(RBAC_ROLES, rbac.cluster_role(user, rbac.CONTROLLER))
     rest.create(RBAC_BINDINGS, rbac.binding_for_user(user, user, user))
     kubeconfig = control_plane.kubeconfig_for(user, user)
-    ns, driver_ns = _ns(control_plane, "cd-rbac"), unique("cd-system")
+    ns, driver_ns = _ns(control_plane, "cd-rbac"), _ns(control_plane, "cd-system")
+    rest.create(RBAC_NS_ROLES, rbac.role(user, driver_ns, rbac.CONTROLLER_NAMESPACED), driver_ns)
+    rest.create(
+        RBAC_NS_BINDINGS, rbac.role_binding_for_user(user, driver_ns, user, user), driver_ns
+    )
+    stale = {"selectors": [{"cel": {"expression": "device.driver == 'an-older-version'"}}]}
+    live = rest.get_or_none(DEVICE_CLASSES, cd.CHANNEL_CLASS)
+    if live is None:
+        rest.create(DEVICE_CLASSES, {"metadata": {"name": cd.CHANNEL_CLASS}, "spec": stale})
+    else:
+        rest.replace(DEVICE_CLASSES, cd.CHANNEL_CLASS, {**live, "spec": stale})
     node = unique("rbac-node")
     create_plugin_node(control_plane, node, fabric="rack-r")
     cfg = ControllerConfig(
@@ -336,6 +352,9 @@ def test_controller_needs_only_its_documented_permissions(
         assert controller.elector is not None
         assert controller.elector.leading.wait(30)
         wait_for(lambda: rest.get_or_none(SLICES, slice_name(node)), what="node slice")
+        channel_class = rest.get(DEVICE_CLASSES, cd.CHANNEL_CLASS)["spec"]["selectors"]
+        assert "an-older-version" not in channel_class[0]["cel"]["expression"]
+        assert cd.DRIVER in channel_class[0]["cel"]["expression"]
         rest.create(COMPUTE_DOMAINS, domain_body("r", rct="r-imex"), ns)
         template = wait_for(lambda: rest.get_or_none(CLAIM_TEMPLATES, "r-imex", ns), what="rct")
         uid = template["metadata"]["labels"][cd.DOMAIN_LABEL]

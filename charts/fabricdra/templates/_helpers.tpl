@@ -27,3 +27,9 @@ dra-<pod UID>.sock, with the UID cut where the whole path would be too long for 
 {{- define "fabricdra.ownSocketProbe" -}}
 for s in {{ . }}/dra-*.sock; do i=${s##*/dra-}; i=${i%.sock}; case "$FABRICDRA_POD_UID" in "$i"*) test -S "$s" && exit 0;; esac; done; exit 1
 {{- end }}
+
+{{- /* A liveness command: this pod's own DRA socket in the folder given (as ownSocketProbe)
+completes a gRPC (HTTP/2) handshake within 5 s, i.e. the plugin's server still answers. */}}
+{{- define "fabricdra.ownSocketAnswers" -}}
+for s in {{ . }}/dra-*.sock; do i=${s##*/dra-}; i=${i%.sock}; case "$FABRICDRA_POD_UID" in "$i"*) test -S "$s" && exec python3 -c 'import sys, grpc; grpc.channel_ready_future(grpc.insecure_channel("unix://" + sys.argv[1])).result(timeout=5)' "$s";; esac; done; exit 1
+{{- end }}

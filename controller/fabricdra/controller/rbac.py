@@ -50,6 +50,21 @@ CONTROLLER: list[Rule] = [
         "verbs": ["get", "list", "watch", "create", "update", "delete"],
     },
     {"apiGroups": ["resource.k8s.io"], "resources": ["deviceclasses"], "verbs": ["get", "create"]},
+    # Its own two DeviceClasses are brought up to date at start (an upgrade may change them).
+    {
+        "apiGroups": ["resource.k8s.io"],
+        "resources": ["deviceclasses"],
+        "resourceNames": [cd.CHANNEL_CLASS, cd.DAEMON_CLASS],
+        "verbs": ["update"],
+    },
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+]
+
+# The controller's own namespace (a Role there, not cluster-wide): the IMEX DaemonSets, the
+# Leases (leader election, daemon reports) and a read of the namespace itself, which must exist
+# (the chart's release namespace).
+CONTROLLER_NAMESPACED: list[Rule] = [
     {
         "apiGroups": ["apps"],
         "resources": ["daemonsets"],
@@ -60,9 +75,7 @@ CONTROLLER: list[Rule] = [
         "resources": ["leases"],
         "verbs": ["get", "list", "watch", "create", "patch", "update", "delete"],
     },
-    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
-    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
-    {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "create"]},
+    {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"]},
 ]
 
 NODE_PLUGIN: list[Rule] = [
@@ -132,6 +145,25 @@ def cluster_role(name: str, rules: list[Rule]) -> dict[str, Any]:
         "kind": "ClusterRole",
         "metadata": {"name": name},
         "rules": rules,
+    }
+
+
+def role(name: str, namespace: str, rules: list[Rule]) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": name, "namespace": namespace},
+        "rules": rules,
+    }
+
+
+def role_binding_for_user(name: str, namespace: str, role: str, user: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": name, "namespace": namespace},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
     }
 
 

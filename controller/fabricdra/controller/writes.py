@@ -90,5 +90,14 @@ class Writer:
             self.create(NAMESPACES, {"metadata": {"name": name}})
 
     def ensure_device_classes(self) -> None:
+        """Create the driver's DeviceClasses, or bring them to this version's shape: an upgrade
+        that changes a selector must reach classes an older controller made."""
         for dc in objects.device_classes():
-            self.create(DEVICE_CLASSES, dc)
+            if self.create(DEVICE_CLASSES, dc) is not None:
+                continue
+            live = self.rest.get_or_none(DEVICE_CLASSES, dc["metadata"]["name"])
+            if live is None or not objects.differs(dc["spec"], live.get("spec")):
+                continue
+            body = {**dc, "metadata": {**live["metadata"], **dc["metadata"]}}
+            log.info("updating DeviceClass %s to this version", dc["metadata"]["name"])
+            self.rest.replace(DEVICE_CLASSES, dc["metadata"]["name"], body)
