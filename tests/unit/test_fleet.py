@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fabricdra.controller.fleet import fleet
-from tests.fleetdata import GB200, H100, scenario
+from tests.fleetdata import (
+    GB200,
+    H100,
+    UNVERIFIED,
+    _claim,
+    _gpu,
+    _nic,
+    _node_devices,
+    _slice,
+    node_object,
+    scenario,
+)
 
 
 def test_every_number_matches_the_hand_count() -> None:
     s = scenario("x", "team-a")
-    view = fleet(s["slices"], s["claims"], s["nodeDevices"], s["computeDomains"]).to_json()
+    view = fleet(
+        s["slices"], s["claims"], s["nodeDevices"], s["computeDomains"], s["nodeObjects"]
+    ).to_json()
     assert {d["fabricDomain"]: d for d in view["domains"]} == s["expected"]
     assert view["computeDomains"] == [s["computeDomainView"]]
     totals = view["totals"]
@@ -77,3 +92,100 @@ def test_the_dashboard_queries_only_metrics_the_controller_serves() -> None:
     served = set(re.findall(r"^(fabricdra_[a-z_]+)", generate_latest(registry).decode(), re.M))
     assert used
     assert used <= served, used - served
+
+
+def _one_node(devices: list[dict[str, Any]], **node: Any) -> dict[str, Any]:
+    """The fleet view (JSON) of node n1 alone, with `devices` in one slice."""
+    return fleet([_slice("n1", devices)], [], [], [], [node_object("n1", **node)]).to_json()
+
+
+def _gpus(n: int = 2, domain: str | None = "nvlink-z-1", **extra: Any) -> list[dict[str, Any]]:
+    return [_gpu(i, GB200, domain, [], {k: {"string": v} for k, v in extra.items()})
+            for i in range(n)]  # fmt: skip
+
+
+def test_basic_model_health_attribute_makes_a_device_neither_healthy_nor_free() -> None:
+    # 1.34/1.35 publish no taints: health is the `health` attribute (resourceslices.py).
+    devs = [*_gpus(1), _gpu(1, GB200, "nvlink-z-1", [], {"health": {"string": "Unhealthy"}})]
+    c = _one_node(devs)["totals"][GB200]
+    assert (c["total"], c["healthy"], c["free"]) == (2, 1, 1)
+
+
+def test_basic_model_verified_false_makes_a_device_neither_verified_nor_free() -> None:
+    devs = [_gpu(i, GB200, "nvlink-z-1", [], {"verified": {"bool": False}}) for i in range(2)]
+    view = _one_node(devs)
+    assert (view["totals"][GB200]["verified"], view["totals"][GB200]["free"]) == (0, 0)
+    assert view["domains"][0]["verifiedNodes"] == 0
+
+
+def test_the_none_domain_fits_a_compute_domain_of_one_at_most() -> None:
+    slices = [_slice(f"n{i}", _gpus(2, None)) for i in range(3)]
+    view = fleet(slices, [], [], [], [node_object(f"n{i}") for i in range(3)])
+    assert view.domains["none"].largestFit == 1
+    # A fabric domain's whole nodes still add up.
+    slices = [_slice(f"n{i}", _gpus(2)) for i in range(3)]
+    view = fleet(slices, [], [], [], [node_object(f"n{i}") for i in range(3)])
+    assert view.domains["nvlink-z-1"].largestFit == 3
+
+
+def test_with_the_verification_gate_off_a_node_counts_verified_whatever_its_old_record() -> None:
+    # The agent's gate off: nothing gated in the slices; the NodeDevices record is an old one.
+    view = fleet([_slice("n1", _gpus(2))], [], [_node_devices("n1", "Unverified")], [],
+                 [node_object("n1")])  # fmt: skip
+    assert view.domains["nvlink-z-1"].verifiedNodes == 1
+    assert view.domains["nvlink-z-1"].largestFit == 1
+    # The gate on and closed: the slices say so, and that decides.
+    tainted = [_gpu(i, GB200, "nvlink-z-1", [UNVERIFIED]) for i in range(2)]
+    view = fleet([_slice("n1", tainted)], [], [_node_devices("n1", "Verified")], [],
+                 [node_object("n1")])  # fmt: skip
+    assert view.domains["nvlink-z-1"].verifiedNodes == 0
+
+
+def test_largest_fit_follows_the_controllers_verified_node_requirement() -> None:
+    # Same nodes, counted as gang placement counts them (capacity.py).
+    slices = [_slice("n1", _gpus(2)), _slice("n2", _gpus(2))]
+    nodes = [node_object("n1", labels={"fabricdra.io/verified": "true"}), node_object("n2")]
+    assert fleet(slices, [], [], [], nodes).domains["nvlink-z-1"].largestFit == 2
+    required = fleet(slices, [], [], [], nodes, require_verified_nodes=True)
+    assert required.domains["nvlink-z-1"].largestFit == 1
+
+
+def test_an_older_slice_generation_still_listed_is_ignored() -> None:
+    old = _slice("n1", _gpus(4), generation=1)
+    new = _slice("n1", _gpus(2), generation=2)
+    view = fleet([new, old], [], [], [], [node_object("n1")]).to_json()
+    assert view["totals"][GB200]["total"] == 2
+    # A claim naming a device only the old generation had does not count it allocated.
+    claim = _claim("c", "ns", [("n1", "gpu-3")])
+    view = fleet([old, new], [claim], [], [], [node_object("n1")]).to_json()
+    assert view["totals"][GB200]["allocated"] == 0
+
+
+def test_cordoned_notready_tainted_and_missing_nodes_are_not_free() -> None:
+    not_ready_taint = {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}
+    for node in (
+        {"cordoned": True},
+        {"ready": "False"},
+        {"ready": "Unknown"},
+        {"taints": [not_ready_taint]},
+    ):
+        view = _one_node([*_gpus(2), _nic("nic-0")], **node)
+        assert view["totals"][GB200]["free"] == 0, node
+        assert view["totals"][GB200]["healthy"] == 2, node  # healthy, just not free
+        assert view["totals"]["rdma"]["free"] == 0, node
+        assert view["domains"][0]["largestFit"] == 0, node
+    # A slice whose Node is gone.
+    gone = fleet([_slice("n1", _gpus(2))], [], [], [], [node_object("other")])
+    assert gone.totals()[GB200].free == 0
+    assert _one_node(_gpus(2))["totals"][GB200]["free"] == 2
+
+
+def test_a_gpu_without_a_free_nic_on_its_pci_root_is_nic_stranded() -> None:
+    gpus = [_gpu(i, GB200, "nvlink-z-1", [], {"pciRoot": {"string": f"pci0000:{i}"}})
+            for i in range(3)]  # fmt: skip
+    nics = [_nic(f"nic-{i}", extra={"pciRoot": {"string": f"pci0000:{i}"}}) for i in range(2)]
+    # gpu-0's NIC is taken, gpu-1's is free; gpu-2's root has no NIC: any free NIC serves it.
+    claim = _claim("c", "ns", [("n1", "nic-0")])
+    view = fleet([_slice("n1", gpus + nics)], [claim], [], [], [node_object("n1")]).to_json()
+    assert view["totals"][GB200]["stranded"]["nicsUnavailable"] == 1
+    assert view["domains"][0]["largestFit"] == 1  # whole still, for an NVLink-only job

@@ -1,6 +1,7 @@
 """`fabricdra fleet`: the fleet view from the cluster (docs/fleet.md).
 
 fabricdra fleet [--kubeconfig K] [-o table|json] [--watch [--interval S]]
+                [--require-verified-nodes true|false]
 """
 
 from __future__ import annotations
@@ -39,6 +40,14 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--interval", type=float, default=5.0, help="seconds between --watch prints (default 5)"
     )
+    p.add_argument(
+        "--require-verified-nodes",
+        default=_env("REQUIRE_VERIFIED_NODES", "false"),
+        choices=["true", "false"],
+        help="count a node towards LARGEST FIT only with fabricdra.io/verified=true, as gang "
+        "placement does under the controller's flag of the same name (default false) "
+        "[FABRICDRA_REQUIRE_VERIFIED_NODES]",
+    )
     p.set_defaults(run=run)
 
 
@@ -51,7 +60,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         while True:
             try:
-                view = read_fleet(rest)
+                view = read_fleet(
+                    rest, require_verified_nodes=args.require_verified_nodes == "true"
+                )
             except ApiError as e:
                 print(f"fabricdra fleet: cannot read the cluster: {e}", file=sys.stderr)
                 if stop is None:

@@ -4,22 +4,29 @@ and which GPUs are stranded. Pure: API objects (plain dicts, wire form) in, a `F
 
 Counting rules (the device seed's free/allocated accounting):
 
-* a device is one published `devices.fabricdra.io` device; a shared RDMA endpoint published as
-  holder devices `<name>-s<k>` (1.34/1.35) counts once;
-* healthy: no `fabricdra.io/unhealthy` taint and no `linkVerdict: Failed`;
+* a device is one published `devices.fabricdra.io` device of a pool's newest generation (the
+  slices of an older `spec.pool.generation` still listed are being replaced: ignored); a shared
+  RDMA endpoint published as holder devices `<name>-s<k>` (1.34/1.35) counts once;
+* healthy: no `fabricdra.io/unhealthy` taint, no `linkVerdict: Failed` and no
+  `health: Unhealthy` attribute (1.34/1.35 publish health as that attribute, not a taint);
 * verified: no `fabricdra.io/unverified` taint and no `verified: false` attribute;
 * allocated: named by an allocation result of a ResourceClaim (driver devices.fabricdra.io);
-* free: healthy, verified and not allocated — what placement may still hand out.
+* free: healthy, verified and not allocated, on a node that takes pods now (capacity.py: Ready,
+  not cordoned, no not-ready/unreachable/unschedulable taint; a slice without its Node: not
+  free) — what placement may still hand out.
 
 Stranded GPUs (free, yet no job that needs them whole can get them), each counted once:
 
 * `computeDomain`: free GPUs on a node a ComputeDomain holds (one domain per node: they cannot
   join another domain);
-* `nicsUnavailable`: free GPUs on a node with RDMA NICs none of which is free (all taken or
-  failed), so no GPU there gets its own NIC.
+* `nicsUnavailable`: free GPUs with no free RDMA NIC on their own `pciRoot` (other NICs of the
+  node being free does not help: a GPU's own NIC is the one on its root); a GPU whose root has
+  no NIC (or whose root is not published) looks at all the node's NICs.
 
 Fragmentation, per fabric domain: `largestFit` is the largest N for which an N-node
-ComputeDomain fits now (nodes whose GPUs are all free and that no ComputeDomain holds), and
+ComputeDomain fits now (nodes whose GPUs are all free, that no ComputeDomain holds and that gang
+placement counts: capacity.py, with `require_verified_nodes` as the controller's
+`--require-verified-nodes`); in `none` at most 1 (no NVLink between its nodes), and
 `freeGpusOnPartialNodes` the free GPUs sitting on nodes that are not whole.
 """
 
@@ -29,6 +36,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from . import capacity
 
 DRIVER = "devices.fabricdra.io"
 UNHEALTHY_TAINT = "fabricdra.io/unhealthy"
@@ -114,6 +123,7 @@ class _Device:
     fabric_domain: str | None
     healthy: bool
     verified: bool
+    pci_root: str | None = None
     shared_capacity: int | None = None  # holders a shared endpoint takes (current model)
     holders: int = 1  # published holder devices (basic model)
     allocations: int = 0
@@ -147,11 +157,22 @@ def _attr(device: Mapping[str, Any], name: str) -> Any:
     return None
 
 
+def _generation(spec: Mapping[str, Any]) -> int:
+    return int((spec.get("pool") or {}).get("generation") or 0)
+
+
 def _devices(slices: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], _Device]:
+    ours = [s.get("spec") or {} for s in slices]
+    ours = [spec for spec in ours if spec.get("driver") == DRIVER]
+    # Only a pool's newest generation counts: the publisher writes a new generation's slices
+    # before it deletes the old ones, and the scheduler ignores the older (KEP-4381).
+    newest: dict[str, int] = {}
+    for spec in ours:
+        pool = (spec.get("pool") or {}).get("name") or ""
+        newest[pool] = max(newest.get(pool, 0), _generation(spec))
     out: dict[tuple[str, str], _Device] = {}
-    for s in slices:
-        spec = s.get("spec") or {}
-        if spec.get("driver") != DRIVER:
+    for spec in ours:
+        if _generation(spec) < newest[(spec.get("pool") or {}).get("name") or ""]:
             continue
         node = spec.get("nodeName") or (spec.get("pool") or {}).get("name") or "?"
         for d in spec.get("devices") or []:
@@ -172,8 +193,11 @@ def _devices(slices: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], _Devi
                 type=type_,
                 device_class=_attr(d, "deviceClass") or type_,
                 fabric_domain=_attr(d, "fabricDomain"),
-                healthy=UNHEALTHY_TAINT not in taints and _attr(d, "linkVerdict") != "Failed",
+                healthy=UNHEALTHY_TAINT not in taints
+                and _attr(d, "linkVerdict") != "Failed"
+                and _attr(d, "health") != "Unhealthy",
                 verified=UNVERIFIED_TAINT not in taints and _attr(d, "verified") is not False,
+                pci_root=_attr(d, "pciRoot"),
                 shared_capacity=int(capacity)
                 if capacity and d.get("allowMultipleAllocations")
                 else None,
@@ -225,12 +249,15 @@ def _held_nodes(
     return held, views
 
 
-def _verified_nodes(node_devices: Iterable[Mapping[str, Any]]) -> dict[str, bool]:
-    out = {}
-    for nd in node_devices:
-        state = ((nd.get("status") or {}).get("verification") or {}).get("state")
-        out[(nd.get("metadata") or {}).get("name", "")] = state in ("Verified", "Overridden")
-    return out
+def _usable_nic(nic: _Device) -> bool:
+    return not nic.exhausted and nic.healthy and nic.verified
+
+
+def _nic_stranded(gpu: _Device, nics: list[_Device]) -> bool:
+    """No NIC the GPU can get as its own is free: those on its pciRoot, else (none there, or
+    its root not published) any of the node's."""
+    own = [n for n in nics if gpu.pci_root and n.pci_root == gpu.pci_root] or nics
+    return bool(own) and not any(_usable_nic(n) for n in own)
 
 
 def fleet(
@@ -238,11 +265,27 @@ def fleet(
     claims: Iterable[Mapping[str, Any]],
     node_devices: Iterable[Mapping[str, Any]],
     compute_domains: Iterable[Mapping[str, Any]],
+    nodes: Iterable[Mapping[str, Any]] | None = None,
+    *,
+    require_verified_nodes: bool = False,
 ) -> Fleet:
+    """`nodes`: the Node objects (None: every node is taken as able to run pods). A node is
+    verified when its published gate is open (no device unverified): what the scheduler sees;
+    its NodeDevices record only says why (with the agent's gate off nothing is closed, so it
+    counts verified whatever an older record says). `node_devices` is kept for callers."""
+    del node_devices
     devices = _devices(slices)
     _allocate(devices, claims)
     held, cd_views = _held_nodes(compute_domains)
-    verified_nodes = _verified_nodes(node_devices)
+    node_objs = None if nodes is None else {n["metadata"]["name"]: n for n in nodes}
+
+    def takes_pods(node: str, require_verified: bool = False) -> bool:
+        if node_objs is None:
+            return not require_verified
+        obj = node_objs.get(node)
+        return obj is not None and not capacity.unusable(
+            dict(obj), require_verified=require_verified
+        )
 
     by_node: dict[str, list[_Device]] = {}
     for d in devices.values():
@@ -258,26 +301,34 @@ def fleet(
             fabric[0] if fabric else NO_DOMAIN, Domain(fabric[0] if fabric else NO_DOMAIN)
         )
         domain.nodes += 1
-        # A node without a NodeDevices verification record is judged by its slices.
-        node_verified = verified_nodes.get(node, all(d.verified for d in node_devs))
-        domain.verifiedNodes += node_verified
-        nics_gone = bool(nics) and all(n.exhausted or not n.healthy or not n.verified for n in nics)
-        whole = bool(gpus) and node not in held and all(g.free for g in gpus)
+        domain.verifiedNodes += all(d.verified for d in node_devs)
+        # Cordoned, NotReady, tainted out or gone: nothing on it is free (no pod goes there).
+        up = takes_pods(node)
+        whole = (
+            up
+            and bool(gpus)
+            and node not in held
+            and all(g.free for g in gpus)
+            and (not require_verified_nodes or takes_pods(node, require_verified=True))
+        )
         if whole:
             domain.largestFit += 1
         for d in node_devs:
+            free = up and d.free
             c = domain.classes.setdefault(d.device_class, Counts())
             c.total += 1
             c.healthy += d.healthy
             c.verified += d.verified
             c.allocated += d.allocated
-            c.free += d.free
-            if d.type != "gpu" or not d.free:
+            c.free += free
+            if d.type != "gpu" or not free:
                 continue
             if node in held:
                 c.stranded["computeDomain"] += 1
-            elif nics_gone:
+            elif _nic_stranded(d, nics):
                 c.stranded["nicsUnavailable"] += 1
             elif not whole:
                 domain.freeGpusOnPartialNodes += 1
+    if NO_DOMAIN in domains:  # no NVLink between its nodes: a ComputeDomain of one at most
+        domains[NO_DOMAIN].largestFit = min(domains[NO_DOMAIN].largestFit, 1)
     return Fleet(domains, cd_views)
