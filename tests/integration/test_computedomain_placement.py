@@ -15,6 +15,7 @@ from fabricdra.api.rest import (
     CLAIMS,
     COMPUTE_DOMAINS,
     NODES,
+    SLICES,
     STRATEGIC_PATCH,
     Rest,
 )
@@ -27,6 +28,7 @@ from .computedomain_helpers import (
     install_crd,
     running_controller,
     unique,
+    wait_gone,
 )
 
 pytestmark = pytest.mark.integration
@@ -47,6 +49,14 @@ def _ns(cp: ControlPlane, prefix: str) -> str:
 
 def _placed(rest: Rest, ns: str, name: str) -> str:
     return str(rest.get(COMPUTE_DOMAINS, name, ns).get("status", {}).get("fabricDomain") or "")
+
+
+def _done(rest: Rest, ns: str, name: str) -> None:
+    """Delete the test's gang (while its controller runs, which finalizes it): a gang left
+    behind unfinished would be placed again, by the next test's controller, in the next
+    test's fabric domains (a placement that lost its room moves)."""
+    rest.delete(COMPUTE_DOMAINS, name, ns)
+    wait_gone(lambda: rest.get_or_none(COMPUTE_DOMAINS, name, ns), what=f"{name} deleted")
 
 
 def _not_ready(rest: Rest, node: str) -> None:
@@ -86,6 +96,7 @@ def test_gang_placement_counts_only_ready_schedulable_nodes(
         rest.create(COMPUTE_DOMAINS, domain_body("gang", mode="host", num_nodes=2), ns)
         placed = wait_for(lambda: _placed(rest, ns, "gang"), what="gang placed")
         assert placed == racks[2]
+        _done(rest, ns, "gang")
 
 
 def test_with_the_verification_gate_required_only_verified_nodes_count(
@@ -107,6 +118,7 @@ def test_with_the_verification_gate_required_only_verified_nodes_count(
         rest.create(COMPUTE_DOMAINS, domain_body("gang", mode="host", num_nodes=2), ns)
         placed = wait_for(lambda: _placed(rest, ns, "gang"), what="gang placed")
         assert placed == racks[1]
+        _done(rest, ns, "gang")
 
 
 def _answer(rest: Rest, ns: str, claim: str) -> dict[str, str]:
@@ -149,3 +161,63 @@ def test_a_timed_out_gang_is_placed_again_without_the_nodes_that_failed_it(
             ),
             what="the template follows the new placement",
         )
+        _done(rest, ns, "job")
+
+
+def test_gang_placement_counts_only_nodes_with_a_free_healthy_gpu(
+    control_plane: ControlPlane, rest: Rest
+) -> None:
+    """Issue 18 point 8: two fabric domains of two Ready nodes, first fit in name order. In
+    the first, one node's only GPU is unhealthy (tainted) and the other's is taken by another
+    job's claim: no room there, although both nodes are Ready and schedulable. The gang goes
+    to the second, whose GPUs are free (the fleet view counts the same way: capacity.py)."""
+    from tests.fleetdata import GB200, UNHEALTHY, _claim, _gpu, _slice
+
+    ns, driver_ns = _ns(control_plane, "cd-room"), unique("cd-system")
+    racks = [unique("00000gpua"), unique("00000gpub")]  # sort first: first fit
+    nodes = {rack: [unique("room"), unique("room")] for rack in racks}
+    for rack, names in nodes.items():
+        for n in names:
+            create_plugin_node(control_plane, n, rack)
+    sick, taken = nodes[racks[0]]
+    rest.create(SLICES, _slice(sick, [_gpu(0, GB200, racks[0], [UNHEALTHY])]))
+    rest.create(SLICES, _slice(taken, [_gpu(0, GB200, racks[0], [])]))
+    for n in nodes[racks[1]]:
+        rest.create(SLICES, _slice(n, [_gpu(0, GB200, racks[1], [])]))
+    other = _claim("other-job", ns, [(taken, "gpu-0")])
+    status = other.pop("status")
+    rest.create(CLAIMS, other, ns)
+    rest.patch(CLAIMS, "other-job", {"status": status}, ns, sub="status")
+    with running_controller(control_plane, driver_ns, leader_election=False):
+        rest.create(COMPUTE_DOMAINS, domain_body("job", mode="host", num_nodes=2), ns)
+        wait_for(lambda: _placed(rest, ns, "job") == racks[1], what="placed where GPUs are free")
+        _done(rest, ns, "job")
+
+
+def test_a_placed_gang_whose_node_fails_before_its_pods_run_is_placed_again(
+    control_plane: ControlPlane, rest: Rest
+) -> None:
+    """Issue 18 point 8: a gang of 2 placed in the first of two empty fabric domains, none of
+    its claims allocated yet. A node there is cordoned: the placement can never fill, so the
+    gang moves to the other fabric domain, and its template follows (no gang timeout needed:
+    nothing was held)."""
+    ns, driver_ns = _ns(control_plane, "cd-lost"), unique("cd-system")
+    racks = [unique("00000fla"), unique("00000flb")]  # sort first: first fit
+    nodes = {rack: [unique("lost"), unique("lost")] for rack in racks}
+    for rack, names in nodes.items():
+        for n in names:
+            create_plugin_node(control_plane, n, rack)
+    with running_controller(control_plane, driver_ns, leader_election=False):
+        rest.create(COMPUTE_DOMAINS, domain_body("job", mode="host", num_nodes=2), ns)
+        wait_for(lambda: _placed(rest, ns, "job") == racks[0], what="placed in the first")
+        wait_for(lambda: rest.get_or_none(CLAIM_TEMPLATES, "job-channel", ns), what="template")
+        rest.patch(NODES, nodes[racks[0]][1], {"spec": {"unschedulable": True}})
+        wait_for(lambda: _placed(rest, ns, "job") == racks[1], what="placed again elsewhere")
+        wait_for(
+            lambda: (
+                f"fabricDomain == '{racks[1]}'"
+                in str((rest.get_or_none(CLAIM_TEMPLATES, "job-channel", ns) or {}).get("spec"))
+            ),
+            what="the template follows the new placement",
+        )
+        _done(rest, ns, "job")

@@ -63,3 +63,29 @@ def test_usable_by_fabric_keeps_a_fabric_whose_nodes_all_fail() -> None:
         "rack-b": [],
         "rack-c": ["c1"],
     }
+
+
+def test_a_node_counts_only_with_a_free_healthy_verified_gpu() -> None:
+    """Issue 18 point 8: the fleet view's device rules (capacity.devices/allocate) decide the
+    room, over the same wire-form slices and claims."""
+    from fabricdra.controller.capacity import gpu_room
+    from tests.fleetdata import GB200, UNHEALTHY, UNVERIFIED, _claim, _gpu, _nic, _slice
+
+    slices = [
+        _slice("ok", [_gpu(0, GB200, "rack-a", []), _gpu(1, GB200, "rack-a", [])]),
+        _slice("sick", [_gpu(0, GB200, "rack-a", [UNHEALTHY])]),
+        _slice("gated", [_gpu(0, GB200, "rack-a", [UNVERIFIED])]),
+        _slice("basic-sick", [_gpu(0, GB200, "rack-a", [], {"health": {"string": "Unhealthy"}})]),
+        _slice("full", [_gpu(0, GB200, "rack-a", [])]),
+        _slice("nics-only", [_nic("nic-0")]),
+    ]
+    room = gpu_room(slices, [_claim("c", "ns", [("full", "gpu-0"), ("ok", "gpu-1")])])
+    assert room == {"ok": 1, "sick": 0, "gated": 0, "basic-sick": 0, "full": 0}
+    names = ["ok", "sick", "gated", "basic-sick", "full", "nics-only", "no-slice"]
+    nodes = [_node(n) for n in names]
+    # A node that publishes no GPU of ours is judged by the node alone.
+    assert usable_by_fabric(nodes, gpu_room=room) == {"rack-a": ["ok", "nics-only", "no-slice"]}
+    # The gang's own nodes (their GPUs allocated to it) still count for it.
+    assert usable_by_fabric(nodes, gpu_room=room, keep={"full"})["rack-a"] == [
+        "ok", "full", "nics-only", "no-slice"
+    ]  # fmt: skip

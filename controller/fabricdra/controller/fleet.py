@@ -32,19 +32,17 @@ placement counts: capacity.py, with `require_verified_nodes` as the controller's
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import capacity
+from .capacity import DRIVER, UNHEALTHY_TAINT, UNVERIFIED_TAINT, Device, allocate, devices
 
-DRIVER = "devices.fabricdra.io"
-UNHEALTHY_TAINT = "fabricdra.io/unhealthy"
-UNVERIFIED_TAINT = "fabricdra.io/unverified"
+__all__ = ["DRIVER", "UNHEALTHY_TAINT", "UNVERIFIED_TAINT", "Fleet", "fleet"]
+
 NO_DOMAIN = "none"  # nodes whose GPUs are in no multi-node fabric domain
 STRANDED_REASONS = ("computeDomain", "nicsUnavailable")
-_HOLDER = re.compile(r"^(?P<base>.+)-s\d+$")
 
 
 @dataclass
@@ -114,114 +112,6 @@ class Fleet:
         }
 
 
-@dataclass
-class _Device:
-    node: str
-    name: str
-    type: str
-    device_class: str
-    fabric_domain: str | None
-    healthy: bool
-    verified: bool
-    pci_root: str | None = None
-    shared_capacity: int | None = None  # holders a shared endpoint takes (current model)
-    holders: int = 1  # published holder devices (basic model)
-    allocations: int = 0
-    holders_taken: set[str] = field(default_factory=set)
-
-    @property
-    def allocated(self) -> bool:
-        return self.allocations > 0
-
-    @property
-    def free(self) -> bool:
-        return self.healthy and self.verified and not self.allocated
-
-    @property
-    def exhausted(self) -> bool:
-        """No further claim can get this device (a shared one: every holder is taken)."""
-        if self.shared_capacity is not None:
-            return self.allocations >= self.shared_capacity
-        if self.holders > 1:
-            return len(self.holders_taken) >= self.holders
-        return self.allocated
-
-
-def _attr(device: Mapping[str, Any], name: str) -> Any:
-    value = (device.get("attributes") or {}).get(name)
-    if not isinstance(value, Mapping):
-        return None
-    for kind in ("string", "int", "bool", "version"):
-        if kind in value:
-            return value[kind]
-    return None
-
-
-def _generation(spec: Mapping[str, Any]) -> int:
-    return int((spec.get("pool") or {}).get("generation") or 0)
-
-
-def _devices(slices: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], _Device]:
-    ours = [s.get("spec") or {} for s in slices]
-    ours = [spec for spec in ours if spec.get("driver") == DRIVER]
-    # Only a pool's newest generation counts: the publisher writes a new generation's slices
-    # before it deletes the old ones, and the scheduler ignores the older (KEP-4381).
-    newest: dict[str, int] = {}
-    for spec in ours:
-        pool = (spec.get("pool") or {}).get("name") or ""
-        newest[pool] = max(newest.get(pool, 0), _generation(spec))
-    out: dict[tuple[str, str], _Device] = {}
-    for spec in ours:
-        if _generation(spec) < newest[(spec.get("pool") or {}).get("name") or ""]:
-            continue
-        node = spec.get("nodeName") or (spec.get("pool") or {}).get("name") or "?"
-        for d in spec.get("devices") or []:
-            name = d["name"]
-            shared = _attr(d, "rdmaMode") == "shared"
-            m = _HOLDER.match(name) if shared and not d.get("allowMultipleAllocations") else None
-            base = m.group("base") if m else name
-            taints = {t.get("key") for t in d.get("taints") or []}
-            key = (node, base)
-            if key in out:  # another holder of a shared endpoint (basic model)
-                out[key].holders += 1
-                continue
-            type_ = _attr(d, "type") or "unknown"
-            capacity = ((d.get("capacity") or {}).get("holders") or {}).get("value")
-            out[key] = _Device(
-                node=node,
-                name=base,
-                type=type_,
-                device_class=_attr(d, "deviceClass") or type_,
-                fabric_domain=_attr(d, "fabricDomain"),
-                healthy=UNHEALTHY_TAINT not in taints
-                and _attr(d, "linkVerdict") != "Failed"
-                and _attr(d, "health") != "Unhealthy",
-                verified=UNVERIFIED_TAINT not in taints and _attr(d, "verified") is not False,
-                pci_root=_attr(d, "pciRoot"),
-                shared_capacity=int(capacity)
-                if capacity and d.get("allowMultipleAllocations")
-                else None,
-            )
-    return out
-
-
-def _allocate(devices: dict[tuple[str, str], _Device], claims: Iterable[Mapping[str, Any]]) -> None:
-    for claim in claims:
-        allocation = (claim.get("status") or {}).get("allocation") or {}
-        for r in (allocation.get("devices") or {}).get("results") or []:
-            if r.get("driver") != DRIVER:
-                continue
-            name, pool = r.get("device", ""), r.get("pool", "")
-            device = devices.get((pool, name))
-            if device is None:
-                m = _HOLDER.match(name)
-                device = devices.get((pool, m.group("base"))) if m else None
-                if device is None:
-                    continue  # a device no longer published: nothing to count it against
-                device.holders_taken.add(name)
-            device.allocations += 1
-
-
 def _held_nodes(
     compute_domains: Iterable[Mapping[str, Any]],
 ) -> tuple[set[str], list[dict[str, Any]]]:
@@ -249,15 +139,11 @@ def _held_nodes(
     return held, views
 
 
-def _usable_nic(nic: _Device) -> bool:
-    return not nic.exhausted and nic.healthy and nic.verified
-
-
-def _nic_stranded(gpu: _Device, nics: list[_Device]) -> bool:
+def _nic_stranded(gpu: Device, nics: list[Device]) -> bool:
     """No NIC the GPU can get as its own is free: those on its pciRoot, else (none there, or
     its root not published) any of the node's."""
     own = [n for n in nics if gpu.pci_root and n.pci_root == gpu.pci_root] or nics
-    return bool(own) and not any(_usable_nic(n) for n in own)
+    return bool(own) and not any(n.usable_nic for n in own)
 
 
 def fleet(
@@ -274,8 +160,8 @@ def fleet(
     its NodeDevices record only says why (with the agent's gate off nothing is closed, so it
     counts verified whatever an older record says). `node_devices` is kept for callers."""
     del node_devices
-    devices = _devices(slices)
-    _allocate(devices, claims)
+    by_key = devices(slices)
+    allocate(by_key, claims)
     held, cd_views = _held_nodes(compute_domains)
     node_objs = None if nodes is None else {n["metadata"]["name"]: n for n in nodes}
 
@@ -287,8 +173,8 @@ def fleet(
             dict(obj), require_verified=require_verified
         )
 
-    by_node: dict[str, list[_Device]] = {}
-    for d in devices.values():
+    by_node: dict[str, list[Device]] = {}
+    for d in by_key.values():
         by_node.setdefault(d.node, []).append(d)
 
     domains: dict[str, Domain] = {}

@@ -112,14 +112,16 @@ class Placement:
     def _view(
         self, for_uid: str, exclude: bool = True
     ) -> tuple[dict[str, list[str]], dict[str, str], list[Gang]]:
-        """The nodes that count (capacity.py: Ready, schedulable, verified where required;
-        without those that failed this gang before, if `exclude`), who holds them, and the
-        other gangs' placements."""
+        """The nodes that count (capacity.py: Ready, schedulable, verified where required, a
+        free healthy GPU unless the gang holds it already; without those that failed this gang
+        before, if `exclude`), who holds them, and the other gangs' placements."""
         c = self.c
         fabrics = capacity.usable_by_fabric(
             c.nodes.items(),
             require_verified=c.config.require_verified_nodes,
             exclude=self._excluded.get(for_uid, set()) if exclude else frozenset(),
+            gpu_room=capacity.gpu_room(c.device_slices.items(), c.allocations.items()),
+            keep=set(c.ownership.nodes_of(for_uid)),
         )
         owners = {n: c.ownership.owner(n) for nodes in fabrics.values() for n in nodes}
         gangs = []
@@ -141,6 +143,7 @@ class Placement:
         with self._lock:
             current = self._current(domain.uid, domain.status.fabricDomain)
             if current is not None:
+                current = self._still_fits(domain.uid, key, want, current)
                 self._waiting.discard(key)
                 self.c.ownership.pin(domain.uid, current)
                 return Placed(current)
@@ -172,6 +175,55 @@ class Placement:
             self.c.ownership.pin(domain.uid, fabric)
             log.info("placed ComputeDomain %s (numNodes %d) in fabric domain %s", key, want, fabric)
             return Placed(fabric)
+
+    def _still_fits(self, uid: str, key: str, want: int, current: str) -> str:
+        """The gang's fabric domain, after checking a placement that has not got all its nodes
+        yet: if a node of it failed (NotReady, cordoned, deleted: capacity.unusable) so that
+        `current` no longer has room for the whole gang, and another fabric domain has, the
+        gang moves there (first fit; domains.py records it and re-pins the template). With
+        nowhere else to go it stays: the node may come back. A gang that holds all its nodes
+        (all its pods were admitted) never moves. Node state only: GPUs another job takes
+        are the gang timeout's business, as before."""
+        c = self.c
+        if len(c.ownership.nodes_of(uid)) >= want:
+            return current
+        fabrics = capacity.usable_by_fabric(
+            c.nodes.items(), require_verified=c.config.require_verified_nodes
+        )
+        owners = {n: c.ownership.owner(n) for nodes in fabrics.values() for n in nodes}
+        _, _, gangs = self._view(uid)
+        if free_nodes(fabrics, owners, gangs, uid).get(current, 0) >= want:
+            return current
+        fabrics, owners, gangs = self._view(uid)
+        free = free_nodes(fabrics, owners, gangs, uid)
+        other = first_fit(want, {f: n for f, n in free.items() if f != current})
+        if other is None:
+            return current
+        log.info(
+            "ComputeDomain %s (numNodes %d) lost room in fabric domain %s before it got all "
+            "its nodes; placing it in %s",
+            key,
+            want,
+            current,
+            other,
+        )
+        self._again.discard(uid)
+        return other
+
+    def room_may_have_gone(self) -> None:
+        """A node changed: placed gangs that have not got all their nodes may have to move."""
+        c = self.c
+        keys = []
+        for obj in c.domains.items():
+            meta, spec = obj["metadata"], obj.get("spec") or {}
+            want = int(spec.get("numNodes") or 1)
+            if meta.get("deletionTimestamp") or want <= 1 or spec.get("allowMultipleCliques"):
+                continue
+            placed = (obj.get("status") or {}).get("fabricDomain")
+            if placed and len(c.ownership.nodes_of(meta["uid"])) < want:
+                keys.append(f"{meta['namespace']}/{meta['name']}")
+        for key in keys:
+            c.domain_queue.add(key)
 
     def failed(self, uid: str, fabric: str, held: Iterable[str]) -> None:
         """Gang `uid` timed out in `fabric` holding only `held`: the other nodes of `fabric`
