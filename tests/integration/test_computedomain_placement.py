@@ -4,6 +4,8 @@ placed again without the nodes that failed it."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from e2e.harness.controlplane import ControlPlane, wait_for
@@ -26,6 +28,7 @@ from .computedomain_helpers import (
     create_plugin_node,
     domain_body,
     install_crd,
+    report_daemon,
     running_controller,
     unique,
     wait_gone,
@@ -221,3 +224,40 @@ def test_a_placed_gang_whose_node_fails_before_its_pods_run_is_placed_again(
             what="the template follows the new placement",
         )
         _done(rest, ns, "job")
+
+
+def test_a_finished_gang_no_longer_keeps_its_fabric_domain(
+    control_plane: ControlPlane, rest: Rest
+) -> None:
+    """Issue 18 point 8: a gang of 2 ran (both claims admitted, both hosts' IMEX reported:
+    Ready) and its pods completed (kube-controller-manager deleted their claims). Its
+    placement kept counting its two nodes against the fabric domain, so the next gang found
+    no room there while the domain was left in place. Now it says Ready=False, Finished, and
+    the next gang is placed where it ran."""
+    ns, driver_ns = _ns(control_plane, "cd-fin"), unique("cd-system")
+    rack = unique("000000fin")  # sorts first: first fit
+    nodes = [unique("fin"), unique("fin")]
+    for n in nodes:
+        create_plugin_node(control_plane, n, rack)
+    with running_controller(control_plane, driver_ns, leader_election=False):
+        rest.create(COMPUTE_DOMAINS, domain_body("done", mode="host", num_nodes=2), ns)
+        wait_for(lambda: _placed(rest, ns, "done") == rack, what="placed")
+        domain = ComputeDomain.model_validate(rest.get(COMPUTE_DOMAINS, "done", ns))
+        template = objects.workload_claim_template(domain, domain.status.channels[0], rack)
+        for i, n in enumerate(nodes):
+            allocate_claim(rest, ns, template, n, f"d{i}", binding_conditions=True)
+            report_daemon(rest, driver_ns, cd.HOST_REPORT, n, ready=True)
+
+        def ready() -> dict[str, Any]:
+            conds = rest.get(COMPUTE_DOMAINS, "done", ns).get("status", {}).get("conditions")
+            return next((c for c in conds or [] if c["type"] == cd.READY), {})
+
+        wait_for(lambda: ready().get("status") == "True", what="the gang ran: Ready")
+        for i in range(len(nodes)):  # its pods completed, one after the other: claims go
+            rest.delete(CLAIMS, f"d{i}", ns)
+            wait_for(lambda i=i: rest.get_or_none(CLAIMS, f"d{i}", ns) is None, what=f"d{i} gone")
+        wait_for(lambda: ready().get("reason") == "Finished", what="Ready=False, Finished")
+        rest.create(COMPUTE_DOMAINS, domain_body("next", mode="host", num_nodes=2), ns)
+        wait_for(lambda: _placed(rest, ns, "next") == rack, what="the next gang placed there")
+        _done(rest, ns, "next")
+        _done(rest, ns, "done")

@@ -47,7 +47,7 @@ from .leader import LeaderElector
 from .liveness import Heartbeats
 from .nodes import NodeReconciler
 from .ownership import Ownership
-from .placement import Placement
+from .placement import Placement, finished
 from .records import NotRecorded
 from .workqueue import WorkQueue
 from .writes import Writer, counting_rest
@@ -161,6 +161,9 @@ class Controller:
             else:
                 own.set_key(uid, key_of(obj))
             self.domain_queue.add(key_of(obj))
+            if old is not None and new is not None and finished(new) and not finished(old):
+                # A gang finished: the room its placement kept may go to waiting gangs.
+                self.placement.room_may_have_freed()
             if new is None or obj["metadata"].get("deletionTimestamp"):
                 # A gone domain may free nodes for waiting claims of other domains, and
                 # its placement's room for waiting gangs.

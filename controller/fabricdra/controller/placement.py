@@ -44,6 +44,17 @@ log = logging.getLogger("fabricdra.controller")
 JSON = dict[str, Any]
 
 
+# Ready's reason once a gang has run and its pods are gone (domains.py decides, status.py
+# writes it): its placement then no longer counts against its fabric domain.
+FINISHED = "Finished"
+
+
+def finished(obj: Mapping[str, Any]) -> bool:
+    """Whether the domain's status says its gang finished (Ready False, reason Finished)."""
+    conds = (obj.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("reason") == FINISHED for c in conds)
+
+
 @dataclass(frozen=True)
 class Gang:
     uid: str
@@ -100,6 +111,7 @@ class Placement:
         self._waiting: set[str] = set()  # domain keys that fit nowhere yet
         self._excluded: dict[str, set[str]] = {}  # domain UID -> nodes that failed its gang
         self._again: set[str] = set()  # UIDs of gangs to place again (their recorded one failed)
+        self._ran: set[str] = set()  # UIDs of gangs seen holding all their nodes (or Ready)
 
     def _current(self, uid: str, recorded: str) -> str | None:
         if uid in self._again:
@@ -130,6 +142,8 @@ class Placement:
             want = int((obj.get("spec") or {}).get("numNodes") or 1)
             if meta.get("deletionTimestamp") or want <= 1 or meta["uid"] == for_uid:
                 continue
+            if finished(obj):  # its pods are done: it expects no node any more
+                continue
             placed = self._current(meta["uid"], (obj.get("status") or {}).get("fabricDomain", ""))
             if placed:
                 gangs.append(Gang(meta["uid"], want, placed))
@@ -143,7 +157,8 @@ class Placement:
         with self._lock:
             current = self._current(domain.uid, domain.status.fabricDomain)
             if current is not None:
-                current = self._still_fits(domain.uid, key, want, current)
+                if not finished(domain.model_dump(mode="json")):
+                    current = self._still_fits(domain.uid, key, want, current)
                 self._waiting.discard(key)
                 self.c.ownership.pin(domain.uid, current)
                 return Placed(current)
@@ -220,7 +235,7 @@ class Placement:
             if meta.get("deletionTimestamp") or want <= 1 or spec.get("allowMultipleCliques"):
                 continue
             placed = (obj.get("status") or {}).get("fabricDomain")
-            if placed and len(c.ownership.nodes_of(meta["uid"])) < want:
+            if placed and not finished(obj) and len(c.ownership.nodes_of(meta["uid"])) < want:
                 keys.append(f"{meta['namespace']}/{meta['name']}")
         for key in keys:
             c.domain_queue.add(key)
@@ -293,8 +308,17 @@ class Placement:
         for key in waiting:
             self.c.domain_queue.add(key)
 
+    def ran(self, uid: str) -> None:
+        with self._lock:
+            self._ran.add(uid)
+
+    def has_run(self, uid: str) -> bool:
+        with self._lock:
+            return uid in self._ran
+
     def forget(self, key: str, uid: str = "") -> None:
         with self._lock:
+            self._ran.discard(uid)
             self._waiting.discard(key)
             self._excluded.pop(uid, None)
             self._again.discard(uid)
