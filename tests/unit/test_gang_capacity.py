@@ -89,3 +89,28 @@ def test_a_node_counts_only_with_a_free_healthy_verified_gpu() -> None:
     assert usable_by_fabric(nodes, gpu_room=room, keep={"full"})["rack-a"] == [
         "ok", "full", "nics-only", "no-slice"
     ]  # fmt: skip
+
+
+def test_a_finished_gang_says_so_in_ready() -> None:
+    """Issue 18 point 8: Ready=False, Finished is what releases a gang's placement (placement
+    .finished reads it back from the status, so a restarted controller honours it too)."""
+    from fabricdra.api.computedomain import ComputeDomain
+    from fabricdra.controller import status
+    from fabricdra.controller.placement import FINISHED, finished
+
+    domain = ComputeDomain.model_validate(
+        {
+            "apiVersion": "fabricdra.io/v1beta1", "kind": "ComputeDomain",
+            "metadata": {"name": "job", "namespace": "ns", "uid": "u1", "generation": 1},
+            "spec": {"numNodes": 2, "imexMode": "host",
+                     "channel": {"resourceClaimTemplate": {"name": "job-channel"}}},
+            "status": {"fabricDomain": "rack-a", "channels": [0]},
+        }
+    )  # fmt: skip
+    observed = status.Observed(True, "", [], {}, finished=True)
+    new, _ = status.compute(domain, observed, "2026-01-01T00:00:00Z")
+    ready = next(c for c in new.conditions if c.type == "Ready")
+    assert (ready.status, ready.reason) == ("False", FINISHED)
+    assert "rack-a" in ready.message
+    assert finished({"status": new.model_dump(mode="json")})
+    assert not finished({"status": {"conditions": [{"type": "Ready", "reason": "Ready"}]}})
