@@ -219,12 +219,15 @@ class Controller:
 
         def on_devices(event: str, old: JSON | None, new: JSON | None) -> None:
             # GPUs freed, failed or recovered: waiting gangs may fit now (placement.py).
+            self.placement.devices_changed()
             if event != "SYNC":
                 self.placement.room_may_have_freed()
 
         def on_allocation(event: str, old: JSON | None, new: JSON | None) -> None:
             before = ((old or {}).get("status") or {}).get("allocation")
             after = ((new or {}).get("status") or {}).get("allocation")
+            if before != after:
+                self.placement.devices_changed()
             if event != "SYNC" and before != after:
                 self.placement.room_may_have_freed()
 

@@ -112,6 +112,10 @@ class Placement:
         self._excluded: dict[str, set[str]] = {}  # domain UID -> nodes that failed its gang
         self._again: set[str] = set()  # UIDs of gangs to place again (their recorded one failed)
         self._ran: set[str] = set()  # UIDs of gangs seen holding all their nodes (or Ready)
+        # capacity.gpu_room over every GPU slice and claim, recomputed only when one changed
+        # (devices_changed): a burst of placements at scale would otherwise parse it each time.
+        self._devices_version = 0
+        self._room: tuple[int, dict[str, int]] | None = None
 
     def _current(self, uid: str, recorded: str) -> str | None:
         if uid in self._again:
@@ -132,7 +136,7 @@ class Placement:
             c.nodes.items(),
             require_verified=c.config.require_verified_nodes,
             exclude=self._excluded.get(for_uid, set()) if exclude else frozenset(),
-            gpu_room=capacity.gpu_room(c.device_slices.items(), c.allocations.items()),
+            gpu_room=self._gpu_room(),
             keep=set(c.ownership.nodes_of(for_uid)),
         )
         owners = {n: c.ownership.owner(n) for nodes in fabrics.values() for n in nodes}
@@ -148,6 +152,20 @@ class Placement:
             if placed:
                 gangs.append(Gang(meta["uid"], want, placed))
         return fabrics, owners, gangs
+
+    def devices_changed(self) -> None:
+        """A GPU slice or a claim's allocation changed: the GPU room is computed again."""
+        self._devices_version += 1
+
+    def _gpu_room(self) -> dict[str, int]:
+        version = self._devices_version
+        if self._room is None or self._room[0] != version:
+            c = self.c
+            self._room = (
+                version,
+                capacity.gpu_room(c.device_slices.items(), c.allocations.items()),
+            )
+        return self._room[1]
 
     def place(self, domain: ComputeDomain, key: str) -> Placed:
         """The gang's fabric domain, placing it now (first fit) if it has none yet."""
