@@ -25,8 +25,8 @@ def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "fleet",
         help="print devices total/healthy/verified/allocated/free per fabric domain and class",
-        description="Read ResourceSlices, ResourceClaims, NodeDevices and ComputeDomains and "
-        "print, per fabric domain and device class, devices total / healthy / verified / "
+        description="Read ResourceSlices, ResourceClaims, NodeDevices, ComputeDomains and Nodes "
+        "and print, per fabric domain and device class, devices total / healthy / verified / "
         "allocated / free, the stranded GPUs and why, how many nodes an N-node ComputeDomain "
         "could still get in each domain, and each ComputeDomain's nodes.",
     )
