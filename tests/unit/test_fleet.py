@@ -189,3 +189,24 @@ def test_a_gpu_without_a_free_nic_on_its_pci_root_is_nic_stranded() -> None:
     view = fleet([_slice("n1", gpus + nics)], [claim], [], [], [node_object("n1")]).to_json()
     assert view["totals"][GB200]["stranded"]["nicsUnavailable"] == 1
     assert view["domains"][0]["largestFit"] == 1  # whole still, for an NVLink-only job
+
+
+def test_largest_fit_leaves_out_the_nodes_placed_gangs_still_expect() -> None:
+    """Placement's room (placement.free_nodes): a gang of 3 placed in the fabric domain and
+    holding one node there expects 2 more; a finished gang expects none."""
+    slices = [_slice(f"n{i}", _gpus(2)) for i in range(5)]
+    nodes = [node_object(f"n{i}") for i in range(5)]
+
+    def gang(name: str, want: int, held: list[str], reason: str = "WaitingForNodes") -> Any:
+        return {
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"numNodes": want},
+            "status": {"fabricDomain": "nvlink-z-1",
+                       "nodes": [{"name": n, "fabricDomain": "nvlink-z-1"} for n in held],
+                       "conditions": [{"type": "Ready", "status": "False", "reason": reason}]},
+        }  # fmt: skip
+
+    view = fleet(slices, [], [], [gang("g", 3, ["n0"])], nodes)
+    assert view.domains["nvlink-z-1"].largestFit == 2  # 4 whole nodes, 2 of them expected
+    view = fleet(slices, [], [], [gang("g", 3, ["n0"], reason="Finished")], nodes)
+    assert view.domains["nvlink-z-1"].largestFit == 4

@@ -43,6 +43,35 @@ UNHEALTHY_TAINT = "fabricdra.io/unhealthy"
 UNVERIFIED_TAINT = "fabricdra.io/unverified"
 _HOLDER = re.compile(r"^(?P<base>.+)-s\d+$")
 
+# Ready's reason once a gang has run and its pods are gone (domains.py decides, status.py
+# writes it): its placement then no longer counts against its fabric domain.
+FINISHED = "Finished"
+
+
+def finished(obj: Mapping[str, Any]) -> bool:
+    """Whether the domain's status says its gang finished (Ready False, reason Finished)."""
+    conds = (obj.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("reason") == FINISHED for c in conds)
+
+
+def expected_by_fabric(compute_domains: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """Fabric domain -> the nodes the gangs placed there still expect (numNodes less the nodes
+    they hold there), from the ComputeDomains' status: what `placement.free_nodes` subtracts.
+    Not counted: elastic domains, domains across cliques, finished or deleted gangs."""
+    out: dict[str, int] = {}
+    for cd in compute_domains:
+        meta, spec, status = cd.get("metadata") or {}, cd.get("spec") or {}, cd.get("status") or {}
+        want = int(spec.get("numNodes") or 1)
+        fabric = status.get("fabricDomain") or ""
+        if want <= 1 or not fabric or spec.get("allowMultipleCliques") is True:
+            continue
+        if meta.get("deletionTimestamp") or finished(cd):
+            continue
+        have = sum(1 for n in status.get("nodes") or [] if n.get("fabricDomain") == fabric)
+        out[fabric] = out.get(fabric, 0) + max(want - have, 0)
+    return out
+
+
 # Taints the node lifecycle controller and `kubectl cordon` set: no new pod goes there.
 BLOCKING_TAINTS = frozenset(
     {

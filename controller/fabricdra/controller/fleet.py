@@ -26,7 +26,8 @@ Stranded GPUs (free, yet no job that needs them whole can get them), each counte
 Fragmentation, per fabric domain: `largestFit` is the largest N for which an N-node
 ComputeDomain fits now (nodes whose GPUs are all free, that no ComputeDomain holds and that gang
 placement counts: capacity.py, with `require_verified_nodes` as the controller's
-`--require-verified-nodes`); in `none` at most 1 (no NVLink between its nodes), and
+`--require-verified-nodes`), less the nodes the gangs placed there still expect (as placement
+counts them: capacity.expected_by_fabric); in `none` at most 1 (no NVLink between its nodes), and
 `freeGpusOnPartialNodes` the free GPUs sitting on nodes that are not whole.
 """
 
@@ -162,6 +163,7 @@ def fleet(
     del node_devices
     by_key = devices(slices)
     allocate(by_key, claims)
+    compute_domains = list(compute_domains)  # read twice: holders, and gangs' expectations
     held, cd_views = _held_nodes(compute_domains)
     node_objs = None if nodes is None else {n["metadata"]["name"]: n for n in nodes}
 
@@ -215,6 +217,11 @@ def fleet(
                 c.stranded["nicsUnavailable"] += 1
             elif not whole:
                 domain.freeGpusOnPartialNodes += 1
+    # The nodes gangs placed in a fabric domain still expect are not room for anyone else
+    # (placement.free_nodes subtracts them the same way).
+    for fabric, expected in capacity.expected_by_fabric(compute_domains).items():
+        if fabric in domains and fabric != NO_DOMAIN:
+            domains[fabric].largestFit = max(domains[fabric].largestFit - expected, 0)
     if NO_DOMAIN in domains:  # no NVLink between its nodes: a ComputeDomain of one at most
         domains[NO_DOMAIN].largestFit = min(domains[NO_DOMAIN].largestFit, 1)
     return Fleet(domains, cd_views)

@@ -36,23 +36,15 @@ from typing import TYPE_CHECKING, Any
 from fabricdra.api.computedomain import FREE_OWNER, ComputeDomain
 
 from . import capacity, records
+from .capacity import FINISHED, finished
+
+__all__ = ["FINISHED", "Gang", "Placed", "Placement", "finished", "first_fit", "free_nodes"]
 
 if TYPE_CHECKING:
     from .manager import Controller
 
 log = logging.getLogger("fabricdra.controller")
 JSON = dict[str, Any]
-
-
-# Ready's reason once a gang has run and its pods are gone (domains.py decides, status.py
-# writes it): its placement then no longer counts against its fabric domain.
-FINISHED = "Finished"
-
-
-def finished(obj: Mapping[str, Any]) -> bool:
-    """Whether the domain's status says its gang finished (Ready False, reason Finished)."""
-    conds = (obj.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("reason") == FINISHED for c in conds)
 
 
 @dataclass(frozen=True)
