@@ -219,9 +219,9 @@ def fleet(
                 domain.freeGpusOnPartialNodes += 1
     # The nodes gangs placed in a fabric domain still expect are not room for anyone else
     # (placement.free_nodes subtracts them the same way).
-    for fabric, expected in capacity.expected_by_fabric(compute_domains).items():
-        if fabric in domains and fabric != NO_DOMAIN:
-            domains[fabric].largestFit = max(domains[fabric].largestFit - expected, 0)
+    for name, expected in capacity.expected_by_fabric(compute_domains).items():
+        if name in domains and name != NO_DOMAIN:
+            domains[name].largestFit = max(domains[name].largestFit - expected, 0)
     if NO_DOMAIN in domains:  # no NVLink between its nodes: a ComputeDomain of one at most
         domains[NO_DOMAIN].largestFit = min(domains[NO_DOMAIN].largestFit, 1)
     return Fleet(domains, cd_views)
