@@ -207,16 +207,24 @@ class Placement:
         `current` no longer has room for the whole gang, and another fabric domain has, the
         gang moves there (first fit; domains.py records it and re-pins the template). With
         nowhere else to go it stays: the node may come back. A gang that holds all its nodes
-        (all its pods were admitted) never moves. Node state only: GPUs another job takes
-        are the gang timeout's business, as before."""
+        (all its pods were admitted) never moves. Node state and other gangs only: a node or
+        GPUs an elastic domain takes are the gang timeout's business, as before."""
         c = self.c
         if len(c.ownership.nodes_of(uid)) >= want:
             return current
         fabrics = capacity.usable_by_fabric(
             c.nodes.items(), require_verified=c.config.require_verified_nodes
         )
-        owners = {n: c.ownership.owner(n) for nodes in fabrics.values() for n in nodes}
         _, _, gangs = self._view(uid)
+        # Holds of other gangs count (placement orders gangs); an elastic domain's hold does
+        # not: it is no node failure, and the gang timeout deals with it as before.
+        gang_uids = {g.uid for g in gangs}
+        owners = {
+            n: owner
+            for nodes in fabrics.values()
+            for n in nodes
+            if (owner := c.ownership.owner(n)) in gang_uids
+        }
         if free_nodes(fabrics, owners, gangs, uid).get(current, 0) >= want:
             return current
         fabrics, owners, gangs = self._view(uid)
