@@ -210,3 +210,10 @@ def test_largest_fit_leaves_out_the_nodes_placed_gangs_still_expect() -> None:
     assert view.domains["nvlink-z-1"].largestFit == 2  # 4 whole nodes, 2 of them expected
     view = fleet(slices, [], [], [gang("g", 3, ["n0"], reason="Finished")], nodes)
     assert view.domains["nvlink-z-1"].largestFit == 4
+
+
+def test_an_admin_access_claim_does_not_allocate() -> None:
+    claim = _claim("monitor", "ns", [("n1", "gpu-0")])
+    claim["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+    view = fleet([_slice("n1", _gpus(2))], [claim], [], [], [node_object("n1")]).to_json()
+    assert (view["totals"][GB200]["allocated"], view["totals"][GB200]["free"]) == (0, 2)

@@ -232,7 +232,9 @@ def allocate(devices: dict[tuple[str, str], Device], claims: Iterable[Mapping[st
     for claim in claims:
         allocation = (claim.get("status") or {}).get("allocation") or {}
         for r in (allocation.get("devices") or {}).get("results") or []:
-            if r.get("driver") != DRIVER:
+            # An admin-access result (monitoring, debugging) shares the device with whoever
+            # holds it and is not counted by the scheduler's allocator: it takes nothing.
+            if r.get("driver") != DRIVER or r.get("adminAccess") is True:
                 continue
             name, pool = r.get("device", ""), r.get("pool", "")
             device = devices.get((pool, name))

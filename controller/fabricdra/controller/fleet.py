@@ -10,7 +10,8 @@ Counting rules (the device seed's free/allocated accounting):
 * healthy: no `fabricdra.io/unhealthy` taint, no `linkVerdict: Failed` and no
   `health: Unhealthy` attribute (1.34/1.35 publish health as that attribute, not a taint);
 * verified: no `fabricdra.io/unverified` taint and no `verified: false` attribute;
-* allocated: named by an allocation result of a ResourceClaim (driver devices.fabricdra.io);
+* allocated: named by an allocation result of a ResourceClaim (driver devices.fabricdra.io),
+  not an admin-access one (`adminAccess: true` takes nothing: the allocator ignores it);
 * free: healthy, verified and not allocated, on a node that takes pods now (capacity.py: Ready,
   not cordoned, no not-ready/unreachable/unschedulable taint; a slice without its Node: not
   free) — what placement may still hand out.
