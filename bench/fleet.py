@@ -3,11 +3,11 @@ here, stopped at exit).
 
 Each simulated node publishes the slice the plugin would for an 8-GPU HGX node (8 GPUs, 8 RDMA
 NICs), in fabric domains of 18 nodes; a third of the nodes carry an allocated 4-GPU + 4-NIC
-claim, a tenth are held by a ComputeDomain, and every node has its NodeDevices record. Prints,
-as JSON:
+claim, a tenth are held by a ComputeDomain, and every node has its NodeDevices record and a
+Ready Node object. Prints, as JSON:
 
-- objects: slices, claims, NodeDevices, ComputeDomains created;
-- fleet_s: wall time of `fabricdra fleet -o json` answering (listing the four kinds and
+- objects: Nodes, slices, claims, NodeDevices, ComputeDomains created;
+- fleet_s: wall time of `fabricdra fleet -o json` answering (listing the five kinds and
   computing the view), median and worst of `--repeat` runs, in-process;
 - compute_s: the pure accounting alone (objects already in memory), median;
 - cli_process_s: one run of the real `fabricdra fleet -o json` process, start-up included.
@@ -32,7 +32,7 @@ from typing import Any
 
 from e2e.harness.controlplane import ControlPlane
 from fabricdra.api.nodedevices import CRD as ND_CRD
-from fabricdra.api.rest import CLAIMS, COMPUTE_DOMAINS, SLICES, Kind, Rest
+from fabricdra.api.rest import CLAIMS, COMPUTE_DOMAINS, NODES, SLICES, Kind, Rest
 from fabricdra.cli.fleet import render
 from fabricdra.controller.fleet import fleet
 from fabricdra.controller.fleetmetrics import NODE_DEVICES, read_fleet
@@ -91,10 +91,17 @@ def _populate(cp: ControlPlane, nodes: int) -> dict[str, int]:
     install_crd(rest)
     cp.create_namespace("bench")
     names = [f"n{i:04d}" for i in range(nodes)]
-    counts = {"slices": 0, "claims": 0, "nodeDevices": 0, "computeDomains": 0}
+    counts = {"nodes": 0, "slices": 0, "claims": 0, "nodeDevices": 0, "computeDomains": 0}
 
     def one(i: int) -> None:
         node, domain = names[i], f"nvlink-bench{i // 18:03d}-1"
+        # A Ready Node (the status is kept on create): only a node that takes pods has room.
+        rest.create(
+            NODES,
+            {"apiVersion": "v1", "kind": "Node",
+             "metadata": {"name": node, "labels": {"fabricdra.io/fabric.domain": domain}},
+             "status": {"conditions": [{"type": "Ready", "status": "True"}]}},
+        )  # fmt: skip
         rest.create(SLICES, _node_slice(node, domain))
         rest.create(
             NODE_DEVICES,
@@ -137,7 +144,7 @@ def _populate(cp: ControlPlane, nodes: int) -> dict[str, int]:
 
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(one, range(nodes)))
-    counts["slices"] = counts["nodeDevices"] = nodes
+    counts["nodes"] = counts["slices"] = counts["nodeDevices"] = nodes
     counts["claims"] = len(range(0, nodes, 3))
     counts["computeDomains"] = len(range(0, nodes, 10))
     return counts
@@ -159,7 +166,7 @@ def run(nodes: int, repeat: int) -> dict[str, Any]:
                 times.append(time.perf_counter() - start)
             raw = [
                 rest.list(k).get("items", [])
-                for k in (SLICES, CLAIMS, NODE_DEVICES, COMPUTE_DOMAINS)
+                for k in (SLICES, CLAIMS, NODE_DEVICES, COMPUTE_DOMAINS, NODES)
             ]
             compute = []
             for _ in range(repeat):

@@ -26,10 +26,12 @@ GB200 = "gb200-186gb-nvl72"
 H100 = "h100-80gb-sxm"
 
 
-def _gpu(i: int, cls: str, domain: str | None, taints: list[dict[str, Any]]) -> dict[str, Any]:
+def _gpu(i: int, cls: str, domain: str | None, taints: list[dict[str, Any]],
+         extra: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     attrs: dict[str, Any] = {"type": {"string": "gpu"}, "deviceClass": {"string": cls}}
     if domain:
         attrs["fabricDomain"] = {"string": domain}
+    attrs.update(extra or {})
     d: dict[str, Any] = {"name": f"gpu-{i}", "attributes": attrs}
     if taints:
         d["taints"] = taints
@@ -37,13 +39,15 @@ def _gpu(i: int, cls: str, domain: str | None, taints: list[dict[str, Any]]) -> 
 
 
 def _nic(name: str, verdict: str = "OK", taints: list[dict[str, Any]] | None = None,
-         mode: str = "exclusive") -> dict[str, Any]:  # fmt: skip
+         mode: str = "exclusive",
+         extra: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     d: dict[str, Any] = {
         "name": name,
         "attributes": {
             "type": {"string": "rdma"},
             "linkVerdict": {"string": verdict},
             "rdmaMode": {"string": mode},
+            **(extra or {}),
         },
     }
     if taints:
@@ -56,17 +60,35 @@ LINK_DOWN = {"key": "fabricdra.io/unhealthy", "value": "rdma-link", "effect": "N
 UNVERIFIED = {"key": "fabricdra.io/unverified", "value": "unverified", "effect": "NoSchedule"}
 
 
-def _slice(node: str, devices: list[dict[str, Any]]) -> dict[str, Any]:
+def _slice(node: str, devices: list[dict[str, Any]], generation: int = 0) -> dict[str, Any]:
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
-        "metadata": {"name": f"{node}-{DRIVER}-0"},
+        "metadata": {"name": f"{node}-{DRIVER}-{generation}"},
         "spec": {
             "driver": DRIVER,
             "nodeName": node,
-            "pool": {"name": node, "generation": 0, "resourceSliceCount": 1},
+            "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
             "devices": devices,
         },
+    }
+
+
+def node_object(name: str, *, ready: str = "True", cordoned: bool = False,
+                taints: list[dict[str, Any]] | None = None,
+                labels: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+    """A Node as the API returns it (wire form), Ready unless told otherwise."""
+    spec: dict[str, Any] = {}
+    if cordoned:
+        spec["unschedulable"] = True
+    if taints:
+        spec["taints"] = taints
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels or {}},
+        "spec": spec,
+        "status": {"conditions": [{"type": "Ready", "status": ready}]},
     }
 
 
@@ -208,6 +230,7 @@ def scenario(suffix: str, ns: str, *, no_fabric: bool = True) -> dict[str, Any]:
         "nodeDevices": node_devices,
         "computeDomains": compute_domains,
         "nodes": n,
+        "nodeObjects": [node_object(name) for name in n.values()],
         "expected": expected,
         "computeDomainView": cd_view,
     }

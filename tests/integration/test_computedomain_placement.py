@@ -4,6 +4,8 @@ placed again without the nodes that failed it."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from e2e.harness.controlplane import ControlPlane, wait_for
@@ -15,6 +17,7 @@ from fabricdra.api.rest import (
     CLAIMS,
     COMPUTE_DOMAINS,
     NODES,
+    SLICES,
     STRATEGIC_PATCH,
     Rest,
 )
@@ -25,8 +28,10 @@ from .computedomain_helpers import (
     create_plugin_node,
     domain_body,
     install_crd,
+    report_daemon,
     running_controller,
     unique,
+    wait_gone,
 )
 
 pytestmark = pytest.mark.integration
@@ -47,6 +52,14 @@ def _ns(cp: ControlPlane, prefix: str) -> str:
 
 def _placed(rest: Rest, ns: str, name: str) -> str:
     return str(rest.get(COMPUTE_DOMAINS, name, ns).get("status", {}).get("fabricDomain") or "")
+
+
+def _done(rest: Rest, ns: str, name: str) -> None:
+    """Delete the test's gang (while its controller runs, which finalizes it): a gang left
+    behind unfinished would be placed again, by the next test's controller, in the next
+    test's fabric domains (a placement that lost its room moves)."""
+    rest.delete(COMPUTE_DOMAINS, name, ns)
+    wait_gone(lambda: rest.get_or_none(COMPUTE_DOMAINS, name, ns), what=f"{name} deleted")
 
 
 def _not_ready(rest: Rest, node: str) -> None:
@@ -86,6 +99,7 @@ def test_gang_placement_counts_only_ready_schedulable_nodes(
         rest.create(COMPUTE_DOMAINS, domain_body("gang", mode="host", num_nodes=2), ns)
         placed = wait_for(lambda: _placed(rest, ns, "gang"), what="gang placed")
         assert placed == racks[2]
+        _done(rest, ns, "gang")
 
 
 def test_with_the_verification_gate_required_only_verified_nodes_count(
@@ -107,6 +121,7 @@ def test_with_the_verification_gate_required_only_verified_nodes_count(
         rest.create(COMPUTE_DOMAINS, domain_body("gang", mode="host", num_nodes=2), ns)
         placed = wait_for(lambda: _placed(rest, ns, "gang"), what="gang placed")
         assert placed == racks[1]
+        _done(rest, ns, "gang")
 
 
 def _answer(rest: Rest, ns: str, claim: str) -> dict[str, str]:
@@ -149,3 +164,100 @@ def test_a_timed_out_gang_is_placed_again_without_the_nodes_that_failed_it(
             ),
             what="the template follows the new placement",
         )
+        _done(rest, ns, "job")
+
+
+def test_gang_placement_counts_only_nodes_with_a_free_healthy_gpu(
+    control_plane: ControlPlane, rest: Rest
+) -> None:
+    """Issue 18 point 8: two fabric domains of two Ready nodes, first fit in name order. In
+    the first, one node's only GPU is unhealthy (tainted) and the other's is taken by another
+    job's claim: no room there, although both nodes are Ready and schedulable. The gang goes
+    to the second, whose GPUs are free (the fleet view counts the same way: capacity.py)."""
+    from tests.fleetdata import GB200, UNHEALTHY, _claim, _gpu, _slice
+
+    ns, driver_ns = _ns(control_plane, "cd-room"), unique("cd-system")
+    racks = [unique("00000gpua"), unique("00000gpub")]  # sort first: first fit
+    nodes = {rack: [unique("room"), unique("room")] for rack in racks}
+    for rack, names in nodes.items():
+        for n in names:
+            create_plugin_node(control_plane, n, rack)
+    sick, taken = nodes[racks[0]]
+    rest.create(SLICES, _slice(sick, [_gpu(0, GB200, racks[0], [UNHEALTHY])]))
+    rest.create(SLICES, _slice(taken, [_gpu(0, GB200, racks[0], [])]))
+    for n in nodes[racks[1]]:
+        rest.create(SLICES, _slice(n, [_gpu(0, GB200, racks[1], [])]))
+    other = _claim("other-job", ns, [(taken, "gpu-0")])
+    status = other.pop("status")
+    rest.create(CLAIMS, other, ns)
+    rest.patch(CLAIMS, "other-job", {"status": status}, ns, sub="status")
+    with running_controller(control_plane, driver_ns, leader_election=False):
+        rest.create(COMPUTE_DOMAINS, domain_body("job", mode="host", num_nodes=2), ns)
+        wait_for(lambda: _placed(rest, ns, "job") == racks[1], what="placed where GPUs are free")
+        _done(rest, ns, "job")
+
+
+def test_a_placed_gang_whose_node_fails_before_its_pods_run_is_placed_again(
+    control_plane: ControlPlane, rest: Rest
+) -> None:
+    """Issue 18 point 8: a gang of 2 placed in the first of two empty fabric domains, none of
+    its claims allocated yet. A node there is cordoned: the placement can never fill, so the
+    gang moves to the other fabric domain, and its template follows (no gang timeout needed:
+    nothing was held)."""
+    ns, driver_ns = _ns(control_plane, "cd-lost"), unique("cd-system")
+    racks = [unique("00000fla"), unique("00000flb")]  # sort first: first fit
+    nodes = {rack: [unique("lost"), unique("lost")] for rack in racks}
+    for rack, names in nodes.items():
+        for n in names:
+            create_plugin_node(control_plane, n, rack)
+    with running_controller(control_plane, driver_ns, leader_election=False):
+        rest.create(COMPUTE_DOMAINS, domain_body("job", mode="host", num_nodes=2), ns)
+        wait_for(lambda: _placed(rest, ns, "job") == racks[0], what="placed in the first")
+        wait_for(lambda: rest.get_or_none(CLAIM_TEMPLATES, "job-channel", ns), what="template")
+        rest.patch(NODES, nodes[racks[0]][1], {"spec": {"unschedulable": True}})
+        wait_for(lambda: _placed(rest, ns, "job") == racks[1], what="placed again elsewhere")
+        wait_for(
+            lambda: (
+                f"fabricDomain == '{racks[1]}'"
+                in str((rest.get_or_none(CLAIM_TEMPLATES, "job-channel", ns) or {}).get("spec"))
+            ),
+            what="the template follows the new placement",
+        )
+        _done(rest, ns, "job")
+
+
+def test_a_finished_gang_no_longer_keeps_its_fabric_domain(
+    control_plane: ControlPlane, rest: Rest
+) -> None:
+    """Issue 18 point 8: a gang of 2 ran (both claims admitted, both hosts' IMEX reported:
+    Ready) and its pods completed (kube-controller-manager deleted their claims). Its
+    placement kept counting its two nodes against the fabric domain, so the next gang found
+    no room there while the domain was left in place. Now it says Ready=False, Finished, and
+    the next gang is placed where it ran."""
+    ns, driver_ns = _ns(control_plane, "cd-fin"), unique("cd-system")
+    rack = unique("000000fin")  # sorts first: first fit
+    nodes = [unique("fin"), unique("fin")]
+    for n in nodes:
+        create_plugin_node(control_plane, n, rack)
+    with running_controller(control_plane, driver_ns, leader_election=False):
+        rest.create(COMPUTE_DOMAINS, domain_body("done", mode="host", num_nodes=2), ns)
+        wait_for(lambda: _placed(rest, ns, "done") == rack, what="placed")
+        domain = ComputeDomain.model_validate(rest.get(COMPUTE_DOMAINS, "done", ns))
+        template = objects.workload_claim_template(domain, domain.status.channels[0], rack)
+        for i, n in enumerate(nodes):
+            allocate_claim(rest, ns, template, n, f"d{i}", binding_conditions=True)
+            report_daemon(rest, driver_ns, cd.HOST_REPORT, n, ready=True)
+
+        def ready() -> dict[str, Any]:
+            conds = rest.get(COMPUTE_DOMAINS, "done", ns).get("status", {}).get("conditions")
+            return next((c for c in conds or [] if c["type"] == cd.READY), {})
+
+        wait_for(lambda: ready().get("status") == "True", what="the gang ran: Ready")
+        for i in range(len(nodes)):  # its pods completed, one after the other: claims go
+            rest.delete(CLAIMS, f"d{i}", ns)
+            wait_for(lambda i=i: rest.get_or_none(CLAIMS, f"d{i}", ns) is None, what=f"d{i} gone")
+        wait_for(lambda: ready().get("reason") == "Finished", what="Ready=False, Finished")
+        rest.create(COMPUTE_DOMAINS, domain_body("next", mode="host", num_nodes=2), ns)
+        wait_for(lambda: _placed(rest, ns, "next") == rack, what="the next gang placed there")
+        _done(rest, ns, "next")
+        _done(rest, ns, "done")

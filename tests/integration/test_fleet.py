@@ -16,9 +16,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.harness.controlplane import ControlPlane
-from fabricdra.api.rest import CLAIMS, COMPUTE_DOMAINS, SLICES, Rest
+from fabricdra.api.rest import CLAIMS, COMPUTE_DOMAINS, NODES, SLICES, Rest
 from fabricdra.controller import fleetmetrics
-from tests.fleetdata import GB200, scenario
+from tests.fleetdata import GB200, _gpu, _slice, scenario
 from tests.integration.computedomain_helpers import install_crd
 from tests.integration.dra_setup import installed  # noqa: F401 - a fixture
 
@@ -33,6 +33,8 @@ def fleet_objects(control_plane: ControlPlane) -> dict[str, Any]:
     ns = f"fleet-{suffix}"
     s = scenario(suffix, ns, no_fabric=False)
     control_plane.create_namespace(ns)
+    for body in s["slices"]:  # Ready, schedulable Nodes: devices on them can be free
+        control_plane.create_node(body["spec"]["nodeName"])
     with control_plane.api_client() as api:
         rest = Rest(api)
         install_crd(rest)
@@ -144,3 +146,32 @@ def test_fleet_watch_prints_again_until_interrupted(
         _out, err = proc.communicate(timeout=30)
     assert headers == 2
     assert proc.returncode == 0, err
+
+
+def test_fleet_counts_the_newest_slice_generation_on_nodes_that_take_pods(
+    control_plane: ControlPlane,
+) -> None:
+    """The API keeps a pool's older generation listed while the publisher replaces it, and a
+    cordoned or NotReady Node keeps its slices: neither is room."""
+    suffix = uuid.uuid4().hex[:6]
+    fabric = f"nvlink-gen{suffix}-1"
+    fresh, cordoned, down = (f"{k}-{suffix}" for k in ("fresh", "cordoned", "down"))
+    for node in (fresh, cordoned, down):
+        control_plane.create_node(node)
+    with control_plane.api_client() as api:
+        rest = Rest(api)
+        rest.patch(NODES, cordoned, {"spec": {"unschedulable": True}})
+        rest.patch(NODES, down, {"status": {"conditions": [
+            {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown"}]}},
+            sub="status")  # fmt: skip
+        gpus = [_gpu(i, GB200, fabric, []) for i in range(4)]
+        rest.create(SLICES, _slice(fresh, gpus, generation=1))  # the older, still listed
+        rest.create(SLICES, _slice(fresh, gpus[:2], generation=2))
+        rest.create(SLICES, _slice(cordoned, gpus[:2]))
+        rest.create(SLICES, _slice(down, gpus[:2]))
+    done = _fleet(control_plane, "-o", "json")
+    assert done.returncode == 0, done.stderr
+    view = {d["fabricDomain"]: d for d in json.loads(done.stdout)["domains"]}[fabric]
+    counts = view["classes"][GB200]
+    assert (counts["total"], counts["healthy"], counts["free"]) == (6, 6, 2)
+    assert (view["nodes"], view["largestFit"]) == (3, 1)

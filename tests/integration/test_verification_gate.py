@@ -523,3 +523,39 @@ def test_the_scheduler_offers_a_gated_nodes_devices_only_once_verified(
     assert done.returncode == 0, done.stderr
     node.agent.pass_once()
     assert wait_for(_bound(decided), what="the pod scheduled") == f"bound to {node.name}"
+
+
+def test_the_basic_model_keeps_an_unhealthy_device_out_through_the_deviceclasses(
+    control_plane: ControlPlane, kube_scheduler: Any
+) -> None:
+    """1.34/1.35: no device taints; the `health` attribute the basic publisher writes and the
+    DeviceClasses' selector keep an Unhealthy GPU from being allocated (issue 18)."""
+    from fabricdra.api.rest import SLICES
+
+    name = f"health-basic-{uuid.uuid4().hex[:6]}"
+    control_plane.create_node(name, labels={"kubernetes.io/hostname": name})
+
+    def gpu_slice(health: str, generation: int) -> dict[str, Any]:
+        attrs = {"type": {"string": "gpu"}, "health": {"string": health},
+                 "verified": {"bool": True}}  # fmt: skip
+        return {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": f"{name}-devices.fabricdra.io-{generation}"},
+            "spec": {
+                "driver": "devices.fabricdra.io",
+                "nodeName": name,
+                "pool": {"name": name, "generation": generation, "resourceSliceCount": 1},
+                "devices": [{"name": "gpu-0", "attributes": attrs}],
+            },
+        }
+
+    with control_plane.api_client() as api:
+        rest = Rest(api)
+        rest.create(SLICES, gpu_slice("Unhealthy", 0))
+        answer = _request_one_gpu(api, control_plane, name)
+        assert wait_for(answer, what="the scheduler's answer").startswith("unschedulable")
+        # Healthy again (a new generation replaces the old slice, as the publisher does).
+        rest.create(SLICES, gpu_slice("Healthy", 1))
+        rest.delete(SLICES, f"{name}-devices.fabricdra.io-0")
+        assert wait_for(_bound(answer), what="the pod scheduled") == f"bound to {name}"

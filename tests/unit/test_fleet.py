@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fabricdra.controller.fleet import fleet
-from tests.fleetdata import GB200, H100, scenario
+from tests.fleetdata import (
+    GB200,
+    H100,
+    UNVERIFIED,
+    _claim,
+    _gpu,
+    _nic,
+    _node_devices,
+    _slice,
+    node_object,
+    scenario,
+)
 
 
 def test_every_number_matches_the_hand_count() -> None:
     s = scenario("x", "team-a")
-    view = fleet(s["slices"], s["claims"], s["nodeDevices"], s["computeDomains"]).to_json()
+    view = fleet(
+        s["slices"], s["claims"], s["nodeDevices"], s["computeDomains"], s["nodeObjects"]
+    ).to_json()
     assert {d["fabricDomain"]: d for d in view["domains"]} == s["expected"]
     assert view["computeDomains"] == [s["computeDomainView"]]
     totals = view["totals"]
@@ -79,60 +94,126 @@ def test_the_dashboard_queries_only_metrics_the_controller_serves() -> None:
     assert used <= served, used - served
 
 
-# --- issue 18 point 7: admin access, and the basic model's health --------------------------
+def _one_node(devices: list[dict[str, Any]], **node: Any) -> dict[str, Any]:
+    """The fleet view (JSON) of node n1 alone, with `devices` in one slice."""
+    return fleet([_slice("n1", devices)], [], [], [], [node_object("n1", **node)]).to_json()
 
 
-def _gpu(name: str, **attrs: object) -> dict[str, object]:
-    kinds = {bool: "bool", str: "string"}
-    base: dict[str, object] = {"type": "gpu", "deviceClass": "h100-80gb-sxm", **attrs}
-    return {
-        "name": name,
-        "attributes": {k: {kinds[type(v)]: v} for k, v in base.items()},
-    }
+def _gpus(n: int = 2, domain: str | None = "nvlink-z-1", **extra: Any) -> list[dict[str, Any]]:
+    return [_gpu(i, GB200, domain, [], {k: {"string": v} for k, v in extra.items()})
+            for i in range(n)]  # fmt: skip
 
 
-def _slice(node: str, *devices: dict[str, object]) -> dict[str, object]:
-    return {
-        "spec": {
-            "driver": "devices.fabricdra.io",
-            "nodeName": node,
-            "pool": {"name": node},
-            "devices": list(devices),
-        }
-    }
+def test_basic_model_health_attribute_makes_a_device_neither_healthy_nor_free() -> None:
+    # 1.34/1.35 publish no taints: health is the `health` attribute (resourceslices.py).
+    devs = [*_gpus(1), _gpu(1, GB200, "nvlink-z-1", [], {"health": {"string": "Unhealthy"}})]
+    c = _one_node(devs)["totals"][GB200]
+    assert (c["total"], c["healthy"], c["free"]) == (2, 1, 1)
 
 
-def _claim(node: str, device: str, admin: bool) -> dict[str, object]:
-    result: dict[str, object] = {
-        "request": "r",
-        "driver": "devices.fabricdra.io",
-        "pool": node,
-        "device": device,
-    }
-    if admin:
-        result["adminAccess"] = True
-    return {"status": {"allocation": {"devices": {"results": [result]}}}}
+def test_basic_model_verified_false_makes_a_device_neither_verified_nor_free() -> None:
+    devs = [_gpu(i, GB200, "nvlink-z-1", [], {"verified": {"bool": False}}) for i in range(2)]
+    view = _one_node(devs)
+    assert (view["totals"][GB200]["verified"], view["totals"][GB200]["free"]) == (0, 0)
+    assert view["domains"][0]["verifiedNodes"] == 0
 
 
-def test_an_admin_access_claim_takes_no_device() -> None:
-    """Admin access (monitoring, repair) looks at a device without taking it: the scheduler
-    still hands the device out, so the fleet view must still count it free."""
-    slices = [_slice("n1", _gpu("gpu-0"), _gpu("gpu-1"))]
-    claims = [_claim("n1", "gpu-0", admin=True), _claim("n1", "gpu-1", admin=False)]
-    c = fleet(slices, claims, [], []).totals()["h100-80gb-sxm"]
-    assert (c.total, c.allocated, c.free) == (2, 1, 1)
+def test_the_none_domain_fits_a_compute_domain_of_one_at_most() -> None:
+    slices = [_slice(f"n{i}", _gpus(2, None)) for i in range(3)]
+    view = fleet(slices, [], [], [], [node_object(f"n{i}") for i in range(3)])
+    assert view.domains["none"].largestFit == 1
+    # A fabric domain's whole nodes still add up.
+    slices = [_slice(f"n{i}", _gpus(2)) for i in range(3)]
+    view = fleet(slices, [], [], [], [node_object(f"n{i}") for i in range(3)])
+    assert view.domains["nvlink-z-1"].largestFit == 3
 
 
-def test_on_the_basic_model_an_unhealthy_device_is_neither_healthy_nor_free() -> None:
-    """1.34/1.35 publish no taints: health is the `health` attribute, the gate `verified`."""
-    slices = [
-        _slice(
-            "n1",
-            _gpu("gpu-0", health="Unhealthy", verified=True),
-            _gpu("gpu-1", health="Healthy", verified=False),
-            _gpu("gpu-2", health="Healthy", verified=True),
-            _gpu("gpu-3", health="Unknown", verified=True),  # not known bad: counted healthy
-        )
-    ]
-    c = fleet(slices, [], [], []).totals()["h100-80gb-sxm"]
-    assert (c.total, c.healthy, c.verified, c.free) == (4, 3, 3, 2)
+def test_with_the_verification_gate_off_a_node_counts_verified_whatever_its_old_record() -> None:
+    # The agent's gate off: nothing gated in the slices; the NodeDevices record is an old one.
+    view = fleet([_slice("n1", _gpus(2))], [], [_node_devices("n1", "Unverified")], [],
+                 [node_object("n1")])  # fmt: skip
+    assert view.domains["nvlink-z-1"].verifiedNodes == 1
+    assert view.domains["nvlink-z-1"].largestFit == 1
+    # The gate on and closed: the slices say so, and that decides.
+    tainted = [_gpu(i, GB200, "nvlink-z-1", [UNVERIFIED]) for i in range(2)]
+    view = fleet([_slice("n1", tainted)], [], [_node_devices("n1", "Verified")], [],
+                 [node_object("n1")])  # fmt: skip
+    assert view.domains["nvlink-z-1"].verifiedNodes == 0
+
+
+def test_largest_fit_follows_the_controllers_verified_node_requirement() -> None:
+    # Same nodes, counted as gang placement counts them (capacity.py).
+    slices = [_slice("n1", _gpus(2)), _slice("n2", _gpus(2))]
+    nodes = [node_object("n1", labels={"fabricdra.io/verified": "true"}), node_object("n2")]
+    assert fleet(slices, [], [], [], nodes).domains["nvlink-z-1"].largestFit == 2
+    required = fleet(slices, [], [], [], nodes, require_verified_nodes=True)
+    assert required.domains["nvlink-z-1"].largestFit == 1
+
+
+def test_an_older_slice_generation_still_listed_is_ignored() -> None:
+    old = _slice("n1", _gpus(4), generation=1)
+    new = _slice("n1", _gpus(2), generation=2)
+    view = fleet([new, old], [], [], [], [node_object("n1")]).to_json()
+    assert view["totals"][GB200]["total"] == 2
+    # A claim naming a device only the old generation had does not count it allocated.
+    claim = _claim("c", "ns", [("n1", "gpu-3")])
+    view = fleet([old, new], [claim], [], [], [node_object("n1")]).to_json()
+    assert view["totals"][GB200]["allocated"] == 0
+
+
+def test_cordoned_notready_tainted_and_missing_nodes_are_not_free() -> None:
+    not_ready_taint = {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}
+    for node in (
+        {"cordoned": True},
+        {"ready": "False"},
+        {"ready": "Unknown"},
+        {"taints": [not_ready_taint]},
+    ):
+        view = _one_node([*_gpus(2), _nic("nic-0")], **node)
+        assert view["totals"][GB200]["free"] == 0, node
+        assert view["totals"][GB200]["healthy"] == 2, node  # healthy, just not free
+        assert view["totals"]["rdma"]["free"] == 0, node
+        assert view["domains"][0]["largestFit"] == 0, node
+    # A slice whose Node is gone.
+    gone = fleet([_slice("n1", _gpus(2))], [], [], [], [node_object("other")])
+    assert gone.totals()[GB200].free == 0
+    assert _one_node(_gpus(2))["totals"][GB200]["free"] == 2
+
+
+def test_a_gpu_without_a_free_nic_on_its_pci_root_is_nic_stranded() -> None:
+    gpus = [_gpu(i, GB200, "nvlink-z-1", [], {"pciRoot": {"string": f"pci0000:{i}"}})
+            for i in range(3)]  # fmt: skip
+    nics = [_nic(f"nic-{i}", extra={"pciRoot": {"string": f"pci0000:{i}"}}) for i in range(2)]
+    # gpu-0's NIC is taken, gpu-1's is free; gpu-2's root has no NIC: any free NIC serves it.
+    claim = _claim("c", "ns", [("n1", "nic-0")])
+    view = fleet([_slice("n1", gpus + nics)], [claim], [], [], [node_object("n1")]).to_json()
+    assert view["totals"][GB200]["stranded"]["nicsUnavailable"] == 1
+    assert view["domains"][0]["largestFit"] == 1  # whole still, for an NVLink-only job
+
+
+def test_largest_fit_leaves_out_the_nodes_placed_gangs_still_expect() -> None:
+    """Placement's room (placement.free_nodes): a gang of 3 placed in the fabric domain and
+    holding one node there expects 2 more; a finished gang expects none."""
+    slices = [_slice(f"n{i}", _gpus(2)) for i in range(5)]
+    nodes = [node_object(f"n{i}") for i in range(5)]
+
+    def gang(name: str, want: int, held: list[str], reason: str = "WaitingForNodes") -> Any:
+        return {
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"numNodes": want},
+            "status": {"fabricDomain": "nvlink-z-1",
+                       "nodes": [{"name": n, "fabricDomain": "nvlink-z-1"} for n in held],
+                       "conditions": [{"type": "Ready", "status": "False", "reason": reason}]},
+        }  # fmt: skip
+
+    view = fleet(slices, [], [], [gang("g", 3, ["n0"])], nodes)
+    assert view.domains["nvlink-z-1"].largestFit == 2  # 4 whole nodes, 2 of them expected
+    view = fleet(slices, [], [], [gang("g", 3, ["n0"], reason="Finished")], nodes)
+    assert view.domains["nvlink-z-1"].largestFit == 4
+
+
+def test_an_admin_access_claim_does_not_allocate() -> None:
+    claim = _claim("monitor", "ns", [("n1", "gpu-0")])
+    claim["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+    view = fleet([_slice("n1", _gpus(2))], [claim], [], [], [node_object("n1")]).to_json()
+    assert (view["totals"][GB200]["allocated"], view["totals"][GB200]["free"]) == (0, 2)

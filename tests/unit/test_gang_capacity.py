@@ -63,3 +63,54 @@ def test_usable_by_fabric_keeps_a_fabric_whose_nodes_all_fail() -> None:
         "rack-b": [],
         "rack-c": ["c1"],
     }
+
+
+def test_a_node_counts_only_with_a_free_healthy_verified_gpu() -> None:
+    """Issue 18 point 8: the fleet view's device rules (capacity.devices/allocate) decide the
+    room, over the same wire-form slices and claims."""
+    from fabricdra.controller.capacity import gpu_room
+    from tests.fleetdata import GB200, UNHEALTHY, UNVERIFIED, _claim, _gpu, _nic, _slice
+
+    slices = [
+        _slice("ok", [_gpu(0, GB200, "rack-a", []), _gpu(1, GB200, "rack-a", [])]),
+        _slice("sick", [_gpu(0, GB200, "rack-a", [UNHEALTHY])]),
+        _slice("gated", [_gpu(0, GB200, "rack-a", [UNVERIFIED])]),
+        _slice("basic-sick", [_gpu(0, GB200, "rack-a", [], {"health": {"string": "Unhealthy"}})]),
+        _slice("full", [_gpu(0, GB200, "rack-a", [])]),
+        _slice("nics-only", [_nic("nic-0")]),
+    ]
+    room = gpu_room(slices, [_claim("c", "ns", [("full", "gpu-0"), ("ok", "gpu-1")])])
+    assert room == {"ok": 1, "sick": 0, "gated": 0, "basic-sick": 0, "full": 0}
+    names = ["ok", "sick", "gated", "basic-sick", "full", "nics-only", "no-slice"]
+    nodes = [_node(n) for n in names]
+    # A node that publishes no GPU of ours is judged by the node alone.
+    assert usable_by_fabric(nodes, gpu_room=room) == {"rack-a": ["ok", "nics-only", "no-slice"]}
+    # The gang's own nodes (their GPUs allocated to it) still count for it.
+    assert usable_by_fabric(nodes, gpu_room=room, keep={"full"})["rack-a"] == [
+        "ok", "full", "nics-only", "no-slice"
+    ]  # fmt: skip
+
+
+def test_a_finished_gang_says_so_in_ready() -> None:
+    """Issue 18 point 8: Ready=False, Finished is what releases a gang's placement (placement
+    .finished reads it back from the status, so a restarted controller honours it too)."""
+    from fabricdra.api.computedomain import ComputeDomain
+    from fabricdra.controller import status
+    from fabricdra.controller.placement import FINISHED, finished
+
+    domain = ComputeDomain.model_validate(
+        {
+            "apiVersion": "fabricdra.io/v1beta1", "kind": "ComputeDomain",
+            "metadata": {"name": "job", "namespace": "ns", "uid": "u1", "generation": 1},
+            "spec": {"numNodes": 2, "imexMode": "host",
+                     "channel": {"resourceClaimTemplate": {"name": "job-channel"}}},
+            "status": {"fabricDomain": "rack-a", "channels": [0]},
+        }
+    )  # fmt: skip
+    observed = status.Observed(True, "", [], {}, finished=True)
+    new, _ = status.compute(domain, observed, "2026-01-01T00:00:00Z")
+    ready = next(c for c in new.conditions if c.type == "Ready")
+    assert (ready.status, ready.reason) == ("False", FINISHED)
+    assert "rack-a" in ready.message
+    assert finished({"status": new.model_dump(mode="json")})
+    assert not finished({"status": {"conditions": [{"type": "Ready", "reason": "Ready"}]}})

@@ -194,7 +194,10 @@ def run(args: argparse.Namespace) -> int:
     if args.metrics_port:
         from fabricdra.controller import fleetmetrics
 
-        fleetmetrics.register(api, metrics.REGISTRY)  # the fleet view (docs/fleet.md)
+        # The fleet view (docs/fleet.md), counting nodes as gang placement does.
+        fleetmetrics.register(
+            api, metrics.REGISTRY, require_verified_nodes=cfg.require_verified_nodes
+        )
         start_http_server(args.metrics_port, registry=metrics.REGISTRY)
     controller = Controller(api, cfg)
     stop = stop_event()

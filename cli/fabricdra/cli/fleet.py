@@ -1,6 +1,7 @@
 """`fabricdra fleet`: the fleet view from the cluster (docs/fleet.md).
 
 fabricdra fleet [--kubeconfig K] [-o table|json] [--watch [--interval S]]
+                [--require-verified-nodes true|false]
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "fleet",
         help="print devices total/healthy/verified/allocated/free per fabric domain and class",
-        description="Read ResourceSlices, ResourceClaims, NodeDevices and ComputeDomains and "
-        "print, per fabric domain and device class, devices total / healthy / verified / "
+        description="Read ResourceSlices, ResourceClaims, NodeDevices, ComputeDomains and Nodes "
+        "and print, per fabric domain and device class, devices total / healthy / verified / "
         "allocated / free, the stranded GPUs and why, how many nodes an N-node ComputeDomain "
         "could still get in each domain, and each ComputeDomain's nodes.",
     )
@@ -39,6 +40,14 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--interval", type=float, default=5.0, help="seconds between --watch prints (default 5)"
     )
+    p.add_argument(
+        "--require-verified-nodes",
+        default=_env("REQUIRE_VERIFIED_NODES", "false"),
+        choices=["true", "false"],
+        help="count a node towards LARGEST FIT only with fabricdra.io/verified=true, as gang "
+        "placement does under the controller's flag of the same name (default false) "
+        "[FABRICDRA_REQUIRE_VERIFIED_NODES]",
+    )
     p.set_defaults(run=run)
 
 
@@ -51,7 +60,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         while True:
             try:
-                view = read_fleet(rest)
+                view = read_fleet(
+                    rest, require_verified_nodes=args.require_verified_nodes == "true"
+                )
             except ApiError as e:
                 print(f"fabricdra fleet: cannot read the cluster: {e}", file=sys.stderr)
                 if stop is None:

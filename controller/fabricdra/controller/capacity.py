@@ -10,8 +10,16 @@ A node counts when it can take a pod of the gang now:
   off (other taints are the workload's to tolerate, so they do not count against a node);
 * where the verification gate is required (`--require-verified-nodes`), it carries
   `fabricdra.io/verified=true` (docs/verification.md);
+* it has a GPU the scheduler can still hand out: of the GPUs (and MIG devices) its
+  `devices.fabricdra.io` pool publishes (newest generation), at least one is healthy, verified
+  and not allocated (`gpu_room`; a node whose GPUs are all unhealthy, gated or taken is no
+  room). A node that publishes no GPU there is judged by the node alone (GPUs from another
+  driver, or the devices plugin not running yet). The nodes a gang holds already count for it;
 * it is not excluded for the gang (the nodes of a fabric domain that failed a gang before:
   placement.py).
+
+The device rules (healthy, verified, allocated, free, a pool's newest generation) are the fleet
+view's too (fleet.py counts with `devices()` and `allocate()` below).
 
 Whether it is free (no other domain holds it, no other gang's placement still expects it) is
 the placement's part (`placement.free_nodes`): that is ownership, not the node's state.
@@ -19,7 +27,9 @@ the placement's part (`placement.free_nodes`): that is ownership, not the node's
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Set
+import re
+from collections.abc import Iterable, Mapping, Set
+from dataclasses import dataclass, field
 from typing import Any
 
 from fabricdra.api import labels
@@ -27,6 +37,40 @@ from fabricdra.api import labels
 from .claims import node_fabric
 
 JSON = dict[str, Any]
+
+DRIVER = "devices.fabricdra.io"
+UNHEALTHY_TAINT = "fabricdra.io/unhealthy"
+UNVERIFIED_TAINT = "fabricdra.io/unverified"
+_HOLDER = re.compile(r"^(?P<base>.+)-s\d+$")
+
+# Ready's reason once a gang has run and its pods are gone (domains.py decides, status.py
+# writes it): its placement then no longer counts against its fabric domain.
+FINISHED = "Finished"
+
+
+def finished(obj: Mapping[str, Any]) -> bool:
+    """Whether the domain's status says its gang finished (Ready False, reason Finished)."""
+    conds = (obj.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("reason") == FINISHED for c in conds)
+
+
+def expected_by_fabric(compute_domains: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """Fabric domain -> the nodes the gangs placed there still expect (numNodes less the nodes
+    they hold there), from the ComputeDomains' status: what `placement.free_nodes` subtracts.
+    Not counted: elastic domains, domains across cliques, finished or deleted gangs."""
+    out: dict[str, int] = {}
+    for cd in compute_domains:
+        meta, spec, status = cd.get("metadata") or {}, cd.get("spec") or {}, cd.get("status") or {}
+        want = int(spec.get("numNodes") or 1)
+        fabric = status.get("fabricDomain") or ""
+        if want <= 1 or not fabric or spec.get("allowMultipleCliques") is True:
+            continue
+        if meta.get("deletionTimestamp") or finished(cd):
+            continue
+        have = sum(1 for n in status.get("nodes") or [] if n.get("fabricDomain") == fabric)
+        out[fabric] = out.get(fabric, 0) + max(want - have, 0)
+    return out
+
 
 # Taints the node lifecycle controller and `kubectl cordon` set: no new pod goes there.
 BLOCKING_TAINTS = frozenset(
@@ -58,10 +102,18 @@ def unusable(node: JSON, *, require_verified: bool = False) -> str:
 
 
 def usable_by_fabric(
-    nodes: Iterable[JSON], *, require_verified: bool = False, exclude: Set[str] = frozenset()
+    nodes: Iterable[JSON],
+    *,
+    require_verified: bool = False,
+    exclude: Set[str] = frozenset(),
+    gpu_room: Mapping[str, int] | None = None,
+    keep: Set[str] = frozenset(),
 ) -> dict[str, list[str]]:
     """Fabric domain -> the names of its nodes that count (see the module docstring). A
-    fabric domain whose nodes all fail is listed with none, so it is still known."""
+    fabric domain whose nodes all fail is listed with none, so it is still known.
+    `gpu_room` (node -> free GPUs, `gpu_room()`): a node whose published GPUs are none of them
+    free does not count; one with no GPUs published is judged by the node alone. `keep`: the
+    nodes the gang itself holds already (their GPUs are allocated to it: still its room)."""
     out: dict[str, list[str]] = {}
     for node in nodes:
         fabric = node_fabric(node)
@@ -69,6 +121,144 @@ def usable_by_fabric(
             continue
         names = out.setdefault(fabric, [])
         name = node["metadata"]["name"]
-        if name not in exclude and not unusable(node, require_verified=require_verified):
-            names.append(name)
+        if name in exclude or unusable(node, require_verified=require_verified):
+            continue
+        if gpu_room is not None and name not in keep and gpu_room.get(name, 1) <= 0:
+            continue
+        names.append(name)
+    return out
+
+
+# --- devices: what the scheduler can still hand out (shared with fleet.py) -----------------
+
+
+@dataclass
+class Device:
+    node: str
+    name: str
+    type: str
+    device_class: str
+    fabric_domain: str | None
+    healthy: bool
+    verified: bool
+    pci_root: str | None = None
+    shared_capacity: int | None = None  # holders a shared endpoint takes (current model)
+    holders: int = 1  # published holder devices (basic model)
+    allocations: int = 0
+    holders_taken: set[str] = field(default_factory=set)
+
+    @property
+    def allocated(self) -> bool:
+        return self.allocations > 0
+
+    @property
+    def free(self) -> bool:
+        return self.healthy and self.verified and not self.allocated
+
+    @property
+    def usable_nic(self) -> bool:
+        """A NIC a claim can still get (a shared one: a holder is left)."""
+        return not self.exhausted and self.healthy and self.verified
+
+    @property
+    def exhausted(self) -> bool:
+        """No further claim can get this device (a shared one: every holder is taken)."""
+        if self.shared_capacity is not None:
+            return self.allocations >= self.shared_capacity
+        if self.holders > 1:
+            return len(self.holders_taken) >= self.holders
+        return self.allocated
+
+
+def attr(device: Mapping[str, Any], name: str) -> Any:
+    value = (device.get("attributes") or {}).get(name)
+    if not isinstance(value, Mapping):
+        return None
+    for kind in ("string", "int", "bool", "version"):
+        if kind in value:
+            return value[kind]
+    return None
+
+
+def _generation(spec: Mapping[str, Any]) -> int:
+    return int((spec.get("pool") or {}).get("generation") or 0)
+
+
+def devices(slices: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], Device]:
+    ours = [s.get("spec") or {} for s in slices]
+    ours = [spec for spec in ours if spec.get("driver") == DRIVER]
+    # Only a pool's newest generation counts: the publisher writes a new generation's slices
+    # before it deletes the old ones, and the scheduler ignores the older (KEP-4381).
+    newest: dict[str, int] = {}
+    for spec in ours:
+        pool = (spec.get("pool") or {}).get("name") or ""
+        newest[pool] = max(newest.get(pool, 0), _generation(spec))
+    out: dict[tuple[str, str], Device] = {}
+    for spec in ours:
+        if _generation(spec) < newest[(spec.get("pool") or {}).get("name") or ""]:
+            continue
+        node = spec.get("nodeName") or (spec.get("pool") or {}).get("name") or "?"
+        for d in spec.get("devices") or []:
+            name = d["name"]
+            shared = attr(d, "rdmaMode") == "shared"
+            m = _HOLDER.match(name) if shared and not d.get("allowMultipleAllocations") else None
+            base = m.group("base") if m else name
+            taints = {t.get("key") for t in d.get("taints") or []}
+            key = (node, base)
+            if key in out:  # another holder of a shared endpoint (basic model)
+                out[key].holders += 1
+                continue
+            type_ = attr(d, "type") or "unknown"
+            capacity = ((d.get("capacity") or {}).get("holders") or {}).get("value")
+            out[key] = Device(
+                node=node,
+                name=base,
+                type=type_,
+                device_class=attr(d, "deviceClass") or type_,
+                fabric_domain=attr(d, "fabricDomain"),
+                healthy=UNHEALTHY_TAINT not in taints
+                and attr(d, "linkVerdict") != "Failed"
+                and attr(d, "health") != "Unhealthy",
+                verified=UNVERIFIED_TAINT not in taints and attr(d, "verified") is not False,
+                pci_root=attr(d, "pciRoot"),
+                shared_capacity=int(capacity)
+                if capacity and d.get("allowMultipleAllocations")
+                else None,
+            )
+    return out
+
+
+def allocate(devices: dict[tuple[str, str], Device], claims: Iterable[Mapping[str, Any]]) -> None:
+    for claim in claims:
+        allocation = (claim.get("status") or {}).get("allocation") or {}
+        for r in (allocation.get("devices") or {}).get("results") or []:
+            # An admin-access result (monitoring, debugging) shares the device with whoever
+            # holds it and is not counted by the scheduler's allocator: it takes nothing.
+            if r.get("driver") != DRIVER or r.get("adminAccess") is True:
+                continue
+            name, pool = r.get("device", ""), r.get("pool", "")
+            device = devices.get((pool, name))
+            if device is None:
+                m = _HOLDER.match(name)
+                device = devices.get((pool, m.group("base"))) if m else None
+                if device is None:
+                    continue  # a device no longer published: nothing to count it against
+                device.holders_taken.add(name)
+            device.allocations += 1
+
+
+GPU_TYPES = frozenset({"gpu", "mig"})
+
+
+def gpu_room(
+    slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]]
+) -> dict[str, int]:
+    """Node -> how many of its published GPUs (and MIG devices) are free: healthy, verified,
+    not allocated. Nodes that publish none are absent."""
+    by_key = devices(slices)
+    allocate(by_key, claims)
+    out: dict[str, int] = {}
+    for d in by_key.values():
+        if d.type in GPU_TYPES:
+            out[d.node] = out.get(d.node, 0) + d.free
     return out

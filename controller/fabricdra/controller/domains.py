@@ -25,7 +25,7 @@ from fabricdra.api.rest import (
 
 from . import channels, metrics, objects, records, status
 from .claims import channel_of, claim_nodes, domain_uid, node_fabric, node_ip
-from .placement import Placed, is_gang
+from .placement import FINISHED, Placed, is_gang
 from .writes import now
 
 if TYPE_CHECKING:
@@ -141,6 +141,27 @@ class DomainReconciler:
                 self.c.writer.create(kind, desired, ns)
             else:
                 rest.patch(kind, meta["name"], desired, ns)
+
+    def _finished(self, domain: ComputeDomain) -> bool:
+        """A gang that ran (it held all its numNodes nodes, or was Ready: seen by this
+        controller) and holds nothing now, no node and no allocated claim: its pods completed
+        (kube-controller-manager deallocates, or deletes, a finished pod's claims) or were
+        deleted. Recorded as Ready's
+        reason `Finished` (so a restarted controller knows it too; one restarted between the
+        run and the end does not, and the placement keeps counting, as before); claims
+        allocated again (the job restarted) end it."""
+        if not is_gang(domain):
+            return False
+        placement, held = self.c.placement, self.c.ownership.nodes_of(domain.uid)
+        ready = next((c for c in domain.status.conditions if c.type == cd.READY), None)
+        if len(held) >= (domain.spec.numNodes or 1) or (
+            ready is not None and ready.status == "True"
+        ):
+            # It ran. Remembered: its pods complete one by one, and Ready drops on the first.
+            placement.ran(domain.uid)
+        if held or self._has_allocated_claims(domain):
+            return False
+        return placement.has_run(domain.uid) or (ready is not None and ready.reason == FINISHED)
 
     def _has_allocated_claims(self, domain: ComputeDomain) -> bool:
         return any(
@@ -338,6 +359,7 @@ class DomainReconciler:
             and not self._has_allocated_claims(domain),
             placed=self.c.ownership.pin_of(domain.uid) if is_gang(domain) else None,
             too_large=self._too_large(domain),
+            finished=self._finished(domain),
         )
         new, events = status.compute(domain, observed, now())
         if not recorded:

@@ -4,41 +4,47 @@ and which GPUs are stranded. Pure: API objects (plain dicts, wire form) in, a `F
 
 Counting rules (the device seed's free/allocated accounting):
 
-* a device is one published `devices.fabricdra.io` device; a shared RDMA endpoint published as
-  holder devices `<name>-s<k>` (1.34/1.35) counts once;
-* healthy: no `fabricdra.io/unhealthy` taint, no `linkVerdict: Failed` and no `health:
-  Unhealthy` attribute (1.34/1.35 publish no taints: the attribute is all there is);
+* a device is one published `devices.fabricdra.io` device of a pool's newest generation (the
+  slices of an older `spec.pool.generation` still listed are being replaced: ignored); a shared
+  RDMA endpoint published as holder devices `<name>-s<k>` (1.34/1.35) counts once;
+* healthy: no `fabricdra.io/unhealthy` taint, no `linkVerdict: Failed` and no
+  `health: Unhealthy` attribute (1.34/1.35 publish health as that attribute, not a taint);
 * verified: no `fabricdra.io/unverified` taint and no `verified: false` attribute;
-* allocated: named by an allocation result of a ResourceClaim (driver devices.fabricdra.io)
-  that is not `adminAccess` (admin access looks at a device without taking it: the scheduler
-  still hands it out);
-* free: healthy, verified and not allocated — what placement may still hand out.
+* allocated: named by an allocation result of a ResourceClaim (driver devices.fabricdra.io),
+  not an admin-access one (`adminAccess: true` takes nothing: the allocator ignores it);
+* free: healthy, verified and not allocated, on a node that takes pods now (capacity.py: Ready,
+  not cordoned, no not-ready/unreachable/unschedulable taint; a slice without its Node: not
+  free) — what placement may still hand out.
 
 Stranded GPUs (free, yet no job that needs them whole can get them), each counted once:
 
 * `computeDomain`: free GPUs on a node a ComputeDomain holds (one domain per node: they cannot
   join another domain);
-* `nicsUnavailable`: free GPUs on a node with RDMA NICs none of which is free (all taken or
-  failed), so no GPU there gets its own NIC.
+* `nicsUnavailable`: free GPUs with no free RDMA NIC on their own `pciRoot` (other NICs of the
+  node being free does not help: a GPU's own NIC is the one on its root); a GPU whose root has
+  no NIC (or whose root is not published) looks at all the node's NICs.
 
 Fragmentation, per fabric domain: `largestFit` is the largest N for which an N-node
-ComputeDomain fits now (nodes whose GPUs are all free and that no ComputeDomain holds), and
+ComputeDomain fits now (nodes whose GPUs are all free, that no ComputeDomain holds and that gang
+placement counts: capacity.py, with `require_verified_nodes` as the controller's
+`--require-verified-nodes`), less the nodes the gangs placed there still expect (as placement
+counts them: capacity.expected_by_fabric); in `none` at most 1 (no NVLink between its nodes), and
 `freeGpusOnPartialNodes` the free GPUs sitting on nodes that are not whole.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-DRIVER = "devices.fabricdra.io"
-UNHEALTHY_TAINT = "fabricdra.io/unhealthy"
-UNVERIFIED_TAINT = "fabricdra.io/unverified"
+from . import capacity
+from .capacity import DRIVER, UNHEALTHY_TAINT, UNVERIFIED_TAINT, Device, allocate, devices
+
+__all__ = ["DRIVER", "UNHEALTHY_TAINT", "UNVERIFIED_TAINT", "Fleet", "fleet"]
+
 NO_DOMAIN = "none"  # nodes whose GPUs are in no multi-node fabric domain
 STRANDED_REASONS = ("computeDomain", "nicsUnavailable")
-_HOLDER = re.compile(r"^(?P<base>.+)-s\d+$")
 
 
 @dataclass
@@ -108,101 +114,6 @@ class Fleet:
         }
 
 
-@dataclass
-class _Device:
-    node: str
-    name: str
-    type: str
-    device_class: str
-    fabric_domain: str | None
-    healthy: bool
-    verified: bool
-    shared_capacity: int | None = None  # holders a shared endpoint takes (current model)
-    holders: int = 1  # published holder devices (basic model)
-    allocations: int = 0
-    holders_taken: set[str] = field(default_factory=set)
-
-    @property
-    def allocated(self) -> bool:
-        return self.allocations > 0
-
-    @property
-    def free(self) -> bool:
-        return self.healthy and self.verified and not self.allocated
-
-    @property
-    def exhausted(self) -> bool:
-        """No further claim can get this device (a shared one: every holder is taken)."""
-        if self.shared_capacity is not None:
-            return self.allocations >= self.shared_capacity
-        if self.holders > 1:
-            return len(self.holders_taken) >= self.holders
-        return self.allocated
-
-
-def _attr(device: Mapping[str, Any], name: str) -> Any:
-    value = (device.get("attributes") or {}).get(name)
-    if not isinstance(value, Mapping):
-        return None
-    for kind in ("string", "int", "bool", "version"):
-        if kind in value:
-            return value[kind]
-    return None
-
-
-def _devices(slices: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], _Device]:
-    out: dict[tuple[str, str], _Device] = {}
-    for s in slices:
-        spec = s.get("spec") or {}
-        if spec.get("driver") != DRIVER:
-            continue
-        node = spec.get("nodeName") or (spec.get("pool") or {}).get("name") or "?"
-        for d in spec.get("devices") or []:
-            name = d["name"]
-            shared = _attr(d, "rdmaMode") == "shared"
-            m = _HOLDER.match(name) if shared and not d.get("allowMultipleAllocations") else None
-            base = m.group("base") if m else name
-            taints = {t.get("key") for t in d.get("taints") or []}
-            key = (node, base)
-            if key in out:  # another holder of a shared endpoint (basic model)
-                out[key].holders += 1
-                continue
-            type_ = _attr(d, "type") or "unknown"
-            capacity = ((d.get("capacity") or {}).get("holders") or {}).get("value")
-            out[key] = _Device(
-                node=node,
-                name=base,
-                type=type_,
-                device_class=_attr(d, "deviceClass") or type_,
-                fabric_domain=_attr(d, "fabricDomain"),
-                healthy=UNHEALTHY_TAINT not in taints
-                and _attr(d, "linkVerdict") != "Failed"
-                and _attr(d, "health") != "Unhealthy",
-                verified=UNVERIFIED_TAINT not in taints and _attr(d, "verified") is not False,
-                shared_capacity=int(capacity)
-                if capacity and d.get("allowMultipleAllocations")
-                else None,
-            )
-    return out
-
-
-def _allocate(devices: dict[tuple[str, str], _Device], claims: Iterable[Mapping[str, Any]]) -> None:
-    for claim in claims:
-        allocation = (claim.get("status") or {}).get("allocation") or {}
-        for r in (allocation.get("devices") or {}).get("results") or []:
-            if r.get("driver") != DRIVER or r.get("adminAccess") is True:
-                continue
-            name, pool = r.get("device", ""), r.get("pool", "")
-            device = devices.get((pool, name))
-            if device is None:
-                m = _HOLDER.match(name)
-                device = devices.get((pool, m.group("base"))) if m else None
-                if device is None:
-                    continue  # a device no longer published: nothing to count it against
-                device.holders_taken.add(name)
-            device.allocations += 1
-
-
 def _held_nodes(
     compute_domains: Iterable[Mapping[str, Any]],
 ) -> tuple[set[str], list[dict[str, Any]]]:
@@ -230,12 +141,11 @@ def _held_nodes(
     return held, views
 
 
-def _verified_nodes(node_devices: Iterable[Mapping[str, Any]]) -> dict[str, bool]:
-    out = {}
-    for nd in node_devices:
-        state = ((nd.get("status") or {}).get("verification") or {}).get("state")
-        out[(nd.get("metadata") or {}).get("name", "")] = state in ("Verified", "Overridden")
-    return out
+def _nic_stranded(gpu: Device, nics: list[Device]) -> bool:
+    """No NIC the GPU can get as its own is free: those on its pciRoot, else (none there, or
+    its root not published) any of the node's."""
+    own = [n for n in nics if gpu.pci_root and n.pci_root == gpu.pci_root] or nics
+    return bool(own) and not any(n.usable_nic for n in own)
 
 
 def fleet(
@@ -243,14 +153,31 @@ def fleet(
     claims: Iterable[Mapping[str, Any]],
     node_devices: Iterable[Mapping[str, Any]],
     compute_domains: Iterable[Mapping[str, Any]],
+    nodes: Iterable[Mapping[str, Any]] | None = None,
+    *,
+    require_verified_nodes: bool = False,
 ) -> Fleet:
-    devices = _devices(slices)
-    _allocate(devices, claims)
+    """`nodes`: the Node objects (None: every node is taken as able to run pods). A node is
+    verified when its published gate is open (no device unverified): what the scheduler sees;
+    its NodeDevices record only says why (with the agent's gate off nothing is closed, so it
+    counts verified whatever an older record says). `node_devices` is kept for callers."""
+    del node_devices
+    by_key = devices(slices)
+    allocate(by_key, claims)
+    compute_domains = list(compute_domains)  # read twice: holders, and gangs' expectations
     held, cd_views = _held_nodes(compute_domains)
-    verified_nodes = _verified_nodes(node_devices)
+    node_objs = None if nodes is None else {n["metadata"]["name"]: n for n in nodes}
 
-    by_node: dict[str, list[_Device]] = {}
-    for d in devices.values():
+    def takes_pods(node: str, require_verified: bool = False) -> bool:
+        if node_objs is None:
+            return not require_verified
+        obj = node_objs.get(node)
+        return obj is not None and not capacity.unusable(
+            dict(obj), require_verified=require_verified
+        )
+
+    by_node: dict[str, list[Device]] = {}
+    for d in by_key.values():
         by_node.setdefault(d.node, []).append(d)
 
     domains: dict[str, Domain] = {}
@@ -263,26 +190,39 @@ def fleet(
             fabric[0] if fabric else NO_DOMAIN, Domain(fabric[0] if fabric else NO_DOMAIN)
         )
         domain.nodes += 1
-        # A node without a NodeDevices verification record is judged by its slices.
-        node_verified = verified_nodes.get(node, all(d.verified for d in node_devs))
-        domain.verifiedNodes += node_verified
-        nics_gone = bool(nics) and all(n.exhausted or not n.healthy or not n.verified for n in nics)
-        whole = bool(gpus) and node not in held and all(g.free for g in gpus)
+        domain.verifiedNodes += all(d.verified for d in node_devs)
+        # Cordoned, NotReady, tainted out or gone: nothing on it is free (no pod goes there).
+        up = takes_pods(node)
+        whole = (
+            up
+            and bool(gpus)
+            and node not in held
+            and all(g.free for g in gpus)
+            and (not require_verified_nodes or takes_pods(node, require_verified=True))
+        )
         if whole:
             domain.largestFit += 1
         for d in node_devs:
+            free = up and d.free
             c = domain.classes.setdefault(d.device_class, Counts())
             c.total += 1
             c.healthy += d.healthy
             c.verified += d.verified
             c.allocated += d.allocated
-            c.free += d.free
-            if d.type != "gpu" or not d.free:
+            c.free += free
+            if d.type != "gpu" or not free:
                 continue
             if node in held:
                 c.stranded["computeDomain"] += 1
-            elif nics_gone:
+            elif _nic_stranded(d, nics):
                 c.stranded["nicsUnavailable"] += 1
             elif not whole:
                 domain.freeGpusOnPartialNodes += 1
+    # The nodes gangs placed in a fabric domain still expect are not room for anyone else
+    # (placement.free_nodes subtracts them the same way).
+    for name, expected in capacity.expected_by_fabric(compute_domains).items():
+        if name in domains and name != NO_DOMAIN:
+            domains[name].largestFit = max(domains[name].largestFit - expected, 0)
+    if NO_DOMAIN in domains:  # no NVLink between its nodes: a ComputeDomain of one at most
+        domains[NO_DOMAIN].largestFit = min(domains[NO_DOMAIN].largestFit, 1)
     return Fleet(domains, cd_views)

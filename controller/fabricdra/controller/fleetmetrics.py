@@ -1,7 +1,7 @@
 """The fleet view as controller metrics, and the one place that reads it from the API.
 
-`read_fleet(rest)` lists ResourceSlices, ResourceClaims, NodeDevices and ComputeDomains and
-hands them to the pure `fleet.fleet`. `FleetCollector` serves the numbers on the controller's
+`read_fleet(rest)` lists ResourceSlices, ResourceClaims, NodeDevices, ComputeDomains and Nodes
+and hands them to the pure `fleet.fleet`. `FleetCollector` serves the numbers on the controller's
 /metrics, computed at scrape time (at most every `min_interval` seconds, cached in between).
 A listing that fails yields no fleet numbers at all and `fabricdra_fleet_up 0`: a failed read
 is never published as zeros.
@@ -21,7 +21,7 @@ from prometheus_client.registry import Collector
 
 from fabricdra.api.nodedevices import PLURAL as ND_PLURAL
 from fabricdra.api.nodedevices import VERSION as ND_VERSION
-from fabricdra.api.rest import CLAIMS, COMPUTE_DOMAINS, SLICES, ApiError, Kind, Rest
+from fabricdra.api.rest import CLAIMS, COMPUTE_DOMAINS, NODES, SLICES, ApiError, Kind, Rest
 
 from .fleet import STRANDED_REASONS, Fleet, fleet
 
@@ -39,12 +39,16 @@ def _items(rest: Rest, kind: Kind, *, optional: bool = False) -> list[dict[str, 
         raise
 
 
-def read_fleet(rest: Rest) -> Fleet:
+def read_fleet(rest: Rest, *, require_verified_nodes: bool = False) -> Fleet:
+    """`require_verified_nodes`: count a node towards `largestFit` only with the verified label,
+    as gang placement does under the controller's `--require-verified-nodes`."""
     return fleet(
         _items(rest, SLICES),
         _items(rest, CLAIMS),
         _items(rest, NODE_DEVICES, optional=True),
         _items(rest, COMPUTE_DOMAINS, optional=True),
+        _items(rest, NODES),
+        require_verified_nodes=require_verified_nodes,
     )
 
 
@@ -123,8 +127,16 @@ class FleetCollector(Collector):
         yield from (stranded, nodes, verified_nodes, largest)
 
 
-def register(api: Any, registry: CollectorRegistry, min_interval: float = 15.0) -> FleetCollector:
+def register(
+    api: Any,
+    registry: CollectorRegistry,
+    min_interval: float = 15.0,
+    *,
+    require_verified_nodes: bool = False,
+) -> FleetCollector:
     rest = Rest(api)
-    collector = FleetCollector(lambda: read_fleet(rest), min_interval)
+    collector = FleetCollector(
+        lambda: read_fleet(rest, require_verified_nodes=require_verified_nodes), min_interval
+    )
     registry.register(collector)
     return collector

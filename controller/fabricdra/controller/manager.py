@@ -40,14 +40,14 @@ from fabricdra.api.rest import (
     ApiError,
 )
 
-from . import channels, metrics, objects
+from . import capacity, channels, metrics, objects
 from .claims import claim_nodes, domain_uid
 from .domains import DomainReconciler, NotOurs
 from .leader import LeaderElector
 from .liveness import Heartbeats
 from .nodes import NodeReconciler
 from .ownership import Ownership
-from .placement import Placement
+from .placement import Placement, finished
 from .records import NotRecorded
 from .workqueue import WorkQueue
 from .writes import Writer, counting_rest
@@ -95,6 +95,12 @@ class Controller:
         self.slices = Informer(
             self.rest, SLICES, label_selector=f"{cd.TARGET_LABEL}=node", resync=resync
         )
+        # What gang placement counts as room (capacity.gpu_room): the devices plugin's GPUs and
+        # every claim's allocation of them (not only the domains' own claims).
+        self.device_slices = Informer(
+            self.rest, SLICES, field_selector=f"spec.driver={capacity.DRIVER}", resync=resync
+        )
+        self.allocations = Informer(self.rest, CLAIMS, resync=resync)
         self.leases = Informer(
             self.rest, LEASES, namespace=ns, label_selector=cd.DOMAIN_LABEL, resync=resync
         )
@@ -109,6 +115,8 @@ class Controller:
             self.claims,
             self.nodes,
             self.slices,
+            self.device_slices,
+            self.allocations,
             self.leases,
             self.templates,
             self.daemonsets,
@@ -153,6 +161,9 @@ class Controller:
             else:
                 own.set_key(uid, key_of(obj))
             self.domain_queue.add(key_of(obj))
+            if old is not None and new is not None and finished(new) and not finished(old):
+                # A gang finished: the room its placement kept may go to waiting gangs.
+                self.placement.room_may_have_freed()
             if new is None or obj["metadata"].get("deletionTimestamp"):
                 # A gone domain may free nodes for waiting claims of other domains, and
                 # its placement's room for waiting gangs.
@@ -195,6 +206,9 @@ class Controller:
             self.node_queue.add(obj["metadata"]["name"])
             if event != "SYNC":
                 self.placement.room_may_have_freed()
+                # A node gone NotReady, cordoned or deleted may break a placed gang that has
+                # not got all its nodes yet: it is placed again (placement.py).
+                self.placement.room_may_have_gone()
 
         def on_slice(event: str, old: JSON | None, new: JSON | None) -> None:
             obj = new or old
@@ -203,6 +217,22 @@ class Controller:
             if node and event in ("DELETED", "SYNC"):
                 self.node_queue.add(node)
 
+        def on_devices(event: str, old: JSON | None, new: JSON | None) -> None:
+            # GPUs freed, failed or recovered: waiting gangs may fit now (placement.py).
+            self.placement.devices_changed()
+            if event != "SYNC":
+                self.placement.room_may_have_freed()
+
+        def on_allocation(event: str, old: JSON | None, new: JSON | None) -> None:
+            before = ((old or {}).get("status") or {}).get("allocation")
+            after = ((new or {}).get("status") or {}).get("allocation")
+            if before != after:
+                self.placement.devices_changed()
+            if event != "SYNC" and before != after:
+                self.placement.room_may_have_freed()
+
+        self.device_slices.on_event(on_devices)
+        self.allocations.on_event(on_allocation)
         self.domains.on_event(on_domain)
         self.claims.on_event(on_claim)
         self.nodes.on_event(on_node)

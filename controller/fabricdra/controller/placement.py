@@ -36,6 +36,9 @@ from typing import TYPE_CHECKING, Any
 from fabricdra.api.computedomain import FREE_OWNER, ComputeDomain
 
 from . import capacity, records
+from .capacity import FINISHED, finished
+
+__all__ = ["FINISHED", "Gang", "Placed", "Placement", "finished", "first_fit", "free_nodes"]
 
 if TYPE_CHECKING:
     from .manager import Controller
@@ -100,6 +103,11 @@ class Placement:
         self._waiting: set[str] = set()  # domain keys that fit nowhere yet
         self._excluded: dict[str, set[str]] = {}  # domain UID -> nodes that failed its gang
         self._again: set[str] = set()  # UIDs of gangs to place again (their recorded one failed)
+        self._ran: set[str] = set()  # UIDs of gangs seen holding all their nodes (or Ready)
+        # capacity.gpu_room over every GPU slice and claim, recomputed only when one changed
+        # (devices_changed): a burst of placements at scale would otherwise parse it each time.
+        self._devices_version = 0
+        self._room: tuple[int, dict[str, int]] | None = None
 
     def _current(self, uid: str, recorded: str) -> str | None:
         if uid in self._again:
@@ -112,14 +120,16 @@ class Placement:
     def _view(
         self, for_uid: str, exclude: bool = True
     ) -> tuple[dict[str, list[str]], dict[str, str], list[Gang]]:
-        """The nodes that count (capacity.py: Ready, schedulable, verified where required;
-        without those that failed this gang before, if `exclude`), who holds them, and the
-        other gangs' placements."""
+        """The nodes that count (capacity.py: Ready, schedulable, verified where required, a
+        free healthy GPU unless the gang holds it already; without those that failed this gang
+        before, if `exclude`), who holds them, and the other gangs' placements."""
         c = self.c
         fabrics = capacity.usable_by_fabric(
             c.nodes.items(),
             require_verified=c.config.require_verified_nodes,
             exclude=self._excluded.get(for_uid, set()) if exclude else frozenset(),
+            gpu_room=self._gpu_room(),
+            keep=set(c.ownership.nodes_of(for_uid)),
         )
         owners = {n: c.ownership.owner(n) for nodes in fabrics.values() for n in nodes}
         gangs = []
@@ -128,10 +138,26 @@ class Placement:
             want = int((obj.get("spec") or {}).get("numNodes") or 1)
             if meta.get("deletionTimestamp") or want <= 1 or meta["uid"] == for_uid:
                 continue
+            if finished(obj):  # its pods are done: it expects no node any more
+                continue
             placed = self._current(meta["uid"], (obj.get("status") or {}).get("fabricDomain", ""))
             if placed:
                 gangs.append(Gang(meta["uid"], want, placed))
         return fabrics, owners, gangs
+
+    def devices_changed(self) -> None:
+        """A GPU slice or a claim's allocation changed: the GPU room is computed again."""
+        self._devices_version += 1
+
+    def _gpu_room(self) -> dict[str, int]:
+        version = self._devices_version
+        if self._room is None or self._room[0] != version:
+            c = self.c
+            self._room = (
+                version,
+                capacity.gpu_room(c.device_slices.items(), c.allocations.items()),
+            )
+        return self._room[1]
 
     def place(self, domain: ComputeDomain, key: str) -> Placed:
         """The gang's fabric domain, placing it now (first fit) if it has none yet."""
@@ -141,6 +167,8 @@ class Placement:
         with self._lock:
             current = self._current(domain.uid, domain.status.fabricDomain)
             if current is not None:
+                if not finished(domain.model_dump(mode="json")):
+                    current = self._still_fits(domain.uid, key, want, current)
                 self._waiting.discard(key)
                 self.c.ownership.pin(domain.uid, current)
                 return Placed(current)
@@ -172,6 +200,63 @@ class Placement:
             self.c.ownership.pin(domain.uid, fabric)
             log.info("placed ComputeDomain %s (numNodes %d) in fabric domain %s", key, want, fabric)
             return Placed(fabric)
+
+    def _still_fits(self, uid: str, key: str, want: int, current: str) -> str:
+        """The gang's fabric domain, after checking a placement that has not got all its nodes
+        yet: if a node of it failed (NotReady, cordoned, deleted: capacity.unusable) so that
+        `current` no longer has room for the whole gang, and another fabric domain has, the
+        gang moves there (first fit; domains.py records it and re-pins the template). With
+        nowhere else to go it stays: the node may come back. A gang that holds all its nodes
+        (all its pods were admitted) never moves. Node state and other gangs only: a node or
+        GPUs an elastic domain takes are the gang timeout's business, as before."""
+        c = self.c
+        if len(c.ownership.nodes_of(uid)) >= want:
+            return current
+        fabrics = capacity.usable_by_fabric(
+            c.nodes.items(), require_verified=c.config.require_verified_nodes
+        )
+        _, _, gangs = self._view(uid)
+        # Holds of other gangs count (placement orders gangs); an elastic domain's hold does
+        # not: it is no node failure, and the gang timeout deals with it as before.
+        gang_uids = {g.uid for g in gangs}
+        owners = {
+            n: owner
+            for nodes in fabrics.values()
+            for n in nodes
+            if (owner := c.ownership.owner(n)) in gang_uids
+        }
+        if free_nodes(fabrics, owners, gangs, uid).get(current, 0) >= want:
+            return current
+        fabrics, owners, gangs = self._view(uid)
+        free = free_nodes(fabrics, owners, gangs, uid)
+        other = first_fit(want, {f: n for f, n in free.items() if f != current})
+        if other is None:
+            return current
+        log.info(
+            "ComputeDomain %s (numNodes %d) lost room in fabric domain %s before it got all "
+            "its nodes; placing it in %s",
+            key,
+            want,
+            current,
+            other,
+        )
+        self._again.discard(uid)
+        return other
+
+    def room_may_have_gone(self) -> None:
+        """A node changed: placed gangs that have not got all their nodes may have to move."""
+        c = self.c
+        keys = []
+        for obj in c.domains.items():
+            meta, spec = obj["metadata"], obj.get("spec") or {}
+            want = int(spec.get("numNodes") or 1)
+            if meta.get("deletionTimestamp") or want <= 1 or spec.get("allowMultipleCliques"):
+                continue
+            placed = (obj.get("status") or {}).get("fabricDomain")
+            if placed and not finished(obj) and len(c.ownership.nodes_of(meta["uid"])) < want:
+                keys.append(f"{meta['namespace']}/{meta['name']}")
+        for key in keys:
+            c.domain_queue.add(key)
 
     def failed(self, uid: str, fabric: str, held: Iterable[str]) -> None:
         """Gang `uid` timed out in `fabric` holding only `held`: the other nodes of `fabric`
@@ -241,8 +326,17 @@ class Placement:
         for key in waiting:
             self.c.domain_queue.add(key)
 
+    def ran(self, uid: str) -> None:
+        with self._lock:
+            self._ran.add(uid)
+
+    def has_run(self, uid: str) -> bool:
+        with self._lock:
+            return uid in self._ran
+
     def forget(self, key: str, uid: str = "") -> None:
         with self._lock:
+            self._ran.discard(uid)
             self._waiting.discard(key)
             self._excluded.pop(uid, None)
             self._again.discard(uid)

@@ -50,6 +50,7 @@ class Observed:
     unpin: bool = False  # no node and no allocated claim left: the fabric domain is free again
     too_large: str = ""  # why numNodes can never fit one fabric domain ("" when it can)
     placed: str | None = None  # a gang's fabric domain (placement.py), recorded in status
+    finished: bool = False  # a gang that ran and whose pods are gone (domains.py)
 
 
 @dataclass(frozen=True)
@@ -192,7 +193,15 @@ def compute(
     else:
         daemons = (True, "AllDaemonsReady", f"{len(rows)} IMEX daemon(s) ready")
 
-    if obs.too_large:  # before the objects: a gang too large is never placed either
+    if obs.finished:
+        ready = (
+            False,
+            "Finished",
+            f"the gang ran and its pods are gone (no node held, no claim allocated): its "
+            f"placement in fabric domain {domain.status.fabricDomain or '-'} no longer holds "
+            "room for it; delete the ComputeDomain when its job is done",
+        )
+    elif obs.too_large:  # before the objects: a gang too large is never placed either
         ready = (False, "FabricTooSmall", obs.too_large)
     elif not obs.objects_ready:
         ready = (False, obs.objects_reason, obs.objects_message)
