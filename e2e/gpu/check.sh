@@ -66,6 +66,7 @@ done < "$work/smi-query.csv"
 compare_rc=0
 PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}" python3 -m e2e.gpu.compare \
   --inventory "$work/inventory.json" --snapshot "$work/nvml.json" --smi-dir "$work" \
+  --sysfs-root "$sysfs" \
   || compare_rc=$?
 echo
 echo "fabricdra verify (exit $verify_rc):"

@@ -35,10 +35,13 @@ class Row:
     fact: str
     fabricdra: str
     smi: str
+    # Set where equal strings are not the test (a fact told in two honest forms); `note` says why.
+    same: bool | None = None
+    note: str = ""
 
     @property
     def agrees(self) -> bool:
-        return self.fabricdra == self.smi
+        return self.fabricdra == self.smi if self.same is None else self.same
 
 
 def bus_id(text: str) -> str:
@@ -123,13 +126,38 @@ def _text(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
+def semver(version: str) -> str:
+    """A driver version in the form fabricdra publishes (NVIDIA's DRA driver's semver form:
+    no leading zeros), e.g. nvidia-smi's "580.159.04" is "580.159.4"."""
+    parts = version.strip().split(".")
+    if not all(p.isdigit() for p in parts):
+        return version.strip()
+    return ".".join(str(int(p)) for p in parts)
+
+
+def kernel_numa(sysfs: Path, bus: str) -> str | None:
+    """The kernel's numa_node of a PCI function ("-1": no NUMA node given), None: unreadable."""
+    try:
+        return (sysfs / "bus/pci/devices" / bus / "numa_node").read_text().strip()
+    except OSError:
+        return None
+
+
+def _numa_row(bus: str, ours: str, smi: str, kernel: str | None) -> Row:
+    # The kernel gives no NUMA node (numa_node -1, e.g. a VM without proximity tables):
+    # fabricdra publishes none rather than guess; nvidia-smi prints its own default there.
+    if ours == "-" and kernel == "-1":
+        return Row(bus, "numaNode", ours, smi, True, "the kernel reports none (-1)")
+    return Row(bus, "numaNode", ours, smi)
+
+
 def _major_minor(version: str) -> str:
     parts = version.split(".")
     return ".".join(parts[:2]) if version != "-" else "-"
 
 
 def compare(
-    inventory: dict[str, Any], snapshot: dict[str, Any], smi_dir: Path
+    inventory: dict[str, Any], snapshot: dict[str, Any], smi_dir: Path, sysfs: Path = Path("/sys")
 ) -> tuple[list[Row], int, int]:
     """The rows, and the GPU counts (fabricdra, nvidia-smi)."""
     ours = {a["pciBusId"].lower(): a for a in inventory.get("accelerators", [])}
@@ -151,7 +179,7 @@ def compare(
         rows += [
             Row(bus, "uuid", _text(a.get("uuid")), t["uuid"]),
             Row(bus, "pciBusId", _value(attrs, "resource.kubernetes.io/pciBusID"), bus),
-            Row(bus, "numaNode", _text(a.get("numaNode")), numa.get(index, "-")),
+            _numa_row(bus, _text(a.get("numaNode")), numa.get(index, "-"), kernel_numa(sysfs, bus)),
             Row(bus, "migMode", "enabled" if a.get("migMode") else "disabled", t["mig"]),
             Row(
                 bus,
@@ -159,7 +187,7 @@ def compare(
                 f"{sum(1 for link in links if link.get('active'))}/{len(links)}",
                 smi_nvlinks(nvlink_file.read_text()) if nvlink_file.exists() else "-",
             ),
-            Row(bus, "driverVersion", _value(attrs, "driverVersion"), t["driver"]),
+            Row(bus, "driverVersion", _value(attrs, "driverVersion"), semver(t["driver"])),
             Row(bus, "cudaVersion", _major_minor(_value(attrs, "cudaDriverVersion")), cuda),
         ]
     return rows, len(ours), len(theirs)
@@ -172,7 +200,8 @@ def _print(rows: list[Row]) -> None:
     fmt = "  ".join(f"{{:<{w}}}" for w in widths) + "  {}"
     print(fmt.format(*head, "result"))
     for r in rows:
-        print(fmt.format(r.gpu, r.fact, r.fabricdra, r.smi, "ok" if r.agrees else "DIFFERENT"))
+        result = ("ok" if r.agrees else "DIFFERENT") + (f" ({r.note})" if r.note else "")
+        print(fmt.format(r.gpu, r.fact, r.fabricdra, r.smi, result))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,11 +209,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--inventory", type=Path, required=True)
     p.add_argument("--snapshot", type=Path, required=True)
     p.add_argument("--smi-dir", type=Path, required=True)
+    p.add_argument("--sysfs-root", type=Path, default=Path("/sys"))
     args = p.parse_args(argv)
     rows, _, _ = compare(
         json.loads(args.inventory.read_text()),
         json.loads(args.snapshot.read_text()),
         args.smi_dir,
+        args.sysfs_root,
     )
     _print(rows)
     different = [r for r in rows if not r.agrees]

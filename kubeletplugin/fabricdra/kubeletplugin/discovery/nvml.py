@@ -24,6 +24,7 @@ on hardware and off it.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import json
 import time
@@ -340,7 +341,10 @@ def _read_identity(pynvml: Any, handle: Any) -> dict[str, Any]:
 def _read_fabric(pynvml: Any, handle: Any) -> dict[str, Any] | None:
     info = pynvml.c_nvmlGpuFabricInfo_t()
     try:
-        pynvml.nvmlDeviceGetGpuFabricInfo(handle, info)
+        # By reference: pynvml hands the argument to ctypes as it is, and a Structure passed
+        # by value is read by NVML as a pointer (a segmentation fault on a real H200, driver
+        # 580.159.04: docs/gpu-checks.md).
+        pynvml.nvmlDeviceGetGpuFabricInfo(handle, ctypes.byref(info))
     except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
         # Drivers without the call behave like a GPU with no fabric.
         return {
