@@ -145,3 +145,25 @@ def test_check_counts_a_gpu_nvidia_smi_sees_and_fabricdra_does_not(
     assert done.returncode != 0
     rows = _rows(done.stdout)
     assert rows[("all", "count")] == ["8", "9", "DIFFERENT"]
+
+
+def test_driver_versions_compare_in_fabricdras_semver_form() -> None:
+    """nvidia-smi prints 580.159.04; fabricdra publishes 580.159.4 (seen on a real H200)."""
+    from e2e.gpu.compare import semver
+
+    assert semver("580.159.04") == "580.159.4"
+    assert semver("570.86.10") == "570.86.10"
+    assert semver("N/A") == "N/A"
+
+
+def test_no_numa_node_agrees_only_where_the_kernel_gives_none(tmp_path: Path) -> None:
+    from e2e.gpu.compare import _numa_row, kernel_numa
+
+    bus = "0000:00:06.0"
+    function = tmp_path / "bus/pci/devices" / bus
+    function.mkdir(parents=True)
+    (function / "numa_node").write_text("-1\n")
+    assert _numa_row(bus, "-", "0", kernel_numa(tmp_path, bus)).agrees
+    (function / "numa_node").write_text("1\n")  # the kernel names one: fabricdra must too
+    assert not _numa_row(bus, "-", "1", kernel_numa(tmp_path, bus)).agrees
+    assert not _numa_row(bus, "-", "0", kernel_numa(tmp_path / "missing", bus)).agrees
