@@ -289,7 +289,7 @@ class ComputeDomainDriver:
     def _daemon_edits(self, params: JSON) -> ContainerEdits:
         folder = self.config.plugin_dir / "domains" / str(params["domainUID"])
         folder.mkdir(parents=True, exist_ok=True)
-        env = (
+        env: tuple[str, ...] = (
             f"FABRICDRA_DOMAIN_UID={params['domainUID']}",
             f"FABRICDRA_DOMAIN_NAME={params['domainName']}",
             f"FABRICDRA_DOMAIN_NAMESPACE={params['namespace']}",
