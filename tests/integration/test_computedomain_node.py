@@ -463,6 +463,52 @@ def test_daemon_claim_gets_what_nvidia_imex_needs_and_an_old_driver_is_refused(
         wait_gone(lambda: rest.get_or_none(COMPUTE_DOMAINS, "needs", ns), "needs deleted")
 
 
+def test_a_domain_on_nodes_without_fabric_is_ready_without_imex(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """Issue 22 point 7: a managed domain on nodes without a multi-node NVLink fabric (HGX,
+    PCIe; no fabricdra.io/fabric.domain label) is Ready on a host with no IMEX binary: the
+    daemon runs no IMEX there, and DaemonsReady says so."""
+    rest = Rest(control_plane.api_client())
+    install_crd(rest)
+    ns, driver_ns = unique("cd-hgx"), unique("cd-system")
+    control_plane.create_namespace(ns)
+    node = unique("hgx")
+    create_plugin_node(control_plane, node)  # no fabric label
+    with running_controller(control_plane, driver_ns):
+        rest.create(COMPUTE_DOMAINS, domain_body("hgx", rct="hgx-imex", num_nodes=1), ns)
+        template = wait_for(lambda: rest.get_or_none(CLAIM_TEMPLATES, "hgx-imex", ns), what="rct")
+        uid = template["metadata"]["labels"][cd.DOMAIN_LABEL]
+        allocate_claim(rest, ns, template, node, "hgx-0")
+        wait_for(
+            lambda: rest.get(COMPUTE_DOMAINS, "hgx", ns).get("status", {}).get("nodes"),
+            what="node row",
+        )
+        daemon = ImexDaemon(
+            rest,
+            DaemonIdentity(node, "127.0.0.1", ns, "hgx", uid, driver_ns),
+            ImexSupervisor(
+                ImexSettings(config_dir=tmp_path / "imexd", imex_bin="/nonexistent/nvidia-imex")
+            ),
+        )
+        assert daemon.run_once().ready
+        assert (tmp_path / "imexd" / "ready").exists()  # the pod's readiness probe
+        obj = wait_for(
+            lambda: (
+                (o := rest.get(COMPUTE_DOMAINS, "hgx", ns))
+                and (condition(o, cd.READY) or {}).get("status") == "True"
+                and o
+            ),
+            what="Ready=True without IMEX",
+        )
+        daemons = condition(obj, cd.DAEMONS_READY) or {}
+        assert (daemons.get("status"), daemons.get("reason")) == ("True", "NoFabric")
+        assert obj["status"]["nodes"][0]["fabricDomain"] == ""
+        assert "IMEX is not run" in obj["status"]["nodes"][0]["message"]
+        rest.delete(COMPUTE_DOMAINS, "hgx", ns)
+        wait_gone(lambda: rest.get_or_none(COMPUTE_DOMAINS, "hgx", ns), "hgx deleted")
+
+
 def test_plugin_process_reports_the_host_imex_service(
     control_plane: ControlPlane, tmp_path: Path
 ) -> None:
