@@ -344,8 +344,8 @@ def test_imex_command_port_listens_on_the_node_address_only(
 def test_imex_is_not_started_on_a_driver_older_than_570_158_01(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Point 8: below 570.158.01 nvidia-imex does not re-resolve peer names on SIGUSR1, which
-    every join relies on: IMEX is not started and the state says why."""
+    """Point 8: below 570.158.01 NVIDIA does not support IMEX with named peers re-resolved on
+    SIGUSR1, which every join relies on: IMEX is not started and the state says why."""
     state_file = tmp_path / "fake-imex.json"
     monkeypatch.setenv("FAKE_IMEX_STATE_FILE", str(state_file))
 

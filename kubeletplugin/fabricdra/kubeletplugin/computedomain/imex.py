@@ -20,7 +20,8 @@ The interface used is IMEX's documented one: `nvidia-imex -c <config>` with
 The command service listens on the node's own address only (`IMEX_CMD_BIND_INTERFACE_IP`, as
 NVIDIA's daemon writes it; left empty, IMEX binds it to every interface of the host network),
 loopback when no address is known. IMEX is not started on a driver older than
-MIN_RELOAD_DRIVER, whose nvidia-imex would ignore the reloads joins rely on.
+MIN_RELOAD_DRIVER, below which NVIDIA does not support the named peers and SIGUSR1 reloads
+joins rely on.
 """
 
 from __future__ import annotations
@@ -219,10 +220,10 @@ class ImexSupervisor:
             return None
         return State(
             False,
-            f"NVIDIA driver {version} is older than {MIN_RELOAD_DRIVER}, the first whose "
-            "nvidia-imex re-resolves its peers on a config reload (SIGUSR1), which this daemon "
-            "needs to add peers without a restart; IMEX is not started: upgrade the driver "
-            "or use imexMode: host",
+            f"NVIDIA driver {version} is older than {MIN_RELOAD_DRIVER}, the first NVIDIA "
+            "supports IMEX with peers named by host name and re-resolved on SIGUSR1, which this "
+            "daemon relies on to add peers without a restart; IMEX is not started: upgrade the "
+            "driver or use imexMode: host",
         )
 
     def _child_env(self) -> dict[str, str] | None:

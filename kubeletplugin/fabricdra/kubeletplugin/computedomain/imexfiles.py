@@ -18,8 +18,8 @@ out), injected at prepare of its daemon claim, as NVIDIA's driver does:
   NVIDIA's daemon gets the same (its "standard" CDI device: the container toolkit's common
   edits, see docs/compute-domains.md for the source lines);
 - the driver version (`<proc>/driver/nvidia/version`), which the daemon checks before it
-  starts IMEX: below MIN_RELOAD_DRIVER its nvidia-imex does not re-resolve peer names on
-  SIGUSR1, which joins rely on (imex.py).
+  starts IMEX: below MIN_RELOAD_DRIVER NVIDIA does not support the named peers re-resolved on
+  SIGUSR1 that joins rely on (imex.py).
 
 The driver root is a host path (the CDI mount source: `/` for a driver installed on the host,
 `/run/nvidia/driver` under the GPU operator); `view` is where this plugin sees that same tree
@@ -53,9 +53,9 @@ LIB_DIRS = (
     "usr/lib",
 )
 IMEX_LIBRARY_DIR = "/usr/lib/fabricdra-driver"  # in the daemon container
-# The first driver whose nvidia-imex re-resolves its peers' host names on SIGUSR1 (NVIDIA's
-# IMEXDaemonsWithDNSNamesMinDriverVersion, cmd/compute-domain-kubelet-plugin/main.go): the
-# daemon names its peers and reloads in place (imex.py), so older drivers are refused.
+# The first driver NVIDIA supports IMEX daemons with peers named by host name (re-resolved on
+# SIGUSR1) on: its IMEXDaemonsWithDNSNamesMinDriverVersion, cmd/compute-domain-kubelet-plugin/
+# main.go. This daemon names its peers and reloads in place (imex.py): older drivers refused.
 MIN_RELOAD_DRIVER = "570.158.01"
 
 
