@@ -33,6 +33,7 @@ from fabricdra.kubeletplugin.computedomain.report import write_host_report
 from fabricdra.kubeletplugin.kubelet import PluginPaths, PluginServer, PrepareError
 from fabricdra.proto.gen.dra_v1 import api_pb2 as v1_pb2
 from fabricdra.proto.gen.dra_v1 import api_pb2_grpc as v1_grpc
+from tests.imex import driver_tree
 
 from .computedomain_helpers import (
     allocate_claim,
@@ -377,6 +378,135 @@ def test_imex_daemon_reports_through_the_controller(
             good.supervisor.stop()
         rest.delete(COMPUTE_DOMAINS, "sim", ns)
         wait_gone(lambda: rest.get_or_none(COMPUTE_DOMAINS, "sim", ns), "sim deleted")
+
+
+def test_daemon_claim_gets_what_nvidia_imex_needs_and_an_old_driver_is_refused(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """Issue 22 point 8: the daemon's claim carries what the real nvidia-imex needs (the
+    control device, the loaded driver's libraries, the driver version), and on a driver older
+    than 570.158.01 the daemon does not start IMEX and the domain says why."""
+    rest = Rest(control_plane.api_client())
+    install_crd(rest)
+    ns, driver_ns = unique("cd-needs"), unique("cd-system")
+    control_plane.create_namespace(ns)
+    node = unique("gb200")
+    create_plugin_node(control_plane, node, fabric="rack-8")
+    root, proc, dev = driver_tree(tmp_path, version="570.86.16")
+    with running_controller(control_plane, driver_ns):
+        rest.create(COMPUTE_DOMAINS, domain_body("needs", rct="needs-imex", num_nodes=1), ns)
+        template = wait_for(
+            lambda: rest.get_or_none(CLAIM_TEMPLATES, "needs-imex", ns), what="template"
+        )
+        uid = template["metadata"]["labels"][cd.DOMAIN_LABEL]
+        allocate_claim(rest, ns, template, node, "needs-0")  # the node joins
+        daemon_template = wait_for(
+            lambda: rest.get_or_none(CLAIM_TEMPLATES, f"imex-{uid}", driver_ns),
+            what="the daemon's claim template",
+        )
+        driver = ComputeDomainDriver(
+            rest,
+            NodeConfig(
+                node_name=node,
+                cdi_dir=tmp_path / "cdi",
+                plugin_dir=tmp_path / "plugin",
+                proc_root=proc,
+                dev_root=dev,
+                fabric_domain="rack-8",
+                driver_root=Path("/run/nvidia/driver"),
+                driver_root_view=root,
+            ),
+        )
+        ref = allocate_claim(rest, driver_ns, daemon_template, node, "imex-daemon-0")
+        driver.prepare(ref)
+        spec = json.loads(
+            (tmp_path / "cdi" / f"fabricdra.io-compute-domain_{ref.uid}.json").read_text()
+        )
+        edits = spec["devices"][0]["containerEdits"]
+        ctl = next(n for n in edits["deviceNodes"] if n["path"] == "/dev/nvidiactl")
+        assert (ctl["major"], ctl["minor"]) == (195, 255)
+        mounts = {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
+        lib = "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.570.86.16"
+        assert mounts["/usr/lib/fabricdra-driver/libnvidia-ml.so.1"] == lib
+        assert mounts["/usr/bin/nvidia-imex"] == "/run/nvidia/driver/usr/bin/nvidia-imex"
+        env = dict(e.split("=", 1) for e in edits["env"])
+        assert env["FABRICDRA_DRIVER_VERSION"] == "570.86.16"
+        assert env["FABRICDRA_IMEX_LIBRARY_PATH"] == "/usr/lib/fabricdra-driver"
+
+        # The daemon, given what the claim gave it: IMEX is not started, the domain says why.
+        daemon = ImexDaemon(
+            rest,
+            DaemonIdentity(node, "127.0.0.1", ns, "needs", uid, driver_ns),
+            ImexSupervisor(
+                ImexSettings(
+                    config_dir=tmp_path / "imexd",
+                    imex_bin=str(STAND_INS / "nvidia-imex"),
+                    imex_ctl=str(STAND_INS / "nvidia-imex-ctl"),
+                    cmd_port=_free_port(),
+                    driver_version=env["FABRICDRA_DRIVER_VERSION"],
+                    library_path=env["FABRICDRA_IMEX_LIBRARY_PATH"],
+                )
+            ),
+        )
+        daemon.run_once()
+        assert daemon.supervisor.pid() is None
+        degraded = wait_for(
+            lambda: (
+                (c := condition(rest.get(COMPUTE_DOMAINS, "needs", ns), cd.DEGRADED))
+                and c["status"] == "True"
+                and c
+            ),
+            what="Degraded",
+        )
+        assert "older than 570.158.01" in degraded["message"]
+        rest.delete(COMPUTE_DOMAINS, "needs", ns)
+        wait_gone(lambda: rest.get_or_none(COMPUTE_DOMAINS, "needs", ns), "needs deleted")
+
+
+def test_a_domain_on_nodes_without_fabric_is_ready_without_imex(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """Issue 22 point 7: a managed domain on nodes without a multi-node NVLink fabric (HGX,
+    PCIe; no fabricdra.io/fabric.domain label) is Ready on a host with no IMEX binary: the
+    daemon runs no IMEX there, and DaemonsReady says so."""
+    rest = Rest(control_plane.api_client())
+    install_crd(rest)
+    ns, driver_ns = unique("cd-hgx"), unique("cd-system")
+    control_plane.create_namespace(ns)
+    node = unique("hgx")
+    create_plugin_node(control_plane, node)  # no fabric label
+    with running_controller(control_plane, driver_ns):
+        rest.create(COMPUTE_DOMAINS, domain_body("hgx", rct="hgx-imex", num_nodes=1), ns)
+        template = wait_for(lambda: rest.get_or_none(CLAIM_TEMPLATES, "hgx-imex", ns), what="rct")
+        uid = template["metadata"]["labels"][cd.DOMAIN_LABEL]
+        allocate_claim(rest, ns, template, node, "hgx-0")
+        wait_for(
+            lambda: rest.get(COMPUTE_DOMAINS, "hgx", ns).get("status", {}).get("nodes"),
+            what="node row",
+        )
+        daemon = ImexDaemon(
+            rest,
+            DaemonIdentity(node, "127.0.0.1", ns, "hgx", uid, driver_ns),
+            ImexSupervisor(
+                ImexSettings(config_dir=tmp_path / "imexd", imex_bin="/nonexistent/nvidia-imex")
+            ),
+        )
+        assert daemon.run_once().ready
+        assert (tmp_path / "imexd" / "ready").exists()  # the pod's readiness probe
+        obj = wait_for(
+            lambda: (
+                (o := rest.get(COMPUTE_DOMAINS, "hgx", ns))
+                and (condition(o, cd.READY) or {}).get("status") == "True"
+                and o
+            ),
+            what="Ready=True without IMEX",
+        )
+        daemons = condition(obj, cd.DAEMONS_READY) or {}
+        assert (daemons.get("status"), daemons.get("reason")) == ("True", "NoFabric")
+        assert obj["status"]["nodes"][0]["fabricDomain"] == ""
+        assert "IMEX is not run" in obj["status"]["nodes"][0]["message"]
+        rest.delete(COMPUTE_DOMAINS, "hgx", ns)
+        wait_gone(lambda: rest.get_or_none(COMPUTE_DOMAINS, "hgx", ns), "hgx deleted")
 
 
 def test_plugin_process_reports_the_host_imex_service(

@@ -136,6 +136,24 @@ def test_imex_errors_surface_as_degraded_and_recovery_is_an_event() -> None:
     assert events3 == []
 
 
+def test_a_domain_without_fabric_is_ready_without_imex_and_says_so() -> None:
+    """Issue 22 point 7: on nodes without a multi-node NVLink fabric (HGX, PCIe) the daemons
+    run no IMEX and report ready; DaemonsReady says IMEX is not used (reason NoFabric)."""
+    held = [status.HeldNode(n, f"10.0.0.{i}", "") for i, n in enumerate(["h1", "h2"])]
+    ok = status.DaemonReport(True, "no NVLink fabric on this node: IMEX is not run")
+    obs = status.Observed(True, "ok", held, {"h1": ok, "h2": ok})
+    st, _ = status.compute(_domain(channels=[3]), obs, "t0")
+    cond = {c.type: c for c in st.conditions}
+    assert cond[cd.READY].status == "True"
+    assert (cond[cd.DAEMONS_READY].status, cond[cd.DAEMONS_READY].reason) == ("True", "NoFabric")
+    assert "IMEX is not run" in cond[cd.DAEMONS_READY].message
+    assert "channel still isolates" in cond[cd.DAEMONS_READY].message
+    assert cond[cd.DEGRADED].status == "False"
+    # Nodes with a fabric: IMEX daemons, as before.
+    st, _ = status.compute(_domain(channels=[3]), _obs(["n1", "n2"], {"n1": ok, "n2": ok}), "t0")
+    assert {c.type: c for c in st.conditions}[cd.DAEMONS_READY].reason == "AllDaemonsReady"
+
+
 # -- objects ---------------------------------------------------------------------------------
 def test_workload_template_selects_free_or_own_channel_and_carries_sorted_config() -> None:
     rct = objects.workload_claim_template(_domain(), 7)

@@ -21,6 +21,7 @@ from fabricdra.kubeletplugin.computedomain.channels import (
 )
 from fabricdra.kubeletplugin.computedomain.daemon import peers_of
 from fabricdra.kubeletplugin.computedomain.imex import ImexSettings, ImexSupervisor
+from tests.imex import NVRM_OPEN, NVRM_PROPRIETARY, driver_tree
 
 STAND_INS = Path(__file__).resolve().parents[1] / "imex"
 PROC_DEVICES = """Character devices:
@@ -237,13 +238,14 @@ def test_imex_daemon_gets_the_drivers_imex_and_the_fabric_capability(tmp_path: P
         "Block devices:\n238 not-this-one\n"
     )
     got = imex_injection(Path("/run/nvidia/driver"), root, proc)
-    assert got.missing == ()
+    # (No /dev/nvidiactl, driver version or libraries in this tree: the next test has them.)
+    assert not [m for m in got.missing if "nvidia-imex" in m or "fabric-imex-mgmt" in m]
     assert [(m.host_path, m.container_path) for m in got.mounts] == [
         ("/run/nvidia/driver/usr/bin/nvidia-imex", "/usr/bin/nvidia-imex"),
         ("/run/nvidia/driver/usr/bin/nvidia-imex-ctl", "/usr/bin/nvidia-imex-ctl"),
     ]
     assert all("ro" in m.options for m in got.mounts)
-    (node,) = got.device_nodes
+    (node,) = [n for n in got.device_nodes if n.path.startswith("/dev/nvidia-caps/")]
     assert (node.path, node.major, node.minor) == ("/dev/nvidia-caps/nvidia-cap7", 238, 7)
 
     # A driver without IMEX: nothing made up, and what is missing is named.
@@ -252,3 +254,137 @@ def test_imex_daemon_gets_the_drivers_imex_and_the_fabric_capability(tmp_path: P
     assert bare.device_nodes == ()
     assert any("nvidia-imex" in m for m in bare.missing)
     assert any("fabric-imex-mgmt" in m for m in bare.missing)
+
+
+# -- what the real nvidia-imex needs (issue 22 point 8) ----------------------------------------
+
+
+def test_driver_version_is_the_loaded_modules(tmp_path: Path) -> None:
+    from fabricdra.kubeletplugin.computedomain.imexfiles import driver_version, older_than
+
+    (tmp_path / "driver" / "nvidia").mkdir(parents=True)
+    (tmp_path / "driver" / "nvidia" / "version").write_text(NVRM_OPEN)
+    assert driver_version(tmp_path) == "570.158.01"
+    (tmp_path / "driver" / "nvidia" / "version").write_text(NVRM_PROPRIETARY)
+    assert driver_version(tmp_path) == "565.57.01"
+    assert driver_version(tmp_path / "none") is None
+    # Numbers, not strings: 570.86.16 is older than 570.158.01, 580.65.06 newer.
+    assert older_than("570.86.16")
+    assert older_than("565.57.01")
+    assert not older_than("570.158.01")
+    assert not older_than("580.65.06")
+
+
+def test_imex_daemon_gets_the_control_device_and_the_driver_libraries(tmp_path: Path) -> None:
+    """Point 8: besides the two executables and the capability, what NVIDIA's daemon gets:
+    /dev/nvidiactl and the loaded driver's libraries (soname links included, nothing of
+    another driver version), and the driver version for the daemon's guard."""
+    from fabricdra.kubeletplugin.computedomain.imexfiles import IMEX_LIBRARY_DIR, imex_injection
+
+    root, proc, dev = driver_tree(tmp_path)
+    got = imex_injection(Path("/run/nvidia/driver"), root, proc, dev)
+    assert got.missing == ()
+    assert got.driver_version == "570.158.01"
+    assert got.library_dir == IMEX_LIBRARY_DIR
+    ctl = next(n for n in got.device_nodes if n.path == "/dev/nvidiactl")
+    assert (ctl.major, ctl.minor, ctl.host_path) == (195, 255, str(dev / "nvidiactl"))
+    host = "/run/nvidia/driver/usr/lib/x86_64-linux-gnu"
+    libs = {m.container_path: m.host_path for m in got.mounts if "/lib" in m.container_path}
+    assert libs == {
+        f"{IMEX_LIBRARY_DIR}/{link}": f"{host}/{target}"
+        for name in ("libnvidia-ml", "libcuda", "libnvidia-nvvm")
+        for link, target in (
+            (f"{name}.so.570.158.01", f"{name}.so.570.158.01"),
+            (f"{name}.so.1", f"{name}.so.570.158.01"),
+        )
+    }
+    assert all("ro" in m.options for m in got.mounts)
+
+    bare = imex_injection(Path("/"), tmp_path / "empty", tmp_path / "noproc", tmp_path / "nodev")
+    assert bare.driver_version is None
+    assert bare.library_dir is None
+    assert any("nvidiactl" in m for m in bare.missing)
+    assert any("driver/nvidia/version" in m for m in bare.missing)
+
+
+def test_imex_command_port_listens_on_the_node_address_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Point 8: IMEX_CMD_BIND_INTERFACE_IP is the node's address; left out, nvidia-imex binds
+    its command service to every interface of the host network."""
+    state_file = tmp_path / "fake-imex.json"
+    monkeypatch.setenv("FAKE_IMEX_STATE_FILE", str(state_file))
+    port = _free_port()
+    sup = ImexSupervisor(
+        ImexSettings(
+            config_dir=tmp_path / "imexd",
+            imex_bin=str(STAND_INS / "nvidia-imex"),
+            imex_ctl=str(STAND_INS / "nvidia-imex-ctl"),
+            bind_ip="127.0.0.2",  # stands for the node's fabric address
+            cmd_port=port,
+        )
+    )
+    try:
+        _until_ready(sup, ["127.0.0.2"])
+        assert "IMEX_CMD_BIND_INTERFACE_IP=127.0.0.2\n" in sup.config_path.read_text()
+        assert _fake_state(state_file)["cmd_bind"] == "127.0.0.2"
+        with socket.create_connection(("127.0.0.2", port), timeout=2):
+            pass
+        with pytest.raises(ConnectionRefusedError):  # not on the other addresses
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    finally:
+        sup.stop()
+    # No address known (no pod IP): loopback, never the empty "every interface".
+    unknown = ImexSettings(config_dir=tmp_path / "other")
+    from fabricdra.kubeletplugin.computedomain.imex import render_config
+
+    assert "IMEX_CMD_BIND_INTERFACE_IP=127.0.0.1\n" in render_config(unknown)
+
+
+def test_imex_is_not_started_on_a_driver_older_than_570_158_01(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Point 8: below 570.158.01 NVIDIA does not support IMEX with named peers re-resolved on
+    SIGUSR1, which every join relies on: IMEX is not started and the state says why."""
+    state_file = tmp_path / "fake-imex.json"
+    monkeypatch.setenv("FAKE_IMEX_STATE_FILE", str(state_file))
+
+    def supervisor(version: str) -> ImexSupervisor:
+        return ImexSupervisor(
+            ImexSettings(
+                config_dir=tmp_path / "imexd",
+                imex_bin=str(STAND_INS / "nvidia-imex"),
+                imex_ctl=str(STAND_INS / "nvidia-imex-ctl"),
+                cmd_port=_free_port(),
+                driver_version=version,
+            )
+        )
+
+    old = supervisor("570.86.16")
+    state = old.step(["10.0.0.1"])
+    assert not state.ready
+    assert "570.86.16" in state.message
+    assert "570.158.01" in state.message
+    assert old.pid() is None
+    assert not state_file.exists()
+    assert "570.158.01" in old.step([]).message  # said before anything else
+    new = supervisor("570.158.01")
+    try:
+        _until_ready(new, ["10.0.0.1"])
+    finally:
+        new.stop()
+
+
+def test_imex_gets_the_driver_libraries_on_its_library_path(
+    supervisor: ImexSupervisor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The folder the plugin mounted the driver's libraries in is IMEX's LD_LIBRARY_PATH,
+    and only IMEX's (this Python process keeps its own)."""
+    state_file = tmp_path / "fake-imex.json"
+    monkeypatch.setenv("FAKE_IMEX_STATE_FILE", str(state_file))
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/opt/image/lib")
+    supervisor.settings.library_path = "/usr/lib/fabricdra-driver"
+    _until_ready(supervisor, ["10.0.0.1"])
+    seen = _fake_state(state_file)["ld_library_path"]
+    assert seen == "/usr/lib/fabricdra-driver:/opt/image/lib"
+    assert os.environ["LD_LIBRARY_PATH"] == "/opt/image/lib"

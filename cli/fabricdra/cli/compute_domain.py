@@ -123,6 +123,18 @@ def register(sub: Any) -> None:
         help="peer name slots in IMEX's nodes config (default 18: an NVL72 rack) "
         "[FABRICDRA_IMEX_MAX_PEERS]",
     )
+    b(
+        "--driver-version",
+        default=_env("DRIVER_VERSION", ""),
+        help="the loaded NVIDIA driver's version (set by the node plugin at prepare); IMEX is "
+        "not started below 570.158.01 (default: not checked) [FABRICDRA_DRIVER_VERSION]",
+    )
+    b(
+        "--imex-library-path",
+        default=_env("IMEX_LIBRARY_PATH", ""),
+        help="LD_LIBRARY_PATH for nvidia-imex and nvidia-imex-ctl: where the node plugin "
+        "mounted the driver's libraries (set at prepare) [FABRICDRA_IMEX_LIBRARY_PATH]",
+    )
     d.set_defaults(run=run_daemon)
 
 
@@ -173,6 +185,8 @@ def run_daemon(args: argparse.Namespace) -> int:
         bind_ip=args.pod_ip,
         hosts_file=Path(args.hosts_file),
         max_peers=args.max_peers,
+        driver_version=args.driver_version or "",
+        library_path=args.imex_library_path or "",
     )
     supervisor = ImexSupervisor(settings)
     if args.check:

@@ -162,6 +162,25 @@ def _condition(
     )
 
 
+def without_fabric(
+    domain: ComputeDomain, rows: Sequence[NodeStatus]
+) -> tuple[bool, str, str] | None:
+    """DaemonsReady for a managed domain whose joined nodes all lack a multi-node NVLink
+    fabric (HGX, PCIe): their daemons run no IMEX, as NVIDIA's skip it for an empty clique id,
+    and report ready (daemon.py); the condition says IMEX is not used. None: not that case."""
+    if domain.spec.imexMode == "host" or not rows:
+        return None
+    if any(r.fabricDomain or not r.ready for r in rows):
+        return None
+    return (
+        True,
+        "NoFabric",
+        f"{len(rows)} node(s) without a multi-node NVLink fabric: IMEX is not run there "
+        "(nothing is imported across nodes); the domain's IMEX channel still isolates its "
+        "workloads",
+    )
+
+
 def compute(
     domain: ComputeDomain, obs: Observed, now: str
 ) -> tuple[ComputeDomainStatus, list[Event]]:
@@ -190,6 +209,8 @@ def compute(
         daemons = (False, reason, f"{len(ready_rows)}/{len(rows)} IMEX daemons ready; {detail}")
     elif want is not None and len(rows) < want:
         daemons = (False, "WaitingForNodes", f"{len(rows)}/{want} nodes joined")
+    elif no_fabric := without_fabric(domain, rows):
+        daemons = no_fabric
     else:
         daemons = (True, "AllDaemonsReady", f"{len(rows)} IMEX daemon(s) ready")
 

@@ -33,6 +33,20 @@ class DaemonIdentity:
     report_namespace: str
 
 
+# On a node without a multi-node NVLink fabric nothing is imported across nodes, so IMEX has
+# nothing to do (NVIDIA's daemon skips IMEX when the node's clique id is empty): the daemon
+# reports ready without it, so such a domain is Ready on hosts with no IMEX binary at all.
+NO_FABRIC = (
+    "no NVLink fabric on this node: IMEX is not run (nothing is imported across nodes); "
+    "the domain's IMEX channel still isolates its workloads"
+)
+
+
+def own_row(domain: dict[str, Any], node: str) -> dict[str, Any] | None:
+    rows = domain.get("status", {}).get("nodes", []) or []
+    return next((r for r in rows if r["name"] == node), None)
+
+
 def peers_of(domain: dict[str, Any], node: str) -> dict[int, str]:
     """IPs of the domain's nodes in this node's fabric domain, by their index (the stable
     slot the controller gave each node); {} until the controller has listed this node (with
@@ -86,6 +100,9 @@ class ImexDaemon:
         if domain is None or domain["metadata"].get("uid") != who.domain_uid:
             self.supervisor.stop()
             state = State(False, "the ComputeDomain is gone")
+        elif (row := own_row(domain, who.node)) is not None and not row.get("fabricDomain"):
+            self.supervisor.stop()  # the node's row says no fabric (it may have lost its label)
+            state = State(True, NO_FABRIC)
         else:
             state = self.supervisor.step(peers_of(domain, who.node))
         self._mark_ready(state.ready)

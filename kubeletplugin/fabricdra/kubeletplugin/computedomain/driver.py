@@ -289,7 +289,7 @@ class ComputeDomainDriver:
     def _daemon_edits(self, params: JSON) -> ContainerEdits:
         folder = self.config.plugin_dir / "domains" / str(params["domainUID"])
         folder.mkdir(parents=True, exist_ok=True)
-        env = (
+        env: tuple[str, ...] = (
             f"FABRICDRA_DOMAIN_UID={params['domainUID']}",
             f"FABRICDRA_DOMAIN_NAME={params['domainName']}",
             f"FABRICDRA_DOMAIN_NAMESPACE={params['namespace']}",
@@ -297,9 +297,15 @@ class ComputeDomainDriver:
         )
         cfg = self.config
         view = cfg.driver_root_view or cfg.driver_root
-        imex = imex_injection(cfg.driver_root, view, cfg.proc_root)
+        imex = imex_injection(cfg.driver_root, view, cfg.proc_root, cfg.dev_root)
         if imex.missing:
             log.warning("IMEX daemon prepared without: %s", "; ".join(imex.missing))
+        # What the daemon checks and passes on to IMEX (imex.py): the loaded driver's version
+        # (the SIGUSR1-reload guard) and where its libraries are mounted.
+        if imex.driver_version:
+            env = (*env, f"FABRICDRA_DRIVER_VERSION={imex.driver_version}")
+        if imex.library_dir:
+            env = (*env, f"FABRICDRA_IMEX_LIBRARY_PATH={imex.library_dir}")
         return ContainerEdits(
             env=env,
             mounts=(Mount(str(folder), "/imexd", ("rw", "nosuid", "nodev", "bind")), *imex.mounts),

@@ -16,6 +16,12 @@ they imported, stay. Before, every join rewrote the nodes file and restarted IME
 The interface used is IMEX's documented one: `nvidia-imex -c <config>` with
 `IMEX_NODE_CONFIG_FILE`, `SERVER_PORT`, `IMEX_CMD_ENABLED`/`IMEX_CMD_PORT` in the config, and
 `nvidia-imex-ctl -c <config> -q` printing `READY` once the local daemon serves.
+
+The command service listens on the node's own address only (`IMEX_CMD_BIND_INTERFACE_IP`, as
+NVIDIA's daemon writes it; left empty, IMEX binds it to every interface of the host network),
+loopback when no address is known. IMEX is not started on a driver older than
+MIN_RELOAD_DRIVER, below which NVIDIA does not support the named peers and SIGUSR1 reloads
+joins rely on.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from pathlib import Path
 
 from fabricdra.kubeletplugin.kubelet.cdi import write_atomic
 
+from .imexfiles import MIN_RELOAD_DRIVER, older_than
+
 
 @dataclass(frozen=True)
 class State:
@@ -43,7 +51,7 @@ class ImexSettings:
     config_dir: Path  # /imexd in the daemon pod (a per-domain host folder)
     imex_bin: str = "nvidia-imex"
     imex_ctl: str = "nvidia-imex-ctl"
-    bind_ip: str = ""
+    bind_ip: str = ""  # the node's address on the fabric network (the pod IP, host network)
     server_port: int = 50000
     cmd_port: int = 50005
     # Where the peer names resolve: the CLI passes the pod's /etc/hosts (kubelet's per-pod
@@ -51,10 +59,18 @@ class ImexSettings:
     hosts_file: Path | None = None
     max_peers: int = 18  # name slots in the nodes config: an NVL72 rack's compute trays
     restart_backoff: tuple[float, ...] = field(default=(0.5, 1.0, 2.0, 5.0, 10.0))
+    # The loaded driver's version (the plugin passes it, imexfiles.py); "" = not known, then
+    # not checked (nvidia-imex itself is then the judge).
+    driver_version: str = ""
+    # Where the driver's libraries are mounted: LD_LIBRARY_PATH for IMEX and its control
+    # tool only (not for this Python process). "" = the image's own library path.
+    library_path: str = ""
 
 
 def render_config(settings: ImexSettings) -> str:
     nodes = settings.config_dir / "nodes.cfg"
+    # Empty means "every interface" to IMEX's command service: loopback, never that.
+    cmd_ip = settings.bind_ip or "127.0.0.1"
     lines = [
         "# Written by fabricdra imex-daemon; rewritten on every change.",
         "LOG_FILE_NAME=",  # stderr: the pod's log
@@ -63,6 +79,7 @@ def render_config(settings: ImexSettings) -> str:
         f"BIND_INTERFACE_IP={settings.bind_ip}",
         f"SERVER_PORT={settings.server_port}",
         "IMEX_CMD_ENABLED=1",
+        f"IMEX_CMD_BIND_INTERFACE_IP={cmd_ip}",
         f"IMEX_CMD_PORT={settings.cmd_port}",
         f"IMEX_NODE_CONFIG_FILE={nodes}",
         "IMEX_WAIT_FOR_QUORUM=RECOVERY",
@@ -133,6 +150,10 @@ class ImexSupervisor:
                 f"{self.settings.imex_bin} not found: this host has no IMEX "
                 "binary (install the NVIDIA IMEX package or use imexMode: host)",
             )
+        refused = self.driver_refusal()
+        if refused is not None:
+            self.stop()
+            return refused
         if not peers:
             if self.running():
                 # Missing from status.nodes for a moment (a controller failover, a stale
@@ -179,6 +200,7 @@ class ImexSupervisor:
             with self.stderr_path.open("wb") as err_file:
                 self._proc = subprocess.Popen(
                     [binary, "-c", str(self.config_path)],
+                    env=self._child_env(),
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=err_file,
@@ -190,6 +212,28 @@ class ImexSupervisor:
         elif self._last_exit:
             return State(False, f"{self._last_exit}; now: {ready.message}")
         return ready
+
+    def driver_refusal(self) -> State | None:
+        """Not ready, and why, when the driver is too old for this daemon's reloads."""
+        version = self.settings.driver_version
+        if not version or not older_than(version):
+            return None
+        return State(
+            False,
+            f"NVIDIA driver {version} is older than {MIN_RELOAD_DRIVER}, the first NVIDIA "
+            "supports IMEX with peers named by host name and re-resolved on SIGUSR1, which this "
+            "daemon relies on to add peers without a restart; IMEX is not started: upgrade the "
+            "driver or use imexMode: host",
+        )
+
+    def _child_env(self) -> dict[str, str] | None:
+        if not self.settings.library_path:
+            return None  # inherit
+        env = dict(os.environ)
+        env["LD_LIBRARY_PATH"] = ":".join(
+            p for p in (self.settings.library_path, env.get("LD_LIBRARY_PATH", "")) if p
+        )
+        return env
 
     @property
     def hosts_path(self) -> Path:
@@ -220,6 +264,7 @@ class ImexSupervisor:
         try:
             done = subprocess.run(
                 [ctl, "-c", str(self.config_path), "-q"],
+                env=self._child_env(),
                 capture_output=True,
                 text=True,
                 timeout=5,
