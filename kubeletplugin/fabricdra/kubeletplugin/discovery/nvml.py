@@ -67,6 +67,9 @@ class SnapshotMigDevice(BaseModel):
     encoders: int | None = None
     jpegEngines: int | None = None
     ofaEngines: int | None = None
+    # The GPU instance's placement start (memory slice, nvmlGpuInstanceGetInfo): dynamic MIG
+    # adopts an existing instance at it.
+    placementStart: int | None = None
 
 
 NvLinkRemote = Literal["gpu", "switch", "ibmnpu", "unknown"]
@@ -372,9 +375,20 @@ def _read_mig(pynvml: Any, handle: Any) -> list[dict[str, Any]]:
                 "gpuInstanceId": pynvml.nvmlDeviceGetGpuInstanceId(mig),
                 "computeInstanceId": pynvml.nvmlDeviceGetComputeInstanceId(mig),
                 **_read_mig_capacities(pynvml, mig),
+                **_read_placement(pynvml, handle, mig),
             }
         )
     return out
+
+
+def _read_placement(pynvml: Any, handle: Any, mig: Any) -> dict[str, Any]:
+    """The GPU instance's placement start; nothing where NVML does not say (dynamic MIG then
+    leaves the GPU static)."""
+    try:
+        gi = pynvml.nvmlDeviceGetGpuInstanceById(handle, pynvml.nvmlDeviceGetGpuInstanceId(mig))
+        return {"placementStart": int(pynvml.nvmlGpuInstanceGetInfo(gi).placement.start)}
+    except (pynvml.NVMLError, AttributeError):
+        return {}
 
 
 def _read_mig_capacities(pynvml: Any, mig: Any) -> dict[str, Any]:
