@@ -124,7 +124,8 @@ def mig_node(control_plane: ControlPlane, tmp_path: Path) -> tuple[str, str]:
     snap[hgx.gpus[1]]["migDevices"] = []
     readings = load_snapshot(write_json(tmp_path / "nvml.json", snap))
     d = discover(SysfsTree(str(b.root)), nvml_source=lambda: readings)
-    assert d.interfaces is not None and d.accelerators is not None
+    assert d.interfaces is not None
+    assert d.accelerators is not None
     inv = build_devices(
         d.interfaces,
         d.accelerators,
@@ -134,9 +135,11 @@ def mig_node(control_plane: ControlPlane, tmp_path: Path) -> tuple[str, str]:
     with control_plane.api_client() as api:
         result = NodePublisher(api, name).sync(d, inv)
         assert result.ok, result.errors
-        slices = client.ResourceV1Api(api).list_resource_slice(
-            field_selector=f"spec.nodeName={name}"
-        ).items
+        slices = (
+            client.ResourceV1Api(api)
+            .list_resource_slice(field_selector=f"spec.nodeName={name}")
+            .items
+        )
     # The API server kept what was sent: the counter set and the devices' consumption.
     assert any(s.spec.shared_counters for s in slices)
     assert any(d.consumes_counters for s in slices for d in s.spec.devices or [])

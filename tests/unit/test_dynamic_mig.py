@@ -45,7 +45,8 @@ def _slices(
     ]
     readings = load_snapshot(write_json(tmp_path / "nvml.json", snap))
     d = discover(SysfsTree(str(b.root)), nvml_source=lambda: readings)
-    assert d.interfaces is not None and d.accelerators is not None
+    assert d.interfaces is not None
+    assert d.accelerators is not None
     inv = build_devices(
         d.interfaces,
         d.accelerators,
@@ -93,9 +94,7 @@ def _fits(set_: dict[str, int], devices: list[dict[str, Any]]) -> bool:
 
 def test_h100_table_is_nvidias_placements() -> None:
     # (profile, compute slices, memory slices, starts): NVIDIA's MIG user guide, H100 80GB.
-    assert [
-        (p.name, p.compute, p.size, p.starts) for p in migprofiles.H100_80GB.profiles
-    ] == [
+    assert [(p.name, p.compute, p.size, p.starts) for p in migprofiles.H100_80GB.profiles] == [
         ("1g.10gb", 1, 1, (0, 1, 2, 3, 4, 5, 6)),
         ("1g.20gb", 1, 2, (0, 2, 4, 6)),
         ("2g.20gb", 2, 2, (0, 2, 4)),
@@ -171,7 +170,8 @@ def test_every_placement_is_published_consuming_exactly_its_slices(tmp_path: Pat
 def test_counter_set_is_in_its_own_slice(tmp_path: Path) -> None:
     slices, _, _ = _slices(tmp_path, dynamic=True)
     counters = [s for s in slices if "sharedCounters" in s["spec"]]
-    assert len(counters) == 1 and "devices" not in counters[0]["spec"]
+    assert len(counters) == 1
+    assert "devices" not in counters[0]["spec"]
     assert all(s["spec"]["pool"]["resourceSliceCount"] == len(slices) for s in slices)
 
 
@@ -235,14 +235,14 @@ def test_existing_instances_are_adopted_and_block_their_slices(tmp_path: Path) -
 
 
 def test_instance_without_a_known_placement_keeps_the_gpu_static(tmp_path: Path) -> None:
-    slices, bus, _ = _slices(tmp_path, dynamic=True, instances=[])
     # h100_snapshot's two 3g.40gb instances, without placementStart: static MIG as before
     b = SysfsBuilder(tmp_path / "s2")
     hgx = hgx_h100(b)
     snap = h100_snapshot(hgx.gpus, mig_gpu=1)
     readings = load_snapshot(write_json(tmp_path / "n2.json", snap))
     d = discover(SysfsTree(str(b.root)), nvml_source=lambda: readings)
-    assert d.interfaces is not None and d.accelerators is not None
+    assert d.interfaces is not None
+    assert d.accelerators is not None
     on = build_devices(
         d.interfaces, d.accelerators, DeviceConfig(dynamic_mig=True), gpu_info=gpu_info(readings)
     )
@@ -251,7 +251,7 @@ def test_instance_without_a_known_placement_keeps_the_gpu_static(tmp_path: Path)
 
 
 def test_unknown_model_stays_static(tmp_path: Path) -> None:
-    on, bus, _ = _slices(tmp_path / "a", dynamic=True, name="NVIDIA H100 NVL")
+    on, _bus, _ = _slices(tmp_path / "a", dynamic=True, name="NVIDIA H100 NVL")
     off, _, _ = _slices(tmp_path / "b", dynamic=False, name="NVIDIA H100 NVL")
     assert on == off
     assert not _counter_sets(on)
@@ -279,4 +279,5 @@ def test_basic_model_falls_back_to_static_mig(
     ]
     assert strip == list(_devices(off, bus).values())
     assert not _counter_sets(on)
-    assert dropped and not none
+    assert dropped
+    assert not none
