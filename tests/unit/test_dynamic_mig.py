@@ -281,3 +281,18 @@ def test_basic_model_falls_back_to_static_mig(
     assert not _counter_sets(on)
     assert dropped
     assert not none
+
+
+def test_hardware_check_compares_placements() -> None:
+    """e2e/gpu/dynamic_mig_check.py: the table agrees with itself, and a changed placement or
+    a missing profile is reported; profiles we do not publish are ignored."""
+    from e2e.gpu.dynamic_mig_check import compare, expected
+
+    table = expected(migprofiles.H100_80GB)
+    assert compare(migprofiles.H100_80GB, {**table, "1g.10gb+me": {(0, 1)}}) == []
+    bad = {**table, "3g.40gb": {(0, 4)}}
+    del bad["7g.80gb"]
+    assert compare(migprofiles.H100_80GB, bad) == [
+        "3g.40gb: table [(0, 4), (4, 4)], NVML [(0, 4)]",
+        "7g.80gb: in our table, not reported by NVML",
+    ]
