@@ -1,7 +1,8 @@
 """Compare our MIG profile table (kubeletplugin/.../migprofiles.py) with what NVML reports on
 a real GPU. Read-only: it never changes MIG mode or creates an instance, so it is safe on a
-lent machine; a GPU with MIG mode off is reported and skipped (NVML lists placements only in
-MIG mode).
+lent machine; NVML lists the profiles and their possible placements with MIG mode off too.
+The same NVML calls on an H200 (143771 MiB, driver 580.159.04, MIG mode off) answered exactly
+the table's H200 profiles and placements (recorded in tests/nvmlfake/mig.py).
 
     python -m e2e.gpu.dynamic_mig_check    # exit 0: every MIG-mode GPU the table knows agrees
                                            # 1: a difference (printed); 2: nothing to compare
@@ -9,9 +10,7 @@ MIG mode).
 
 from __future__ import annotations
 
-import re
 import sys
-from typing import Any
 
 from fabricdra.kubeletplugin import migprofiles
 
@@ -36,72 +35,81 @@ def compare(model: migprofiles.Model, reported: Reported) -> list[str]:
     return out
 
 
-def _name(info: Any) -> str | None:
-    raw = getattr(info, "name", None)
-    if isinstance(raw, bytes):
-        raw = raw.decode()
-    m = re.search(r"(\d+g\.\d+gb(\+\w+)?)", raw or "")
-    return m.group(1) if m else None
+# NVML's GPU instance profile constants -> the index of our table's profile (migprofiles:
+# 1g, 1g with two memory slices, 2g, 3g, 4g, 7g). The media-extension (REV1) and other
+# variants are not published, so not compared.
+_PROFILES = {
+    "NVML_GPU_INSTANCE_PROFILE_1_SLICE": 0,
+    "NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2": 1,
+    "NVML_GPU_INSTANCE_PROFILE_2_SLICE": 2,
+    "NVML_GPU_INSTANCE_PROFILE_3_SLICE": 3,
+    "NVML_GPU_INSTANCE_PROFILE_4_SLICE": 4,
+    "NVML_GPU_INSTANCE_PROFILE_7_SLICE": 5,
+}
 
 
-def read_nvml() -> list[tuple[str, str, int, Reported | None]]:
-    """(bus id, product name, memory MiB, reported placements or None when MIG mode is off)."""
+def read_nvml() -> list[tuple[str, str, int, dict[int, tuple[int, set[tuple[int, int]]]]]]:
+    """Per GPU: bus id, product name, memory MiB, and per table index the profile's compute
+    slices and possible placements as NVML reports them (nvmlDeviceGetGpuInstanceProfileInfo,
+    nvmlDeviceGetGpuInstancePossiblePlacements: answered with MIG mode on or off; only read)."""
+    from ctypes import byref, c_uint
+
     import pynvml
 
     pynvml.nvmlInit()
     try:
-        gpus: list[tuple[str, str, int, Reported | None]] = []
+        gpus = []
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            name = pynvml.nvmlDeviceGetName(h)
-            name = name.decode() if isinstance(name, bytes) else name
-            bus = pynvml.nvmlDeviceGetPciInfo(h).busId
-            bus = bus.decode() if isinstance(bus, bytes) else bus
+            name = _text(pynvml.nvmlDeviceGetName(h))
+            bus = _text(pynvml.nvmlDeviceGetPciInfo(h).busId)
             mem = pynvml.nvmlDeviceGetMemoryInfo(h).total // (1024 * 1024)
-            try:
-                current, _ = pynvml.nvmlDeviceGetMigMode(h)
-            except pynvml.NVMLError:
-                current = 0
-            if current != 1:
-                gpus.append((bus, name, mem, None))
-                continue
-            reported: Reported = {}
-            for profile in range(pynvml.NVML_GPU_INSTANCE_PROFILE_COUNT):
+            found: dict[int, tuple[int, set[tuple[int, int]]]] = {}
+            for const, index in _PROFILES.items():
                 try:
-                    info = pynvml.nvmlDeviceGetGpuInstanceProfileInfoV(
-                        h, profile, pynvml.nvmlGpuInstanceProfileInfo_v2
+                    info = pynvml.nvmlDeviceGetGpuInstanceProfileInfo(h, getattr(pynvml, const))
+                    places = (pynvml.c_nvmlGpuInstancePlacement_t * 8)()
+                    count = c_uint(8)
+                    pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(
+                        h, info.id, places, byref(count)
                     )
-                    places = pynvml.nvmlDeviceGetGpuInstancePossiblePlacements(h, info.id)
-                except pynvml.NVMLError:
-                    continue  # a profile this GPU does not support
-                pname = _name(info)
-                if pname is not None:
-                    reported[pname] = {(int(p.start), int(p.size)) for p in places}
-            gpus.append((bus, name, mem, reported))
+                except (pynvml.NVMLError, AttributeError):
+                    continue  # not supported on this GPU
+                found[index] = (
+                    int(info.sliceCount),
+                    {(int(places[k].start), int(places[k].size)) for k in range(count.value)},
+                )
+            gpus.append((bus, name, mem, found))
         return gpus
     finally:
         pynvml.nvmlShutdown()
 
 
+def _text(v: str | bytes) -> str:
+    return v.decode() if isinstance(v, bytes) else v
+
+
 def main() -> int:
     compared = 0
     differences = 0
-    for bus, name, mem, reported in read_nvml():
+    for bus, name, mem, found in read_nvml():
         model = migprofiles.model_for(name, mem)
         if model is None:
             print(f"{bus} {name} ({mem} MiB): not in our table (stays static MIG)")
             continue
-        if reported is None:
-            print(f"{bus} {name}: MIG mode off, placements not listed (mode left unchanged)")
-            continue
         compared += 1
+        reported: Reported = {}
+        for index, (compute, placements) in found.items():
+            profile = model.profiles[index]
+            if compute != profile.compute:
+                print(f"  {profile.name}: table {profile.compute} compute slices, NVML {compute}")
+                differences += 1
+            reported[profile.name] = placements
         diff = compare(model, reported)
         differences += len(diff)
         print(f"{bus} {name}: {model.key}: " + ("agrees" if not diff else "DIFFERS"))
         for line in diff:
             print(f"  {line}")
-        for extra in sorted(set(reported) - set(expected(model))):
-            print(f"  (not published: {extra} {sorted(reported[extra])})")
     if differences:
         return 1
     return 0 if compared else 2

@@ -34,6 +34,20 @@ GPU  0 Profile ID  5 Placement : {0}:4
 GPU  0 Profile ID  0 Placement : {0}:8
 """
 
+# Recorded on an NVIDIA H200 (143771 MiB, driver 580.159.04, MIG mode off) with `nvidia-smi mig
+# -lgip` (name, id, SMs/CE... trimmed to name and compute slices = the "Ng") and `-lgipp`: the
+# same placements as the H100, with the H200's memory in the names.
+H200_141GB_PROFILES = {
+    19: ("1g.18gb", 1),
+    20: ("1g.18gb+me", 1),
+    15: ("1g.35gb", 1),
+    14: ("2g.35gb", 2),
+    9: ("3g.71gb", 3),
+    5: ("4g.71gb", 4),
+    0: ("7g.141gb", 7),
+}
+H200_141GB_LGIPP = H100_80GB_LGIPP  # byte for byte what the H200 printed
+
 _LINE = re.compile(r"Profile ID\s+(\d+)\s+Placements?\s*:\s*\{([\d,]+)\}:(\d+)")
 
 
@@ -76,6 +90,16 @@ class FakeMigGpu:
             {
                 name: (*placements[pid], compute)
                 for pid, (name, compute) in H100_80GB_PROFILES.items()
+            }
+        )
+
+    @classmethod
+    def h200_141gb(cls) -> FakeMigGpu:
+        placements = parse_lgipp(H200_141GB_LGIPP)
+        return cls(
+            {
+                name: (*placements[pid], compute)
+                for pid, (name, compute) in H200_141GB_PROFILES.items()
             }
         )
 

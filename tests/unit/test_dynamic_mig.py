@@ -112,10 +112,19 @@ def test_h100_table_is_nvidias_placements() -> None:
     ]
 
 
-def test_table_agrees_with_the_fake_nvml_on_every_placement() -> None:
+@pytest.mark.parametrize(
+    ("fake", "model"),
+    [
+        (FakeMigGpu.h100_80gb, migprofiles.H100_80GB),
+        (FakeMigGpu.h200_141gb, migprofiles.H200_141GB),
+    ],
+)
+def test_table_agrees_with_the_fake_nvml_on_every_placement(
+    fake: Any, model: migprofiles.Model
+) -> None:
     """Every (profile, start) the fake accepts on an empty GPU is in the table, and nothing
     else is: the fake reads the GPU's own -lgipp answer, not the table."""
-    fake = FakeMigGpu.h100_80gb()
+    fake = fake()
     accepted = {
         (name, start)
         for name in fake.profiles
@@ -123,7 +132,7 @@ def test_table_agrees_with_the_fake_nvml_on_every_placement() -> None:
         for start in range(8)
         if fake.accepts(name, start)
     }
-    table = {(p.profile.name, p.start) for p in migprofiles.H100_80GB.placements()}
+    table = {(p.profile.name, p.start) for p in model.placements()}
     assert accepted == table
 
 
