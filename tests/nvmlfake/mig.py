@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 # `nvidia-smi mig -lgip`: profile id, name, compute slices (SMs fraction of 7).
 H100_80GB_PROFILES = {
@@ -130,3 +131,36 @@ class FakeMigGpu:
         if gi_id not in self.instances:
             raise NvmlError(f"no GPU instance {gi_id}")
         del self.instances[gi_id]
+
+
+class Crash(BaseException):  # a process death, not an error anyone handles
+    """The agent dying right after NVML created an instance (no handler runs)."""
+
+
+@dataclass
+class FakeNvml:
+    """The dynamic MIG NVML calls (kubeletplugin/dynamicmig.py `MigNvml`) over fake GPUs by
+    PCI bus id. `crash_after_create`: the next create succeeds in NVML, then the caller dies."""
+
+    gpus: dict[str, FakeMigGpu]
+    crash_after_create: bool = False
+
+    def create(self, bus: str, profile: str, start: int) -> Any:
+        from fabricdra.kubeletplugin.dynamicmig import Instance
+
+        gi = self.gpus[bus].create(profile, start)
+        if self.crash_after_create:
+            self.crash_after_create = False
+            raise Crash
+        return Instance(gi.id, 0, gi.uuid, gi.profile, gi.start)
+
+    def destroy(self, bus: str, gpu_instance: int) -> None:
+        self.gpus[bus].destroy(gpu_instance)
+
+    def instances(self, bus: str) -> list[Any]:
+        from fabricdra.kubeletplugin.dynamicmig import Instance
+
+        return [
+            Instance(gi.id, 0, gi.uuid, gi.profile, gi.start)
+            for gi in self.gpus[bus].instances.values()
+        ]
