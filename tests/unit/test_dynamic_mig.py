@@ -30,9 +30,11 @@ def _slices(
     instances: list[tuple[int, int]] | None = None,
     model: str = "current",
     name: str | None = None,
+    created: int = 0,
 ) -> tuple[list[dict[str, Any]], str, list[str]]:
     """The HGX node with GPU 1 in MIG mode holding `instances` (GPU instance id, placement
-    start) of 3g.40gb; its slices, the MIG GPU's bus id and the dropped device names."""
+    start) of 3g.40gb, the first `created` of them made by dynamic MIG for claims; its slices,
+    the MIG GPU's bus id and the dropped device names."""
     b = SysfsBuilder(tmp_path / "sys")
     hgx = hgx_h100(b)
     snap = h100_snapshot(hgx.gpus, mig_gpu=1)
@@ -52,6 +54,7 @@ def _slices(
         d.accelerators,
         DeviceConfig(dynamic_mig=dynamic),
         gpu_info=gpu_info(readings),
+        created_mig=[m["uuid"] for m in gpu["migDevices"][:created]],
     )
     plan = build_slices(inv, NODE, features=ApiFeatures(model))  # type: ignore[arg-type]
     return plan.slices, hgx.gpus[1], plan.dropped_dynamic_mig
@@ -240,6 +243,20 @@ def test_existing_instances_are_adopted_and_block_their_slices(tmp_path: Path) -
     for d in devices.values():
         if d is not adopted:
             assert not {f"memory-slice-{i}" for i in range(4, 8)} & set(_consumed(d)), d["name"]
+    assert f"mig-{g}-4g-40gb-m0" in devices
+
+
+def test_instance_dynamic_mig_created_keeps_its_placement_name(tmp_path: Path) -> None:
+    """The instance prepare created for a claim is still the device the claim was allocated
+    (`-3g-40gb-m4`), not re-adopted under a static name; it blocks its slices the same way."""
+    slices, bus, _ = _slices(tmp_path, dynamic=True, instances=[(1, 4)], created=1)
+    devices = _devices(slices, bus)
+    g = bus.replace(":", "-").replace(".", "-")
+    assert f"mig-{g}-gi1-ci0" not in devices
+    mine = devices[f"mig-{g}-3g-40gb-m4"]
+    assert "uuid" in mine["attributes"]
+    assert _consumed(mine)["memory-slice-4"] == 1
+    assert f"gpu-{g}" not in devices
     assert f"mig-{g}-4g-40gb-m0" in devices
 
 

@@ -46,7 +46,7 @@ Rules (issue 4, seeds 000 "The RDMA resource keys" and 003 "MIG profiles", "Heal
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -287,18 +287,25 @@ def build_devices(
     gpu_info: Mapping[str, GpuInfo] | None = None,
     lost: Sequence[Accelerator] = (),
     held: Mapping[str, HeldAs] | None = None,
+    created_mig: Collection[str] = (),
 ) -> DeviceInventory:
     """Every device this node offers, sorted by name (a stable order for slices and diffs).
     `lost`: GPUs seen earlier that have left the PCI bus (`lost_accelerators`): offered from
     their last record, Unhealthy, marked `lost`. `held`: RDMA device names prepared claims
-    hold, and how (`held_endpoints`); offered so."""
+    hold, and how (`held_endpoints`); offered so. `created_mig`: UUIDs of the MIG instances
+    dynamic MIG created for claims (dynamicmig.py's journal): offered under their placement's
+    name, the device the claim was allocated, not adopted as static."""
     out: list[Device] = []
     if config.offer_gpus:
         for acc in accelerators:
             if acc.vendorId not in SERVED_VENDORS:
                 continue  # prepare has no device nodes to hand over: never offered
             info = (gpu_info or {}).get(acc.pciBusId)
-            out.extend(_accelerator_devices(acc, gpu_health or {}, info, config.dynamic_mig))
+            out.extend(
+                _accelerator_devices(
+                    acc, gpu_health or {}, info, config.dynamic_mig, frozenset(created_mig)
+                )
+            )
         present = {acc.pciBusId for acc in accelerators}
         gone = GpuHealth(False, LOST_REASON, ("lost",))
         for acc in lost:
@@ -341,13 +348,14 @@ def _accelerator_devices(
     gpu_health: Mapping[str, GpuHealth],
     info: GpuInfo | None,
     dynamic_mig: bool = False,
+    created_mig: frozenset[str] = frozenset(),
 ) -> list[Device]:
     if VENDOR_DRIVERS.get(acc.vendorId, acc.driver) != acc.driver:
         return []  # e.g. vfio-pci (passthrough to a VM): prepare has nothing to hand over
     health, reason = _gpu_health(gpu_health.get(acc.pciBusId))
     causes = _gpu_causes(gpu_health.get(acc.pciBusId))
     if dynamic_mig and acc.migMode:
-        dynamic = _dynamic_mig_devices(acc, info, health, reason, causes)
+        dynamic = _dynamic_mig_devices(acc, info, health, reason, causes, created_mig)
         if dynamic is not None:
             return dynamic
     if not acc.migMode:
@@ -390,6 +398,7 @@ def _dynamic_mig_devices(
     health: Health,
     reason: str | None,
     causes: tuple[str, ...],
+    created_mig: frozenset[str] = frozenset(),
 ) -> list[Device] | None:
     """The whole GPU and every placement of every profile, each consuming its slices of the
     GPU's counter set. Instances that already exist are adopted: offered under their own
@@ -421,7 +430,14 @@ def _dynamic_mig_devices(
         dynamic_mig=True,
     )
     out = [
-        replace(whole, name=_mig_name(acc, mig), type="mig", mig=mig, placement=p)
+        replace(
+            whole,
+            # One we created keeps the name the claim was allocated; an adopted one its own.
+            name=placement_name(acc, p) if mig.uuid in created_mig else _mig_name(acc, mig),
+            type="mig",
+            mig=mig,
+            placement=p,
+        )
         for mig, p in adopted
     ]
     if not adopted:
