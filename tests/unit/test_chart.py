@@ -147,6 +147,17 @@ def test_the_verification_profile_reaches_the_agent_inline(chart: Chart) -> None
     assert json.loads(arg.split("=", 1)[1]) == profile
 
 
+def test_dynamic_mig_value_reaches_the_agent(chart: Chart) -> None:
+    """Issue 20 point 2: off by default (no flag at all), `dynamicMIG: true` passes it."""
+
+    def args(values: dict[str, Any] | None = None) -> list[str]:
+        ds = _one(chart.template(values), "DaemonSet", "fabricdra-node")
+        return list(ds["spec"]["template"]["spec"]["containers"][0]["args"])
+
+    assert "--dynamic-mig" not in args()
+    assert "--dynamic-mig" in args({"dynamicMIG": True})
+
+
 def test_rdma_overrides_and_vfs_reach_the_agent(chart: Chart) -> None:
     """Issue 20 point 4: per-NIC modes and the VF switch (the node label needs no value)."""
     args = _one(chart.template(), "DaemonSet", "fabricdra-node")["spec"]["template"]["spec"][

@@ -71,3 +71,12 @@ def test_rdma_mode_off_overrides_and_vfs(monkeypatch: pytest.MonkeyPatch) -> Non
     assert [o.match for o in _config().devices.rdma_overrides] == ["ens1f0", "ens1f1"]  # type: ignore[attr-defined]
     with pytest.raises(UsageError, match="rdma override 'ens1f0=sometimes'"):
         _config("--rdma-override", "ens1f0=sometimes")
+
+
+def test_dynamic_mig_is_off_unless_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 20 point 2: dynamic MIG stays behind a flag until proven on hardware."""
+    monkeypatch.delenv("FABRICDRA_DYNAMIC_MIG", raising=False)
+    assert _config().devices.dynamic_mig is False  # type: ignore[attr-defined]
+    assert _config("--dynamic-mig").devices.dynamic_mig is True  # type: ignore[attr-defined]
+    monkeypatch.setenv("FABRICDRA_DYNAMIC_MIG", "true")
+    assert _config().devices.dynamic_mig is True  # type: ignore[attr-defined]

@@ -99,6 +99,14 @@ def register(sub: Any) -> None:
         "nodes advertise them through their own device plugin [FABRICDRA_EFA=true]",
     )
     a(
+        "--dynamic-mig",
+        action="store_true",
+        default=(_env("DYNAMIC_MIG", "") or "").lower() in ("1", "true", "yes"),
+        help="offer each MIG-mode H100/H200 whole and as every MIG profile placement, sharing "
+        "one counter set (Kubernetes 1.36+; ignored with a log line on 1.34/1.35); off by "
+        "default until proven on hardware [FABRICDRA_DYNAMIC_MIG=true]",
+    )
+    a(
         "--claim-sweep-interval",
         type=float,
         default=env_float("CLAIM_SWEEP_INTERVAL", 600),
@@ -209,6 +217,7 @@ def build_config(args: argparse.Namespace) -> Any:
             rdma_overrides=tuple(parse_override(o) for o in args.rdma_override),
             rdma_vfs=args.rdma_vfs == "true",
             efa=args.efa,
+            dynamic_mig=args.dynamic_mig,
             offer_gpus=args.gpus == "true",
             offer_rdma=args.rdma == "true",
         )

@@ -46,14 +46,16 @@ Rules (issue 4, seeds 000 "The RDMA resource keys" and 003 "MIG profiles", "Heal
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from fabricdra.api.inventory import Accelerator, Endpoint, Interface, MigDevice
 
+from . import migprofiles
 from .discovery.nvlink import nvlink_groups
 from .discovery.nvml import NvmlReadings
+from .migprofiles import Placement
 
 RdmaMode = Literal["exclusive", "shared", "off"]
 RDMA_MODES: tuple[RdmaMode, ...] = ("exclusive", "shared", "off")
@@ -121,6 +123,10 @@ class DeviceConfig:
     # driver (which then owns the GPUs) offering only NICs; discovery still reports everything.
     offer_gpus: bool = True
     offer_rdma: bool = True
+    # Dynamic MIG (`--dynamic-mig`, docs/attributes.md "Dynamic MIG"): a MIG-mode GPU whose
+    # model migprofiles.py knows is offered whole and as every profile placement, all drawing
+    # on one counter set; off: MIG instances are offered as they exist (static MIG).
+    dynamic_mig: bool = False
 
     def __post_init__(self) -> None:
         for mode in (self.rdma_mode, *(o.mode for o in self.rdma_overrides)):
@@ -155,6 +161,9 @@ class GpuInfo:
     # The GPUs this one reaches over NVLink inside the node (discovery/nvlink.py); None: none.
     nvlink_group: str | None = None
     mig_capacity: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    # Each MIG instance's GPU instance placement start (memory slice), keyed by its UUID, where
+    # NVML reported it (nvmlGpuInstanceGetInfo): what dynamic MIG adopts an instance at.
+    mig_placements: Mapping[str, int] = field(default_factory=dict)
 
 
 def gpu_info(nvml: NvmlReadings | None) -> dict[str, GpuInfo]:
@@ -186,6 +195,9 @@ def gpu_info(nvml: NvmlReadings | None) -> dict[str, GpuInfo]:
                     if v is not None
                 }
                 for m in g.migDevices
+            },
+            mig_placements={
+                m.uuid: m.placementStart for m in g.migDevices if m.placementStart is not None
             },
         )
     return out
@@ -224,6 +236,11 @@ class Device:
     # Unhealthy: the causes as short label-value tokens (`ecc`, `xid-79`, `link-down`), what
     # the device taint's value carries; the full text is `health_reason`.
     health_causes: tuple[str, ...] = ()
+    # Dynamic MIG only: the device draws on its GPU's counter set (`counter_set_name`): a
+    # profile placement consumes its slices (`placement`), the whole GPU (no placement) all.
+    # `mig` is set where the instance exists (adopted at start, or created by prepare).
+    dynamic_mig: bool = False
+    placement: Placement | None = None
 
 
 @dataclass(frozen=True)
@@ -270,18 +287,25 @@ def build_devices(
     gpu_info: Mapping[str, GpuInfo] | None = None,
     lost: Sequence[Accelerator] = (),
     held: Mapping[str, HeldAs] | None = None,
+    created_mig: Collection[str] = (),
 ) -> DeviceInventory:
     """Every device this node offers, sorted by name (a stable order for slices and diffs).
     `lost`: GPUs seen earlier that have left the PCI bus (`lost_accelerators`): offered from
     their last record, Unhealthy, marked `lost`. `held`: RDMA device names prepared claims
-    hold, and how (`held_endpoints`); offered so."""
+    hold, and how (`held_endpoints`); offered so. `created_mig`: UUIDs of the MIG instances
+    dynamic MIG created for claims (dynamicmig.py's journal): offered under their placement's
+    name, the device the claim was allocated, not adopted as static."""
     out: list[Device] = []
     if config.offer_gpus:
         for acc in accelerators:
             if acc.vendorId not in SERVED_VENDORS:
                 continue  # prepare has no device nodes to hand over: never offered
             info = (gpu_info or {}).get(acc.pciBusId)
-            out.extend(_accelerator_devices(acc, gpu_health or {}, info))
+            out.extend(
+                _accelerator_devices(
+                    acc, gpu_health or {}, info, config.dynamic_mig, frozenset(created_mig)
+                )
+            )
         present = {acc.pciBusId for acc in accelerators}
         gone = GpuHealth(False, LOST_REASON, ("lost",))
         for acc in lost:
@@ -289,7 +313,8 @@ def build_devices(
                 continue
             info = (gpu_info or {}).get(acc.pciBusId)
             out.extend(
-                replace(d, lost=True) for d in _accelerator_devices(acc, {acc.pciBusId: gone}, info)
+                replace(d, lost=True)
+                for d in _accelerator_devices(acc, {acc.pciBusId: gone}, info, config.dynamic_mig)
             )
     if config.offer_rdma:
         for iface in interfaces:
@@ -319,12 +344,20 @@ def gpu_name(acc: Accelerator) -> str:
 
 
 def _accelerator_devices(
-    acc: Accelerator, gpu_health: Mapping[str, GpuHealth], info: GpuInfo | None
+    acc: Accelerator,
+    gpu_health: Mapping[str, GpuHealth],
+    info: GpuInfo | None,
+    dynamic_mig: bool = False,
+    created_mig: frozenset[str] = frozenset(),
 ) -> list[Device]:
     if VENDOR_DRIVERS.get(acc.vendorId, acc.driver) != acc.driver:
         return []  # e.g. vfio-pci (passthrough to a VM): prepare has nothing to hand over
     health, reason = _gpu_health(gpu_health.get(acc.pciBusId))
     causes = _gpu_causes(gpu_health.get(acc.pciBusId))
+    if dynamic_mig and acc.migMode:
+        dynamic = _dynamic_mig_devices(acc, info, health, reason, causes, created_mig)
+        if dynamic is not None:
+            return dynamic
     if not acc.migMode:
         return [
             Device(
@@ -357,6 +390,73 @@ def _accelerator_devices(
         )
         for mig in acc.migDevices
     ]
+
+
+def _dynamic_mig_devices(
+    acc: Accelerator,
+    info: GpuInfo | None,
+    health: Health,
+    reason: str | None,
+    causes: tuple[str, ...],
+    created_mig: frozenset[str] = frozenset(),
+) -> list[Device] | None:
+    """The whole GPU and every placement of every profile, each consuming its slices of the
+    GPU's counter set. Instances that already exist are adopted: offered under their own
+    (static) name at their placement, and the placements they overlap (and the whole GPU) are
+    not offered, since NVML could not create them. None: this GPU stays static MIG (a model
+    the table does not know, or an instance whose profile or placement NVML did not say)."""
+    model = migprofiles.model_for(acc.productName, acc.memoryMiB)
+    if model is None:
+        return None
+    adopted: list[tuple[MigDevice, Placement]] = []
+    for mig in acc.migDevices:
+        profile = model.profile(mig.profile or "")
+        start = (info.mig_placements if info else {}).get(mig.uuid)
+        if profile is None or start is None or start not in profile.starts:
+            return None
+        adopted.append((mig, Placement(profile, start)))
+    whole = Device(
+        name=gpu_name(acc),
+        type="gpu",
+        accelerator=acc,
+        mig=None,
+        endpoint=None,
+        interface=None,
+        mode=None,
+        health=health,
+        health_reason=reason,
+        info=info,
+        health_causes=causes,
+        dynamic_mig=True,
+    )
+    out = [
+        replace(
+            whole,
+            # One we created keeps the name the claim was allocated; an adopted one its own.
+            name=placement_name(acc, p) if mig.uuid in created_mig else _mig_name(acc, mig),
+            type="mig",
+            mig=mig,
+            placement=p,
+        )
+        for mig, p in adopted
+    ]
+    if not adopted:
+        out.append(whole)
+    for p in model.placements():
+        if not any(p.overlaps(q) for _, q in adopted):
+            out.append(replace(whole, name=placement_name(acc, p), type="mig", placement=p))
+    return out
+
+
+def placement_name(acc: Accelerator, placement: Placement) -> str:
+    """The device name of one profile placement on a GPU: `mig-0000-1b-00-0-3g-40gb-m4`
+    (profile 3g.40gb starting at memory slice 4)."""
+    return dns_label("mig", acc.pciBusId, placement.profile.name, f"m{placement.start}")
+
+
+def counter_set_name(acc: Accelerator) -> str:
+    """The counter set a dynamic-MIG GPU's devices draw on (a DNS label): the GPU's name."""
+    return gpu_name(acc)
 
 
 def _mig_name(acc: Accelerator, mig: MigDevice) -> str:

@@ -59,6 +59,7 @@ from fabricdra.api.rest import CLAIMS, EVENTS, ApiError
 
 from . import exclusivity, metrics, ncclenv
 from .devices import Device, DeviceInventory
+from .dynamicmig import DynamicMig
 from .hostdevices import DeviceNodeError, HostLayout
 from .kubelet import ClaimRef, PreparedDevice, PrepareError
 from .kubelet.cdi import CdiDevice, CdiSpec, CdiWriter, ContainerEdits, DeviceNode
@@ -156,6 +157,9 @@ class DevicesDriver:
     events: EventRecorder | None = None
     # status.devices[].networkData of granted RDMA netdevs (networkstatus.py); None: not written.
     network: NetworkStatus | None = None
+    # Dynamic MIG (--dynamic-mig): creates a placement's instance at prepare and destroys it
+    # at unprepare (dynamicmig.py has the order); None: such a placement is refused.
+    dynamic_mig: DynamicMig | None = None
     # Reads happen outside the lock; resolving, the in-use check and writing inside it.
     locks_itself = True
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
@@ -375,7 +379,7 @@ class DevicesDriver:
                 ids = [self.cdi.device_id(name), rdma_id]
                 own_hcas.append(ep.rdmaDevice)
             else:
-                toolkit_id, nodes = self._gpu(dev)
+                toolkit_id, nodes = self._gpu(dev, claim.uid)
                 if toolkit_id is not None:
                     ids = [toolkit_id, gpus_id]
                 else:
@@ -407,7 +411,7 @@ class DevicesDriver:
             spec = CdiSpec(kind=self.cdi.kind, devices=tuple(cdi_devices))
         return spec, prepared
 
-    def _gpu(self, dev: Device) -> tuple[str | None, list[DeviceNode]]:
+    def _gpu(self, dev: Device, claim_uid: str) -> tuple[str | None, list[DeviceNode]]:
         acc = dev.accelerator
         if acc is None:
             raise PrepareError(f"device {dev.name} names no accelerator")
@@ -421,6 +425,8 @@ class DevicesDriver:
         if dev.type == "gpu":
             toolkit = self.toolkit.gpu_id(acc.uuid, minor)
             return toolkit, [] if toolkit else self.host.nvidia_gpu_nodes(minor)
+        if dev.dynamic_mig and dev.mig is None and dev.placement is not None:
+            return None, self._create_mig(dev, acc.pciBusId, minor, claim_uid)
         mig = dev.mig
         if mig is None:
             raise PrepareError(f"device {dev.name} names no MIG instance")
@@ -437,6 +443,21 @@ class DevicesDriver:
             return toolkit, []
         return None, [*self.host.nvidia_gpu_nodes(minor), *caps]
 
+    def _create_mig(self, dev: Device, bus: str, minor: int, claim_uid: str) -> list[DeviceNode]:
+        """A dynamic MIG placement: its instance, created now (or earlier for this claim), and
+        its device nodes. The journal names it before NVML creates it (dynamicmig.py)."""
+        assert dev.placement is not None
+        if self.dynamic_mig is None:
+            raise PrepareError(f"device {dev.name}: dynamic MIG is off on this node")
+        try:
+            made = self.dynamic_mig.create(
+                claim_uid, dev.name, bus, dev.placement.profile.name, dev.placement.start
+            )
+        except Exception as e:  # NVML's errors, and a placement held by another claim
+            raise PrepareError(f"device {dev.name}: cannot create the MIG instance: {e}") from e
+        caps = self.host.mig_cap_nodes(minor, made.gpu_instance, made.compute_instance)
+        return [*self.host.nvidia_gpu_nodes(minor), *caps]
+
     # -- unprepare -------------------------------------------------------------------------
 
     def unprepare(self, claim: ClaimRef) -> None:
@@ -446,6 +467,9 @@ class DevicesDriver:
             if entry is not None:
                 remove_recorded_specs(entry, self.cdi)
             self.cdi.remove(claim.uid)  # its own spec name, also without a checkpoint entry
+            if self.dynamic_mig is not None:
+                # Only instances the journal says this claim had created; adopted ones never.
+                self.dynamic_mig.destroy(claim.uid)
             self.checkpoint.remove(claim.uid)
 
 

@@ -111,6 +111,7 @@ class NodePublisher:
         self.node_name = node_name
         self.driver = driver_name
         self.features = features
+        self._warned_dynamic_mig = False
         # Slices the server stored differently from what we sent (e.g. a field its feature
         # gates drop): slice name -> (what we sent, what it kept), both without generation.
         # Without this, such a field would read as a change on every pass, forever.
@@ -281,6 +282,14 @@ class NodePublisher:
         )
         for device, omitted in plan.omitted.items():
             log.warning("attributes omitted: over the API's limits", device=device, omitted=omitted)
+        if plan.dropped_dynamic_mig and not self._warned_dynamic_mig:
+            self._warned_dynamic_mig = True  # once: the model does not change while we run
+            log.warning(
+                "--dynamic-mig ignored: the API server has no partitionable devices "
+                "(Kubernetes 1.36+ needed); offering the MIG instances that exist (static MIG)",
+                model=features.model,
+                left_out=len(plan.dropped_dynamic_mig),
+            )
         desired = {s["metadata"]["name"]: s for s in plan.slices}
 
         generations = {int(s["spec"]["pool"].get("generation", 0)) for s in live.values()}

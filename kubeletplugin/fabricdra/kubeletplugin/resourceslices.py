@@ -26,9 +26,16 @@ Two API models (docs/attributes.md, "Kubernetes versions"):
   attribute (`Healthy`/`Unhealthy`/`Unknown`) users select on, e.g.
   `device.attributes["devices.fabricdra.io"].health != "Unhealthy"`.
 
-Shared counters (partitionable devices) are not needed: every endpoint is offered in exactly
-one mode (the node's), so no two published devices draw on the same hardware. That is also
-what keeps the scheduler from ever handing the same endpoint out exclusively and shared.
+Shared counters (partitionable devices, KEP-4815) are used for dynamic MIG only
+(`DeviceConfig.dynamic_mig`, current model): each such GPU has a counter set named after it
+(`sharedCounters`, published in a slice of its own, `<node>-<driver>-counters`, since the API
+keeps counter sets and the devices that consume them in separate slices of one pool), and its
+whole-GPU device and every profile placement `consumesCounters` their memory slices and
+compute slices (migprofiles.py), so the scheduler allocates the whole GPU or any mix of
+instances that fits, never two overlapping placements. In the basic model (1.34/1.35,
+partitionable devices off) the placements that do not exist yet and the dynamic whole GPU are
+left out (`SlicePlan.dropped_dynamic_mig`): what remains is static MIG. Every RDMA endpoint is
+offered in exactly one mode (the node's), so no two RDMA devices draw on the same hardware.
 """
 
 from __future__ import annotations
@@ -40,7 +47,8 @@ from typing import Any, Literal
 
 from fabricdra.api.inventory import Accelerator, Endpoint, PciTopology
 
-from .devices import Device, DeviceInventory, holder_name
+from . import migprofiles
+from .devices import Device, DeviceInventory, counter_set_name, holder_name
 
 
 class Version(str):
@@ -94,6 +102,10 @@ class ApiFeatures:
         return self.model == "current"
 
     @property
+    def partitionable_devices(self) -> bool:
+        return self.model == "current"
+
+    @property
     def devices_per_slice(self) -> int:
         return MAX_DEVICES_WITH_TAINTS_OR_COUNTERS if self.device_taints else MAX_DEVICES
 
@@ -118,9 +130,11 @@ class SlicePlan:
     # an attribute is omitted rather than truncated, since two truncated values could compare
     # equal and a matchAttribute would then claim a closeness nothing measured.
     omitted: dict[str, dict[str, str]] = field(default_factory=dict)
+    # Dynamic-MIG devices left out because the model has no partitionable devices (basic).
+    dropped_dynamic_mig: list[str] = field(default_factory=list)
 
 
-def slice_order(device: dict[str, Any]) -> tuple[int, str, str]:
+def slice_order(device: dict[str, Any]) -> tuple[int, str, int, str]:
     """Where a published device sits in its pool: by PCI address, then name; devices without
     one last, by name.
 
@@ -130,12 +144,17 @@ def slice_order(device: dict[str, Any]) -> tuple[int, str, str]:
     root port, so in address order a GPU and the NIC on its switch are neighbours: the NIC
     request of a "GPU + NIC on one pciRoot" claim then meets its NIC next to the GPU just
     taken, instead of after every GPU and MIG device of the node (name order), on every node
-    the scheduler examines."""
+    the scheduler examines.
+
+    Dynamic MIG placements of one GPU go from the highest start down: the allocator takes the
+    first that fits, and the large profiles (4g, 7g) only start at memory slice 0, so small
+    instances packed from the top leave room for them (a 3g.40gb then a 4g.40gb both fit)."""
     bus = device["attributes"].get(STANDARD + "pciBusID", {}).get("string")
-    return (0, bus, device["name"]) if bus else (1, "", device["name"])
+    start = device["attributes"].get("migPlacementStart", {}).get("int", -1)
+    return (0, bus, -start, device["name"]) if bus else (1, "", 0, device["name"])
 
 
-def slice_name(node_name: str, driver: str, index: int) -> str:
+def slice_name(node_name: str, driver: str, index: int | str) -> str:
     name = f"{node_name}-{driver}-{index}"
     if len(name) <= MAX_OBJECT_NAME:
         return name
@@ -155,36 +174,53 @@ def build_slices(
     """The ResourceSlice objects (plain dicts, wire field names) for this node's pool.
     `gate` None: no verification gate (library use, `fabricdra inventory`)."""
     omitted: dict[str, dict[str, str]] = {}
+    dropped: list[str] = []
     devices: list[dict[str, Any]] = []
+    counter_sets: dict[str, dict[str, Any]] = {}
     for device in inventory.devices:
+        if device.dynamic_mig and not features.partitionable_devices and device.mig is None:
+            dropped.append(device.name)  # not created yet (or the whole GPU): nothing to offer
+            continue
         published = _published(device, inventory.shared_holders, features, omitted)
         devices.extend(_gated(d, gate, features) for d in published)
+        if device.dynamic_mig and features.partitionable_devices and device.accelerator:
+            name = counter_set_name(device.accelerator)
+            counter_sets[name] = {
+                "name": name,
+                "counters": _counters(migprofiles.counter_set()),
+            }
     devices.sort(key=slice_order)
 
     per_slice = features.devices_per_slice
     chunks = [devices[i : i + per_slice] for i in range(0, len(devices), per_slice)] or [[]]
+    count = len(chunks) + (1 if counter_sets else 0)
     slices = []
     for index, chunk in enumerate(chunks):
-        spec: dict[str, Any] = {
-            "driver": driver,
-            "pool": {
-                "name": node_name,
-                "generation": generation,
-                "resourceSliceCount": len(chunks),
-            },
-            "nodeName": node_name,
-        }
+        spec = _slice_spec(driver, node_name, generation, count)
         if chunk:
             spec["devices"] = chunk
-        slices.append(
-            {
-                "apiVersion": API_VERSION,
-                "kind": KIND,
-                "metadata": {"name": slice_name(node_name, driver, index)},
-                "spec": spec,
-            }
-        )
-    return SlicePlan(slices, omitted)
+        slices.append(_slice(slice_name(node_name, driver, index), spec))
+    if counter_sets:
+        spec = _slice_spec(driver, node_name, generation, count)
+        spec["sharedCounters"] = [counter_sets[k] for k in sorted(counter_sets)]
+        slices.append(_slice(slice_name(node_name, driver, "counters"), spec))
+    return SlicePlan(slices, omitted, dropped)
+
+
+def _slice_spec(driver: str, node_name: str, generation: int, count: int) -> dict[str, Any]:
+    return {
+        "driver": driver,
+        "pool": {"name": node_name, "generation": generation, "resourceSliceCount": count},
+        "nodeName": node_name,
+    }
+
+
+def _slice(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name}, "spec": spec}
+
+
+def _counters(values: dict[str, int]) -> dict[str, Any]:
+    return {k: {"value": str(v)} for k, v in sorted(values.items())}
 
 
 # --- one device ----------------------------------------------------------------------------
@@ -220,6 +256,15 @@ def _published(
             "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": str(holders)}},
         }
     out = _with_capacity(base, capacity)
+    if device.dynamic_mig and features.partitionable_devices and device.accelerator:
+        used = (
+            migprofiles.counters(device.placement)
+            if device.placement is not None
+            else migprofiles.whole_gpu_counters()
+        )
+        out["consumesCounters"] = [
+            {"counterSet": counter_set_name(device.accelerator), "counters": _counters(used)}
+        ]
     if features.device_taints and device.health == "Unhealthy":
         out["taints"] = [_taint(device)]
     return [out]
@@ -344,6 +389,7 @@ def _pci_values(
 def _accelerator_values(device: Device, acc: Accelerator) -> list[tuple[str, Value]]:
     mig = device.mig
     info = device.info
+    placement = device.placement
     return [
         # NVIDIA's driver's names and types (docs/attributes.md has the mapping)
         ("driverVersion", _version(info.driver_version if info else None)),
@@ -354,14 +400,22 @@ def _accelerator_values(device: Device, acc: Accelerator) -> list[tuple[str, Val
         *_pci_values(acc.topology, acc.pciBusId, acc.numaNode),
         ("vendor", acc.vendor),
         ("deviceClass", mig.deviceClass if mig else acc.deviceClass),
-        ("productName", (mig.name if mig else None) or acc.productName),
+        ("productName", (mig.name if mig else None) or _placement_product(acc, placement)),
         ("uuid", mig.uuid if mig else acc.uuid),
         ("parentUuid", acc.uuid if mig else None),
-        ("migProfile", mig.profile if mig else None),
+        ("migProfile", mig.profile if mig else placement.profile.name if placement else None),
+        ("migPlacementStart", placement.start if placement else None),
         ("fabricDomain", acc.topology.fabric.domain if acc.topology.fabric else None),
         # Whole GPUs only: a MIG instance has no GPU-to-GPU peer access over NVLink.
         ("nvlinkGroup", info.nvlink_group if info and not mig else None),
     ]
+
+
+def _placement_product(acc: Accelerator, placement: migprofiles.Placement | None) -> str | None:
+    # An instance not created yet is named as NVML names one (`... MIG 3g.40gb`).
+    if placement is None or acc.productName is None:
+        return acc.productName
+    return f"{acc.productName} MIG {placement.profile.name}"
 
 
 def _version(v: str | None) -> Version | None:

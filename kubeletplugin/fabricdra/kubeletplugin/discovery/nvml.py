@@ -5,7 +5,8 @@ A snapshot is a JSON object keyed by PCI bus id (`0000:1b:00.0`) whose values ca
 with state/status in NVML's words. Optional, where NVML offers them: the identity users select
 on (`driverVersion`, `cudaDriverVersion` as NVML's integer, e.g. 12040, `cudaComputeCapability`
 "9.0", `architecture`, `brand`), per-MIG-instance compute capacities (`multiprocessors`,
-`copyEngines`, `decoders`, `encoders`, `jpegEngines`, `ofaEngines`) and health inputs
+`copyEngines`, `decoders`, `encoders`, `jpegEngines`, `ofaEngines`) and GPU instance
+placement (`placementStart`, the first memory slice: what dynamic MIG adopts it at), health inputs
 (`eccUncorrectable`, `xidErrors` seen, `rowRemapFailure`, `rowRemapPending`,
 `pcieReplayCounter`, `nvlinkErrors`; `thermalViolation` is recorded but judges nothing) and
 the NVLink links (`nvlinks`: state, and for an active link the remote end's PCI bus id and
@@ -68,6 +69,9 @@ class SnapshotMigDevice(BaseModel):
     encoders: int | None = None
     jpegEngines: int | None = None
     ofaEngines: int | None = None
+    # The GPU instance's placement start (memory slice, nvmlGpuInstanceGetInfo): dynamic MIG
+    # adopts an existing instance at it.
+    placementStart: int | None = None
 
 
 NvLinkRemote = Literal["gpu", "switch", "ibmnpu", "unknown"]
@@ -376,9 +380,20 @@ def _read_mig(pynvml: Any, handle: Any) -> list[dict[str, Any]]:
                 "gpuInstanceId": pynvml.nvmlDeviceGetGpuInstanceId(mig),
                 "computeInstanceId": pynvml.nvmlDeviceGetComputeInstanceId(mig),
                 **_read_mig_capacities(pynvml, mig),
+                **_read_placement(pynvml, handle, mig),
             }
         )
     return out
+
+
+def _read_placement(pynvml: Any, handle: Any, mig: Any) -> dict[str, Any]:
+    """The GPU instance's placement start; nothing where NVML does not say (dynamic MIG then
+    leaves the GPU static)."""
+    try:
+        gi = pynvml.nvmlDeviceGetGpuInstanceById(handle, pynvml.nvmlDeviceGetGpuInstanceId(mig))
+        return {"placementStart": int(pynvml.nvmlGpuInstanceGetInfo(gi).placement.start)}
+    except (pynvml.NVMLError, AttributeError):
+        return {}
 
 
 def _read_mig_capacities(pynvml: Any, mig: Any) -> dict[str, Any]:

@@ -1,0 +1,126 @@
+"""Prepare/unprepare of dynamic MIG placements over a fake NVML that keeps the H100's
+placement rules: prepare creates the instance and hands over its device nodes, unprepare
+destroys it, and an instance that existed at start is adopted, never destroyed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fabricdra.kubeletplugin.devices import DeviceConfig, DeviceInventory, build_devices, gpu_info
+from fabricdra.kubeletplugin.discovery.node import discover
+from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
+from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
+from fabricdra.kubeletplugin.dynamicmig import DynamicMig
+from fabricdra.kubeletplugin.kubelet import PrepareError
+from fabricdra.kubeletplugin.kubelet.cdi import CdiWriter
+from fabricdra.kubeletplugin.kubelet.checkpoint import Checkpoint
+from fabricdra.kubeletplugin.prepare import CDI_KIND, DevicesDriver
+from tests.integration.kubelethost import build_host
+from tests.nvmlfake.mig import FakeMigGpu, FakeNvml
+from tests.unit.test_prepare import Claims
+
+MIG_GPU = 7  # /dev/nvidia7; the host has capability nodes for gi1/ci0 (cap1, cap2), gi2/ci0
+
+
+def _node(
+    tmp_path: Path, *, static: tuple[tuple[str, int], ...] = (), journal: bool = True
+) -> tuple[DevicesDriver, FakeNvml, Claims, str, list[int]]:
+    host = build_host(tmp_path / "host", mig_gpu=MIG_GPU)
+    bus = host.hgx.gpus[MIG_GPU]
+    gpu = FakeMigGpu.h100_80gb()
+    adopted = [gpu.create(profile, start) for profile, start in static]
+    nvml = FakeNvml({bus: gpu})
+    # NVML's view: the GPU in MIG mode with exactly the instances the fake holds.
+    snap = json.loads(host.nvml_snapshot.read_text())
+    snap[bus]["migDevices"] = [
+        {
+            "uuid": gi.uuid,
+            "name": f"NVIDIA H100 80GB HBM3 MIG {gi.profile}",
+            "gpuInstanceId": gi.id,
+            "computeInstanceId": 0,
+            "placementStart": gi.start,
+        }
+        for gi in adopted
+    ]
+    host.nvml_snapshot.write_text(json.dumps(snap))
+    readings = load_snapshot(host.nvml_snapshot)
+    d = discover(SysfsTree(host.root / "sys"), lambda: readings)
+    assert d.interfaces is not None
+    assert d.accelerators is not None
+    inventory: DeviceInventory = build_devices(
+        d.interfaces, d.accelerators, DeviceConfig(dynamic_mig=True), gpu_info=gpu_info(readings)
+    )
+    claims = Claims()
+    driver = DevicesDriver(
+        node_name="node-a",
+        inventory=lambda: inventory,
+        claims=claims,
+        cdi=CdiWriter(tmp_path / "cdi", CDI_KIND),
+        checkpoint=Checkpoint(tmp_path / "state" / "checkpoint.json", boot_id="boot-1"),
+        host=host.layout,
+        dynamic_mig=DynamicMig(nvml, tmp_path / "state" / "mig.json") if journal else None,
+    )
+    return driver, nvml, claims, bus, [gi.id for gi in adopted]
+
+
+def _stem(bus: str) -> str:
+    return bus.replace(":", "-").replace(".", "-")
+
+
+def _nodes(tmp_path: Path, driver: DevicesDriver, uid: str) -> set[str]:
+    spec = json.loads(driver.cdi.path_for(uid).read_text())
+    return {n["path"] for d in spec["devices"] for n in d["containerEdits"].get("deviceNodes", [])}
+
+
+def test_prepare_creates_the_instance_and_unprepare_destroys_it(tmp_path: Path) -> None:
+    driver, nvml, claims, bus, _ = _node(tmp_path)
+    device = f"mig-{_stem(bus)}-3g-40gb-m4"
+    claim = claims.add("mig", [{"request": "mig", "device": device}])
+    driver.prepare(claim)
+    (gi,) = nvml.gpus[bus].instances.values()
+    assert (gi.profile, gi.start) == ("3g.40gb", 4)
+    # its own capability nodes (gi1: cap1, ci0: cap2) and the GPU's, nothing of others
+    assert {"/dev/nvidia7", "/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-caps/nvidia-cap2"} <= (
+        _nodes(tmp_path, driver, claim.uid)
+    )
+    assert "/dev/nvidia-caps/nvidia-cap11" not in _nodes(tmp_path, driver, claim.uid)
+    driver.prepare(claim)  # repeated: the same instance, not a second one
+    assert len(nvml.gpus[bus].instances) == 1
+    driver.unprepare(claim)
+    assert nvml.gpus[bus].instances == {}
+
+
+def test_adopted_instance_is_never_destroyed(tmp_path: Path) -> None:
+    driver, nvml, claims, bus, adopted = _node(tmp_path, static=(("3g.40gb", 4),))
+    static = claims.add("static", [{"request": "mig", "device": f"mig-{_stem(bus)}-gi1-ci0"}])
+    driver.prepare(static)
+    mine = claims.add("mine", [{"request": "mig", "device": f"mig-{_stem(bus)}-4g-40gb-m0"}])
+    driver.prepare(mine)
+    assert sorted(gi.profile for gi in nvml.gpus[bus].instances.values()) == [
+        "3g.40gb",
+        "4g.40gb",
+    ]
+    driver.unprepare(mine)
+    driver.unprepare(static)
+    assert list(nvml.gpus[bus].instances) == adopted
+
+
+def test_placement_nvml_refuses_fails_prepare_and_leaves_nothing(tmp_path: Path) -> None:
+    driver, nvml, claims, bus, _ = _node(tmp_path)
+    nvml.gpus[bus].create("1g.10gb", 0)  # appeared behind our back: the 4g cannot be made
+    claim = claims.add("c", [{"request": "mig", "device": f"mig-{_stem(bus)}-4g-40gb-m0"}])
+    with pytest.raises(PrepareError, match="cannot create the MIG instance"):
+        driver.prepare(claim)
+    assert driver.dynamic_mig is not None
+    assert driver.dynamic_mig.records() == []
+
+
+def test_without_dynamic_mig_a_placement_is_refused(tmp_path: Path) -> None:
+    driver, nvml, claims, bus, _ = _node(tmp_path, journal=False)
+    claim = claims.add("c", [{"request": "mig", "device": f"mig-{_stem(bus)}-3g-40gb-m4"}])
+    with pytest.raises(PrepareError, match="dynamic MIG is off"):
+        driver.prepare(claim)
+    assert nvml.gpus[bus].instances == {}
