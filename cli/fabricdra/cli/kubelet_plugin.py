@@ -101,7 +101,7 @@ def register(sub: Any) -> None:
     a(
         "--dynamic-mig",
         action="store_true",
-        default=(_env("DYNAMIC_MIG", "") or "").lower() in ("1", "true", "yes"),
+        default=env_bool("DYNAMIC_MIG", False),
         help="offer each MIG-mode H100/H200 whole and as every MIG profile placement, sharing "
         "one counter set (Kubernetes 1.36+; ignored with a log line on 1.34/1.35); off by "
         "default until proven on hardware [FABRICDRA_DYNAMIC_MIG=true]",

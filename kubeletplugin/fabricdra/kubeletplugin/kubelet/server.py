@@ -193,7 +193,10 @@ class _Claims:
         if not self.lock.acquire(timeout=max(0.0, call.remaining())):
             raise GaveUp("another claim held the driver until kubelet's deadline")
         try:
-            if not call.active():  # it went while this call waited for the lock
+            # It went while this call waited for the lock; or so little is left that kubelet
+            # has (its deadline runs from the send, ours from when the call was read: ours can
+            # trail it, and the cancellation reach us after the lock).
+            if not call.active() or call.remaining() < LATE_START:
                 raise GaveUp("kubelet gave up on this call before the driver was asked")
             yield
         finally:
@@ -247,6 +250,10 @@ class _Claims:
                     elapsed = time.perf_counter() - start
                     self.metrics.unprepare_seconds.labels(name).observe(elapsed)
         return response
+
+
+# Under this much of kubelet's deadline left after waiting for the lock, the driver is not asked.
+LATE_START = 0.2
 
 
 class GaveUp(Exception):
