@@ -15,7 +15,7 @@ from fabricdra.api.rest import ApiError, Rest
 from fabricdra.controller.fleet import STRANDED_REASONS, Fleet
 from fabricdra.controller.fleetmetrics import read_fleet
 
-from .common import UsageError, api_client, print_json, stop_event
+from .common import UsageError, api_client, env_choice, print_json, stop_event
 from .common import env as _env
 
 USER_AGENT = "fabricdra-fleet/0.1.0"
@@ -42,7 +42,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--require-verified-nodes",
-        default=_env("REQUIRE_VERIFIED_NODES", "false"),
+        default=env_choice("REQUIRE_VERIFIED_NODES", "false", ["true", "false"]),
         choices=["true", "false"],
         help="count a node towards LARGEST FIT only with fabricdra.io/verified=true, as gang "
         "placement does under the controller's flag of the same name (default false) "
