@@ -22,7 +22,7 @@
 # The e2e harness and CI build the host's platform only (a native build, ~5 min on 2 cores).
 #
 # Pinned inputs: Debian $SUITE (the mirror's current state of that stable suite; the installed
-# package versions are written to DIR/debian-packages.txt), Python packages from
+# package versions are written to DIR/debian-packages-<arch>.txt), Python packages from
 # requirements.lock (exact versions and sha256 hashes; refresh with lock.sh), and the wheel
 # built from this checkout. SOURCE_DATE_EPOCH (default: the last commit's time) fixes every
 # timestamp in the layer and the image config: two builds of one checkout at one mirror state
