@@ -8,7 +8,6 @@ import gzip
 import hashlib
 import io
 import json
-import shutil
 import struct
 import tarfile
 from pathlib import Path
@@ -17,8 +16,6 @@ import pytest
 
 from e2e.harness import ociarchive
 from e2e.harness.errors import HarnessError
-
-pytestmark = pytest.mark.skipif(shutil.which("file") is None, reason="needs `file`")
 
 _EM = {"amd64": 0x3E, "arm64": 0xB7}  # ELF e_machine: EM_X86_64, EM_AARCH64
 SO = "usr/local/lib/python3.11/dist-packages/grpc/_cython/cygrpc.cpython-311-{}-linux-gnu.so"
