@@ -5,13 +5,24 @@
 # `skopeo copy oci-archive:...` or `podman load` take. Containerfile beside this script builds
 # the same image with Docker.
 #
-#   deployments/container/build.sh [--out DIR] [--tag TAG]
-#       DIR  where fabricdra-image.tar goes (default: build/image)
-#       TAG  image tag (default: the package version from pyproject.toml)
+#   deployments/container/build.sh [--out DIR] [--tag TAG] [--platform PLATFORMS]
+#       DIR        where fabricdra-image.tar goes (default: build/image)
+#       TAG        image tag (default: the package version from pyproject.toml)
+#       PLATFORMS  linux/amd64, linux/arm64, or both comma-separated (the default): one platform
+#                  gives an archive whose index.json lists that image's manifest; two give one
+#                  OCI image index (index.json -> an index blob listing both manifests, each with
+#                  its platform) under the one name, as `docker buildx` makes it
 #   last line printed: the archive's path
 #
+# A foreign platform (arm64 on an x86_64 host) needs qemu-user-static and binfmt_misc (Debian's
+# package registers qemu-aarch64 with the F flag, which chroot needs): mmdebstrap runs the arm64
+# packages' maintainer scripts and this script runs the image's python under it (the import
+# check, byte-compiling). pip runs on the host either way and picks the target's wheels
+# (--platform manylinux..._aarch64), so a foreign build needs no pip or compiler in the image.
+# The e2e harness and CI build the host's platform only (a native build, ~5 min on 2 cores).
+#
 # Pinned inputs: Debian $SUITE (the mirror's current state of that stable suite; the installed
-# package versions are written to DIR/debian-packages.txt), Python packages from
+# package versions are written to DIR/debian-packages-<arch>.txt), Python packages from
 # requirements.lock (exact versions and sha256 hashes; refresh with lock.sh), and the wheel
 # built from this checkout. SOURCE_DATE_EPOCH (default: the last commit's time) fixes every
 # timestamp in the layer and the image config: two builds of one checkout at one mirror state
@@ -27,13 +38,28 @@ IMAGE_NAME=${FABRICDRA_IMAGE_NAME:-ghcr.io/fabricdra/fabricdra}
 PACKAGES=python3,libstdc++6,ca-certificates,kmod
 out=$repo/build/image
 tag=
+platforms=linux/amd64,linux/arm64
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out=$2; shift 2 ;;
     --tag) tag=$2; shift 2 ;;
-    *) echo "build.sh: unknown argument '$1' (expected --out DIR, --tag TAG)" >&2; exit 2 ;;
+    --platform) platforms=$2; shift 2 ;;
+    *) echo "build.sh: unknown argument '$1' (expected --out DIR, --tag TAG, --platform P)" >&2
+       exit 2 ;;
   esac
 done
+# Debian's and OCI's name for each platform, and the wheels' platform tag (pip --platform).
+arches=()
+IFS=, read -ra wanted <<< "$platforms"
+for p in "${wanted[@]}"; do
+  case "$p" in
+    linux/amd64) arches+=(amd64) ;;
+    linux/arm64) arches+=(arm64) ;;
+    *) echo "build.sh: unsupported platform '$p' (expected linux/amd64, linux/arm64)" >&2; exit 2 ;;
+  esac
+done
+wheel_arch() { case "$1" in amd64) echo x86_64 ;; arm64) echo aarch64 ;; esac; }
+host_arch=$(dpkg --print-architecture 2>/dev/null || true)
 for tool in mmdebstrap umoci; do
   command -v "$tool" >/dev/null || {
     echo "build.sh: '$tool' is missing: apt-get install $tool" >&2; exit 1; }
@@ -42,6 +68,14 @@ version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$repo/pyproject.toml" | head -1)
 tag=${tag:-$version}
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git -C "$repo" log -1 --format=%ct 2>/dev/null || date +%s)}
 log() { printf '[image %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+for arch in "${arches[@]}"; do
+  if [ "$arch" != "$host_arch" ] && [ ! -e "/proc/sys/fs/binfmt_misc/qemu-$(wheel_arch "$arch")" ]; then
+    echo "build.sh: building linux/$arch on $host_arch needs qemu-$(wheel_arch "$arch") registered" \
+      "in binfmt_misc: apt-get install qemu-user-static (and mount binfmt_misc on" \
+      "/proc/sys/fs/binfmt_misc if it is not)" >&2
+    exit 1
+  fi
+done
 
 mkdir -p "$out"
 work=$(mktemp -d "${TMPDIR:-/tmp}/fabricdra-image.XXXXXX")
@@ -53,15 +87,20 @@ python3 -m pip wheel --quiet --no-deps --wheel-dir "$work/wheel" "$repo" >&2
 wheel=$(ls "$work"/wheel/fabricdra-*.whl)
 
 # The customize hook runs with the new root as $1, before mmdebstrap packs it. pip runs on the
-# host (same Debian release, same CPython minor) and installs into the image's dist-packages,
-# so the image carries no pip and no compiler.
-cat > "$work/customize.sh" <<HOOK
+# host (same Debian release, same CPython minor) and installs into the image's dist-packages the
+# wheels of the image's architecture, so the image carries no pip and no compiler.
+write_hook() {
+  local arch=$1 dir=$2 wa
+  wa=$(wheel_arch "$arch")
+  cat > "$dir/customize.sh" <<HOOK
 #!/bin/sh
 set -eu
 root=\$1
 export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
 site=\$root/usr/local/lib/python3.11/dist-packages
 python3 -m pip install --quiet --no-cache-dir --no-compile --only-binary=:all: \
+  --platform manylinux2014_$wa --platform manylinux_2_28_$wa --platform manylinux_2_34_$wa \
+  --python-version 3.11 --implementation cp \
   --require-hashes --no-deps --target "\$site" -r "$here/requirements.lock"
 # By name from the wheel's folder, not by path: a path install records it (direct_url.json),
 # and the build's temporary folder would make every image different.
@@ -87,48 +126,91 @@ chroot "\$root" env PYTHONHASHSEED=0 python3 -m compileall -q -f -j1 --invalidat
 # The controller's user (the node plugins run as root: kubelet's folders, /dev, the CDI folder).
 echo 'fabricdra:x:65532:65532:fabricdra:/nonexistent:/usr/sbin/nologin' >> "\$root/etc/passwd"
 echo 'fabricdra:x:65532:' >> "\$root/etc/group"
-chroot "\$root" dpkg-query -W -f '\${Package} \${Version}\n' > "$out/debian-packages.txt"
+chroot "\$root" dpkg-query -W -f '\${Package} \${Version}\n' > "$out/debian-packages-$arch.txt"
 # The inputs, recorded in the image too: Debian is pinned by suite only (the mirror's state at
 # build time), so these versions are what a rebuild must match to give the same digest.
 mkdir -p "\$root/usr/share/fabricdra"
-cp "$out/debian-packages.txt" "$here/requirements.lock" "\$root/usr/share/fabricdra/"
+cp "$out/debian-packages-$arch.txt" "\$root/usr/share/fabricdra/debian-packages.txt"
+cp "$here/requirements.lock" "\$root/usr/share/fabricdra/"
 rm -rf "\$root/var/lib/apt/lists"/* "\$root/var/cache"/* "\$root/var/log"/* "\$root/etc/machine-id"
 HOOK
-chmod +x "$work/customize.sh"
+  chmod +x "$dir/customize.sh"
+}
 
-log "mmdebstrap $SUITE ($PACKAGES)"
-mmdebstrap --quiet --variant=essential --include="$PACKAGES" \
-  --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
-  --dpkgopt='path-include=/usr/share/doc/*/copyright' --dpkgopt='path-exclude=/usr/share/locale/*' \
-  --dpkgopt='path-exclude=/usr/share/info/*' \
-  --customize-hook="$work/customize.sh \"\$1\"" \
-  "$SUITE" "$work/rootfs.tar" "$MIRROR" >&2
-
-log "packing the OCI image $IMAGE_NAME:$tag"
 created=$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y-%m-%dT%H:%M:%SZ)
 oci="$work/oci"
 umoci init --layout "$oci"
-umoci new --image "$oci:$tag"
-umoci raw add-layer --image "$oci:$tag" --history.created "$created" \
-  --history.created_by "deployments/container/build.sh: mmdebstrap $SUITE + fabricdra $version" \
-  "$work/rootfs.tar"
-umoci config --image "$oci:$tag" --created "$created" --history.created "$created" \
-  --history.created_by "deployments/container/build.sh: config" \
-  --author "fabricdra" --os linux --architecture amd64 --config.user 65532:65532 \
-  --config.entrypoint /usr/local/bin/fabricdra --config.workingdir / \
-  --config.env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-  --config.env PYTHONDONTWRITEBYTECODE=1 \
-  --config.label "org.opencontainers.image.version=$version" \
-  --config.label "org.opencontainers.image.source=https://github.com/fabricdra/fabricdra" \
-  --manifest.annotation "org.opencontainers.image.version=$version"
+for arch in "${arches[@]}"; do
+  mkdir -p "$work/$arch"
+  write_hook "$arch" "$work/$arch"
+  log "mmdebstrap $SUITE linux/$arch ($PACKAGES)"
+  mmdebstrap --quiet --variant=essential --architectures="$arch" --include="$PACKAGES" \
+    --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
+    --dpkgopt='path-include=/usr/share/doc/*/copyright' --dpkgopt='path-exclude=/usr/share/locale/*' \
+    --dpkgopt='path-exclude=/usr/share/info/*' \
+    --customize-hook="$work/$arch/customize.sh \"\$1\"" \
+    "$SUITE" "$work/$arch/rootfs.tar" "$MIRROR" >&2
+
+  log "packing the OCI image $IMAGE_NAME:$tag (linux/$arch)"
+  # One umoci tag per platform; with two platforms the index written below replaces them.
+  ref="$tag"
+  [ "${#arches[@]}" -gt 1 ] && ref="$tag-$arch"
+  umoci new --image "$oci:$ref"
+  umoci raw add-layer --image "$oci:$ref" --history.created "$created" \
+    --history.created_by "deployments/container/build.sh: mmdebstrap $SUITE + fabricdra $version" \
+    "$work/$arch/rootfs.tar"
+  layer_size=$(du -h "$work/$arch/rootfs.tar" | cut -f1)
+  rm -f "$work/$arch/rootfs.tar"
+  umoci config --image "$oci:$ref" --created "$created" --history.created "$created" \
+    --history.created_by "deployments/container/build.sh: config" \
+    --author "fabricdra" --os linux --architecture "$arch" --config.user 65532:65532 \
+    --config.entrypoint /usr/local/bin/fabricdra --config.workingdir / \
+    --config.env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    --config.env PYTHONDONTWRITEBYTECODE=1 \
+    --config.label "org.opencontainers.image.version=$version" \
+    --config.label "org.opencontainers.image.source=https://github.com/fabricdra/fabricdra" \
+    --manifest.annotation "org.opencontainers.image.version=$version"
+  log "linux/$arch: layer $layer_size uncompressed"
+done
 umoci gc --layout "$oci"
-# containerd names an imported image after this annotation (ctr images import).
-python3 - "$oci/index.json" "$IMAGE_NAME:$tag" <<'PY'
-import json, sys
-path, ref = sys.argv[1], sys.argv[2]
+# Each manifest's descriptor gets its platform (what a reader picks by); containerd names an
+# imported image after io.containerd.image.name (ctr images import). With two platforms the
+# manifests go into one image index blob, and index.json lists that index under the name.
+python3 - "$oci" "$IMAGE_NAME:$tag" "$tag" <<'PY'
+import hashlib, json, os, sys
+root, name, tag = sys.argv[1:]
+path = os.path.join(root, "index.json")
 index = json.load(open(path))
 for m in index["manifests"]:
-    m.setdefault("annotations", {})["io.containerd.image.name"] = ref
+    algo, hexd = m["digest"].split(":")
+    manifest = json.load(open(os.path.join(root, "blobs", algo, hexd)))
+    algo, hexd = manifest["config"]["digest"].split(":")
+    config = json.load(open(os.path.join(root, "blobs", algo, hexd)))
+    m["platform"] = {"architecture": config["architecture"], "os": config["os"]}
+if len(index["manifests"]) > 1:
+    # amd64 first, whatever order umoci listed the tags in
+    manifests = sorted(index["manifests"], key=lambda m: m["platform"]["architecture"])
+    for m in manifests:
+        m.pop("annotations", None)  # the per-platform umoci tags
+    image_index = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": manifests,
+    }
+    blob = json.dumps(image_index, separators=(",", ":")).encode()
+    digest = hashlib.sha256(blob).hexdigest()
+    with open(os.path.join(root, "blobs", "sha256", digest), "wb") as f:
+        f.write(blob)
+    index["manifests"] = [
+        {
+            "mediaType": "application/vnd.oci.image.index.v1+json",
+            "digest": f"sha256:{digest}",
+            "size": len(blob),
+            "annotations": {"org.opencontainers.image.ref.name": tag},
+        }
+    ]
+for m in index["manifests"]:
+    m.setdefault("annotations", {})["io.containerd.image.name"] = name
 json.dump(index, open(path, "w"), separators=(",", ":"))
 PY
 archive="$out/fabricdra-image.tar"
@@ -136,5 +218,5 @@ tar --sort=name --mtime="@$SOURCE_DATE_EPOCH" --owner=0 --group=0 --numeric-owne
   -C "$oci" -cf "$archive.tmp" .
 mv "$archive.tmp" "$archive"
 echo "$IMAGE_NAME:$tag" > "$out/image-ref"
-log "done in $(( $(date +%s) - start )) s: $IMAGE_NAME:$tag, layer $(du -h "$work/rootfs.tar" | cut -f1) uncompressed, archive $(du -h "$archive" | cut -f1)"
+log "done in $(( $(date +%s) - start )) s: $IMAGE_NAME:$tag (${arches[*]}), archive $(du -h "$archive" | cut -f1)"
 echo "$archive"

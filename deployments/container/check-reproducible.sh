@@ -4,8 +4,10 @@
 # difference it lists the files whose content, mode, owner or time differ between the two
 # layers, which is where to look. Exit 0 when both builds are the same image.
 #
-#   deployments/container/check-reproducible.sh [--keep DIR]
-#       DIR  keep both builds there (default: a temporary folder, removed at the end)
+#   deployments/container/check-reproducible.sh [--keep DIR] [--platform PLATFORMS]
+#       DIR        keep both builds there (default: a temporary folder, removed at the end)
+#       PLATFORMS  build.sh's --platform (default: this machine's, e.g. linux/amd64; pass
+#                  linux/amd64,linux/arm64 to compare the two-platform index, qemu needed)
 #
 # Both builds see the same Debian mirror state only if the mirror does not change in between
 # (bookworm moves with point and security updates); compare debian-packages.txt when they
@@ -13,10 +15,13 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 keep=
+case "$(uname -m)" in aarch64) platforms=linux/arm64 ;; *) platforms=linux/amd64 ;; esac
 while [ $# -gt 0 ]; do
   case "$1" in
     --keep) keep=$2; shift 2 ;;
-    *) echo "check-reproducible.sh: unknown argument '$1' (expected --keep DIR)" >&2; exit 2 ;;
+    --platform) platforms=$2; shift 2 ;;
+    *) echo "check-reproducible.sh: unknown argument '$1' (expected --keep DIR, --platform P)" >&2
+       exit 2 ;;
   esac
 done
 if [ -n "$keep" ]; then
@@ -28,7 +33,7 @@ fi
 start=$(date +%s)
 for run in a b; do
   echo "[repro] build $run" >&2
-  "$here/build.sh" --out "$work/$run" >/dev/null
+  "$here/build.sh" --out "$work/$run" --platform "$platforms" >/dev/null
   mkdir -p "$work/$run/oci"
   tar -xf "$work/$run/fabricdra-image.tar" -C "$work/$run/oci"
 done
@@ -38,14 +43,22 @@ describe() {
   python3 - "$1/oci" <<'PY'
 import json, sys
 root = sys.argv[1]
+def blob(digest):
+    algo, hexd = digest.split(":")
+    return json.load(open(f"{root}/blobs/{algo}/{hexd}"))
 index = json.load(open(f"{root}/index.json"))
-manifest_digest = index["manifests"][0]["digest"]
-algo, hexd = manifest_digest.split(":")
-manifest = json.load(open(f"{root}/blobs/{algo}/{hexd}"))
-print("image", manifest_digest)
-print("config", manifest["config"]["digest"])
-for layer in manifest["layers"]:
-    print("layer", layer["digest"], layer["size"])
+print("image", index["manifests"][0]["digest"])
+pending = list(index["manifests"])
+while pending:  # a two-platform build: index.json -> image index -> one manifest per platform
+    desc = pending.pop(0)
+    body = blob(desc["digest"])
+    if "manifests" in body:
+        pending.extend(body["manifests"])
+        continue
+    print("manifest", desc["digest"], desc.get("platform", {}).get("architecture", ""))
+    print("config", body["config"]["digest"])
+    for layer in body["layers"]:
+        print("layer", layer["digest"], layer["size"])
 PY
 }
 describe "$work/a" > "$work/a/digests"
@@ -57,15 +70,23 @@ if cmp -s "$work/a/digests" "$work/b/digests" && cmp -s "$work/a/fabricdra-image
 fi
 echo "[repro] the builds differ:" >&2
 diff "$work/a/digests" "$work/b/digests" >&2 || true
-# Per file of the (first) layer: type, mode, owner, mtime, size and content hash.
+# Per file of every layer: type, mode, owner, mtime, size and content hash.
 listing() {
   python3 - "$1/oci" <<'PY'
 import gzip, hashlib, json, sys, tarfile
 root = sys.argv[1]
+def blob(digest):
+    algo, hexd = digest.split(":")
+    return json.load(open(f"{root}/blobs/{algo}/{hexd}"))
 index = json.load(open(f"{root}/index.json"))
-algo, hexd = index["manifests"][0]["digest"].split(":")
-manifest = json.load(open(f"{root}/blobs/{algo}/{hexd}"))
-for layer in manifest["layers"]:
+manifests, pending = [], list(index["manifests"])
+while pending:
+    body = blob(pending.pop(0)["digest"])
+    if "manifests" in body:
+        pending.extend(body["manifests"])
+    else:
+        manifests.append(body)
+for layer in [layer for m in manifests for layer in m["layers"]]:
     algo, hexd = layer["digest"].split(":")
     with tarfile.open(f"{root}/blobs/{algo}/{hexd}", "r:*") as tar:
         for m in tar:
@@ -78,5 +99,7 @@ PY
 listing "$work/a" > "$work/a/files"
 listing "$work/b" > "$work/b/files"
 diff "$work/a/files" "$work/b/files" | head -100 >&2 || true
-diff -u "$work/a/debian-packages.txt" "$work/b/debian-packages.txt" >&2 || true
+for listed in "$work"/a/debian-packages-*.txt; do
+  diff -u "$listed" "$work/b/$(basename "$listed")" >&2 || true
+done
 exit 1

@@ -18,6 +18,7 @@ import subprocess
 import tarfile
 from pathlib import Path
 
+from e2e.harness import ociarchive
 from e2e.harness.errors import HarnessError
 
 PAUSE_IMAGE = "localhost/pause:e2e"
@@ -130,12 +131,19 @@ if __name__ == "__main__":
 
 def fabricdra_image(directory: Path) -> tuple[Path, str]:
     """The product image built from this checkout by deployments/container/build.sh (Docker-free:
-    mmdebstrap + umoci); returns the OCI archive and the image reference it carries."""
+    mmdebstrap + umoci) for this machine's platform only (a native build: no qemu, and CI's time
+    stays that of one image); returns the OCI archive and the image reference it carries."""
     script = Path(__file__).resolve().parents[2] / "deployments" / "container" / "build.sh"
+    host = ociarchive.host_platform()
     done = subprocess.run(
-        [str(script), "--out", str(directory)], capture_output=True, text=True, check=False
+        [str(script), "--out", str(directory), "--platform", host],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if done.returncode != 0:
         tail = "\n".join(done.stderr.strip().splitlines()[-20:])
         raise HarnessError(f"{script} failed (exit {done.returncode}):\n{tail}")
-    return Path(done.stdout.strip().splitlines()[-1]), (directory / "image-ref").read_text().strip()
+    archive = Path(done.stdout.strip().splitlines()[-1])
+    ociarchive.for_platform(archive, host)  # containerd runs the host's image from the index
+    return archive, (directory / "image-ref").read_text().strip()
