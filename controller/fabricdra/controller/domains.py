@@ -291,16 +291,16 @@ class DomainReconciler:
         for node, report in reports.items():
             obj = self.c.nodes.get(node)
             if report.ip and report.ip not in node_addresses(obj):
-                log.warning(
-                    "ignoring the IP %s in node %s's report for domain %s: not one of the "
-                    "Node's addresses",
-                    report.ip,
-                    node,
-                    domain.uid,
-                )
                 seen = (domain.uid, node, report.ip)
-                if seen not in self._foreign_ips:
+                if seen not in self._foreign_ips:  # said once, not on every reconcile
                     self._foreign_ips.add(seen)
+                    log.warning(
+                        "ignoring the IP %s in node %s's report for domain %s: not one of the "
+                        "Node's addresses",
+                        report.ip,
+                        node,
+                        domain.uid,
+                    )
                     message = (
                         f"node {node} reported the IMEX address {report.ip}, which is not one "
                         "of its Node's addresses (status.addresses); ignored"
