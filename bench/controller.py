@@ -41,7 +41,12 @@ from fabricdra.api.rest import (
 from fabricdra.controller.manager import USER_AGENT, Controller, ControllerConfig
 from fabricdra.controller.objects import DaemonSettings
 from fabricdra.kubeletplugin.computedomain.report import write_report
-from tests.integration.computedomain_helpers import condition, domain_body, install_crd
+from tests.integration.computedomain_helpers import (
+    condition,
+    domain_body,
+    give_addresses,
+    install_crd,
+)
 
 
 def _until(check: Callable[[], Any], timeout: float = 120.0, step: float = 0.005) -> float:
@@ -117,8 +122,9 @@ def _measure(cp: ControlPlane, domains: int, nodes: int, verbose: bool) -> dict[
     install_crd(rest)
     system = "fabricdra-system"
     names = [f"gb300-{i:02d}" for i in range(nodes)]
-    for n in names:
+    for i, n in enumerate(names):
         cp.create_node(n, {cd.PLUGIN_NODE_LABEL: "true", "fabricdra.io/fabric.domain": "rack-1"})
+        give_addresses(cp, n, f"192.0.2.{i + 1}")  # a report's IP must be its Node's own
     cp.create_namespace("bench")
     cfg = ControllerConfig(
         namespace=system, daemon=DaemonSettings(namespace=system), leader_election=False
@@ -160,11 +166,11 @@ def _measure(cp: ControlPlane, domains: int, nodes: int, verbose: bool) -> dict[
         out["join_to_rows_s"] = round(time.perf_counter() - start, 3)
 
         # 3. The daemons report ready, the last one starts the clock.
-        for n in names[:-1]:
-            write_report(rest, system, uid, n, ready=True, ip="192.0.2.1")
+        for i, n in enumerate(names[:-1]):
+            write_report(rest, system, uid, n, ready=True, ip=f"192.0.2.{i + 1}")
         time.sleep(0.5)  # let the first 17 settle so only the 18th is measured
         start = time.perf_counter()
-        write_report(rest, system, uid, names[-1], ready=True, ip="192.0.2.18")
+        write_report(rest, system, uid, names[-1], ready=True, ip=f"192.0.2.{nodes}")
         _until(
             lambda: (
                 (condition(rest.get(COMPUTE_DOMAINS, "train", "bench"), cd.READY) or {}).get(

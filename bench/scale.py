@@ -70,7 +70,12 @@ from fabricdra.api.rest import (
 )
 from fabricdra.controller.manager import USER_AGENT
 from fabricdra.kubeletplugin.computedomain.report import write_report
-from tests.integration.computedomain_helpers import condition, domain_body, install_crd
+from tests.integration.computedomain_helpers import (
+    condition,
+    domain_body,
+    give_addresses,
+    install_crd,
+)
 
 WRITE_VERBS = ("create", "patch", "update", "delete")
 DEVICE_CLASS_DIR = Path(__file__).resolve().parents[1] / "api" / "deviceclasses"
@@ -85,6 +90,13 @@ def _until(check: Callable[[], Any], timeout: float, step: float = 0.2) -> float
             raise TimeoutError("benchmark condition not reached")
         time.sleep(step)
     return time.perf_counter() - start
+
+
+def _node_ip(name: str) -> str:
+    """A simulated node's InternalIP, the one its stand-in daemon reports (stable across
+    processes, unlike hash())."""
+    n = int(name.rsplit("-", 1)[-1]) if name.rsplit("-", 1)[-1].isdigit() else sum(name.encode())
+    return f"10.{n // 250 % 250}.{n % 250}.1"
 
 
 def _publish_nodes(cp: ControlPlane, names: list[str], fabrics: int) -> None:
@@ -106,6 +118,7 @@ def _publish_nodes(cp: ControlPlane, names: list[str], fabrics: int) -> None:
     rest = Rest(api)
     for i, name in enumerate(names):
         cp.create_node(name)
+        give_addresses(cp, name, _node_ip(name))  # a report's IP must be its Node's own
         NodePublisher(api, name).sync(found, devices)
         # After the publisher (which owns the fabricdra.io/ labels it discovers; the sample is
         # an HGX node without a multi-node fabric): the simulated rack membership.
@@ -200,7 +213,7 @@ class StandInDaemons:
                     name,
                     ready=True,
                     message="READY",
-                    ip=f"10.{hash(name) % 250}.0.1",
+                    ip=_node_ip(name),
                     lease_seconds=self.lease_seconds,
                     renew=renew,
                 )

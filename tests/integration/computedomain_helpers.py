@@ -95,6 +95,20 @@ def create_plugin_node(cp: ControlPlane, name: str, fabric: str | None = None) -
     cp.create_node(name, labels)
 
 
+def give_addresses(cp: ControlPlane, node: str, *ips: str) -> None:
+    """The Node's InternalIP addresses, as a kubelet would list them (the controller takes a
+    report's IP only if it is one of them)."""
+    from kubernetes import client
+
+    with cp.api_client() as api:
+        core = client.CoreV1Api(api)
+        obj = core.read_node_status(node)
+        obj.status.addresses = [client.V1NodeAddress(type="Hostname", address=node)] + [
+            client.V1NodeAddress(type="InternalIP", address=ip) for ip in ips
+        ]
+        core.replace_node_status(node, obj)
+
+
 def report_daemon(
     rest: Rest,
     namespace: str,

@@ -19,12 +19,14 @@ from kubernetes.client.exceptions import ApiException
 from e2e.harness.controlplane import ControlPlane
 from e2e.harness.helm import Chart
 from e2e.harness.poll import wait_for
+from fabricdra.api import computedomain as cd
 from fabricdra.api.nodedevices import API_VERSION as ND_API_VERSION
 from fabricdra.api.nodedevices import NodeDevicesSpec
 
 pytestmark = pytest.mark.integration
 
 NODE_SA = "fabricdra-node"
+IMEX_SA = "fabricdra-imex-daemon"
 OVERRIDE = "fabricdra.io/verification-override"
 UNVERIFIED = "fabricdra.io/unverified"
 # The chart's override admins for these tests: system:masters (the default) plus a group and a
@@ -145,7 +147,7 @@ def test_every_rendered_manifest_passes_server_side_dry_run(control_plane: Contr
         assert "daemonset.apps/fabricdra-node serverside-applied (server dry run)" in done.stdout
 
 
-def _token(cp: ControlPlane, ns: str, pod: dict[str, Any] | None) -> str:
+def _token(cp: ControlPlane, ns: str, pod: dict[str, Any] | None, sa: str = NODE_SA) -> str:
     with cp.api_client() as api:
         spec: dict[str, Any] = {"audiences": [], "expirationSeconds": 600}
         if pod is not None:
@@ -156,13 +158,16 @@ def _token(cp: ControlPlane, ns: str, pod: dict[str, Any] | None) -> str:
                 "uid": pod["metadata"]["uid"],
             }
         body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
-        out = client.CoreV1Api(api).create_namespaced_service_account_token(NODE_SA, ns, body)
+        out = client.CoreV1Api(api).create_namespaced_service_account_token(sa, ns, body)
         return str(out.status.token)
 
 
-def _agent_on(cp: ControlPlane, inst: Installed, node: str | None) -> client.ApiClient:
+def _agent_on(
+    cp: ControlPlane, inst: Installed, node: str | None, sa: str = NODE_SA
+) -> client.ApiClient:
     """An API client holding what the node agent's pod on `node` holds: its service account's
-    token, bound to that pod (or, with node None, a token bound to no pod)."""
+    token, bound to that pod (or, with node None, a token bound to no pod). `sa`: another
+    node component's account (the IMEX daemon's)."""
     pod = None
     if node is not None:
         with cp.api_client() as api:
@@ -176,7 +181,7 @@ def _agent_on(cp: ControlPlane, inst: Installed, node: str | None) -> client.Api
                         "metadata": {"name": f"agent-{uuid.uuid4().hex[:6]}"},
                         "spec": {
                             "nodeName": node,
-                            "serviceAccountName": NODE_SA,
+                            "serviceAccountName": sa,
                             "containers": [{"name": "agent", "image": "localhost/busybox:e2e"}],
                         },
                     },
@@ -184,7 +189,7 @@ def _agent_on(cp: ControlPlane, inst: Installed, node: str | None) -> client.Api
                 .to_dict()
             )
             pod = {"metadata": {"name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}}
-    token = _token(cp, inst.namespace, pod)
+    token = _token(cp, inst.namespace, pod, sa)
     conf = client.Configuration()
     conf.host = cp.server
     conf.ssl_ca_cert = str(cp.pki.ca.cert)
@@ -281,6 +286,72 @@ def test_a_token_bound_to_no_pod_names_no_node_and_writes_nothing(
     with _agent_on(control_plane, installed, None) as api:
         body = _denied(client.ResourceV1Api(api).create_resource_slice, _slice(installed.node_a))
         assert "name no node" in body
+
+
+# --- report Leases: a node writes only its own, and only in the release namespace -----------
+
+
+def _report(ns: str, node: str, *, holder: str | None = None) -> dict[str, Any]:
+    """A report Lease as kubeletplugin/computedomain/report.py writes it."""
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": f"imex-{uuid.uuid4()}-{node}",
+            "namespace": ns,
+            "labels": {cd.DOMAIN_LABEL: "d1"},
+            "annotations": {cd.REPORT_NODE: node, cd.REPORT_IP: "10.0.0.1"},
+        },
+        "spec": {"holderIdentity": holder or node},
+    }
+
+
+@pytest.mark.parametrize("sa", [NODE_SA, IMEX_SA])
+def test_a_node_writes_only_its_own_report_leases(
+    control_plane: ControlPlane, installed: Installed, sa: str
+) -> None:
+    ns, a, b = installed.namespace, installed.node_a, installed.node_b
+    with control_plane.api_client() as admin:
+        theirs = client.CoordinationV1Api(admin).create_namespaced_lease(ns, _report(ns, b))
+    with _agent_on(control_plane, installed, a, sa) as api:
+        leases = client.CoordinationV1Api(api)
+        mine = leases.create_namespaced_lease(ns, _report(ns, a))
+        ip = {"metadata": {"annotations": {cd.REPORT_IP: "10.0.0.2"}}}
+        leases.patch_namespaced_lease(mine.metadata.name, ns, ip)
+        body = _denied(leases.create_namespaced_lease, ns, _report(ns, b))
+        assert "only its own node's report Leases" in body
+        _denied(leases.create_namespaced_lease, ns, _report(ns, a, holder=b))
+        # Another node's report: neither its IP redirected nor taken over by renaming the node.
+        _denied(leases.patch_namespaced_lease, theirs.metadata.name, ns, ip)
+        takeover = {"metadata": {"annotations": {cd.REPORT_NODE: a}}, "spec": {"holderIdentity": a}}
+        _denied(leases.patch_namespaced_lease, theirs.metadata.name, ns, takeover)
+        # A Lease that is no report (the controller's leader Lease) is not a node's to write.
+        plain = {"metadata": {"name": f"fabricdra-leader-{uuid.uuid4().hex[:6]}"}}
+        _denied(leases.create_namespaced_lease, ns, {**plain, "spec": {"holderIdentity": a}})
+        if sa == IMEX_SA:
+            _denied(leases.delete_namespaced_lease, theirs.metadata.name, ns)
+            leases.delete_namespaced_lease(mine.metadata.name, ns)
+
+
+@pytest.mark.parametrize("sa", [NODE_SA, IMEX_SA])
+def test_a_node_writes_no_lease_outside_the_release_namespace(
+    control_plane: ControlPlane, installed: Installed, sa: str
+) -> None:
+    victim = f"fdra-victim-{uuid.uuid4().hex[:6]}"
+    with control_plane.api_client() as admin:
+        client.CoordinationV1Api(admin).create_namespaced_lease(
+            "kube-system", {"metadata": {"name": victim}, "spec": {"holderIdentity": "x"}}
+        )
+    a = installed.node_a
+    with _agent_on(control_plane, installed, a, sa) as api:
+        leases = client.CoordinationV1Api(api)
+        # Even a well-formed report of its own node: RBAC grants Leases in no other namespace.
+        body = _denied(leases.create_namespaced_lease, "kube-system", _report("kube-system", a))
+        assert "cannot create resource" in body
+        _denied(
+            leases.patch_namespaced_lease, victim, "kube-system", {"spec": {"holderIdentity": a}}
+        )
+        _denied(leases.read_namespaced_lease, victim, "kube-system")
 
 
 # --- the verification override: admins only -------------------------------------------------

@@ -34,6 +34,7 @@ from .computedomain_helpers import (
     condition,
     create_plugin_node,
     domain_body,
+    give_addresses,
     install_crd,
     report_daemon,
     running_controller,
@@ -338,6 +339,7 @@ def test_controller_needs_only_its_documented_permissions(
         rest.replace(DEVICE_CLASSES, cd.CHANNEL_CLASS, {**live, "spec": stale})
     node = unique("rbac-node")
     create_plugin_node(control_plane, node, fabric="rack-r")
+    give_addresses(control_plane, node, "10.2.0.1")
     cfg = ControllerConfig(
         namespace=driver_ns,
         daemon=DaemonSettings(namespace=driver_ns),
@@ -427,3 +429,42 @@ def test_api_server_refuses_all_channels_in_host_mode(
     assert "allocationMode All needs imexMode managed" in err.value.message
     body["spec"]["imexMode"] = "managed"
     rest.create(COMPUTE_DOMAINS, body, ns)  # fine where the IMEX domain is the domain's own
+
+
+def test_a_report_naming_a_foreign_ip_is_ignored(control_plane: ControlPlane, rest: Rest) -> None:
+    """Issue 19: a node's report may name only one of its own Node's addresses; another node's
+    IP (a compromised node redirecting its peers' IMEX traffic) is ignored, with an event."""
+    ns, driver_ns = _ns(control_plane, "cd-foreign"), unique("cd-system")
+    node, other = unique("own-ip"), unique("other-ip")
+    create_plugin_node(control_plane, node, fabric="rack-f")
+    create_plugin_node(control_plane, other, fabric="rack-f")
+    give_addresses(control_plane, node, "10.3.0.1", "10.3.1.1")
+    give_addresses(control_plane, other, "10.3.0.2")
+    with running_controller(control_plane, driver_ns, leader_election=False):
+        rest.create(COMPUTE_DOMAINS, domain_body("f", rct="f-imex"), ns)
+        template = wait_for(lambda: rest.get_or_none(CLAIM_TEMPLATES, "f-imex", ns), what="rct")
+        uid = template["metadata"]["labels"][cd.DOMAIN_LABEL]
+        allocate_claim(rest, ns, template, node, "f-0")
+
+        def row_ip() -> str | None:
+            nodes = rest.get(COMPUTE_DOMAINS, "f", ns).get("status", {}).get("nodes") or []
+            return nodes[0].get("ipAddress") if nodes and nodes[0].get("ready") else None
+
+        # One of its own addresses (not the first): taken.
+        report_daemon(rest, driver_ns, uid, node, ready=True, ip="10.3.1.1")
+        wait_for(lambda: row_ip() == "10.3.1.1", what="own second address taken")
+        # The other node's address: ignored, the Node's own address used, and said so.
+        report_daemon(rest, driver_ns, uid, node, ready=True, ip="10.3.0.2")
+        wait_for(lambda: row_ip() == "10.3.0.1", what="foreign address ignored")
+        events = wait_for(
+            lambda: [
+                e
+                for e in rest.list(EVENTS, ns)["items"]
+                if e["involvedObject"].get("name") == "f" and e["reason"] == "ForeignReportIP"
+            ],
+            what="ForeignReportIP event",
+        )
+        assert events[0]["type"] == "Warning"
+        assert "10.3.0.2" in events[0]["message"]
+        assert node in events[0]["message"]
+        _delete_and_wait(rest, ns, "f")

@@ -40,6 +40,7 @@ from .computedomain_helpers import (
     condition,
     create_plugin_node,
     domain_body,
+    give_addresses,
     install_crd,
     report_daemon,
     running_controller,
@@ -317,6 +318,7 @@ def test_imex_daemon_reports_through_the_controller(
     control_plane.create_namespace(ns)
     node = unique("gb200")
     create_plugin_node(control_plane, node, fabric="rack-9")
+    give_addresses(control_plane, node, "127.0.0.1")  # the daemon reports its Node's own IP
     with running_controller(control_plane, driver_ns):
         rest.create(COMPUTE_DOMAINS, domain_body("sim", rct="sim-imex", num_nodes=1), ns)
         template = wait_for(

@@ -26,6 +26,7 @@ from .computedomain_helpers import (
     condition,
     create_plugin_node,
     domain_body,
+    give_addresses,
     install_crd,
     report_daemon,
     running_controller,
@@ -122,6 +123,7 @@ def test_one_domain_per_node(
             what="node row",
         )
         assert (row["name"], row["fabricDomain"], row["index"]) == (node, "clique-a", 0)
+        give_addresses(control_plane, node, "10.0.0.7")  # a report names its Node's own IP
         report_daemon(rest, driver_ns, uid, node, ready=True, ip="10.0.0.7")
         done = wait_for(
             lambda: (

@@ -222,6 +222,35 @@ def test_compute_domain_rbac_is_the_controllers_own_rule_set(chart: Chart) -> No
     assert DaemonSettings().service_account in _kinds(docs)["ServiceAccount"]
 
 
+def test_no_cluster_role_grants_leases(chart: Chart) -> None:
+    """Issue 19: a node's identity must not patch Leases in kube-system (node heartbeats, other
+    controllers' leader locks). Every Lease permission is a Role in the release namespace."""
+    docs = chart.template(namespace="gpu-ops")
+    for doc in _kinds_docs(docs, "ClusterRole"):
+        for rule in doc["rules"]:
+            assert "leases" not in rule.get("resources", []), doc["metadata"]["name"]
+    ns = "gpu-ops"
+    for name, rules in [
+        ("fabricdra-controller", rbac.CONTROLLER_NAMESPACED),
+        ("fabricdra-node-compute-domain-leases", rbac.NODE_PLUGIN_NAMESPACED),
+        ("fabricdra-imex-daemon-leases", rbac.IMEX_DAEMON_NAMESPACED),
+    ]:
+        role = _one(docs, "Role", name)
+        assert role["metadata"]["namespace"] == ns
+        assert _rules(role) == rules
+        binding = _one(docs, "RoleBinding", name)
+        assert binding["metadata"]["namespace"] == ns
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": name,
+        }
+
+
+def _kinds_docs(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d and d.get("kind") == kind]
+
+
 def test_dashboards_ship_as_sidecar_configmaps_when_present(chart: Chart) -> None:
     dashboards = sorted((CHART_DIR / "dashboards").glob("*.json"))
     maps = _kinds(chart.template()).get("ConfigMap", [])

@@ -92,6 +92,13 @@ def node_fabric(node: JSON) -> str:
     return str(node.get("metadata", {}).get("labels", {}).get(node_labels.FABRIC_DOMAIN, ""))
 
 
+def node_addresses(node: JSON | None) -> set[str]:
+    """Every address a Node's status lists (none for an unknown Node)."""
+    if node is None:
+        return set()
+    return {str(a.get("address", "")) for a in node.get("status", {}).get("addresses", []) or []}
+
+
 def node_ip(node: JSON) -> str:
     addresses = node.get("status", {}).get("addresses", []) or []
     for kind in ("InternalIP", "ExternalIP"):

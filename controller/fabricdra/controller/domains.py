@@ -5,6 +5,7 @@ cache is refused (409) instead of written back."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import Counter
 from typing import TYPE_CHECKING, Any
@@ -24,7 +25,7 @@ from fabricdra.api.rest import (
 )
 
 from . import channels, metrics, objects, records, status
-from .claims import channel_of, claim_nodes, domain_uid, node_fabric, node_ip
+from .claims import channel_of, claim_nodes, domain_uid, node_addresses, node_fabric, node_ip
 from .placement import FINISHED, Placed, is_gang
 from .writes import now
 
@@ -42,6 +43,8 @@ class NotOurs(Exception):
 class DomainReconciler:
     def __init__(self, controller: Controller) -> None:
         self.c = controller
+        # (domain uid, node, ip) of foreign report IPs already announced: one event each.
+        self._foreign_ips: set[tuple[str, str, str]] = set()
 
     def reconcile(self, key: str) -> None:
         c = self.c
@@ -299,6 +302,35 @@ class DomainReconciler:
             )
         return out, min(due, default=0.0)
 
+    def _own_ips(
+        self, domain: ComputeDomain, reports: dict[str, status.DaemonReport]
+    ) -> dict[str, status.DaemonReport]:
+        """A report's IP is taken only if it is one of its Node's addresses: a compromised
+        node must not redirect another node's IMEX peer address (its own node's address is
+        used instead; issue 19)."""
+        out = {}
+        for node, report in reports.items():
+            obj = self.c.nodes.get(node)
+            if report.ip and report.ip not in node_addresses(obj):
+                seen = (domain.uid, node, report.ip)
+                if seen not in self._foreign_ips:  # said once, not on every reconcile
+                    self._foreign_ips.add(seen)
+                    log.warning(
+                        "ignoring the IP %s in node %s's report for domain %s: not one of the "
+                        "Node's addresses",
+                        report.ip,
+                        node,
+                        domain.uid,
+                    )
+                    message = (
+                        f"node {node} reported the IMEX address {report.ip}, which is not one "
+                        "of its Node's addresses (status.addresses); ignored"
+                    )
+                    self.c.writer.event(domain, status.Event("Warning", "ForeignReportIP", message))
+                report = dataclasses.replace(report, ip="")
+            out[node] = report
+        return out
+
     def _fabric_conflicts(self, domain: ComputeDomain) -> list[str]:
         """Claims of the domain allocated on a node outside the domain's fabric domain (the
         scheduler placed them before the pin was visible; their binding was refused)."""
@@ -348,6 +380,7 @@ class DomainReconciler:
         recorded = list(domain.status.channels)
         domain.status.channels = recorded or ([channel] if channel is not None else [])
         reports, next_due = self._reports(domain.uid, domain.spec.imexMode == "host")
+        reports = self._own_ips(domain, reports)
         observed = status.Observed(
             ready,
             message,

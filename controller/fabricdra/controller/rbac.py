@@ -82,6 +82,19 @@ NODE_PLUGIN: list[Rule] = [
     {"apiGroups": [cd.GROUP], "resources": ["computedomains"], "verbs": ["get"]},
     {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]},
+]
+
+IMEX_DAEMON: list[Rule] = [
+    # list/watch: the daemon watches its one domain (field selector on the name).
+    {"apiGroups": [cd.GROUP], "resources": ["computedomains"], "verbs": ["get", "list", "watch"]},
+]
+
+# Leases, only ever in the release namespace (a Role + RoleBinding there, never a ClusterRole:
+# cluster-wide, a node's identity could patch kube-system's node heartbeats and leader locks).
+# The controller's (its leader Lease, the daemons' reports) are in CONTROLLER_NAMESPACED above.
+# The node plugin and the IMEX daemon write their node's report Leases; admission-policy.yaml
+# narrows that to their own node's reports.
+NODE_PLUGIN_NAMESPACED: list[Rule] = [
     {
         "apiGroups": ["coordination.k8s.io"],
         "resources": ["leases"],
@@ -89,9 +102,7 @@ NODE_PLUGIN: list[Rule] = [
     },
 ]
 
-IMEX_DAEMON: list[Rule] = [
-    # list/watch: the daemon watches its one domain (field selector on the name).
-    {"apiGroups": [cd.GROUP], "resources": ["computedomains"], "verbs": ["get", "list", "watch"]},
+IMEX_DAEMON_NAMESPACED: list[Rule] = [
     {
         "apiGroups": ["coordination.k8s.io"],
         "resources": ["leases"],
@@ -139,20 +150,20 @@ CLEANUP_NAMESPACED: list[Rule] = [
 ]
 
 
-def cluster_role(name: str, rules: list[Rule]) -> dict[str, Any]:
-    return {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "ClusterRole",
-        "metadata": {"name": name},
-        "rules": rules,
-    }
-
-
 def role(name: str, namespace: str, rules: list[Rule]) -> dict[str, Any]:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
         "metadata": {"name": name, "namespace": namespace},
+        "rules": rules,
+    }
+
+
+def cluster_role(name: str, rules: list[Rule]) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": name},
         "rules": rules,
     }
 
