@@ -309,8 +309,9 @@ def test_a_held_node_moved_to_another_clique_keeps_its_row_until_its_claim_is_re
     changes) under a running domain. Its row keeps its old clique and index (the IMEX peers of
     both sides are not silently shrunk to themselves: today each side became its own
     ensemble and the domain said FabricConflict about its own node, with no way back); the
-    domain says which node moved where (Ready and Degraded, reason CliqueChanged); once the
-    node's claim is released it leaves the domain and the domain is Ready again."""
+    domain says which node moved where (Ready and Degraded, reason CliqueChanged), also after
+    a controller restart; once the node's claim is released it leaves the domain and the
+    domain is Ready again."""
     ns, driver_ns = unique("cd-move"), unique("cd-system")
     control_plane.create_namespace(ns)
     stay, mover = unique("move-stay"), unique("move-mover")
@@ -358,6 +359,20 @@ def test_a_held_node_moved_to_another_clique_keeps_its_row_until_its_claim_is_re
         assert rows[mover]["fabricDomain"] == old
         assert rows[mover]["index"] == before["index"]
         assert rows[stay]["fabricDomain"] == old
+    with running_controller(control_plane, driver_ns, leader_election=False):
+        # Restarted: the kept row is in the API, so the new controller keeps it too (a status
+        # write forced by a new report on the moved node).
+        write_host_report(rest, driver_ns, mover, ready=True, message="again", lease_seconds=600)
+        row = wait_for(
+            lambda: (r := _row(rest, ns, "moved", mover)) and r["message"] == "again" and r,
+            what="the moved node's row after a restart",
+        )
+        assert row["fabricDomain"] == old
+        assert row["index"] == before["index"]
+        reason = (condition(rest.get(COMPUTE_DOMAINS, "moved", ns), cd.DEGRADED) or {}).get(
+            "reason"
+        )
+        assert reason == "CliqueChanged"
 
         rest.delete(CLAIMS, "m", ns)
         obj = wait_for(
