@@ -17,10 +17,20 @@ import pytest
 from e2e.harness.controlplane import ControlPlane, wait_for
 from fabricdra.api import computedomain as cd
 from fabricdra.api.computedomain import ComputeDomain
-from fabricdra.api.rest import CLAIM_TEMPLATES, CLAIMS, COMPUTE_DOMAINS, EVENTS, SLICES, Rest
+from fabricdra.api.labels import FABRIC_DOMAIN
+from fabricdra.api.rest import (
+    CLAIM_TEMPLATES,
+    CLAIMS,
+    COMPUTE_DOMAINS,
+    EVENTS,
+    NODES,
+    SLICES,
+    Rest,
+)
 from fabricdra.controller import objects
 from fabricdra.kubeletplugin.computedomain.daemon import DaemonIdentity, ImexDaemon
 from fabricdra.kubeletplugin.computedomain.imex import HOSTS_BEGIN, ImexSettings, ImexSupervisor
+from fabricdra.kubeletplugin.computedomain.report import write_host_report
 
 from .computedomain_helpers import (
     allocate_claim,
@@ -285,3 +295,97 @@ def test_without_the_opt_in_a_second_clique_is_refused(
         assert "allowMultipleCliques" in refused["message"]
         rest.delete(COMPUTE_DOMAINS, "single", ns)
         wait_gone(lambda: rest.get_or_none(COMPUTE_DOMAINS, "single", ns), "single deleted")
+
+
+def _row(rest: Rest, ns: str, name: str, node: str) -> dict[str, Any] | None:
+    rows = rest.get(COMPUTE_DOMAINS, name, ns)["status"].get("nodes", []) or []
+    return next((r for r in rows if r["name"] == node), None)
+
+
+def test_a_held_node_moved_to_another_clique_keeps_its_row_until_its_claim_is_released(
+    control_plane: ControlPlane, rest: Rest
+) -> None:
+    """Issue 22 point 5. A held node is re-cabled into another clique (its fabric label
+    changes) under a running domain. Its row keeps its old clique and index (the IMEX peers of
+    both sides are not silently shrunk to themselves: today each side became its own
+    ensemble and the domain said FabricConflict about its own node, with no way back); the
+    domain says which node moved where (Ready and Degraded, reason CliqueChanged), also after
+    a controller restart; once the node's claim is released it leaves the domain and the
+    domain is Ready again."""
+    ns, driver_ns = unique("cd-move"), unique("cd-system")
+    control_plane.create_namespace(ns)
+    stay, mover = unique("move-stay"), unique("move-mover")
+    old, new = unique("clique-old"), unique("clique-new")
+    create_plugin_node(control_plane, stay, old)
+    create_plugin_node(control_plane, mover, old)
+    with running_controller(control_plane, driver_ns, leader_election=False):
+        rest.create(COMPUTE_DOMAINS, domain_body("moved", mode="host"), ns)
+        template = _template(rest, ns, "moved")
+        for node, claim in ((stay, "s"), (mover, "m")):
+            write_host_report(rest, driver_ns, node, ready=True, message="", lease_seconds=600)
+            allocate_claim(rest, ns, template, node, claim, binding_conditions=True)
+            wait_for(lambda c=claim: cd.ADMITTED_CONDITION in _conds(rest, ns, c), what=claim)
+        wait_for(
+            lambda: (
+                (condition(rest.get(COMPUTE_DOMAINS, "moved", ns), cd.READY) or {}).get("status")
+                == "True"
+                and len(rest.get(COMPUTE_DOMAINS, "moved", ns)["status"]["nodes"]) == 2
+            ),
+            what="both nodes in, Ready",
+        )
+        before = _row(rest, ns, "moved", mover)
+        assert before is not None
+        assert before["fabricDomain"] == old
+
+        rest.patch(NODES, mover, {"metadata": {"labels": {FABRIC_DOMAIN: new}}})
+        obj = wait_for(
+            lambda: (
+                (o := rest.get(COMPUTE_DOMAINS, "moved", ns))
+                and (condition(o, cd.DEGRADED) or {}).get("reason") == "CliqueChanged"
+                and o
+            ),
+            what="the domain says the node moved",
+        )
+        degraded = condition(obj, cd.DEGRADED) or {}
+        ready = condition(obj, cd.READY) or {}
+        assert degraded["status"] == "True"
+        assert mover in degraded["message"]
+        assert new in degraded["message"]
+        assert old in degraded["message"]
+        assert ready["status"] == "False"
+        assert ready["reason"] == "CliqueChanged"
+        # Its row (its IMEX peer slot in the old clique) is kept while its claim holds it.
+        rows = {r["name"]: r for r in obj["status"]["nodes"]}
+        assert rows[mover]["fabricDomain"] == old
+        assert rows[mover]["index"] == before["index"]
+        assert rows[stay]["fabricDomain"] == old
+    with running_controller(control_plane, driver_ns, leader_election=False):
+        # Restarted: the kept row is in the API, so the new controller keeps it too (a status
+        # write forced by a new report on the moved node).
+        write_host_report(rest, driver_ns, mover, ready=True, message="again", lease_seconds=600)
+        row = wait_for(
+            lambda: (r := _row(rest, ns, "moved", mover)) and r["message"] == "again" and r,
+            what="the moved node's row after a restart",
+        )
+        assert row["fabricDomain"] == old
+        assert row["index"] == before["index"]
+        reason = (condition(rest.get(COMPUTE_DOMAINS, "moved", ns), cd.DEGRADED) or {}).get(
+            "reason"
+        )
+        assert reason == "CliqueChanged"
+
+        rest.delete(CLAIMS, "m", ns)
+        obj = wait_for(
+            lambda: (
+                (o := rest.get(COMPUTE_DOMAINS, "moved", ns))
+                and _row(rest, ns, "moved", mover) is None
+                and (condition(o, cd.READY) or {}).get("status") == "True"
+                and o
+            ),
+            what="Ready again once the moved node's claim is released",
+        )
+        assert (condition(obj, cd.DEGRADED) or {}).get("status") == "False"
+        assert [r["name"] for r in obj["status"]["nodes"]] == [stay]
+        rest.delete(CLAIMS, "s", ns)
+        rest.delete(COMPUTE_DOMAINS, "moved", ns)
+        wait_gone(lambda: rest.get_or_none(COMPUTE_DOMAINS, "moved", ns), "moved deleted")

@@ -138,3 +138,30 @@ def test_a_multi_clique_gang_is_not_placed_in_one_fabric_domain() -> None:
     multi.spec.numNodes = 4
     assert placement.is_gang(single)
     assert not placement.is_gang(multi)
+
+
+def test_a_held_node_moved_to_another_clique_keeps_its_peers_and_the_domain_says_so() -> None:
+    """Issue 22 point 5: the controller hands status a moved node with its old clique (the
+    row it keeps while held); both cliques' peer lists stay as they were, and Ready/Degraded
+    name the node, where it was and where it went. Without the move the domain is Ready."""
+    held = _held(("a1", "rack-1"), ("a2", "rack-1"))
+    first, _ = status.compute(
+        _domain(False, channels=[0]), status.Observed(True, "", held, {}), "t0"
+    )
+    before = {"status": first.model_dump(mode="json")}
+    moved = [held[0], status.HeldNode("a2", "10.0.0.2", "rack-1", moved_to="rack-9")]
+    st, events = status.compute(
+        _domain(False, **first.model_dump(mode="json")),
+        status.Observed(True, "", moved, {}),
+        "t1",
+    )
+    obj = {"status": st.model_dump(mode="json")}
+    assert peers_of(obj, "a1") == peers_of(before, "a1") == {0: "10.0.0.1", 1: "10.0.0.2"}
+    assert peers_of(obj, "a2") == peers_of(before, "a2")
+    conds = {c.type: c for c in st.conditions}
+    assert (conds[cd.READY].status, conds[cd.READY].reason) == ("False", "CliqueChanged")
+    assert (conds[cd.DEGRADED].status, conds[cd.DEGRADED].reason) == ("True", "CliqueChanged")
+    assert "a2" in conds[cd.DEGRADED].message
+    assert "rack-1" in conds[cd.DEGRADED].message
+    assert "rack-9" in conds[cd.DEGRADED].message
+    assert any(e.reason == "DegradedTrue" and e.type == "Warning" for e in events)

@@ -254,19 +254,27 @@ class DomainReconciler:
     def _held_nodes(self, domain: ComputeDomain) -> list[status.HeldNode]:
         out = []
         for node in self.c.ownership.nodes_of(domain.uid):
-            ip, fabric = self._node_facts(domain, node)
-            out.append(status.HeldNode(node, ip, fabric))
+            ip, fabric, moved_to = self._node_facts(domain, node)
+            out.append(status.HeldNode(node, ip, fabric, moved_to))
         return out
 
-    def _node_facts(self, domain: ComputeDomain, node: str) -> tuple[str, str]:
-        """A held node's (IP, fabric domain): from its Node, else, while the Node (or its
-        plugin label) is gone and a claim still holds it, from its row (the node did not
-        leave its clique by disappearing from our view; its row and index stay)."""
+    def _node_facts(self, domain: ComputeDomain, node: str) -> tuple[str, str, str | None]:
+        """A held node's (IP, fabric domain, the clique its label names now if it moved).
+        From its Node, else, while the Node (or its plugin label) is gone and a claim still
+        holds it, from its row (the node did not leave its clique by disappearing from our
+        view; its row and index stay). A node whose row names a clique and whose fabric
+        label now names another (re-cabled, tray swapped) keeps its row too, while it is
+        held: its workload's IMEX ensemble was formed there, and moving the row would shrink
+        both cliques' peer lists under the running job (docs/compute-domains.md, "What
+        survives what"); once its claims are released it leaves and may join anew."""
         obj = self.c.nodes.get(node)
-        if obj is not None:
-            return node_ip(obj), node_fabric(obj)
         row = next((r for r in domain.status.nodes if r.name == node), None)
-        return (row.ipAddress, row.fabricDomain) if row is not None else ("", "")
+        if obj is None:
+            return (row.ipAddress, row.fabricDomain, None) if row is not None else ("", "", None)
+        fabric = node_fabric(obj)
+        if row is not None and row.fabricDomain and row.fabricDomain != fabric:
+            return node_ip(obj), row.fabricDomain, fabric
+        return node_ip(obj), fabric, None
 
     def _reports(self, uid: str, host_mode: bool) -> tuple[dict[str, status.DaemonReport], float]:
         """Managed mode: the domain's daemons' reports. Host mode: the node plugins' reports

@@ -41,7 +41,7 @@ from fabricdra.api.rest import (
 )
 
 from . import capacity, channels, metrics, objects
-from .claims import claim_nodes, domain_uid
+from .claims import claim_nodes, claim_views, domain_uid
 from .domains import DomainReconciler, NotOurs
 from .leader import LeaderElector
 from .liveness import Heartbeats
@@ -367,6 +367,20 @@ class Controller:
                 if dev.get("name") == cd.CHANNEL_DEVICE and node:
                     owner = dev.get("attributes", {}).get(cd.ATTR_OWNER, {}).get("string")
                     own.set_owner(node, owner or cd.FREE_OWNER)
+        # A held node whose slice went with its Node: its hold from its admitted claims now,
+        # before any domain worker runs (else a domain reconciled before the node worker sees
+        # it unheld, drops its row, and the row comes back without its fabric domain).
+        sliced = {sl.get("spec", {}).get("nodeName") for sl in self.slices.items()}
+        namespaces = {
+            o["metadata"]["uid"]: o["metadata"]["namespace"] for o in self.domains.items()
+        }
+        for cl in self.claims.items():
+            for node in claim_nodes(cl) - sliced:
+                for view in claim_views(cl, node, namespaces):
+                    if view.state == "admitted" and view.domain:
+                        current = own.owner(node)
+                        if current == cd.FREE_OWNER or view.domain < current:
+                            own.set_owner(node, view.domain)
         held: dict[str, list[int]] = {}
         for obj in self.domains.items():
             pinned = obj.get("status", {}).get("fabricDomain")

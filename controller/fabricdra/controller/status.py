@@ -27,6 +27,9 @@ class HeldNode:
     name: str
     ip: str
     fabric_domain: str
+    # The clique its fabric label names now, when that differs from the one its row keeps
+    # (re-cabled while held: it keeps its old row until its claims are released).
+    moved_to: str | None = None
 
 
 @dataclass(frozen=True)
@@ -214,6 +217,13 @@ def compute(
     else:
         daemons = (True, "AllDaemonsReady", f"{len(rows)} IMEX daemon(s) ready")
 
+    moved = "; ".join(
+        f"node {h.name} moved from NVLink fabric domain {h.fabric_domain} to "
+        f"{h.moved_to or '(none)'} while held; it keeps its row and IMEX peer slot in "
+        f"{h.fabric_domain} until the domain's claims on it are released"
+        for h in sorted(obs.held, key=lambda h: h.name)
+        if h.moved_to is not None
+    )
     if obs.finished:
         ready = (
             False,
@@ -226,6 +236,8 @@ def compute(
         ready = (False, "FabricTooSmall", obs.too_large)
     elif not obs.objects_ready:
         ready = (False, obs.objects_reason, obs.objects_message)
+    elif moved:  # its NVLink to the others is gone: the domain is not whole
+        ready = (False, "CliqueChanged", moved)
     elif not daemons[0]:
         ready = (False, daemons[1], daemons[2])
     elif want is not None and len(ready_rows) < want:
@@ -245,6 +257,8 @@ def compute(
     ]
     if obs.fabric_conflicts:
         degraded = (True, "FabricConflict", "; ".join(obs.fabric_conflicts[:10]))
+    elif moved:
+        degraded = (True, "CliqueChanged", moved)
     elif silent:
         degraded = (
             True,
