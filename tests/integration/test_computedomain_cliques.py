@@ -37,6 +37,7 @@ from .computedomain_helpers import (
     condition,
     create_plugin_node,
     domain_body,
+    give_addresses,
     install_crd,
     running_controller,
     unique,
@@ -134,6 +135,8 @@ def test_an_opted_in_domain_spans_two_cliques_with_one_imex_ensemble_each(
         # Each node's daemon: IMEX gets only its own clique's peers.
         uid = obj["metadata"]["uid"]
         ips = {node: f"127.0.0.{i}" for i, node in enumerate(names, 11)}
+        for node in names:  # the controller takes a report's IP only if it is the Node's
+            give_addresses(control_plane, node, ips[node])
         daemons = {
             node: ImexDaemon(
                 rest,

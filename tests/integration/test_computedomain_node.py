@@ -597,6 +597,7 @@ def test_imex_daemon_watches_its_domain_instead_of_polling(
     control_plane.create_namespace(ns)
     node = unique("watcher")
     create_plugin_node(control_plane, node, fabric="rack-w")
+    give_addresses(control_plane, node, "127.0.0.1")  # the daemon reports its Node's own IP
     with running_controller(control_plane, driver_ns):
         rest.create(COMPUTE_DOMAINS, domain_body("w", rct="w-imex", num_nodes=1), ns)
         template = wait_for(lambda: rest.get_or_none(CLAIM_TEMPLATES, "w-imex", ns), what="rct")
