@@ -35,7 +35,7 @@ from .computedomain_helpers import (
     wait_gone,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("leaves_nothing_behind")]
 
 
 @pytest.fixture(scope="module")
