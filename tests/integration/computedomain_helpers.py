@@ -13,7 +13,15 @@ import yaml
 
 from e2e.harness.controlplane import ControlPlane, wait_for
 from fabricdra.api import computedomain as cd
-from fabricdra.api.rest import CLAIMS, COMPUTE_DOMAINS, STRATEGIC_PATCH, ApiError, Kind, Rest
+from fabricdra.api.rest import (
+    CLAIMS,
+    COMPUTE_DOMAINS,
+    NODES,
+    STRATEGIC_PATCH,
+    ApiError,
+    Kind,
+    Rest,
+)
 from fabricdra.controller.manager import Controller, ControllerConfig
 from fabricdra.controller.objects import DaemonSettings
 from fabricdra.kubeletplugin.kubelet import ClaimRef
@@ -28,6 +36,58 @@ POLICY_BINDINGS = Kind(
 
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def snapshot_objects(cp: ControlPlane) -> dict[str, set[str]]:
+    """The UIDs of every ComputeDomain and Node now (`remove_new_objects` keeps these)."""
+    with cp.api_client() as api:
+        rest = Rest(api)
+        out = {"nodes": {n["metadata"]["uid"] for n in rest.list(NODES)["items"]}}
+        try:
+            domains = rest.list(COMPUTE_DOMAINS)["items"]
+        except ApiError as e:
+            if not e.not_found:
+                raise
+            domains = []  # the CRD is not installed yet
+        out["domains"] = {d["metadata"]["uid"] for d in domains}
+    return out
+
+
+def remove_new_objects(cp: ControlPlane, before: dict[str, set[str]]) -> None:
+    """Delete the ComputeDomains and Nodes made since `before` (a test's). No controller runs
+    any more to finalize the domains: their finalizer is dropped (what they made stays, named
+    after them and unused)."""
+    with cp.api_client() as api:
+        rest = Rest(api)
+        try:
+            domains = rest.list(COMPUTE_DOMAINS)["items"]
+        except ApiError as e:
+            if not e.not_found:
+                raise
+            domains = []
+        for d in domains:
+            meta = d["metadata"]
+            if meta["uid"] in before["domains"]:
+                continue
+            ns, name = meta["namespace"], meta["name"]
+            try:
+                if meta.get("finalizers"):
+                    rest.patch(COMPUTE_DOMAINS, name, {"metadata": {"finalizers": None}}, ns)
+                rest.delete(COMPUTE_DOMAINS, name, ns)
+            except ApiError as e:
+                if not e.not_found:
+                    raise
+        for n in rest.list(NODES)["items"]:
+            if n["metadata"]["uid"] not in before["nodes"]:
+                rest.delete(NODES, n["metadata"]["name"])
+        wait_for(
+            lambda: (
+                not {d["metadata"]["uid"] for d in rest.list(COMPUTE_DOMAINS)["items"]}
+                - before["domains"]
+            ),
+            what="the test's ComputeDomains gone",
+            timeout=30,
+        )
 
 
 def install_crd(rest: Rest) -> None:

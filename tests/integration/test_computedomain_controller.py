@@ -42,7 +42,7 @@ from .computedomain_helpers import (
     wait_gone,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("leaves_nothing_behind")]
 RBAC_ROLES = Kind("rbac.authorization.k8s.io", "v1", "clusterroles", False)
 RBAC_BINDINGS = Kind("rbac.authorization.k8s.io", "v1", "clusterrolebindings", False)
 RBAC_NS_ROLES = Kind("rbac.authorization.k8s.io", "v1", "roles", True)

@@ -43,7 +43,7 @@ from .computedomain_helpers import (
     unique,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("leaves_nothing_behind")]
 
 
 @pytest.fixture(scope="module")
@@ -281,10 +281,21 @@ def test_status_write_from_a_stale_cache_is_refused(
         rest.create(COMPUTE_DOMAINS, domain_body("stale", mode="host"), ns)
         obj = _wait_channel(rest, ns, "stale")
         template = _workload_template(rest, obj)
-        wait_for(
-            lambda: (controller.domains.get(f"{ns}/stale") or {}).get("status", {}).get("channels"),
-            what="the cache shows the channel",
-        )
+
+        def settled() -> bool:
+            # The pass that records the channel writes status twice (channel, then the
+            # conditions): a cache frozen between the two is stale before b joins, and every
+            # write for b would be refused. So: the conditions written, and the cache holds
+            # the version the server has.
+            cached = controller.domains.get(f"{ns}/stale") or {}
+            if condition(cached, cd.READY) is None:
+                return False
+            live = rest.get(COMPUTE_DOMAINS, "stale", ns)
+            return bool(
+                cached["metadata"]["resourceVersion"] == live["metadata"]["resourceVersion"]
+            )
+
+        wait_for(settled, what="the cache shows the domain as the controller last wrote it")
         controller.domains.stop()  # from here on its copy of the domain is stale
 
         def status_patches() -> list[dict[str, Any]]:

@@ -35,7 +35,7 @@ from .computedomain_helpers import (
     wait_gone,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("leaves_nothing_behind")]
 
 
 @pytest.fixture(scope="module")
@@ -255,3 +255,58 @@ def test_a_held_node_that_disappears_keeps_its_row_and_hold_while_its_claim_exis
         wait_for(lambda: _row(rest, ns, "keep", node) is None, what="row gone with the claim")
         rest.delete(COMPUTE_DOMAINS, "keep", ns)
         wait_gone(lambda: rest.get_or_none(COMPUTE_DOMAINS, "keep", ns), "keep deleted")
+
+
+def test_a_restarted_controller_holds_a_gone_node_before_its_workers_decide(
+    control_plane: ControlPlane, rest: Rest
+) -> None:
+    """A held node whose Node (and so its slice) went while its claim is still allocated:
+    a restarted controller must know the hold when its rebuild ends, before any worker runs.
+    Learnt later (by the node worker, from the claims), a domain worker that ran first wrote
+    the domain's status without the node's row, and the row came back with fabric domain ""
+    (nothing left to read it from): test_a_held_node_that_disappears_... failed now and
+    then. Checked on a standby (caches synced, no worker: it does not lead), whose rebuild
+    is run as a new leader runs it."""
+    ns, driver_ns = _ns(control_plane, "cd-dur7"), unique("cd-system")
+    node = unique("dur7")
+    create_plugin_node(control_plane, node, unique("dur7f"))
+    with running_controller(control_plane, driver_ns, leader_election=False):
+        rest.create(COMPUTE_DOMAINS, domain_body("keep", mode="host"), ns)
+        obj = wait_for(
+            lambda: (o := rest.get(COMPUTE_DOMAINS, "keep", ns))["status"].get("channels") and o,
+            what="channel recorded",
+        )
+        domain = ComputeDomain.model_validate(obj)
+        template = objects.workload_claim_template(domain, domain.status.channels[0])
+        allocate_claim(rest, ns, template, node, "held", binding_conditions=True)
+        wait_for(lambda: _answer(rest, ns, "held") == cd.ADMITTED_CONDITION, what="admitted")
+        rest.delete(NODES, node)
+        wait_gone(lambda: rest.get_or_none(SLICES, objects.slice_name(node)), "its slice")
+    lease = unique("cd-controller")
+
+    def replica() -> Controller:
+        cfg = ControllerConfig(
+            namespace=driver_ns,
+            daemon=DaemonSettings(namespace=driver_ns),
+            lease_name=lease,
+            identity=unique("replica"),
+        )
+        return Controller(control_plane.api_client(), cfg)
+
+    leader, standby = replica(), replica()
+    try:
+        leader.start()
+        assert leader.elector is not None
+        assert leader.elector.leading.wait(30)
+        standby.start()
+        wait_for(
+            lambda: all(i.has_synced() for i in standby._informers), what="standby caches synced"
+        )
+        assert standby.elector is not None
+        assert not standby.elector.leading.is_set()
+        standby._rebuild_owners()
+        assert standby.ownership.owner(node) == domain.uid
+    finally:
+        leader.stop()
+        standby.stop()
+        rest.delete(CLAIMS, "held", ns)

@@ -48,7 +48,7 @@ from .computedomain_helpers import (
     wait_gone,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("leaves_nothing_behind")]
 STAND_INS = Path(__file__).resolve().parents[1] / "imex"
 MAJOR = 234
 

@@ -31,10 +31,9 @@ from .computedomain_helpers import (
     report_daemon,
     running_controller,
     unique,
-    wait_gone,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("leaves_nothing_behind")]
 
 
 @pytest.fixture(scope="module")
@@ -52,14 +51,6 @@ def _ns(cp: ControlPlane, prefix: str) -> str:
 
 def _placed(rest: Rest, ns: str, name: str) -> str:
     return str(rest.get(COMPUTE_DOMAINS, name, ns).get("status", {}).get("fabricDomain") or "")
-
-
-def _done(rest: Rest, ns: str, name: str) -> None:
-    """Delete the test's gang (while its controller runs, which finalizes it): a gang left
-    behind unfinished would be placed again, by the next test's controller, in the next
-    test's fabric domains (a placement that lost its room moves)."""
-    rest.delete(COMPUTE_DOMAINS, name, ns)
-    wait_gone(lambda: rest.get_or_none(COMPUTE_DOMAINS, name, ns), what=f"{name} deleted")
 
 
 def _not_ready(rest: Rest, node: str) -> None:
@@ -99,7 +90,6 @@ def test_gang_placement_counts_only_ready_schedulable_nodes(
         rest.create(COMPUTE_DOMAINS, domain_body("gang", mode="host", num_nodes=2), ns)
         placed = wait_for(lambda: _placed(rest, ns, "gang"), what="gang placed")
         assert placed == racks[2]
-        _done(rest, ns, "gang")
 
 
 def test_with_the_verification_gate_required_only_verified_nodes_count(
@@ -121,7 +111,6 @@ def test_with_the_verification_gate_required_only_verified_nodes_count(
         rest.create(COMPUTE_DOMAINS, domain_body("gang", mode="host", num_nodes=2), ns)
         placed = wait_for(lambda: _placed(rest, ns, "gang"), what="gang placed")
         assert placed == racks[1]
-        _done(rest, ns, "gang")
 
 
 def _answer(rest: Rest, ns: str, claim: str) -> dict[str, str]:
@@ -164,7 +153,6 @@ def test_a_timed_out_gang_is_placed_again_without_the_nodes_that_failed_it(
             ),
             what="the template follows the new placement",
         )
-        _done(rest, ns, "job")
 
 
 def test_gang_placement_counts_only_nodes_with_a_free_healthy_gpu(
@@ -194,7 +182,6 @@ def test_gang_placement_counts_only_nodes_with_a_free_healthy_gpu(
     with running_controller(control_plane, driver_ns, leader_election=False):
         rest.create(COMPUTE_DOMAINS, domain_body("job", mode="host", num_nodes=2), ns)
         wait_for(lambda: _placed(rest, ns, "job") == racks[1], what="placed where GPUs are free")
-        _done(rest, ns, "job")
 
 
 def test_a_placed_gang_whose_node_fails_before_its_pods_run_is_placed_again(
@@ -223,7 +210,6 @@ def test_a_placed_gang_whose_node_fails_before_its_pods_run_is_placed_again(
             ),
             what="the template follows the new placement",
         )
-        _done(rest, ns, "job")
 
 
 def test_a_finished_gang_no_longer_keeps_its_fabric_domain(
@@ -259,5 +245,3 @@ def test_a_finished_gang_no_longer_keeps_its_fabric_domain(
         wait_for(lambda: ready().get("reason") == "Finished", what="Ready=False, Finished")
         rest.create(COMPUTE_DOMAINS, domain_body("next", mode="host", num_nodes=2), ns)
         wait_for(lambda: _placed(rest, ns, "next") == rack, what="the next gang placed there")
-        _done(rest, ns, "next")
-        _done(rest, ns, "done")

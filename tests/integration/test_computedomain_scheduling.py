@@ -34,7 +34,7 @@ from .computedomain_helpers import (
     wait_gone,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("leaves_nothing_behind")]
 
 
 def _pod(name: str, template: str) -> dict[str, Any]:

@@ -22,7 +22,10 @@ from tests.fleetdata import GB200, _gpu, _slice, scenario
 from tests.integration.computedomain_helpers import install_crd
 from tests.integration.dra_setup import installed  # noqa: F401 - a fixture
 
-pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("installed")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.usefixtures("installed", "leaves_nothing_behind"),
+]
 
 
 @pytest.fixture(scope="module")

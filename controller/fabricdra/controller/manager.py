@@ -41,11 +41,11 @@ from fabricdra.api.rest import (
 )
 
 from . import capacity, channels, metrics, objects
-from .claims import claim_nodes, claim_views, domain_uid
+from .claims import claim_nodes, domain_uid
 from .domains import DomainReconciler, NotOurs
 from .leader import LeaderElector
 from .liveness import Heartbeats
-from .nodes import NodeReconciler
+from .nodes import NodeReconciler, admitted_domains
 from .ownership import Ownership
 from .placement import Placement, finished
 from .records import NotRecorded
@@ -367,20 +367,6 @@ class Controller:
                 if dev.get("name") == cd.CHANNEL_DEVICE and node:
                     owner = dev.get("attributes", {}).get(cd.ATTR_OWNER, {}).get("string")
                     own.set_owner(node, owner or cd.FREE_OWNER)
-        # A held node whose slice went with its Node: its hold from its admitted claims now,
-        # before any domain worker runs (else a domain reconciled before the node worker sees
-        # it unheld, drops its row, and the row comes back without its fabric domain).
-        sliced = {sl.get("spec", {}).get("nodeName") for sl in self.slices.items()}
-        namespaces = {
-            o["metadata"]["uid"]: o["metadata"]["namespace"] for o in self.domains.items()
-        }
-        for cl in self.claims.items():
-            for node in claim_nodes(cl) - sliced:
-                for view in claim_views(cl, node, namespaces):
-                    if view.state == "admitted" and view.domain:
-                        current = own.owner(node)
-                        if current == cd.FREE_OWNER or view.domain < current:
-                            own.set_owner(node, view.domain)
         held: dict[str, list[int]] = {}
         for obj in self.domains.items():
             pinned = obj.get("status", {}).get("fabricDomain")
@@ -391,8 +377,19 @@ class Controller:
             # Only an outside edit of status can do this; say so, do not guess who is right.
             log.error("IMEX channel %d is recorded by several ComputeDomains: %s", channel, owners)
         # Nodes named by allocated claims too: a held node whose Node (or plugin label) is
-        # gone has no slice any more, and its hold is rebuilt from its admitted claims.
-        claimed = {n for cl in self.claims.items() for n in claim_nodes(cl)}
+        # gone has no slice any more, and its hold is rebuilt from its admitted claims, here
+        # and not later by the node worker: a domain worker that ran first would write the
+        # domain's status without the node's row, and its fabric domain (read from that row
+        # while the Node is gone) would be lost with it.
+        claims = self.claims.items()
+        claimed = {n for cl in claims for n in claim_nodes(cl)}
         nodes = {n["metadata"]["name"] for n in self.nodes.items()}
+        for node in sorted(claimed - nodes):
+            if own.owner(node) != cd.FREE_OWNER:
+                continue
+            on_node = [cl for cl in claims if node in claim_nodes(cl)]
+            admitted = admitted_domains(self, node, on_node)
+            if admitted:
+                own.set_owner(node, min(admitted))  # as the node worker decides (nodes.py)
         for node in own.known_nodes() | nodes | claimed:
             self.node_queue.add(node)

@@ -5,6 +5,7 @@ workload claims waiting at binding time (admission.py decides; this module write
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from fabricdra.api import computedomain as cd
@@ -23,6 +24,18 @@ log = logging.getLogger("fabricdra.controller")
 JSON = dict[str, Any]
 # The gang key of a multi-clique domain (one timer for all its cliques); never a label value.
 ALL_CLIQUES = "*"
+
+
+def admitted_domains(c: Controller, node: str, claims: Iterable[JSON]) -> set[str]:
+    """The UIDs of the domains whose claims on `node` (of `claims`) were admitted: who holds
+    a node that has no slice to say so (its Node, or its plugin label, is gone)."""
+    namespaces = {o["metadata"]["uid"]: o["metadata"]["namespace"] for o in c.domains.items()}
+    return {
+        v.domain
+        for cl in claims
+        for v in claim_views(cl, node, namespaces)
+        if v.state == "admitted" and v.domain
+    }
 
 
 class NodeReconciler:
@@ -65,15 +78,7 @@ class NodeReconciler:
             if not claims:
                 c.ownership.forget_node(name)
             else:
-                namespaces = {
-                    o["metadata"]["uid"]: o["metadata"]["namespace"] for o in c.domains.items()
-                }
-                admitted = {
-                    v.domain
-                    for cl in claims
-                    for v in claim_views(cl, name, namespaces)
-                    if v.state == "admitted" and v.domain
-                }
+                admitted = admitted_domains(c, name, claims)
                 if admitted and previous not in admitted:
                     c.ownership.set_owner(name, min(admitted))
                     key = c.ownership.key_of(min(admitted))
