@@ -759,14 +759,16 @@ def test_a_hold_whose_claim_left_the_api_no_longer_keeps_its_mode(
     mode: the scheduler no longer sees that allocation, so an `exclusive` offering in shared
     mode would hand the NIC to an exclusive request (the install test's claim `x`). The entry
     itself stays (only kubelet's unprepare frees a device): a share on the NIC is refused
-    until then. A hold whose claim still exists keeps its mode."""
+    until then. A hold whose claim still exists keeps its mode. Only claims whose hold changes
+    what is offered are read, and a claim found gone is not read again."""
     base = tmp_path_factory.mktemp("gone")
     host = build_host(base / "host", vf_nics=())
     config = agent_config(base, host, node, discovery_interval=3600, verification_gate=False)
     gone, kept = "rdma-0000-19-00-0", "rdma-0000-3b-00-0"
     with control_plane.api_client() as api:
         resource = client.ResourceV1Api(api)
-        agent = Agent(config, api)
+        reader = SweepReader(api)
+        agent = Agent(config, api, claims=reader)
         agent.pass_once()
         refs = {}
         for name, device in (("gone", gone), ("kept", kept)):
@@ -775,12 +777,19 @@ def test_a_hold_whose_claim_left_the_api_no_longer_keeps_its_mode(
             )
             refs[name] = ClaimRef(node, name, uid)
             assert [d.device_name for d in agent.driver.prepare(refs[name])] == [device]
+        reads = dict(reader.reads)
+        agent.pass_once()
+        assert reader.reads == reads  # the node's mode is the held one: nothing to read
         client.CoreV1Api(api).patch_node(
             node, {"metadata": {"labels": {"fabricdra.io/rdma-mode": "shared"}}}
         )
         agent.pass_once()
         modes = _rdma_modes(api, node)
         assert (modes[gone], modes[kept]) == ("exclusive", "exclusive")
+        assert (reader.reads["gone"], reader.reads["kept"]) == (
+            reads["gone"] + 1,
+            reads["kept"] + 1,
+        )
 
         resource.delete_namespaced_resource_claim("gone", node)
         wait_for(
@@ -797,6 +806,9 @@ def test_a_hold_whose_claim_left_the_api_no_longer_keeps_its_mode(
         modes = _rdma_modes(api, node)
         assert modes.pop(kept) == "exclusive"  # its claim exists: never moved under it
         assert set(modes.values()) == {"shared"}  # no exclusive offering left for a new claim
+        reads = dict(reader.reads)
+        agent.pass_once()
+        assert (reader.reads["gone"], reader.reads["kept"]) == (reads["gone"], reads["kept"] + 1)
         assert [e.uid for e in agent.driver.checkpoint.entries()] == sorted(
             [refs["gone"].uid, refs["kept"].uid]
         )
