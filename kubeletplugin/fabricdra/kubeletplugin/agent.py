@@ -17,7 +17,9 @@ registration — kubelet deletes the node's slices when it starts):
    The node's RDMA mode is re-read from the Node's `fabricdra.io/rdma-mode` label each pass
    (absent: `--rdma-mode`; invalid: an error log, a Warning event on the NodeDevices record,
    and `--rdma-mode`; unreadable: the last pass's mode), and RDMA endpoints prepared claims
-   hold (the checkpoint) keep the mode they are held in until unprepared;
+   hold (the checkpoint) keep the mode they are held in until unprepared, or until their
+   claim is gone from the API (only the claims whose hold changes what is offered are read,
+   `pins_mode`);
 4. `NodePublisher.sync` (slices, NodeDevices, labels; it compares with the live objects, so
    a pass that changes nothing writes nothing, and slices kubelet deleted come back);
 5. the health stream snapshot (Unhealthy/healed devices reach kubelet at once).
