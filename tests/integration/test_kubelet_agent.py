@@ -758,9 +758,10 @@ def test_a_hold_whose_claim_left_the_api_no_longer_keeps_its_mode(
     API (deleted, or recreated under another UID) no longer keeps its endpoint in the held
     mode: the scheduler no longer sees that allocation, so an `exclusive` offering in shared
     mode would hand the NIC to an exclusive request (the install test's claim `x`). The entry
-    itself stays (only kubelet's unprepare frees a device): a share on the NIC is refused
-    until then. A hold whose claim still exists keeps its mode. Only claims whose hold changes
-    what is offered are read, and a claim found gone is not read again."""
+    itself stays (only kubelet's unprepare frees a device), so prepare refuses new claims of
+    the NIC: it is offered in no mode until kubelet unprepares, then in the node's. A hold
+    whose claim still exists keeps its mode. Only claims whose hold changes what is offered
+    are read, and a claim found gone is not read again."""
     base = tmp_path_factory.mktemp("gone")
     host = build_host(base / "host", vf_nics=())
     config = agent_config(base, host, node, discovery_interval=3600, verification_gate=False)
@@ -804,6 +805,7 @@ def test_a_hold_whose_claim_left_the_api_no_longer_keeps_its_mode(
         )
         agent.pass_once()
         modes = _rdma_modes(api, node)
+        assert gone not in modes  # withheld: no claim could be prepared on it
         assert modes.pop(kept) == "exclusive"  # its claim exists: never moved under it
         assert set(modes.values()) == {"shared"}  # no exclusive offering left for a new claim
         reads = dict(reader.reads)
@@ -812,8 +814,11 @@ def test_a_hold_whose_claim_left_the_api_no_longer_keeps_its_mode(
         assert [e.uid for e in agent.driver.checkpoint.entries()] == sorted(
             [refs["gone"].uid, refs["kept"].uid]
         )
-        # the entry still holds the NIC: a new claim on it is refused until kubelet unprepares
+        # the entry still holds the NIC: a new claim of it is refused until kubelet unprepares
         late = create_claim(api, node, "late", [{"request": "nic", "device": gone, "pool": node}])
-        with pytest.raises(PrepareError, match="already prepared for claim"):
+        with pytest.raises(PrepareError):
             agent.driver.prepare(ClaimRef(node, "late", late))
+        agent.driver.unprepare(refs["gone"])
+        agent.pass_once()
+        assert _rdma_modes(api, node)[gone] == "shared"  # unprepared: the node's mode
         agent.xids.close()

@@ -17,9 +17,9 @@ registration — kubelet deletes the node's slices when it starts):
    The node's RDMA mode is re-read from the Node's `fabricdra.io/rdma-mode` label each pass
    (absent: `--rdma-mode`; invalid: an error log, a Warning event on the NodeDevices record,
    and `--rdma-mode`; unreadable: the last pass's mode), and RDMA endpoints prepared claims
-   hold (the checkpoint) keep the mode they are held in until unprepared, or until their
-   claim is gone from the API (only the claims whose hold changes what is offered are read,
-   `pins_mode`);
+   hold (the checkpoint) keep the mode they are held in until unprepared; one whose claim
+   is gone from the API is withheld until unprepared (only the claims whose hold changes
+   what is offered are read, `pins_mode`);
 4. `NodePublisher.sync` (slices, NodeDevices, labels; it compares with the live objects, so
    a pass that changes nothing writes nothing, and slices kubelet deleted come back);
 5. the health stream snapshot (Unhealthy/healed devices reach kubelet at once).
@@ -299,8 +299,16 @@ class Agent:
                 held=held,
             )
 
-        entries = self._holds_in_force(self.driver.checkpoint.entries(), build({}))
-        inventory = build(held_endpoints(entries))
+        entries, gone = self._holds_in_force(self.driver.checkpoint.entries(), build({}))
+        held = held_endpoints(entries)
+        inventory = build(held)
+        # Held by a claim gone from the API (kubelet has not unprepared it): offered in no mode
+        # until kubelet does, as prepare would refuse every new claim of it meanwhile.
+        withheld = set(held_endpoints(gone)) - set(held)
+        if withheld:
+            inventory = replace(
+                inventory, devices=tuple(d for d in inventory if d.name not in withheld)
+            )
         self.inventory = inventory
         metrics.DISCOVERY_SECONDS.observe(time.perf_counter() - start)
         self.passes += 1
@@ -311,19 +319,22 @@ class Agent:
 
     def _holds_in_force(
         self, entries: list[ClaimEntry], natural: DeviceInventory
-    ) -> list[ClaimEntry]:
-        """The checkpoint entries whose holds keep their NICs' modes: all but those whose claim
-        is gone from the API (deleted, or recreated under another UID). The scheduler no longer
-        counts a gone claim's allocation, so offering its NIC in the held mode would only hand
-        it out in a mode the node no longer offers (an exclusive request landing on a NIC of a
-        shared node). The entry itself stays until kubelet unprepares it, and prepare's in-use
-        check keeps refusing the NIC meanwhile. Only claims whose hold changes what is offered
-        (`pins_mode`) are read, so a node whose mode did not change reads nothing; a claim
-        found gone is not read again; one that cannot be read counts as there."""
+    ) -> tuple[list[ClaimEntry], list[ClaimEntry]]:
+        """The checkpoint entries whose holds keep their NICs' modes, and those whose claim is
+        gone from the API (deleted, or recreated under another UID). The scheduler no longer
+        counts a gone claim's allocation, so offering its NIC in the held mode would hand it
+        out in a mode the node no longer offers (an exclusive request landing on a NIC of a
+        shared node); offering it in the node's mode would let claims land where prepare's
+        in-use check refuses them (the entry stays until kubelet unprepares it). So the caller
+        withholds it. Only claims whose hold changes what is offered (`pins_mode`) are read,
+        so a node whose mode did not change reads nothing; a claim found gone is not read
+        again; one that cannot be read counts as there."""
         self._gone_claims &= {e.uid for e in entries}
-        out = []
+        out: list[ClaimEntry] = []
+        gone_entries: list[ClaimEntry] = []
         for entry in entries:
             if entry.uid in self._gone_claims:
+                gone_entries.append(entry)
                 continue
             if pins_mode(entry, natural):
                 try:
@@ -336,16 +347,17 @@ class Agent:
                     )
                     gone = False
                 if gone:
-                    log.info(
-                        "claim gone from the API: its NIC follows the node's RDMA mode "
-                        "(still held until kubelet unprepares it)",
+                    log.warning(
+                        "claim gone from the API is still prepared here: its NIC is offered "
+                        "in no mode until kubelet unprepares it",
                         claim=f"{entry.namespace}/{entry.name}",
                         uid=entry.uid,
                     )
                     self._gone_claims.add(entry.uid)
+                    gone_entries.append(entry)
                     continue
             out.append(entry)
-        return out
+        return out, gone_entries
 
     def _node_rdma_mode(self) -> RdmaMode:
         """This pass's RDMA mode: the Node's label, else `--rdma-mode`. Read afresh each pass,
