@@ -29,6 +29,7 @@ from e2e.harness.poll import wait_for
 from e2e.harness.process import free_port
 from fabricdra.kubeletplugin.agent import Agent, AgentConfig, health_reports
 from fabricdra.kubeletplugin.kubelet import ClaimRef
+from fabricdra.kubeletplugin.kubelet.driver import PrepareError
 from fabricdra.kubeletplugin.resourceslices import TAINT_KEY
 from fabricdra.proto.gen.dra_health_v1alpha1 import api_pb2 as health_pb2
 from fabricdra.proto.gen.dra_health_v1alpha1 import api_pb2_grpc as health_grpc
@@ -744,4 +745,80 @@ def test_the_node_label_picks_the_rdma_mode_and_a_held_nic_keeps_its_own(
         agent.pass_once()
         assert _rdma_modes(api, node) == {}
         assert "gpu-0000-18-00-0" in slice_devices(api, node)
+        agent.xids.close()
+
+
+def test_a_hold_whose_claim_left_the_api_no_longer_keeps_its_mode(
+    tmp_path_factory: pytest.TempPathFactory,
+    control_plane: ControlPlane,
+    crds: None,
+    node: str,
+) -> None:
+    """A checkpoint entry kubelet has not unprepared (yet, or ever) whose claim is gone from the
+    API (deleted, or recreated under another UID) no longer keeps its endpoint in the held
+    mode: the scheduler no longer sees that allocation, so an `exclusive` offering in shared
+    mode would hand the NIC to an exclusive request (the install test's claim `x`). The entry
+    itself stays (only kubelet's unprepare frees a device), so prepare refuses new claims of
+    the NIC: it is offered in no mode until kubelet unprepares, then in the node's. A hold
+    whose claim still exists keeps its mode. Only claims whose hold changes what is offered
+    are read, and a claim found gone is not read again."""
+    base = tmp_path_factory.mktemp("gone")
+    host = build_host(base / "host", vf_nics=())
+    config = agent_config(base, host, node, discovery_interval=3600, verification_gate=False)
+    gone, kept = "rdma-0000-19-00-0", "rdma-0000-3b-00-0"
+    with control_plane.api_client() as api:
+        resource = client.ResourceV1Api(api)
+        reader = SweepReader(api)
+        agent = Agent(config, api, claims=reader)
+        agent.pass_once()
+        refs = {}
+        for name, device in (("gone", gone), ("kept", kept)):
+            uid = create_claim(
+                api, node, name, [{"request": "nic", "device": device, "pool": node}]
+            )
+            refs[name] = ClaimRef(node, name, uid)
+            assert [d.device_name for d in agent.driver.prepare(refs[name])] == [device]
+        reads = dict(reader.reads)
+        agent.pass_once()
+        assert reader.reads == reads  # the node's mode is the held one: nothing to read
+        client.CoreV1Api(api).patch_node(
+            node, {"metadata": {"labels": {"fabricdra.io/rdma-mode": "shared"}}}
+        )
+        agent.pass_once()
+        modes = _rdma_modes(api, node)
+        assert (modes[gone], modes[kept]) == ("exclusive", "exclusive")
+        assert (reader.reads["gone"], reader.reads["kept"]) == (
+            reads["gone"] + 1,
+            reads["kept"] + 1,
+        )
+
+        resource.delete_namespaced_resource_claim("gone", node)
+        wait_for(
+            lambda: (
+                not [
+                    c
+                    for c in resource.list_namespaced_resource_claim(node).items
+                    if c.metadata.name == "gone"
+                ]
+            ),
+            what="the claim deleted",
+        )
+        agent.pass_once()
+        modes = _rdma_modes(api, node)
+        assert gone not in modes  # withheld: no claim could be prepared on it
+        assert modes.pop(kept) == "exclusive"  # its claim exists: never moved under it
+        assert set(modes.values()) == {"shared"}  # no exclusive offering left for a new claim
+        reads = dict(reader.reads)
+        agent.pass_once()
+        assert (reader.reads["gone"], reader.reads["kept"]) == (reads["gone"], reads["kept"] + 1)
+        assert [e.uid for e in agent.driver.checkpoint.entries()] == sorted(
+            [refs["gone"].uid, refs["kept"].uid]
+        )
+        # the entry still holds the NIC: a new claim of it is refused until kubelet unprepares
+        late = create_claim(api, node, "late", [{"request": "nic", "device": gone, "pool": node}])
+        with pytest.raises(PrepareError):
+            agent.driver.prepare(ClaimRef(node, "late", late))
+        agent.driver.unprepare(refs["gone"])
+        agent.pass_once()
+        assert _rdma_modes(api, node)[gone] == "shared"  # unprepared: the node's mode
         agent.xids.close()

@@ -17,7 +17,9 @@ registration — kubelet deletes the node's slices when it starts):
    The node's RDMA mode is re-read from the Node's `fabricdra.io/rdma-mode` label each pass
    (absent: `--rdma-mode`; invalid: an error log, a Warning event on the NodeDevices record,
    and `--rdma-mode`; unreadable: the last pass's mode), and RDMA endpoints prepared claims
-   hold (the checkpoint) keep the mode they are held in until unprepared;
+   hold (the checkpoint) keep the mode they are held in until unprepared; one whose claim
+   is gone from the API is withheld until unprepared (only the claims whose hold changes
+   what is offered are read, `pins_mode`);
 4. `NodePublisher.sync` (slices, NodeDevices, labels; it compares with the live objects, so
    a pass that changes nothing writes nothing, and slices kubelet deleted come back);
 5. the health stream snapshot (Unhealthy/healed devices reach kubelet at once).
@@ -87,7 +89,7 @@ from .hostdevices import HostLayout
 from .kubelet import ClaimSweeper, DeviceHealth, HealthBroadcaster, PluginPaths, PluginServer
 from .kubelet.cdi import CdiWriter
 from .kubelet.checkpoint import BOOT_ID_PATH, Checkpoint, ClaimEntry, current_boot_id
-from .kubelet.claims import ClaimReader
+from .kubelet.claims import ClaimReader, is_gone
 from .networkstatus import NetworkStatus
 from .nvidiacdi import DEFAULT_SPEC_DIRS, ToolkitSpecs
 from .prepare import CDI_KIND, DRIVER_NAME, ApiClaimReader, DevicesDriver
@@ -101,6 +103,7 @@ log = structlog.get_logger("fabricdra.agent")
 
 REGISTRATION_RECHECKS = (2.0, 5.0, 15.0)  # seconds after a registration: extra passes
 XID_POLL_SECONDS = 2.0  # between passes, how often the Xid event set is drained
+HOLD_READ_SECONDS = 5.0  # one read of a claim whose hold keeps a NIC in its old mode
 
 
 class Publisher(Protocol):
@@ -193,6 +196,7 @@ class Agent:
         self._rest = metrics.counting_rest(api)  # the Node's RDMA mode label; its events
         self.rdma_mode: RdmaMode = config.devices.rdma_mode  # the mode of the last pass
         self._warned_label: str | None = None  # the invalid label value an event was sent for
+        self._gone_claims: set[str] = set()  # checkpointed claim UIDs found gone from the API
         reader = ApiClaimReader(api)
         checkpoint = Checkpoint(config.checkpoint_path, boot_id=boot_id)
         self.driver = DevicesDriver(
@@ -282,15 +286,29 @@ class Agent:
             self._seen_gpus[acc.pciBusId] = acc
         if lost:
             log.warning("GPUs left the PCI bus; kept, tainted", gpus=[a.pciBusId for a in lost])
-        inventory = build_devices(
-            discovery.interfaces or [],
-            discovery.accelerators or [],
-            replace(self.config.devices, rdma_mode=self._node_rdma_mode()),
-            gpus,
-            gpu_info(discovery.nvml),
-            lost=lost,
-            held=held_endpoints(self.driver.checkpoint.entries()),
-        )
+        config = replace(self.config.devices, rdma_mode=self._node_rdma_mode())
+
+        def build(held: dict[str, HeldAs]) -> DeviceInventory:
+            return build_devices(
+                discovery.interfaces or [],
+                discovery.accelerators or [],
+                config,
+                gpus,
+                gpu_info(discovery.nvml),
+                lost=lost,
+                held=held,
+            )
+
+        entries, gone = self._holds_in_force(self.driver.checkpoint.entries(), build({}))
+        held = held_endpoints(entries)
+        inventory = build(held)
+        # Held by a claim gone from the API (kubelet has not unprepared it): offered in no mode
+        # until kubelet does, as prepare would refuse every new claim of it meanwhile.
+        withheld = set(held_endpoints(gone)) - set(held)
+        if withheld:
+            inventory = replace(
+                inventory, devices=tuple(d for d in inventory if d.name not in withheld)
+            )
         self.inventory = inventory
         metrics.DISCOVERY_SECONDS.observe(time.perf_counter() - start)
         self.passes += 1
@@ -298,6 +316,48 @@ class Agent:
         self.health.publish(health_reports(self.config.node_name, inventory))
         _count_devices(inventory)
         return inventory
+
+    def _holds_in_force(
+        self, entries: list[ClaimEntry], natural: DeviceInventory
+    ) -> tuple[list[ClaimEntry], list[ClaimEntry]]:
+        """The checkpoint entries whose holds keep their NICs' modes, and those whose claim is
+        gone from the API (deleted, or recreated under another UID). The scheduler no longer
+        counts a gone claim's allocation, so offering its NIC in the held mode would hand it
+        out in a mode the node no longer offers (an exclusive request landing on a NIC of a
+        shared node); offering it in the node's mode would let claims land where prepare's
+        in-use check refuses them (the entry stays until kubelet unprepares it). So the caller
+        withholds it. Only claims whose hold changes what is offered (`pins_mode`) are read,
+        so a node whose mode did not change reads nothing; a claim found gone is not read
+        again; one that cannot be read counts as there."""
+        self._gone_claims &= {e.uid for e in entries}
+        out: list[ClaimEntry] = []
+        gone_entries: list[ClaimEntry] = []
+        for entry in entries:
+            if entry.uid in self._gone_claims:
+                gone_entries.append(entry)
+                continue
+            if pins_mode(entry, natural):
+                try:
+                    gone = is_gone(self.driver.claims, entry, HOLD_READ_SECONDS)
+                except Exception as e:
+                    log.warning(
+                        "claim unreadable; its NIC keeps the mode it is held in",
+                        claim=f"{entry.namespace}/{entry.name}",
+                        error=str(e),
+                    )
+                    gone = False
+                if gone:
+                    log.warning(
+                        "claim gone from the API is still prepared here: its NIC is offered "
+                        "in no mode until kubelet unprepares it",
+                        claim=f"{entry.namespace}/{entry.name}",
+                        uid=entry.uid,
+                    )
+                    self._gone_claims.add(entry.uid)
+                    gone_entries.append(entry)
+                    continue
+            out.append(entry)
+        return out, gone_entries
 
     def _node_rdma_mode(self) -> RdmaMode:
         """This pass's RDMA mode: the Node's label, else `--rdma-mode`. Read afresh each pass,
@@ -576,6 +636,19 @@ def held_endpoints(entries: Iterable[ClaimEntry]) -> dict[str, HeldAs]:
             if out.get(r.base_name) != "exclusive":
                 out[r.base_name] = "shared" if shared else "exclusive"
     return out
+
+
+def pins_mode(entry: ClaimEntry, natural: DeviceInventory) -> bool:
+    """Whether `entry`'s hold changes what is offered: it holds an RDMA endpoint that the
+    node's modes alone (`natural`: built with no holds) offer in another mode or not at all.
+    A VF is offered `vf` however it is held. GPUs are offered the same held or not."""
+    for name, held_as in held_endpoints([entry]).items():
+        if not name.startswith("rdma-"):  # endpoint names (`endpoint_name`); GPUs never pin
+            continue
+        device = natural.get(name)
+        if device is None or device.mode not in (held_as, "vf"):
+            return True
+    return False
 
 
 def _count_devices(inventory: DeviceInventory) -> None:

@@ -22,7 +22,8 @@ Rules (issue 4, seeds 000 "The RDMA resource keys" and 003 "MIG profiles", "Heal
   is offered `exclusive` or `shared`, or not at all (`off`). An endpoint a prepared claim
   holds (`held`) is offered as it is held whatever the mode says now, so a mode change never
   moves a prepared device (prepare's in-use check refuses what the change would otherwise
-  let two claims share). EFA endpoints (driver
+  let two claims share); the agent counts a hold only while its claim is still in the API,
+  and withholds a NIC a gone claim holds (`agent.Agent._holds_in_force`). EFA endpoints (driver
   `efa`) are skipped unless `DeviceConfig.efa` is on: AWS nodes advertise them through their
   own device plugin, and offering them twice would hand one out twice. An endpoint without a
   bound RDMA device name is offered in no mode: the name is what prepare resolves to a verbs

@@ -148,21 +148,21 @@ def drop_other_boots(checkpoint: Checkpoint, cdi: CdiWriter) -> None:
         log.info("dropped the checkpoint entries of another boot", claims=len(checkpoint.dropped))
 
 
+def is_gone(reader: ClaimReader, entry: ClaimEntry, timeout: float = READ_BUDGET) -> bool:
+    """Whether `entry`'s claim is gone from the API: not found, or recreated under another
+    UID. An API error other than 404 is not "gone" (a transient error must not count as a
+    delete); a read that cannot reach the server raises."""
+    try:
+        obj = reader.read_claim(entry.namespace, entry.name, timeout)
+    except ApiError as e:
+        return e.not_found
+    return (obj.get("metadata") or {}).get("uid") != entry.uid
+
+
 def find_stale(checkpoint: Checkpoint, reader: ClaimReader) -> list[ClaimEntry]:
-    """Checkpointed claims gone from the API (not found, or recreated under another UID). A
-    read that fails is not "gone". Nothing is changed: see the module docstring."""
-    stale = []
-    for entry in checkpoint.entries():
-        try:
-            obj = reader.read_claim(entry.namespace, entry.name, READ_BUDGET)
-        except ApiError as e:
-            if not e.not_found:
-                continue
-            obj = None
-        if obj is not None and (obj.get("metadata") or {}).get("uid") == entry.uid:
-            continue
-        stale.append(entry)
-    return stale
+    """Checkpointed claims gone from the API (`is_gone`). Nothing is changed: see the module
+    docstring."""
+    return [entry for entry in checkpoint.entries() if is_gone(reader, entry)]
 
 
 class ClaimSweeper:
