@@ -360,37 +360,35 @@ def _accelerator_devices(
         if dynamic is not None:
             return dynamic
     if not acc.migMode:
-        return [
-            Device(
-                name=gpu_name(acc),
-                type="gpu",
-                accelerator=acc,
-                mig=None,
-                endpoint=None,
-                interface=None,
-                mode=None,
-                health=health,
-                health_reason=reason,
-                info=info,
-                health_causes=causes,
-            )
-        ]
-    return [
-        Device(
-            name=_mig_name(acc, mig),
-            type="mig",
-            accelerator=acc,
-            mig=mig,
-            endpoint=None,
-            interface=None,
-            mode=None,
-            health=health,
-            health_reason=reason,
-            info=info,
-            health_causes=causes,
-        )
-        for mig in acc.migDevices
-    ]
+        return [_gpu_device(acc, None, info, health, reason, causes)]
+    return [_gpu_device(acc, mig, info, health, reason, causes) for mig in acc.migDevices]
+
+
+def _gpu_device(
+    acc: Accelerator,
+    mig: MigDevice | None,
+    info: GpuInfo | None,
+    health: Health,
+    reason: str | None,
+    causes: tuple[str, ...],
+    *,
+    dynamic_mig: bool = False,
+) -> Device:
+    """A whole GPU (`mig` None) or one of its MIG instances, with the GPU's health."""
+    return Device(
+        name=gpu_name(acc) if mig is None else _mig_name(acc, mig),
+        type="gpu" if mig is None else "mig",
+        accelerator=acc,
+        mig=mig,
+        endpoint=None,
+        interface=None,
+        mode=None,
+        health=health,
+        health_reason=reason,
+        info=info,
+        health_causes=causes,
+        dynamic_mig=dynamic_mig,
+    )
 
 
 def _dynamic_mig_devices(
@@ -416,20 +414,7 @@ def _dynamic_mig_devices(
         if profile is None or start is None or start not in profile.starts:
             return None
         adopted.append((mig, Placement(profile, start)))
-    whole = Device(
-        name=gpu_name(acc),
-        type="gpu",
-        accelerator=acc,
-        mig=None,
-        endpoint=None,
-        interface=None,
-        mode=None,
-        health=health,
-        health_reason=reason,
-        info=info,
-        health_causes=causes,
-        dynamic_mig=True,
-    )
+    whole = _gpu_device(acc, None, info, health, reason, causes, dynamic_mig=True)
     out = [
         replace(
             whole,
