@@ -155,6 +155,13 @@ def create_plugin_node(cp: ControlPlane, name: str, fabric: str | None = None) -
     cp.create_node(name, labels)
 
 
+def new_namespace(cp: ControlPlane, prefix: str) -> str:
+    """A namespace of its own for one test (a unique name from `prefix`)."""
+    name = unique(prefix)
+    cp.create_namespace(name)
+    return name
+
+
 def give_addresses(cp: ControlPlane, node: str, *ips: str) -> None:
     """The Node's InternalIP addresses, as a kubelet would list them (the controller takes a
     report's IP only if it is one of them)."""

@@ -7,8 +7,9 @@ from collections.abc import Iterator
 import pytest
 
 from e2e.harness.controlplane import ControlPlane
+from fabricdra.api.rest import Rest
 
-from .computedomain_helpers import remove_new_objects, snapshot_objects
+from .computedomain_helpers import install_crd, remove_new_objects, snapshot_objects
 
 
 @pytest.fixture
@@ -23,3 +24,11 @@ def leaves_nothing_behind(control_plane: ControlPlane) -> Iterator[None]:
     before = snapshot_objects(control_plane)
     yield
     remove_new_objects(control_plane, before)
+
+
+@pytest.fixture(scope="module")
+def rest(control_plane: ControlPlane) -> Rest:
+    """The admin's REST client, with the ComputeDomain CRD installed."""
+    r = Rest(control_plane.api_client())
+    install_crd(r)
+    return r

@@ -38,7 +38,6 @@ from .computedomain_helpers import (
     create_plugin_node,
     domain_body,
     give_addresses,
-    install_crd,
     running_controller,
     unique,
     wait_gone,
@@ -46,13 +45,6 @@ from .computedomain_helpers import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("leaves_nothing_behind")]
 STAND_INS = Path(__file__).resolve().parents[1] / "imex"
-
-
-@pytest.fixture(scope="module")
-def rest(control_plane: ControlPlane) -> Rest:
-    r = Rest(control_plane.api_client())
-    install_crd(r)
-    return r
 
 
 def _free_port() -> int:

@@ -35,7 +35,7 @@ from .computedomain_helpers import (
     create_plugin_node,
     domain_body,
     give_addresses,
-    install_crd,
+    new_namespace,
     report_daemon,
     running_controller,
     unique,
@@ -49,26 +49,13 @@ RBAC_NS_ROLES = Kind("rbac.authorization.k8s.io", "v1", "roles", True)
 RBAC_NS_BINDINGS = Kind("rbac.authorization.k8s.io", "v1", "rolebindings", True)
 
 
-@pytest.fixture(scope="module")
-def rest(control_plane: ControlPlane) -> Rest:
-    r = Rest(control_plane.api_client())
-    install_crd(r)
-    return r
-
-
-def _ns(cp: ControlPlane, prefix: str) -> str:
-    name = unique(prefix)
-    cp.create_namespace(name)
-    return name
-
-
 def _delete_and_wait(rest: Rest, ns: str, name: str) -> None:
     rest.delete(COMPUTE_DOMAINS, name, ns)
     wait_gone(lambda: rest.get_or_none(COMPUTE_DOMAINS, name, ns), f"domain {name} deleted")
 
 
 def test_create_makes_owned_objects_and_status(control_plane: ControlPlane, rest: Rest) -> None:
-    ns, driver_ns = _ns(control_plane, "cd-user"), unique("cd-system")
+    ns, driver_ns = new_namespace(control_plane, "cd-user"), unique("cd-system")
     # numNodes=2: the gang is placed in a fabric domain with 2 free nodes before its claim
     # template is made; other tests' fabric domains in this API server may be full.
     rack = unique("0user")
@@ -121,7 +108,7 @@ def test_create_makes_owned_objects_and_status(control_plane: ControlPlane, rest
 
 
 def test_host_mode_creates_no_daemons(control_plane: ControlPlane, rest: Rest) -> None:
-    ns, driver_ns = _ns(control_plane, "cd-host"), unique("cd-system")
+    ns, driver_ns = new_namespace(control_plane, "cd-host"), unique("cd-system")
     with running_controller(control_plane, driver_ns):
         rest.create(COMPUTE_DOMAINS, domain_body("hostjob", mode="host"), ns)
         obj = wait_for(
@@ -141,7 +128,7 @@ def test_host_mode_creates_no_daemons(control_plane: ControlPlane, rest: Rest) -
 
 
 def test_channels_unique_and_reused_after_delete(control_plane: ControlPlane, rest: Rest) -> None:
-    ns, driver_ns = _ns(control_plane, "cd-chan"), unique("cd-system")
+    ns, driver_ns = new_namespace(control_plane, "cd-chan"), unique("cd-system")
     names = [f"d{i}" for i in range(6)]
     with running_controller(control_plane, driver_ns):
         for n in names:
@@ -182,7 +169,7 @@ def test_channels_unique_and_reused_after_delete(control_plane: ControlPlane, re
 
 
 def test_recreates_a_deleted_claim_template(control_plane: ControlPlane, rest: Rest) -> None:
-    ns, driver_ns = _ns(control_plane, "cd-heal"), unique("cd-system")
+    ns, driver_ns = new_namespace(control_plane, "cd-heal"), unique("cd-system")
     with running_controller(control_plane, driver_ns):
         rest.create(COMPUTE_DOMAINS, domain_body("heal", mode="host"), ns)
         first = wait_for(lambda: rest.get_or_none(CLAIM_TEMPLATES, "heal-channel", ns), what="RCT")
@@ -230,7 +217,7 @@ def test_killed_mid_reconcile_resumes_without_duplicates(
 ) -> None:
     """SIGKILL the controller process at several points of a domain's creation; a fresh
     process must finish the job with exactly one of everything and the same channel."""
-    ns, driver_ns = _ns(control_plane, "cd-crash"), unique("cd-system")
+    ns, driver_ns = new_namespace(control_plane, "cd-crash"), unique("cd-system")
     for i, delay in enumerate((0.3, 0.8, 1.5, 2.5)):
         name = f"crash{i}"
         proc = _controller_process(control_plane, driver_ns, f"crash-{i}-a")
@@ -284,7 +271,7 @@ def test_killed_mid_reconcile_resumes_without_duplicates(
 
 
 def test_two_replicas_one_leader_and_failover(control_plane: ControlPlane, rest: Rest) -> None:
-    ns, driver_ns = _ns(control_plane, "cd-ha"), unique("cd-system")
+    ns, driver_ns = new_namespace(control_plane, "cd-ha"), unique("cd-system")
     lease = unique("cd-lease")
     cfg = {
         "namespace": driver_ns,
@@ -326,7 +313,10 @@ def test_controller_needs_only_its_documented_permissions(
     rest.create(RBAC_ROLES, rbac.cluster_role(user, rbac.CONTROLLER))
     rest.create(RBAC_BINDINGS, rbac.binding_for_user(user, user, user))
     kubeconfig = control_plane.kubeconfig_for(user, user)
-    ns, driver_ns = _ns(control_plane, "cd-rbac"), _ns(control_plane, "cd-system")
+    ns, driver_ns = (
+        new_namespace(control_plane, "cd-rbac"),
+        new_namespace(control_plane, "cd-system"),
+    )
     rest.create(RBAC_NS_ROLES, rbac.role(user, driver_ns, rbac.CONTROLLER_NAMESPACED), driver_ns)
     rest.create(
         RBAC_NS_BINDINGS, rbac.role_binding_for_user(user, driver_ns, user, user), driver_ns
@@ -388,7 +378,7 @@ def test_controller_needs_only_its_documented_permissions(
 def test_never_takes_over_a_template_it_did_not_create(
     control_plane: ControlPlane, rest: Rest
 ) -> None:
-    ns, driver_ns = _ns(control_plane, "cd-theirs"), unique("cd-system")
+    ns, driver_ns = new_namespace(control_plane, "cd-theirs"), unique("cd-system")
     theirs = {
         "metadata": {"name": "shared-name"},
         "spec": {
@@ -434,7 +424,7 @@ def test_api_server_refuses_all_channels_in_host_mode(
 def test_a_report_naming_a_foreign_ip_is_ignored(control_plane: ControlPlane, rest: Rest) -> None:
     """Issue 19: a node's report may name only one of its own Node's addresses; another node's
     IP (a compromised node redirecting its peers' IMEX traffic) is ignored, with an event."""
-    ns, driver_ns = _ns(control_plane, "cd-foreign"), unique("cd-system")
+    ns, driver_ns = new_namespace(control_plane, "cd-foreign"), unique("cd-system")
     node, other = unique("own-ip"), unique("other-ip")
     create_plugin_node(control_plane, node, fabric="rack-f")
     create_plugin_node(control_plane, other, fabric="rack-f")

@@ -38,25 +38,12 @@ from .computedomain_helpers import (
     condition,
     create_plugin_node,
     domain_body,
-    install_crd,
+    new_namespace,
     running_controller,
     unique,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("leaves_nothing_behind")]
-
-
-@pytest.fixture(scope="module")
-def rest(control_plane: ControlPlane) -> Rest:
-    r = Rest(control_plane.api_client())
-    install_crd(r)
-    return r
-
-
-def _ns(cp: ControlPlane, prefix: str) -> str:
-    name = unique(prefix)
-    cp.create_namespace(name)
-    return name
 
 
 def _status_of(rest: Rest, ns: str, name: str, type_: str) -> dict[str, Any]:
@@ -83,7 +70,7 @@ def test_no_node_decision_from_an_unsynced_claims_cache(
     control_plane: ControlPlane, rest: Rest
 ) -> None:
     """A held node whose claims cache has not synced must not be set free or unlabelled."""
-    ns, driver_ns = _ns(control_plane, "cd-sync"), unique("cd-system")
+    ns, driver_ns = new_namespace(control_plane, "cd-sync"), unique("cd-system")
     node = unique("sync-node")
     create_plugin_node(control_plane, node, "fab-sync")
     created = rest.create(COMPUTE_DOMAINS, domain_body("held", mode="host"), ns)
@@ -236,7 +223,7 @@ def test_a_partitioned_leader_stops_before_a_standby_takes_over(
 
 
 def test_standby_keeps_its_caches_warm(control_plane: ControlPlane, rest: Rest) -> None:
-    ns, driver_ns = _ns(control_plane, "cd-warm"), unique("cd-system")
+    ns, driver_ns = new_namespace(control_plane, "cd-warm"), unique("cd-system")
     rest.create(COMPUTE_DOMAINS, domain_body("warm", mode="host"), ns)
     lease = unique("cd-lease")
     daemon = DaemonSettings(namespace=driver_ns)
@@ -273,7 +260,7 @@ def test_status_write_from_a_stale_cache_is_refused(
     """The controller's domain cache lags (here: frozen) behind its own status writes. A
     status computed from the old copy must not be written: it would move node b's index (b
     joined first, index 0; the old copy has no rows, so b and a would be numbered afresh)."""
-    ns, driver_ns = _ns(control_plane, "cd-stale"), unique("cd-system")
+    ns, driver_ns = new_namespace(control_plane, "cd-stale"), unique("cd-system")
     a_node, b_node = unique("stale-a"), unique("stale-b")
     for n in (a_node, b_node):
         create_plugin_node(control_plane, n, "fab-stale")
@@ -331,7 +318,7 @@ def test_status_write_from_a_stale_cache_is_refused(
 def test_admission_keeps_other_drivers_device_status(
     control_plane: ControlPlane, rest: Rest
 ) -> None:
-    ns, driver_ns = _ns(control_plane, "cd-ssa"), unique("cd-system")
+    ns, driver_ns = new_namespace(control_plane, "cd-ssa"), unique("cd-system")
     node = unique("ssa-node")
     create_plugin_node(control_plane, node, "fab-ssa")
     with running_controller(control_plane, driver_ns, leader_election=False):
@@ -404,7 +391,7 @@ def test_admission_keeps_other_drivers_device_status(
 def test_channel_stays_held_while_a_claim_of_a_deleted_domain_remains(
     control_plane: ControlPlane, rest: Rest
 ) -> None:
-    ns, driver_ns = _ns(control_plane, "cd-chheld"), unique("cd-system")
+    ns, driver_ns = new_namespace(control_plane, "cd-chheld"), unique("cd-system")
     node = unique("chheld-node")
     create_plugin_node(control_plane, node)
     with running_controller(control_plane, driver_ns, leader_election=False):
@@ -426,7 +413,7 @@ def test_a_silent_daemon_makes_its_row_not_ready_and_the_domain_degraded(
 ) -> None:
     from fabricdra.kubeletplugin.computedomain.report import write_report
 
-    ns, driver_ns = _ns(control_plane, "cd-live"), unique("cd-system")
+    ns, driver_ns = new_namespace(control_plane, "cd-live"), unique("cd-system")
     node = unique("live-node")
     create_plugin_node(control_plane, node)
     with running_controller(control_plane, driver_ns, leader_election=False):
@@ -462,7 +449,7 @@ def test_a_silent_daemon_makes_its_row_not_ready_and_the_domain_degraded(
 
 
 def test_fabric_conflict_reaches_status(control_plane: ControlPlane, rest: Rest) -> None:
-    ns, driver_ns = _ns(control_plane, "cd-fab"), unique("cd-system")
+    ns, driver_ns = new_namespace(control_plane, "cd-fab"), unique("cd-system")
     home, away = unique("fab-home"), unique("fab-away")
     create_plugin_node(control_plane, home, "fabric-one")
     create_plugin_node(control_plane, away, "fabric-two")
@@ -504,7 +491,7 @@ def test_a_pinned_domain_selects_only_its_fabric_until_it_holds_nothing(
     """Point 11: once pinned, the workload template matches only nodes of the domain's
     fabric domain (a pod that cannot fit stays Pending instead of failing binding on other
     fabrics); a domain that holds nothing any more is unpinned."""
-    ns, driver_ns = _ns(control_plane, "cd-pin"), unique("cd-system")
+    ns, driver_ns = new_namespace(control_plane, "cd-pin"), unique("cd-system")
     node = unique("pin-node")
     create_plugin_node(control_plane, node, "fabric-pin")
     with running_controller(control_plane, driver_ns, leader_election=False):
@@ -529,7 +516,7 @@ def test_a_pinned_domain_selects_only_its_fabric_until_it_holds_nothing(
 
 
 def test_channels_exhausted_reaches_status(control_plane: ControlPlane, rest: Rest) -> None:
-    ns, driver_ns = _ns(control_plane, "cd-exh"), unique("cd-system")
+    ns, driver_ns = new_namespace(control_plane, "cd-exh"), unique("cd-system")
     # Other tests' domains and claims share this API server: size the range so that exactly
     # one id is free.
     held = {
@@ -571,7 +558,7 @@ def _conds(rest: Rest, ns: str, claim: str) -> dict[str, dict[str, Any]]:
 def test_a_gang_is_admitted_together(control_plane: ControlPlane, rest: Rest) -> None:
     """numNodes=2: the first allocation is held at binding until the second exists in the
     same fabric domain; then both are admitted."""
-    ns, driver_ns = _ns(control_plane, "cd-gang"), unique("cd-system")
+    ns, driver_ns = new_namespace(control_plane, "cd-gang"), unique("cd-system")
     nodes = [unique("gang-a"), unique("gang-b")]
     for n in nodes:
         create_plugin_node(control_plane, n, "fabric-gang")
@@ -602,7 +589,7 @@ def test_an_incomplete_gang_is_released_after_the_timeout(
     """numNodes=3 with only 2 allocations (in a fabric domain of 3: the gang is placed
     there): after the gang timeout both held claims are released together (one released
     alone would keep the job pinned to its partial place)."""
-    ns, driver_ns = _ns(control_plane, "cd-gangto"), unique("cd-system")
+    ns, driver_ns = new_namespace(control_plane, "cd-gangto"), unique("cd-system")
     nodes = [unique("gang-part"), unique("gang-part"), unique("gang-part")]
     for n in nodes:
         create_plugin_node(control_plane, n, "fabric-gangto")
@@ -630,7 +617,7 @@ def test_num_nodes_beyond_the_fabric_is_said_not_capped(
 ) -> None:
     """No hard cap of 18: 500 nodes are accepted by the API, and the status says whether the
     fabric can hold them."""
-    ns, driver_ns = _ns(control_plane, "cd-size"), unique("cd-system")
+    ns, driver_ns = new_namespace(control_plane, "cd-size"), unique("cd-system")
     fabric = unique("fabric-size")
     for _ in range(2):
         create_plugin_node(control_plane, unique("size-node"), fabric)
@@ -657,7 +644,7 @@ def test_a_gang_that_fits_nowhere_waits_without_a_template_until_room_appears(
     it before its claim template exists (the template selects that fabric domain only); a
     second gang that fits nowhere gets no template (so no claim, no partial allocation)
     and says Ready=False, WaitingForFabric, until the first is deleted; then it is placed."""
-    ns, driver_ns = _ns(control_plane, "cd-place"), unique("cd-system")
+    ns, driver_ns = new_namespace(control_plane, "cd-place"), unique("cd-system")
     rack = unique("0place")  # sorts first: placement is first fit in name order
     for _ in range(3):
         create_plugin_node(control_plane, unique("place-node"), rack)

@@ -28,7 +28,7 @@ from .computedomain_helpers import (
     condition,
     create_plugin_node,
     domain_body,
-    install_crd,
+    new_namespace,
     refused_status_writes,
     running_controller,
     unique,
@@ -36,19 +36,6 @@ from .computedomain_helpers import (
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("leaves_nothing_behind")]
-
-
-@pytest.fixture(scope="module")
-def rest(control_plane: ControlPlane) -> Rest:
-    r = Rest(control_plane.api_client())
-    install_crd(r)
-    return r
-
-
-def _ns(cp: ControlPlane, prefix: str) -> str:
-    name = unique(prefix)
-    cp.create_namespace(name)
-    return name
 
 
 def _refused(caplog: pytest.LogCaptureFixture, marker: str, about: str) -> bool:
@@ -78,8 +65,8 @@ def test_a_claim_template_never_exists_before_the_decisions_it_carries_are_recor
     its running pods (channel 1, fabric A) conflicted. After the restart here, the domain
     keeps what the first controller decided whenever anything carries it."""
     ns, other_ns, driver_ns = (
-        _ns(control_plane, "cd-dur1"),
-        _ns(control_plane, "cd-dur1o"),
+        new_namespace(control_plane, "cd-dur1"),
+        new_namespace(control_plane, "cd-dur1o"),
         (unique("cd-system")),
     )
     racks = [unique("0dur1a"), unique("0dur1b")]  # sort first: placement is first fit
@@ -142,7 +129,7 @@ def test_an_elastic_domains_fabric_pin_is_recorded_before_its_first_admission(
     of another fabric domain. Only one of the two claims may be admitted: one domain never
     spans two NVLink fabrics. Today the pin lived in the dead leader's memory, so both were
     admitted (FabricConflict)."""
-    ns, driver_ns = _ns(control_plane, "cd-dur2"), unique("cd-system")
+    ns, driver_ns = new_namespace(control_plane, "cd-dur2"), unique("cd-system")
     near, far = unique("dur2-a"), unique("dur2-b")
     create_plugin_node(control_plane, near, unique("dur2fa"))
     create_plugin_node(control_plane, far, unique("dur2fb"))
@@ -218,7 +205,7 @@ def test_a_held_node_that_disappears_keeps_its_row_and_hold_while_its_claim_exis
     about its own node), a restarted controller must still hold it for the domain (today
     the hold lived only in the node's slice, removed with the node), and once the claim is
     gone, row and hold go too."""
-    ns, driver_ns = _ns(control_plane, "cd-dur6"), unique("cd-system")
+    ns, driver_ns = new_namespace(control_plane, "cd-dur6"), unique("cd-system")
     node, fabric = unique("dur6"), unique("dur6f")
     create_plugin_node(control_plane, node, fabric)
     with running_controller(control_plane, driver_ns, leader_election=False):
@@ -267,7 +254,7 @@ def test_a_restarted_controller_holds_a_gone_node_before_its_workers_decide(
     (nothing left to read it from): test_a_held_node_that_disappears_... failed now and
     then. Checked on a standby (caches synced, no worker: it does not lead), whose rebuild
     is run as a new leader runs it."""
-    ns, driver_ns = _ns(control_plane, "cd-dur7"), unique("cd-system")
+    ns, driver_ns = new_namespace(control_plane, "cd-dur7"), unique("cd-system")
     node = unique("dur7")
     create_plugin_node(control_plane, node, unique("dur7f"))
     with running_controller(control_plane, driver_ns, leader_election=False):

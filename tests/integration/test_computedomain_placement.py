@@ -27,26 +27,13 @@ from .computedomain_helpers import (
     allocate_claim,
     create_plugin_node,
     domain_body,
-    install_crd,
+    new_namespace,
     report_daemon,
     running_controller,
     unique,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("leaves_nothing_behind")]
-
-
-@pytest.fixture(scope="module")
-def rest(control_plane: ControlPlane) -> Rest:
-    r = Rest(control_plane.api_client())
-    install_crd(r)
-    return r
-
-
-def _ns(cp: ControlPlane, prefix: str) -> str:
-    name = unique(prefix)
-    cp.create_namespace(name)
-    return name
 
 
 def _placed(rest: Rest, ns: str, name: str) -> str:
@@ -78,7 +65,7 @@ def test_gang_placement_counts_only_ready_schedulable_nodes(
     is NotReady, in the second one a node is cordoned. Counting every compute-domain node,
     the gang went to the first, where it can never fill (it timed out and landed there
     again for ever); counting only nodes that can take its pods, it goes to the third."""
-    ns, driver_ns = _ns(control_plane, "cd-cap"), unique("cd-system")
+    ns, driver_ns = new_namespace(control_plane, "cd-cap"), unique("cd-system")
     racks = [unique("0000capa"), unique("0000capb"), unique("0000capc")]  # sort first
     nodes = {rack: [unique("cap"), unique("cap")] for rack in racks}
     for rack, names in nodes.items():
@@ -97,7 +84,7 @@ def test_with_the_verification_gate_required_only_verified_nodes_count(
 ) -> None:
     """`--require-verified-nodes`: a fabric domain whose nodes the verification gate has not
     passed yet (no `fabricdra.io/verified=true`; their devices are tainted) gets no gang."""
-    ns, driver_ns = _ns(control_plane, "cd-ver"), unique("cd-system")
+    ns, driver_ns = new_namespace(control_plane, "cd-ver"), unique("cd-system")
     racks = [unique("0000vera"), unique("0000verb")]  # sort first
     for rack in racks:
         for _ in range(2):
@@ -127,7 +114,7 @@ def test_a_timed_out_gang_is_placed_again_without_the_nodes_that_failed_it(
     the job was placed in the same trap each time while the other fabric domain stood
     empty. Placed again without the node that failed it, it moves to the other one, and
     the template (so every claim made from it from now on) follows."""
-    ns, driver_ns = _ns(control_plane, "cd-again"), unique("cd-system")
+    ns, driver_ns = new_namespace(control_plane, "cd-again"), unique("cd-system")
     racks = [unique("0000agna"), unique("0000agnb")]  # sort first: first fit
     nodes = {rack: [unique("agn"), unique("agn")] for rack in racks}
     for rack, names in nodes.items():
@@ -164,7 +151,7 @@ def test_gang_placement_counts_only_nodes_with_a_free_healthy_gpu(
     to the second, whose GPUs are free (the fleet view counts the same way: capacity.py)."""
     from tests.fleetdata import GB200, UNHEALTHY, _claim, _gpu, _slice
 
-    ns, driver_ns = _ns(control_plane, "cd-room"), unique("cd-system")
+    ns, driver_ns = new_namespace(control_plane, "cd-room"), unique("cd-system")
     racks = [unique("00000gpua"), unique("00000gpub")]  # sort first: first fit
     nodes = {rack: [unique("room"), unique("room")] for rack in racks}
     for rack, names in nodes.items():
@@ -191,7 +178,7 @@ def test_a_placed_gang_whose_node_fails_before_its_pods_run_is_placed_again(
     its claims allocated yet. A node there is cordoned: the placement can never fill, so the
     gang moves to the other fabric domain, and its template follows (no gang timeout needed:
     nothing was held)."""
-    ns, driver_ns = _ns(control_plane, "cd-lost"), unique("cd-system")
+    ns, driver_ns = new_namespace(control_plane, "cd-lost"), unique("cd-system")
     racks = [unique("00000fla"), unique("00000flb")]  # sort first: first fit
     nodes = {rack: [unique("lost"), unique("lost")] for rack in racks}
     for rack, names in nodes.items():
@@ -220,7 +207,7 @@ def test_a_finished_gang_no_longer_keeps_its_fabric_domain(
     placement kept counting its two nodes against the fabric domain, so the next gang found
     no room there while the domain was left in place. Now it says Ready=False, Finished, and
     the next gang is placed where it ran."""
-    ns, driver_ns = _ns(control_plane, "cd-fin"), unique("cd-system")
+    ns, driver_ns = new_namespace(control_plane, "cd-fin"), unique("cd-system")
     rack = unique("000000fin")  # sorts first: first fit
     nodes = [unique("fin"), unique("fin")]
     for n in nodes:
