@@ -71,6 +71,7 @@ def test_pod_gets_its_gpu_and_nic(
         "5",
     ]
     log = (base / "plugin.log").open("w")
+    made: list[tuple[str, str]] = []  # (kind, name) of the API objects this test created
     plugin = subprocess.Popen(argv, stderr=log, env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
         with node_cluster.api_client() as api:
@@ -85,6 +86,7 @@ def test_pod_gets_its_gpu_and_nic(
             for create, body in installs:
                 try:
                     create(body)
+                    made.append((body["kind"], body["metadata"]["name"]))
                 except ApiException as e:
                     if e.status != 409:
                         raise
@@ -181,6 +183,15 @@ def test_pod_gets_its_gpu_and_nic(
                 plugin.kill()
                 plugin.wait()
             log.close()
+            # What this test made, it removes: a DeviceClass left here, not Helm's, would stop
+            # the next test's `helm install` of the chart (it cannot adopt an object it did not
+            # make). What existed before (the chart's, kept CRDs) is not touched.
+            with node_cluster.api_client() as api:
+                for kind, name in reversed(made):
+                    if kind == "DeviceClass":
+                        client.ResourceV1Api(api).delete_device_class(name)
+                    else:
+                        client.ApiextensionsV1Api(api).delete_custom_resource_definition(name)
 
     lines = logs.split()
     nic = next(r.device for r in results if r.request == "nic")
