@@ -243,3 +243,26 @@ def test_stdlib_exception_is_one_json_line(tmp_path: Path) -> None:
     assert record["level"] == "error"
     assert record["logger"] == "fabricdra.controller"
     assert "ZeroDivisionError" in record["exception"]
+
+
+STOP_IN_WAIT = """
+import signal, threading
+from fabricdra.cli.common import stop_event
+
+stop = stop_event()
+handler = signal.getsignal(signal.SIGINT)
+# Where the signal can land: the main thread inside stop.wait(), holding the event's lock.
+with stop._cond:
+    handler(signal.SIGINT, None)
+print("stopped" if stop.wait(10) else "not stopped")
+"""
+
+
+def test_a_stop_signal_during_the_wait_for_it_stops_the_command() -> None:
+    """SIGINT/SIGTERM that arrives while the main thread waits on the stop event (it holds the
+    event's lock there) must still stop the command, not deadlock it (`fabricdra fleet
+    --watch` hung for good on the old handler, which set the event itself)."""
+    done = subprocess.run(
+        [sys.executable, "-c", STOP_IN_WAIT], capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout.strip() == "stopped", done.stderr

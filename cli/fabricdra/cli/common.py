@@ -189,8 +189,17 @@ def api_client(kubeconfig: str | None, user_agent: str | None = None) -> Any:
 
 
 def stop_event() -> threading.Event:
-    """An event set by SIGTERM or SIGINT: how a long-running subcommand learns to stop."""
+    """An event set by SIGTERM or SIGINT: how a long-running subcommand learns to stop.
+
+    The handler does not set it itself: Python runs a handler in the main thread between two
+    bytecodes, which may be inside that thread's own `stop.wait()` while it holds the event's
+    lock, and `set()` there waits for that lock for ever (seen: `fabricdra fleet --watch`
+    hung on SIGINT). A short thread sets it once the lock is free."""
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+
+    def handler(*_: object) -> None:
+        threading.Thread(target=stop.set, name="stop-signal", daemon=True).start()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
     return stop

@@ -285,7 +285,9 @@ def run(args: argparse.Namespace) -> int:
 
     def on_signal(signum: int, _frame: object) -> None:
         log.info("stopping", signal=signal.Signals(signum).name)
-        agent.stop_event_wakes(stop)
+        # From a thread: the handler may run inside the main thread's own wait on these events,
+        # holding the lock set() needs (common.stop_event says more).
+        threading.Thread(target=agent.stop_event_wakes, args=(stop,), daemon=True).start()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)

@@ -604,7 +604,8 @@ class Agent:
         return wait
 
     def stop_event_wakes(self, stop: threading.Event) -> None:
-        """Make `stop` also end the wait between passes (call from the signal handler)."""
+        """Make `stop` also end the wait between passes. Not from a signal handler itself: it
+        may run inside the main thread's wait on `wake`, holding the lock set() needs."""
         stop.set()
         self.wake.set()
 
