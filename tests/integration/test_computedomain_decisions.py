@@ -609,6 +609,61 @@ def test_an_incomplete_gang_is_released_after_the_timeout(
             assert cd.ADMITTED_CONDITION not in _conds(rest, ns, claim)
 
 
+def test_a_gang_waiting_at_binding_across_a_leader_change_is_timed_out_by_the_new_leader(
+    control_plane: ControlPlane, rest: Rest
+) -> None:
+    """The gang timer lives in the leader's memory: a leader that goes while a gang waits at
+    binding takes its timer with it. The new leader starts one of its own for the held claims
+    (the gang waits up to one more timeout), so the gang is released, never held for ever.
+    The first leader's timeout is longer than the test, so the release can only be the new
+    leader's."""
+    ns, driver_ns = new_namespace(control_plane, "cd-gangha"), unique("cd-system")
+    nodes = [unique("gang-ha"), unique("gang-ha"), unique("gang-ha")]
+    for n in nodes:
+        create_plugin_node(control_plane, n, "fabric-gangha")
+    lease = unique("cd-lease")
+
+    def replica(identity: str, gang_timeout: float) -> Controller:
+        cfg = ControllerConfig(
+            namespace=driver_ns,
+            daemon=DaemonSettings(namespace=driver_ns),
+            resync_seconds=5.0,
+            lease_name=lease,
+            identity=identity,
+            gang_timeout_seconds=gang_timeout,
+        )
+        return Controller(control_plane.api_client(), cfg)
+
+    first, second = replica("one", 3600.0), replica("two", 3.0)
+    first.start()
+    try:
+        assert first.elector is not None
+        assert first.elector.leading.wait(30)
+        second.start()
+        rest.create(COMPUTE_DOMAINS, domain_body("ha", mode="host", num_nodes=3), ns)
+        template = _workload_template(rest, _wait_channel(rest, ns, "ha"))
+        for i, n in enumerate(nodes[:2]):
+            allocate_claim(rest, ns, template, n, f"h{i}", binding_conditions=True)
+        wait_for(
+            lambda: len(rest.get(COMPUTE_DOMAINS, "ha", ns)["status"].get("nodes") or []) == 2,
+            what="both nodes held by the first leader",
+        )
+        assert all(cd.CONFLICT_CONDITION not in _conds(rest, ns, f"h{i}") for i in range(2))
+        first.stop()  # releases the Lease: the standby takes over at once
+        assert second.elector is not None
+        assert second.elector.leading.wait(30)
+        for claim in ("h0", "h1"):
+            released = wait_for(
+                lambda claim=claim: _conds(rest, ns, claim).get(cd.CONFLICT_CONDITION),
+                what=f"{claim} released by the new leader",
+            )
+            assert released["reason"] == "GangTimeout"
+            assert cd.ADMITTED_CONDITION not in _conds(rest, ns, claim)
+    finally:
+        first.stop()
+        second.stop()
+
+
 # -- point 13: the size limit comes from the fabric -------------------------------------------
 
 
