@@ -15,6 +15,7 @@ from importlib.metadata import version
 from typing import Any
 
 from fabricdra.api import computedomain as cd
+from fabricdra.api import deviceclass_table
 from fabricdra.api.computedomain import ComputeDomain
 
 JSON = dict[str, Any]
@@ -302,21 +303,9 @@ def node_slice(node: str, node_uid: str, owner: str, fabric_domain: str, generat
 
 
 def device_classes() -> list[JSON]:
-    """The two DeviceClasses of the compute-domain driver (installed with the controller)."""
-    out = []
-    for name, kind in ((cd.CHANNEL_CLASS, "channel"), (cd.DAEMON_CLASS, "daemon")):
-        expr = (
-            f"device.driver == '{cd.DRIVER}' && device.attributes['{cd.DRIVER}'].type == '{kind}'"
-        )
-        out.append(
-            {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "DeviceClass",
-                "metadata": {"name": name},
-                "spec": {"selectors": [{"cel": {"expression": expr}}]},
-            }
-        )
-    return out
+    """The two DeviceClasses of the compute-domain driver (installed with the controller), rows
+    of the one DeviceClass table (fabricdra.api.deviceclass_table)."""
+    return [row.manifest() for row in deviceclass_table.rows("controller")]
 
 
 def differs(desired: Any, live: Any) -> bool:
