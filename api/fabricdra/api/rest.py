@@ -23,7 +23,7 @@ from urllib.parse import quote
 
 import urllib3
 
-JSON = dict[str, Any]
+from .jsontypes import JSON
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
