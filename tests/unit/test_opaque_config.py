@@ -1,6 +1,5 @@
 """The opaque configuration the ComputeDomain controller writes and the compute-domain node plugin
-reads (fabricdra.api.opaque): one model, validated on both sides with the same message; and the
-`JSON` alias, defined once in api/."""
+reads (fabricdra.api.opaque): one model, validated on both sides with the same message."""
 
 from __future__ import annotations
 
@@ -25,7 +24,6 @@ from fabricdra.controller.claims import channel_of
 from fabricdra.kubeletplugin.kubelet import ClaimRef, PrepareError
 from tests.unit.test_computedomain_driver import NODE, NS, FakeApi, make_driver
 
-REPO = Path(__file__).resolve().parents[2]
 UID = "5e1f3c1a-0b8e-4d39-9a57-2f0c1e7d2b11"
 
 
@@ -157,18 +155,3 @@ def test_the_controller_reads_claims_through_the_model() -> None:
     # Refused by the node plugin, so no workload can use the channel it names: it holds none.
     assert channel_of(_allocated_claim({**good, "domainUID": "a/b"})) is None
     assert channel_of(_allocated_claim({**good, "channel": -1})) is None
-
-
-# The alias of a decoded JSON object: one definition, in api/.
-_ALIAS = re.compile(r"^JSON\s*(?::\s*TypeAlias\s*)?=", re.M)
-PACKAGES = ("api", "cli", "controller", "kubeletplugin", "proto")
-
-
-def test_the_json_alias_is_defined_once_in_api() -> None:
-    defined = sorted(
-        str(path.relative_to(REPO))
-        for package in PACKAGES
-        for path in (REPO / package).rglob("*.py")
-        if _ALIAS.search(path.read_text())
-    )
-    assert defined == ["api/fabricdra/api/jsontypes.py"]
