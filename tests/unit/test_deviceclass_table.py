@@ -3,7 +3,9 @@ it, and every installer takes its classes from it."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
+from typing import Any
 
 import pytest
 import yaml
@@ -66,3 +68,42 @@ def test_a_row_with_an_unknown_field_or_a_bad_gate_is_refused() -> None:
         )
     with pytest.raises(ValidationError, match="enabledBy"):
         table.DeviceClassRow(name="x", description="x", selector="true", enabledBy="gpus enabled")
+
+
+def _chart_value(values: dict[str, Any], path: str) -> Any:
+    for key in path.split("."):
+        assert isinstance(values, dict), path
+        assert key in values, f"{path}: no {key!r} in charts/fabricdra/values.yaml"
+        values = values[key]
+    return values
+
+
+def test_every_chart_value_a_row_names_is_in_the_chart() -> None:
+    # templates/api.yaml walks these paths; one the chart does not have fails every render.
+    values = yaml.safe_load((table.CHART_FILE.parents[1] / "values.yaml").read_text())
+    for row in table.TABLE:
+        assert isinstance(_chart_value(values, row.enabledBy), bool), row.name
+        if row.extendedResource:
+            _chart_value(values, f"extendedResources.{row.extendedResource}")
+        if row.extendedResourceIf:
+            _chart_value(values, row.extendedResourceIf.value)
+
+
+def test_each_extended_resource_name_goes_to_one_class_whatever_the_chart_value() -> None:
+    # One DeviceClass per extended resource name in a cluster: for every value the chart's
+    # schema allows, exactly one row of a key is given the name.
+    schema = json.loads((table.CHART_FILE.parents[1] / "values.schema.json").read_text())
+    for key in ("gpu", "rdma"):
+        named = [r for r in table.rows("chart") if r.extendedResource == key]
+        conditional = [r.extendedResourceIf for r in named if r.extendedResourceIf]
+        if not conditional:
+            assert len(named) == 1, key
+            continue
+        assert len(conditional) == len(named), key
+        path = {c.value for c in conditional}
+        assert len(path) == 1, key
+        node = schema
+        for part in path.pop().split("."):
+            node = node["properties"][part]
+        for allowed in node["enum"]:
+            assert sum(allowed in c.oneOf for c in conditional) == 1, (key, allowed)

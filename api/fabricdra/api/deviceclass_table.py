@@ -39,10 +39,14 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# A chart value's dotted path under `.Values`, e.g. `gpus.enabled`.
+_VALUE_PATH = r"^[A-Za-z][A-Za-z0-9]*(\.[A-Za-z][A-Za-z0-9]*)*$"
+
+
 class ValueIn(_Frozen):
     """A chart value (dotted path under `.Values`) and the values it may have."""
 
-    value: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9]*(\.[A-Za-z][A-Za-z0-9]*)*$")
+    value: str = Field(pattern=_VALUE_PATH)
     oneOf: tuple[str, ...] = Field(min_length=1)
 
 
@@ -68,7 +72,7 @@ class DeviceClassRow(_Frozen):
         "value holds (one class per name in a cluster).",
     )
     enabledBy: str = Field(
-        pattern=r"^[A-Za-z][A-Za-z0-9]*(\.[A-Za-z][A-Za-z0-9]*)*$",
+        pattern=_VALUE_PATH,
         description="The chart value (dotted path under `.Values`) that installs the class.",
     )
     installedBy: Literal["chart", "controller"] = "chart"
@@ -192,7 +196,7 @@ _GATES_NOTE = """\
 # only there, where devices carry no taints) keeps an Unhealthy device out, as the taint does.
 """
 _EXTENDED_NOTE = """\
-  # Pods may ask `resources.limits: {fabricdra.io/gpu: 1}` with no claim (KEP-5004, beta
+  # Pods may ask `resources.limits: {{{name}: 1}}` with no claim (KEP-5004, beta
   # in Kubernetes 1.36; 1.34/1.35 drop the field unless the DRAExtendedResource gate is on).
   # One DeviceClass per name in a cluster: docs/install.md#extended-resources.
 """
@@ -204,7 +208,7 @@ def render_manifest(row: DeviceClassRow) -> str:
     out.append("apiVersion: resource.k8s.io/v1\nkind: DeviceClass\n")
     out.append(f"metadata:\n  name: {row.name}\nspec:\n")
     if row.extendedResourceName:
-        out.append(_EXTENDED_NOTE.replace("fabricdra.io/gpu", row.extendedResourceName))
+        out.append(_EXTENDED_NOTE.format(name=row.extendedResourceName))
         out.append(f"  extendedResourceName: {row.extendedResourceName}\n")
     # A folded block, one line of CEL per line. Folding joins two lines of equal indentation
     # with a space, so the gate's first line is split once more to read as it did by hand.
