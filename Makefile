@@ -43,9 +43,10 @@ image: deps
 image-check: deps
 	deployments/container/check-reproducible.sh
 
-# The chart's copies of api/crds and api/deviceclasses (a unit test fails when they drift).
-chart-sync:
-	charts/fabricdra/sync-api.sh
+# The chart's copy of api/crds and the DeviceClasses generated from api/fabricdra/api/
+# deviceclass_table.py (unit tests fail when they drift).
+chart-sync: venv
+	PYTHON=$(BIN)/python charts/fabricdra/sync-api.sh
 
 lint: venv
 	$(BIN)/ruff check .

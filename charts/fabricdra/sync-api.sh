@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# Copies the CRDs and DeviceClasses the chart installs from their single source, api/crds and
-# api/deviceclasses, into files/. Helm reads nothing outside the chart folder, so the chart
-# carries copies; tests/unit/test_chart.py fails when they drift. Run after changing api/.
+# Brings the chart's API objects up to date with their single sources in api/:
+# - the CRDs: copies of api/crds (generated from the pydantic models by crdgen);
+# - the DeviceClasses: files/deviceclasses.yaml (and the manifests in api/deviceclasses/),
+#   generated from the table api/fabricdra/api/deviceclass_table.py.
+# Helm reads nothing outside the chart folder, so the chart carries copies; tests/unit/test_chart.py
+# and tests/unit/test_deviceclass_table.py fail when they drift. Run after changing api/.
 #
-#   charts/fabricdra/sync-api.sh
+#   charts/fabricdra/sync-api.sh        (PYTHON: the interpreter with fabricdra installed)
 set -euo pipefail
 chart=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$chart/../.." && pwd)
-for kind in crds deviceclasses; do
-  rm -rf "$chart/files/$kind"
-  mkdir -p "$chart/files/$kind"
-  cp "$repo/api/$kind"/*.yaml "$chart/files/$kind/"
-done
-echo "synced $chart/files/{crds,deviceclasses} from api/" >&2
+python=${PYTHON:-$repo/.venv/bin/python}
+"$python" -m fabricdra.api.deviceclass_table
+rm -rf "$chart/files/crds"
+mkdir -p "$chart/files/crds"
+cp "$repo/api/crds"/*.yaml "$chart/files/crds/"
+echo "synced $chart/files/{crds,deviceclasses.yaml} from api/" >&2

@@ -22,6 +22,7 @@ from fabricdra.api.rest import (
     DAEMON_SETS,
     DEVICE_CLASSES,
     LEASES,
+    NODE_DEVICES,
     NODES,
     PODS,
     SLICES,
@@ -36,7 +37,6 @@ pytestmark = pytest.mark.e2e
 
 PREFIXES = ("fabricdra.io/", "compute-domain.fabricdra.io/")
 CRDS = Kind("apiextensions.k8s.io", "v1", "customresourcedefinitions", False)
-NODE_DEVICES = Kind("fabricdra.io", "v1alpha1", "nodedevices", False)
 DEPLOYMENTS = Kind("apps", "v1", "deployments", True)
 JOBS = Kind("batch", "v1", "jobs", True)
 SERVICES = Kind("", "v1", "services", True)

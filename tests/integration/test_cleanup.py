@@ -30,6 +30,7 @@ from fabricdra.api.rest import (
     DAEMON_SETS,
     DEVICE_CLASSES,
     LEASES,
+    NODE_DEVICES,
     NODES,
     PODS,
     SLICES,
@@ -37,7 +38,7 @@ from fabricdra.api.rest import (
     Rest,
 )
 from fabricdra.controller import rbac
-from fabricdra.controller.cleanup import DEPLOYMENTS, NODE_DEVICES
+from fabricdra.controller.cleanup import DEPLOYMENTS
 from tests.integration.computedomain_helpers import CRDS, install_crd
 
 pytestmark = pytest.mark.integration

@@ -154,6 +154,13 @@ def test_prepare_injects_exactly_the_domains_channel(
         bad = allocate_claim(rest, ns, forged, node, "forged")
         with pytest.raises(PrepareError, match="holds"):
             driver.prepare(bad)
+        # One outside the host's range does not even validate (fabricdra.api.opaque): the
+        # message names the field, as the controller's would have.
+        forged["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]["channel"] = 2048
+        worse = allocate_claim(rest, ns, forged, node, "forged-range")
+        with pytest.raises(PrepareError, match="invalid ComputeDomainChannelConfig: channel: "):
+            driver.prepare(worse)
+        assert driver.checkpoint.get(worse.uid) is None
 
         # The same driver behind the shared kubelet plugin server, over its real socket.
         paths = PluginPaths.for_driver(

@@ -8,7 +8,7 @@ so the three can never disagree on a label key or a driver name.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -52,8 +52,8 @@ CONFLICT_CONDITION = "compute-domain.fabricdra.io/conflict"
 
 # Opaque claim-parameter kinds (driver compute-domain.fabricdra.io) the controller puts into
 # the claim templates it creates, and the node side reads back at prepare.
-OPAQUE_KIND = "ComputeDomainChannelConfig"
-DAEMON_OPAQUE_KIND = "ComputeDomainDaemonConfig"
+OPAQUE_KIND: Final = "ComputeDomainChannelConfig"
+DAEMON_OPAQUE_KIND: Final = "ComputeDomainDaemonConfig"
 # Annotations an IMEX daemon (or a host-mode node plugin) writes on its report Lease; the
 # controller reads them and is the only writer of the domain's status.
 REPORT_READY = "compute-domain.fabricdra.io/ready"

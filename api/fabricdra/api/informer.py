@@ -8,14 +8,14 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
 
 import urllib3
 
 from fabricdra.api.rest import ApiError, Kind, Rest
 
+from .jsontypes import JSON
+
 log = logging.getLogger("fabricdra.informer")
-JSON = dict[str, Any]
 Handler = Callable[[str, JSON | None, JSON | None], None]  # (event, old, new)
 
 

@@ -23,7 +23,7 @@ from urllib.parse import quote
 
 import urllib3
 
-JSON = dict[str, Any]
+from .jsontypes import JSON
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
@@ -56,7 +56,11 @@ class Kind:
         return base
 
 
+# fabricdra's own Kinds, whose models are in fabricdra.api.computedomain and .nodedevices (not
+# imported here: this module stays free of pydantic); tests/unit/test_opaque_config.py fails if
+# these drift from the models' group, version and plural.
 COMPUTE_DOMAINS = Kind("fabricdra.io", "v1beta1", "computedomains", True)
+NODE_DEVICES = Kind("fabricdra.io", "v1alpha1", "nodedevices", False)
 CLAIM_TEMPLATES = Kind("resource.k8s.io", "v1", "resourceclaimtemplates", True)
 CLAIMS = Kind("resource.k8s.io", "v1", "resourceclaims", True)
 SLICES = Kind("resource.k8s.io", "v1", "resourceslices", False)

@@ -25,9 +25,7 @@ from contextlib import ExitStack, closing
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from fabricdra.api.nodedevices import API_VERSION as ND_API_VERSION
-from fabricdra.api.nodedevices import PLURAL as ND_PLURAL
-from fabricdra.api.rest import NODES, ApiError, Kind, Rest
+from fabricdra.api.rest import NODE_DEVICES, NODES, ApiError, Rest
 from fabricdra.api.verification import ProbeResult, load_expectations, parse_profile
 from fabricdra.kubeletplugin.discovery.node import NvmlSource, discover
 from fabricdra.kubeletplugin.discovery.nvml import SnapshotError, load_snapshot, read_live
@@ -244,9 +242,6 @@ def _annotate(args: argparse.Namespace, node: str, key: str, value: str | None) 
     return True
 
 
-NODE_DEVICES = Kind(
-    ND_API_VERSION.partition("/")[0], ND_API_VERSION.partition("/")[2], ND_PLURAL, False
-)
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 

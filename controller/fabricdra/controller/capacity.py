@@ -33,10 +33,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fabricdra.api import labels
+from fabricdra.api.jsontypes import JSON
 
 from .claims import node_fabric
-
-JSON = dict[str, Any]
 
 DRIVER = "devices.fabricdra.io"
 UNHEALTHY_TAINT = "fabricdra.io/unhealthy"

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fabricdra.api import computedomain as cd
 from fabricdra.api import labels as node_labels
+from fabricdra.api import opaque
+from fabricdra.api.jsontypes import JSON
 
 from . import admission
-
-JSON = dict[str, Any]
 
 
 def dev_key(d: JSON) -> tuple[str, str, str, str]:
@@ -33,16 +31,19 @@ def domain_uid(claim: JSON) -> str:
 
 def channel_of(claim: JSON) -> int | None:
     """The IMEX channel an allocated workload claim carries in its opaque configuration
-    (copied from the domain's template), None for other claims."""
+    (copied from the domain's template), None for other claims. A configuration that does not
+    validate (fabricdra.api.opaque) holds no channel: the node plugin refuses to prepare it with
+    the same error, so no workload can use the channel it names."""
     if not results(claim):
         return None
     for config in (claim.get("spec") or {}).get("devices", {}).get("config", []) or []:
-        opaque = config.get("opaque") or {}
-        params = opaque.get("parameters") or {}
-        if opaque.get("driver") == cd.DRIVER and params.get("kind") == cd.OPAQUE_KIND:
-            channel = params.get("channel")
-            if isinstance(channel, int):
-                return channel
+        found = config.get("opaque") or {}
+        params = found.get("parameters") or {}
+        if found.get("driver") == cd.DRIVER and params.get("kind") == cd.OPAQUE_KIND:
+            try:
+                return opaque.ChannelConfig.validated(params).channel
+            except opaque.OpaqueConfigError:
+                continue
     return None
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fabricdra.api import computedomain as cd
-from fabricdra.api import labels, nodedevices
+from fabricdra.api import labels
 from fabricdra.api.rest import (
     CLAIM_TEMPLATES,
     COMPUTE_DOMAINS,
@@ -36,6 +36,7 @@ from fabricdra.api.rest import (
     DEVICE_CLASSES,
     JSON_PATCH,
     LEASES,
+    NODE_DEVICES,
     NODES,
     PODS,
     SLICES,
@@ -49,7 +50,6 @@ log = logging.getLogger("fabricdra.cleanup")
 DEVICES_DRIVER = "devices.fabricdra.io"
 DRIVERS = (DEVICES_DRIVER, cd.DRIVER)
 LABEL_PREFIXES = (labels.PREFIX, "compute-domain.fabricdra.io/")
-NODE_DEVICES = Kind(nodedevices.GROUP, nodedevices.VERSION, nodedevices.PLURAL, False)
 DEPLOYMENTS = Kind("apps", "v1", "deployments", True)
 # The controller's leader Lease (ControllerConfig.lease_name); the reports carry the domain label.
 CONTROLLER_LEASE = "fabricdra-compute-domain-controller"

@@ -8,13 +8,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
 from fabricdra.api import computedomain as cd
 from fabricdra.api.computedomain import ComputeDomain
 from fabricdra.api.informer import Informer, key_of
+from fabricdra.api.jsontypes import JSON
 from fabricdra.api.rest import (
     CLAIM_TEMPLATES,
     COMPUTE_DOMAINS,
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
     from .manager import Controller
 
 log = logging.getLogger("fabricdra.controller")
-JSON = dict[str, Any]
 
 
 class NotOurs(Exception):

@@ -19,15 +19,20 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from fabricdra.api.nodedevices import PLURAL as ND_PLURAL
-from fabricdra.api.nodedevices import VERSION as ND_VERSION
-from fabricdra.api.rest import CLAIMS, COMPUTE_DOMAINS, NODES, SLICES, ApiError, Kind, Rest
+from fabricdra.api.rest import (
+    CLAIMS,
+    COMPUTE_DOMAINS,
+    NODE_DEVICES,
+    NODES,
+    SLICES,
+    ApiError,
+    Kind,
+    Rest,
+)
 
 from .fleet import STRANDED_REASONS, Fleet, fleet
 
 log = structlog.get_logger("fabricdra.fleet")
-
-NODE_DEVICES = Kind("fabricdra.io", ND_VERSION, ND_PLURAL, False)
 
 
 def _items(rest: Rest, kind: Kind, *, optional: bool = False) -> list[dict[str, Any]]:

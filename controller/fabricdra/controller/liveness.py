@@ -13,9 +13,8 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
 
-JSON = dict[str, Any]
+from fabricdra.api.jsontypes import JSON
 
 
 @dataclass(frozen=True)

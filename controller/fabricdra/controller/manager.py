@@ -29,6 +29,7 @@ from typing import Any
 
 from fabricdra.api import computedomain as cd
 from fabricdra.api.informer import Informer, key_of
+from fabricdra.api.jsontypes import JSON
 from fabricdra.api.rest import (
     CLAIM_TEMPLATES,
     CLAIMS,
@@ -55,7 +56,6 @@ from .writes import Writer, counting_rest
 __all__ = ["Controller", "ControllerConfig", "NotOurs", "NotSynced"]
 
 log = logging.getLogger("fabricdra.controller")
-JSON = dict[str, Any]
 USER_AGENT = "fabricdra-controller/0.1.0"
 
 

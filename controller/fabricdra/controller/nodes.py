@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fabricdra.api import computedomain as cd
 from fabricdra.api.computedomain import ComputeDomain
+from fabricdra.api.jsontypes import JSON
 from fabricdra.api.rest import CLAIMS, NODES, SLICES, ApiError
 
 from . import admission, metrics, objects, records
@@ -21,7 +22,6 @@ if TYPE_CHECKING:
     from .manager import Controller
 
 log = logging.getLogger("fabricdra.controller")
-JSON = dict[str, Any]
 # The gang key of a multi-clique domain (one timer for all its cliques); never a label value.
 ALL_CLIQUES = "*"
 

@@ -15,9 +15,9 @@ from importlib.metadata import version
 from typing import Any
 
 from fabricdra.api import computedomain as cd
+from fabricdra.api import deviceclass_table, opaque
 from fabricdra.api.computedomain import ComputeDomain
-
-JSON = dict[str, Any]
+from fabricdra.api.jsontypes import JSON
 
 # The IMEX daemons run the controller's own release, never a moving tag: `latest` would let a
 # node pull a different build than the one the controller was tested with.
@@ -58,27 +58,25 @@ def owner_reference(domain: ComputeDomain) -> JSON:
     }
 
 
-def _sorted(doc: JSON) -> JSON:
-    """Opaque parameters with their keys in sorted order. The API server stores them as raw
-    bytes; any later patch of the claim's status round-trips the object through a map, which
-    sorts the keys, and an allocation whose bytes changed is refused as "immutable"."""
-    return dict(sorted(doc.items()))
-
-
 def channel_config(domain: ComputeDomain, channel: int) -> JSON:
-    """The opaque parameters the node plugin reads at prepare: which domain, which channel."""
-    return _sorted(
-        {
-            "apiVersion": cd.API_VERSION,
-            "kind": cd.OPAQUE_KIND,
-            "domainUID": domain.uid,
-            "domainName": domain.name,
-            "namespace": domain.namespace,
-            "channel": channel,
-            "allocationMode": domain.spec.channel.allocationMode,
-            "imexMode": domain.spec.imexMode,
-        }
-    )
+    """The opaque parameters the node plugin reads at prepare: which domain, which channel.
+    Built through the model both sides share, so a bad one is refused here, before any claim
+    carries it, with the message the node plugin would give."""
+    return opaque.ChannelConfig.build(
+        domainUID=domain.uid,
+        domainName=domain.name,
+        namespace=domain.namespace,
+        channel=channel,
+        allocationMode=domain.spec.channel.allocationMode,
+        imexMode=domain.spec.imexMode,
+    ).params()
+
+
+def daemon_config(domain: ComputeDomain) -> JSON:
+    """The opaque parameters of an IMEX daemon's claim: which domain it serves."""
+    return opaque.DaemonConfig.build(
+        domainUID=domain.uid, domainName=domain.name, namespace=domain.namespace
+    ).params()
 
 
 def _channel_selector(uid: str, fabric: str | None) -> str:
@@ -144,13 +142,6 @@ def daemon_claim_template(domain: ComputeDomain, settings: DaemonSettings) -> JS
     labels = {cd.DOMAIN_LABEL: domain.uid, cd.TARGET_LABEL: "daemon"}
     attrs = f"device.attributes['{cd.DRIVER}']"
     selector = f"{attrs}.type == 'daemon' && {attrs}.{cd.ATTR_OWNER} == '{domain.uid}'"
-    params = {
-        "apiVersion": cd.API_VERSION,
-        "kind": cd.DAEMON_OPAQUE_KIND,
-        "domainUID": domain.uid,
-        "domainName": domain.name,
-        "namespace": domain.namespace,
-    }
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
@@ -175,7 +166,7 @@ def daemon_claim_template(domain: ComputeDomain, settings: DaemonSettings) -> JS
                     "config": [
                         {
                             "requests": ["daemon"],
-                            "opaque": {"driver": cd.DRIVER, "parameters": _sorted(params)},
+                            "opaque": {"driver": cd.DRIVER, "parameters": daemon_config(domain)},
                         }
                     ],
                 }
@@ -302,21 +293,9 @@ def node_slice(node: str, node_uid: str, owner: str, fabric_domain: str, generat
 
 
 def device_classes() -> list[JSON]:
-    """The two DeviceClasses of the compute-domain driver (installed with the controller)."""
-    out = []
-    for name, kind in ((cd.CHANNEL_CLASS, "channel"), (cd.DAEMON_CLASS, "daemon")):
-        expr = (
-            f"device.driver == '{cd.DRIVER}' && device.attributes['{cd.DRIVER}'].type == '{kind}'"
-        )
-        out.append(
-            {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "DeviceClass",
-                "metadata": {"name": name},
-                "spec": {"selectors": [{"cel": {"expression": expr}}]},
-            }
-        )
-    return out
+    """The two DeviceClasses of the compute-domain driver (installed with the controller), rows
+    of the one DeviceClass table (fabricdra.api.deviceclass_table)."""
+    return [row.manifest() for row in deviceclass_table.rows("controller")]
 
 
 def differs(desired: Any, live: Any) -> bool:

@@ -31,7 +31,7 @@ import logging
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from fabricdra.api.computedomain import FREE_OWNER, ComputeDomain
 
@@ -44,7 +44,6 @@ if TYPE_CHECKING:
     from .manager import Controller
 
 log = logging.getLogger("fabricdra.controller")
-JSON = dict[str, Any]
 
 
 @dataclass(frozen=True)

@@ -10,14 +10,13 @@ exists only in the dead process's memory. See docs/compute-domains.md, "What sur
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from fabricdra.api.jsontypes import JSON
 from fabricdra.api.rest import COMPUTE_DOMAINS
 
 if TYPE_CHECKING:
     from .manager import Controller
-
-JSON = dict[str, Any]
 
 
 class NotRecorded(Exception):

@@ -11,6 +11,7 @@ from typing import Any
 
 from fabricdra.api import computedomain as cd
 from fabricdra.api.computedomain import ComputeDomain
+from fabricdra.api.jsontypes import JSON
 from fabricdra.api.rest import (
     DEVICE_CLASSES,
     EVENTS,
@@ -24,7 +25,6 @@ from . import metrics, objects
 from .status import Event
 
 log = logging.getLogger("fabricdra.controller")
-JSON = dict[str, Any]
 FIELD_MANAGER = "fabricdra-compute-domain-controller"
 
 

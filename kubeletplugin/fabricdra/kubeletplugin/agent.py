@@ -59,7 +59,7 @@ from prometheus_client import start_http_server
 
 from fabricdra.api import labels as label_keys
 from fabricdra.api.inventory import Accelerator
-from fabricdra.api.rest import EVENTS, NODES
+from fabricdra.api.rest import EVENTS, NODE_DEVICES, NODES
 from fabricdra.api.verification import SystemProfile
 
 from . import metrics
@@ -93,7 +93,6 @@ from .kubelet.claims import ClaimReader, is_gone
 from .networkstatus import NetworkStatus
 from .nvidiacdi import DEFAULT_SPEC_DIRS, ToolkitSpecs
 from .prepare import CDI_KIND, DRIVER_NAME, ApiClaimReader, DevicesDriver
-from .publisher import NODE_DEVICES
 from .verification import GateInput, Tools, fingerprint
 from .verification import metrics as verification_metrics
 from .verification.runner import CHANGED, FIRST_RUN, Schedule, run_once

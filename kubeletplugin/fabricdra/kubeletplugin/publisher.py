@@ -49,9 +49,8 @@ from fabricdra.api import labels as label_keys
 from fabricdra.api.inventory import Interface, group_accelerators
 from fabricdra.api.nodedevices import API_VERSION as ND_API_VERSION
 from fabricdra.api.nodedevices import KIND as ND_KIND
-from fabricdra.api.nodedevices import PLURAL as ND_PLURAL
 from fabricdra.api.nodedevices import NodeDevicesSpec
-from fabricdra.api.rest import JSON_PATCH, NODES, SLICES, ApiError, Kind
+from fabricdra.api.rest import JSON_PATCH, NODE_DEVICES, NODES, SLICES, ApiError, Kind
 from fabricdra.api.verification import Verification
 
 from . import metrics
@@ -69,10 +68,6 @@ from .verification.gate import (
 )
 
 log = structlog.get_logger("fabricdra.publisher")
-
-NODE_DEVICES = Kind(
-    ND_API_VERSION.partition("/")[0], ND_API_VERSION.partition("/")[2], ND_PLURAL, False
-)
 
 
 @dataclass

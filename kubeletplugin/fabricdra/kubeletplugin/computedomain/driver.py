@@ -30,10 +30,11 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from fabricdra.api import computedomain as cd
 from fabricdra.api import labels
+from fabricdra.api.jsontypes import JSON
+from fabricdra.api.opaque import OpaqueConfigError, parse_opaque
 from fabricdra.api.rest import COMPUTE_DOMAINS, NODES, ApiError, Rest
 from fabricdra.kubeletplugin.kubelet import ClaimRef, PreparedDevice, PrepareError
 from fabricdra.kubeletplugin.kubelet.cdi import (
@@ -61,7 +62,6 @@ from .imexfiles import imex_injection
 log = logging.getLogger("fabricdra.compute-domain-plugin")
 
 CDI_KIND = "fabricdra.io/compute-domain"
-JSON = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -213,7 +213,13 @@ class ComputeDomainDriver:
                 f"request {base!r}; use the claim template the ComputeDomain "
                 "controller created"
             )
-        return found
+        # The model the controller wrote it through: every field is checked (the daemon's
+        # host folder is named after domainUID), and the fields the writer may leave out get
+        # their defaults, so the code below reads a complete configuration.
+        try:
+            return parse_opaque(found, want).model_dump(mode="json")
+        except OpaqueConfigError as e:
+            raise PrepareError(f"claim {obj['metadata']['name']}: {e}") from None
 
     def _domain(self, claim: ClaimRef, params: JSON) -> JSON:
         ns, name, uid = params.get("namespace"), params.get("domainName"), params.get("domainUID")
