@@ -11,12 +11,15 @@ from typing import Any
 
 import pytest
 
+from fabricdra.api.deviceclasses import load_device_classes
 from fabricdra.api.inventory import Accelerator
 from fabricdra.kubeletplugin.devices import GpuHealth, build_devices
+from fabricdra.kubeletplugin.discovery import accelerators as accel
 from fabricdra.kubeletplugin.discovery.backends import AMD, NVIDIA, registry
 from fabricdra.kubeletplugin.discovery.backends.amd import AmdBackend
 from fabricdra.kubeletplugin.discovery.backends.nvidia import NvidiaBackend
 from fabricdra.kubeletplugin.discovery.node import Discovery
+from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
 from fabricdra.kubeletplugin.health import amd_health, gpu_health
 from fabricdra.kubeletplugin.resourceslices import TAINT_KEY, build_slices
 from tests.sysfs.builder import UNREADABLE_HOW, SysfsBuilder
@@ -265,14 +268,13 @@ class _AmdSmi:
 
 
 def _with_backend(b: SysfsBuilder, backend: AmdBackend) -> dict[str, Accelerator]:
-    from fabricdra.api.deviceclasses import load_device_classes
-    from fabricdra.kubeletplugin.discovery import accelerators as accel
-    from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
-
     tree = SysfsTree(b.root)
-    candidates = accel.find_accelerators(tree).candidates
-    vendors = accel.read_vendors(tree, candidates, {AMD: backend})
-    found = accel.describe_accelerators(tree, candidates, vendors, load_device_classes())
+    try:
+        candidates = accel.find_accelerators(tree).candidates
+        vendors = accel.read_vendors(tree, candidates, {AMD: backend})
+        found = accel.describe_accelerators(tree, candidates, vendors, load_device_classes())
+    finally:
+        tree.close()
     return {a.pciBusId: a for a in found}
 
 
