@@ -13,6 +13,7 @@ import pytest
 
 from fabricdra.api.deviceclasses import load_device_classes
 from fabricdra.api.inventory import Accelerator
+from fabricdra.kubeletplugin.agent import Agent, AgentConfig
 from fabricdra.kubeletplugin.devices import GpuHealth, build_devices
 from fabricdra.kubeletplugin.discovery import accelerators as accel
 from fabricdra.kubeletplugin.discovery.backends import AMD, NVIDIA, registry
@@ -299,3 +300,47 @@ def test_amdsmi_that_fails_is_no_answer(b: SysfsBuilder) -> None:
     accs = _with_backend(b, backend)
     assert accs[node.gpus[0]].memoryMiB is None
     assert accs[node.gpus[1]].memoryMiB == MI300X_MIB
+
+
+# -- the node agent -------------------------------------------------------------------------
+
+
+class _Captured:
+    """The agent's publisher seam (as in test_xid_events.py): nothing is published."""
+
+    def sync(self, discovery: Discovery, devices: Any, verification: Any = None) -> Any:
+        return None
+
+
+def test_the_agent_judges_amd_gpus_each_pass(tmp_path: Path) -> None:
+    b = SysfsBuilder(tmp_path / "sys")
+    node = amd_mi300x(b, amdgpu=True)
+    (tmp_path / "boot_id").write_text("boot-1\n")
+    config = AgentConfig(
+        node_name="n1",
+        sysfs_root=tmp_path / "sys",
+        cdi_dir=tmp_path / "cdi",
+        toolkit_cdi_dirs=(),
+        plugin_dir=tmp_path / "plugin",
+        registry_dir=tmp_path / "registry",
+        state_dir=tmp_path / "state",
+        verification_gate=False,
+        boot_id_file=tmp_path / "boot_id",
+    )
+    agent = Agent(config, None, publisher=_Captured())
+    name = "gpu-" + node.gpus[0].replace(":", "-").replace(".", "-")
+    umc = f"{_fn(node.gpus[0])}/ras/umc_err_count"
+
+    def health() -> str:
+        device = agent.pass_once().get(name)
+        assert device is not None
+        return device.health
+
+    assert health() == "Healthy"
+    b.write(umc, "ue: 1\nce: 0\nde: 0\n")
+    assert health() == "Unhealthy"
+    b.make_unreadable(umc)
+    assert health() == "Unhealthy"  # a failed read never clears a fault
+    (b.root / umc).rmdir()  # the file is back
+    b.write(umc, "ue: 0\nce: 0\nde: 0\n")
+    assert health() == "Healthy"  # only a reading that says healthy does
