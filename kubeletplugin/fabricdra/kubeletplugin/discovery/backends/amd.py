@@ -108,14 +108,13 @@ class AmdBackend:
 
     def read(self, tree: SysfsTree, functions: Sequence[Function]) -> AmdReadings:
         gpus = {f.bus_id: read_amdgpu(tree, f.bus_id) for f in functions}
+        module: Any = "amdsmi not asked"
+        if self._ask:
+            module = self._amdsmi if self._amdsmi is not None else importable_amdsmi()
         smi: dict[str, AmdSmiGpu] = {}
-        module: Any = self._amdsmi
-        if not self._ask:
-            reason: str | None = "amdsmi not asked"
-        elif module is None and isinstance(found := importable_amdsmi(), str):
-            reason = found
-        else:
-            smi, reason = read_amdsmi(module if module is not None else importable_amdsmi())
+        reason: str | None = module if isinstance(module, str) else None
+        if reason is None:
+            smi, reason = read_amdsmi(module)
         return AmdReadings(kfd=read_kfd(tree), gpus=gpus, smi=smi, smi_reason=reason)
 
     def facts(self, readings: AmdReadings, bus_id: str) -> GpuFacts | None:
