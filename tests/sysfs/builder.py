@@ -378,15 +378,26 @@ class SysfsBuilder:
         (self.root / base / "io_links").mkdir(parents=True, exist_ok=True)
         self.link("class/kfd/kfd", "devices/virtual/kfd/kfd")
 
-    def kfd_gpu(self, node: int, bdf: str, hive_id: int, xgmi_peers: list[int]) -> None:
+    def kfd_gpu(
+        self,
+        node: int,
+        bdf: str,
+        hive_id: int,
+        xgmi_peers: list[int],
+        *,
+        unique_id: int | None = None,
+    ) -> None:
+        """A KFD GPU node. `unique_id`: the GPU's serial as kfd_topology.c prints it (decimal,
+        `unique_id N`); None leaves the line out, as kernels before it did."""
         domain, bus, devfn = bdf.split(":")
         dev, fn = devfn.split(".")
         location = (int(bus, 16) << 8) | (int(dev, 16) << 3) | int(fn)
         base = f"devices/virtual/kfd/kfd/topology/nodes/{node}"
+        extra = "" if unique_id is None else f"unique_id {unique_id}\n"
         self.write(
             f"{base}/properties",
             f"cpu_cores_count 0\nsimd_count 304\ngpu_id {1000 + node}\n"
-            f"location_id {location}\ndomain {int(domain, 16)}\nhive_id {hive_id}\n",
+            f"location_id {location}\ndomain {int(domain, 16)}\nhive_id {hive_id}\n{extra}",
         )
         (self.root / base / "io_links").mkdir(parents=True, exist_ok=True)
         for i, peer in enumerate(xgmi_peers):
@@ -394,3 +405,34 @@ class SysfsBuilder:
                 f"{base}/io_links/{i}/properties", f"type 11\nnode_from {node}\nnode_to {peer}\n"
             )
         self.link("class/kfd/kfd", "devices/virtual/kfd/kfd")
+
+    # -- amdgpu --------------------------------------------------------------------------------
+
+    def amdgpu(
+        self,
+        path: str,
+        *,
+        unique_id: str | None = None,
+        vram_bytes: int | None = None,
+        product_name: str | None = None,
+        product_number: str | None = None,
+        ras: dict[str, str] | None = None,
+    ) -> None:
+        """The files the amdgpu driver writes into its PCI function's folder (`path`, as `gpu`
+        returns it), each left out when None, as the driver leaves it out where the card lacks
+        it (Documentation/gpu/amdgpu/driver-misc.rst): `unique_id` (16 hex digits, GFX9 and
+        newer), `mem_info_vram_total` (bytes), `product_name` / `product_number` (from the
+        board's FRU EEPROM, server cards only), and `ras/<block>_err_count` (ras.rst: lines
+        `ue: N`, `ce: N`; UMC adds `de: N`), keyed by block, e.g. {"umc": "ue: 0\\nce: 0\\n"}."""
+        for name, value in (
+            ("unique_id", unique_id),
+            ("mem_info_vram_total", None if vram_bytes is None else str(vram_bytes)),
+            ("product_name", product_name),
+            ("product_number", product_number),
+        ):
+            if value is not None:
+                self.write(f"{path}/{name}", value + "\n")
+        if ras is not None:
+            self.write(f"{path}/ras/features", "feature mask: 0x00003fff\n")
+            for block, text in ras.items():
+                self.write(f"{path}/ras/{block}_err_count", text)

@@ -332,12 +332,36 @@ def aux_rdma_node(b: SysfsBuilder) -> Small:
 
 
 MI300X_HIVE = 0x5F3C2A1B00D7E9C1
+# The AMD Instinct MI300X Platform: 8 MI300X OAM GPUs, each linked to the 7 others by Infinity
+# Fabric (XGMI), 192 GB HBM3 per GPU, 1.5 TB in all (AMD, "AMD Instinct MI300X Platform",
+# https://www.amd.com/en/products/accelerators/instinct/mi300/platform.html, and the MI300X data
+# sheet, https://www.amd.com/content/dam/amd/en/documents/instinct-tech-docs/data-sheets/
+# amd-instinct-mi300x-data-sheet.pdf). The driver's `mem_info_vram_total` on one is
+# 206141652992 bytes (196592 MiB: what `rocm-smi --showmeminfo vram` prints on an MI300X).
+MI300X_GPUS = 8
+MI300X_VRAM_BYTES = 206141652992
+MI300X_PRODUCT = "AMD Instinct MI300X OAM"
+MI300X_RAS_BLOCKS = ("umc", "gfx", "sdma", "xgmi_wafl")
 
 
-def amd_mi300x(b: SysfsBuilder, *, hive_id: int = MI300X_HIVE, gpus: int = 8) -> Small:
+def mi300x_unique_id(i: int) -> int:
+    """GPU i's serial (a fixture value: the driver's 64-bit unique_id)."""
+    return 0x6E5D4C3B2A190000 + i
+
+
+def amd_mi300x(
+    b: SysfsBuilder,
+    *,
+    hive_id: int = MI300X_HIVE,
+    gpus: int = MI300X_GPUS,
+    amdgpu: bool = False,
+) -> Small:
     """An AMD MI300X node: each GPU behind its own switch with a NIC, all GPUs in one XGMI hive
-    (KFD nodes 0-1 are the CPUs, 2.. the GPUs, each GPU's io_links naming every other GPU)."""
+    (KFD nodes 0-1 are the CPUs, 2.. the GPUs, each GPU's io_links naming every other GPU).
+    `amdgpu`: also the files the amdgpu driver writes per GPU (`SysfsBuilder.amdgpu`: serial,
+    VRAM size, FRU product name, RAS error counts all zero) and each KFD node's `unique_id`."""
     out = Small()
+    paths: list[str] = []
     for i, bus in enumerate(HGX_BUSES[:gpus]):
         socket = 0 if i < gpus // 2 else 1
         rb = b.root_bus(f"pci0000:{bus:02x}")
@@ -349,7 +373,9 @@ def amd_mi300x(b: SysfsBuilder, *, hive_id: int = MI300X_HIVE, gpus: int = 8) ->
             socket,
         )
         gpu = f"0000:{bus + 3:02x}:00.0"
-        b.gpu(dsp[0], gpu, vendor=AMD, device="0x74a1", pci_class=CLASS_ACCEL, numa=socket)
+        paths.append(
+            b.gpu(dsp[0], gpu, vendor=AMD, device="0x74a1", pci_class=CLASS_ACCEL, numa=socket)
+        )
         nic = f"0000:{bus + 4:02x}:00.0"
         netdev = f"enp{bus + 4}s0np0"
         pf = b.nic(dsp[1], nic, netdev, numa=socket)
@@ -360,8 +386,21 @@ def amd_mi300x(b: SysfsBuilder, *, hive_id: int = MI300X_HIVE, gpus: int = 8) ->
     b.kfd_cpu(0)
     b.kfd_cpu(1)
     nodes = list(range(2, 2 + gpus))
-    for node, gpu in zip(nodes, out.gpus, strict=True):
-        b.kfd_gpu(node, gpu, hive_id, [n for n in nodes if n != node] if hive_id else [])
+    for i, (node, gpu) in enumerate(zip(nodes, out.gpus, strict=True)):
+        peers = [n for n in nodes if n != node] if hive_id else []
+        serial = mi300x_unique_id(i) if amdgpu else None
+        b.kfd_gpu(node, gpu, hive_id, peers, unique_id=serial)
+        if amdgpu:
+            b.amdgpu(
+                paths[i],
+                unique_id=f"{mi300x_unique_id(i):016x}",
+                vram_bytes=MI300X_VRAM_BYTES,
+                product_name=MI300X_PRODUCT,
+                ras={
+                    block: "ue: 0\nce: 0\nde: 0\n" if block == "umc" else "ue: 0\nce: 0\n"
+                    for block in MI300X_RAS_BLOCKS
+                },
+            )
     b.loopback()
     return out
 

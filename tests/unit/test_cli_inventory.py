@@ -15,7 +15,16 @@ import pytest
 from fabricdra.api import labels as keys
 from fabricdra.cli import main
 from tests.sysfs.builder import DOWN, SysfsBuilder
-from tests.sysfs.nodes import h100_snapshot, hgx_h100, nvml_fabric, rdma_node, write_json
+from tests.sysfs.nodes import (
+    MI300X_VRAM_BYTES,
+    amd_mi300x,
+    h100_snapshot,
+    hgx_h100,
+    mi300x_unique_id,
+    nvml_fabric,
+    rdma_node,
+    write_json,
+)
 
 CLUSTER = "5b0e112233445566778899aabbccddef"
 INTERFACE_KEYS = {
@@ -276,3 +285,21 @@ def test_node_name_slices_carry_recorded_xid_events(
     assert [t["value"] for t in gpu.get("taints", [])] == ["gpu-xid-79"]
     other = devices["gpu-" + second.replace(":", "-").replace(".", "-")]
     assert other.get("taints", []) == []
+
+
+def test_node_name_slices_carry_amd_health(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """`--node-name` judges AMD GPUs as the agent does: an uncorrectable RAS error taints the
+    GPU, and its serial and VRAM are published."""
+    b = SysfsBuilder(tmp_path / "sys")
+    node = amd_mi300x(b, amdgpu=True)
+    b.write(f"bus/pci/devices/{node.gpus[1]}/ras/umc_err_count", "ue: 2\nce: 0\nde: 0\n")
+    out = run(capsys, "--sysfs-root", str(b.root), "--node-name", "n")
+    devices = {d["name"]: d for s in out["resourceSlices"] for d in s["spec"]["devices"]}
+    names = ["gpu-" + g.replace(":", "-").replace(".", "-") for g in node.gpus[:2]]
+    healthy, bad = devices[names[0]], devices[names[1]]
+    assert healthy["attributes"]["uuid"] == {"string": f"{mi300x_unique_id(0):016x}"}
+    assert healthy["capacity"] == {"memory": {"value": f"{MI300X_VRAM_BYTES // 2**20}Mi"}}
+    assert healthy.get("taints", []) == []
+    assert [t["value"] for t in bad.get("taints", [])] == ["gpu-ecc"]

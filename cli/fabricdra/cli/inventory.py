@@ -138,7 +138,9 @@ def _resource_slices(
     inventory = build_devices(
         result.interfaces or [],
         result.accelerators or [],
-        gpu_health=gpu_health(nvml, None, expected=nvidia_bound(result.accelerators)),
+        gpu_health=gpu_health(
+            nvml, None, expected=nvidia_bound(result.accelerators), amd=result.amd
+        ),
         gpu_info=gpu_info(result.nvml),
     )
     plan = build_slices(inventory, node_name)

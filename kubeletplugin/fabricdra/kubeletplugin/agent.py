@@ -273,6 +273,7 @@ class Agent:
                 self.config.dcgm_url,
                 state=self.dcgm_state,
                 expected=nvidia_bound(discovery.accelerators),
+                amd=discovery.amd,
             ),
             self._gpu_health,
         )

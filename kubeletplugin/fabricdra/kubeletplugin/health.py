@@ -24,8 +24,13 @@ Two sources, one answer per GPU keyed by PCI bus id (`0000:1b:00.0`):
   report, or a scrape that fails, fall back to NVML.
 A GPU neither source can read is `GpuHealth(None)` (Unknown), never healthy by default.
 
+AMD GPUs, from the AMD backend's readings (discovery/backends/amd.py): the amdgpu driver's RAS
+error counts per block (`amd_health`): an uncorrectable error in any block is Unhealthy,
+corrected errors are not; a count that cannot be read, or no RAS at all, is Unknown.
+
 Each problem also has a short cause token (`GpuHealth.causes`: `ecc`, `xid-<n>`,
-`row-remap-failed`, `row-remap-pending`, `pcie-errors`, `nvlink-errors`, `unreadable`, `lost`),
+`row-remap-failed`, `row-remap-pending`, `pcie-errors`, `nvlink-errors`, `unreadable`, `lost`;
+AMD: `ecc`, `ras-<block>`),
 what the device taint's value says (resourceslices.taint_value, docs/attributes.md).
 """
 
@@ -41,6 +46,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from fabricdra.api.inventory import Accelerator
 
 from .devices import GpuHealth
+from .discovery.backends.amd import AmdReadings
 from .discovery.nvml import NvmlReadings, normalise_bus_id
 
 log = structlog.get_logger("fabricdra.health")
@@ -76,10 +82,13 @@ def gpu_health(
     *,
     state: DcgmState | None = None,
     expected: Iterable[str] = (),
+    amd: AmdReadings | None = None,
 ) -> dict[str, GpuHealth]:
     """Health per GPU bus id. `expected`: the bus ids of the GPUs the kernel has bound to the
-    nvidia driver, which NVML must report when it answers at all."""
+    nvidia driver, which NVML must report when it answers at all. `amd`: the AMD backend's
+    readings (`Discovery.amd`), judged by `amd_health`."""
     out = nvml_health(nvml, state)
+    out.update(amd_health(amd))
     if nvml is not None and nvml.available:
         for bus in expected:
             if bus not in out:
@@ -184,6 +193,34 @@ def _growth(state: DcgmState | None, bus: str, key: str, value: int | None) -> i
     before = state.counters.get((bus, key))
     state.counters[(bus, key)] = value
     return None if before is None or value < before else value - before
+
+
+def amd_health(amd: AmdReadings | None) -> dict[str, GpuHealth]:
+    """AMD GPUs from the amdgpu driver's RAS error counts (`ras/<block>_err_count`): any
+    uncorrectable error in a block is Unhealthy (cause `ecc` for UMC, the memory controller, as
+    NVIDIA's uncorrectable ECC; `ras-<block>` for the others); corrected errors are not (the
+    hardware fixed them). Healthy needs every block's counts read: a GPU without RAS, or with a
+    count that cannot be read, is Unknown, unless another block already shows a fault."""
+    out: dict[str, GpuHealth] = {}
+    for bus, gpu in (amd.gpus if amd is not None else {}).items():
+        if gpu.ras is None:
+            out[bus] = GpuHealth(None, f"no RAS error counts: {gpu.ras_problem}")
+            continue
+        bad = {block: c.ue for block, c in gpu.ras.items() if c is not None and c.ue > 0}
+        unread = [block for block, c in gpu.ras.items() if c is None]
+        if bad:
+            out[bus] = GpuHealth(
+                False,
+                "uncorrectable RAS errors: " + ", ".join(f"{b} {n}" for b, n in bad.items()),
+                tuple(dict.fromkeys("ecc" if b == "umc" else f"ras-{b}" for b in bad)),
+            )
+        elif unread:
+            out[bus] = GpuHealth(None, f"RAS error counts unreadable: {', '.join(unread)}")
+        elif not gpu.ras:
+            out[bus] = GpuHealth(None, "no RAS error counts (no <block>_err_count file)")
+        else:
+            out[bus] = GpuHealth(True)
+    return out
 
 
 def dcgm_health(readings: Mapping[str, DcgmReading]) -> dict[str, GpuHealth]:

@@ -1,22 +1,26 @@
 """Accelerators: found by PCI vendor and class, placed by the shared PCI walk, and described by
-their vendor's own source (NVML for NVIDIA, the KFD topology for AMD)."""
+their vendor's own source through the backend registry (backends/: NVML for NVIDIA, the amdgpu
+driver's files and KFD for AMD)."""
 
 from __future__ import annotations
 
-import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from fabricdra.api.deviceclasses import DeviceClassTable, mig_profile
-from fabricdra.api.inventory import (
-    Accelerator,
-    AcceleratorTopology,
-    Fabric,
-    FabricRegistration,
-    MigDevice,
-)
+from fabricdra.api.inventory import Accelerator, AcceleratorTopology, MigDevice
 
-from .amd import KfdReadings
-from .nvml import NvmlReadings, SnapshotGpu, SnapshotMigDevice
+from .backends import AMD as AMD
+from .backends import NVIDIA as NVIDIA
+from .backends import (
+    Function,
+    GpuFacts,
+    Registry,
+    VendorPass,
+    run,
+)
+from .backends import canonical_cluster_uuid as canonical_cluster_uuid
 from .pci import read_function
 from .sysfs import Absent, SysfsTree, Unreadable
 
@@ -30,8 +34,6 @@ VENDORS = {
     "0x19e5": "huawei",
     "0x1e52": "tenstorrent",
 }
-NVIDIA = "0x10de"
-AMD = "0x1002"
 GPU_VENDORS = {NVIDIA, AMD}
 # PCI class (top 16 bits): display controllers count for GPU vendors only (a BMC's VGA is not an
 # accelerator); "processing accelerators" (0x12xx) count for every vendor.
@@ -103,13 +105,31 @@ def find_accelerators(tree: SysfsTree) -> PciScan:
     return PciScan(candidates=found, unreadable=unreadable)
 
 
+def read_vendors(
+    tree: SysfsTree, candidates: list[Candidate], backends: Registry
+) -> dict[str, VendorPass[Any]]:
+    """Ask each vendor's backend once, about that vendor's functions only, and only where the
+    node has some (a node without NVIDIA GPUs never loads NVML)."""
+    out: dict[str, VendorPass[Any]] = {}
+    for vendor_id, backend in backends.items():
+        functions = [
+            Function(bus_id=c.bus_id, device_id=c.device_id)
+            for c in candidates
+            if c.vendor_id == vendor_id
+        ]
+        if functions:
+            out[vendor_id] = run(backend, tree, functions)
+    return out
+
+
 def describe_accelerators(
     tree: SysfsTree,
     candidates: list[Candidate],
-    nvml: NvmlReadings | None,
-    kfd: KfdReadings | None,
+    vendors: Mapping[str, VendorPass[Any]],
     classes: DeviceClassTable,
 ) -> list[Accelerator]:
+    """The record of each accelerator: what the PCI walk gives, then its vendor backend's facts
+    (`vendors`, from `read_vendors`); a vendor without a backend is classed by its PCI id."""
     found: list[Accelerator] = []
     for c in candidates:
         fn = read_function(tree, c.path)
@@ -125,14 +145,45 @@ def describe_accelerators(
             driver=fn.driver,
             topology=AcceleratorTopology(**fn.topology.model_dump()),
         )
-        if c.vendor_id == NVIDIA:
-            acc = _with_nvml(acc, nvml, classes)
-        elif c.vendor_id == AMD:
-            acc = _with_kfd(acc, kfd, classes)
-        else:
-            acc = _with_class(acc, classes)
-        found.append(acc)
+        vendor = vendors.get(c.vendor_id)
+        found.append(with_facts(acc, vendor.facts(acc.pciBusId) if vendor else None, classes))
     return sorted(found, key=lambda a: a.pciBusId)
+
+
+def with_facts(acc: Accelerator, facts: GpuFacts | None, classes: DeviceClassTable) -> Accelerator:
+    """`acc` with what its vendor said; each fact the vendor did not answer stays unset."""
+    if facts is None:
+        return _with_class(acc, classes)
+    cls = classes.classify(facts.product, acc.vendorId, acc.deviceId)
+    if cls is None and facts.product and not facts.product_decides_class:
+        cls = classes.classify(None, acc.vendorId, acc.deviceId)
+    update: dict[str, object] = {
+        "productName": facts.product or (cls.label if cls else acc.productName),
+        "deviceClass": cls.name if cls else None,
+    }
+    if facts.uuid is not None:
+        update["uuid"] = facts.uuid
+    if facts.memory_mib is not None:
+        update["memoryMiB"] = facts.memory_mib
+    if facts.mig_mode is not None:
+        update["migMode"] = facts.mig_mode
+        update["migDevices"] = [
+            MigDevice(
+                uuid=m.uuid,
+                name=m.name,
+                profile=mig_profile(m.name) if m.name else None,
+                deviceClass=classes.mig_class(cls, m.name),
+                memoryMiB=m.memory_mib,
+                gpuInstanceId=m.gpu_instance_id,
+                computeInstanceId=m.compute_instance_id,
+            )
+            for m in facts.mig_devices
+        ]
+    if facts.registration is not None:
+        update["fabricRegistration"] = facts.registration
+    if facts.fabric is not None:
+        update["topology"] = acc.topology.model_copy(update={"fabric": facts.fabric})
+    return acc.model_copy(update=update)
 
 
 def _with_class(acc: Accelerator, classes: DeviceClassTable) -> Accelerator:
@@ -143,88 +194,3 @@ def _with_class(acc: Accelerator, classes: DeviceClassTable) -> Accelerator:
     if acc.productName is None:
         update["productName"] = cls.label
     return acc.model_copy(update=update)
-
-
-def _with_nvml(
-    acc: Accelerator, nvml: NvmlReadings | None, classes: DeviceClassTable
-) -> Accelerator:
-    gpu = nvml.gpus.get(acc.pciBusId) if nvml and nvml.available else None
-    if gpu is None:
-        return _with_class(acc, classes)
-    cls = classes.classify(gpu.name, acc.vendorId, acc.deviceId)
-    migs = [
-        MigDevice(
-            uuid=m.uuid,
-            name=m.name,
-            profile=_profile(m.name),
-            deviceClass=classes.mig_class(cls, m.name),
-            memoryMiB=m.memoryTotalMiB,
-            gpuInstanceId=m.gpuInstanceId,
-            computeInstanceId=m.computeInstanceId,
-        )
-        for m in sorted(gpu.migDevices, key=_mig_order)
-    ]
-    registration, fabric = _nvlink(gpu)
-    return acc.model_copy(
-        update={
-            "productName": gpu.name,
-            "deviceClass": cls.name if cls else None,
-            "uuid": gpu.uuid,
-            "memoryMiB": gpu.memoryTotalMiB,
-            "migMode": gpu.migMode,
-            "migDevices": migs,
-            "fabricRegistration": registration,
-            "topology": acc.topology.model_copy(update={"fabric": fabric}),
-        }
-    )
-
-
-def _mig_order(m: SnapshotMigDevice) -> tuple[int, int, str]:
-    return (m.gpuInstanceId or 0, m.computeInstanceId or 0, m.uuid)
-
-
-def _profile(name: str | None) -> str | None:
-    return mig_profile(name) if name else None
-
-
-_HEX32 = re.compile(r"^[0-9a-f]{32}$")
-
-
-def canonical_cluster_uuid(value: str | None) -> str | None:
-    """Any UUID spelling -> 32 lowercase hex; None when it is not a UUID."""
-    if value is None:
-        return None
-    h = value.strip().lower().replace("-", "")
-    if h.startswith("0x"):
-        h = h[2:]
-    return h if _HEX32.match(h) else None
-
-
-def _nvlink(gpu: SnapshotGpu) -> tuple[FabricRegistration | None, Fabric | None]:
-    """The fabric record appears only once registration completed without error and named a
-    non-zero cluster: an ordinary card answers `not_supported` with zeros, and publishing that
-    would put every such machine in one shared domain."""
-    f = gpu.fabric
-    if f is None:
-        return None, None
-    cluster = canonical_cluster_uuid(f.clusterUuid)
-    registration = FabricRegistration(
-        state=f.state, status=f.status, clusterUuid=cluster, cliqueId=f.cliqueId
-    )
-    ok = f.state == "completed" and f.status.lower() in ("success", "nvml_success")
-    if not ok or cluster is None or int(cluster, 16) == 0:
-        return registration, None
-    clique = f.cliqueId
-    domain = f"nvlink-{cluster}" if clique is None else f"nvlink-{cluster}-{clique}"
-    return registration, Fabric(kind="nvlink", id=cluster, cliqueId=clique, domain=domain)
-
-
-def _with_kfd(acc: Accelerator, kfd: KfdReadings | None, classes: DeviceClassTable) -> Accelerator:
-    acc = _with_class(acc, classes)
-    reading = kfd.by_bus_id.get(acc.pciBusId) if kfd and kfd.available else None
-    if reading is None or reading.hive_id == 0:
-        return acc
-    hive = format(reading.hive_id, "x")
-    members = None if reading.peers is None else reading.peers + 1
-    fabric = Fabric(kind="xgmi", id=hive, memberCount=members, domain=f"xgmi-{hive}")
-    return acc.model_copy(update={"topology": acc.topology.model_copy(update={"fabric": fabric})})

@@ -1,7 +1,8 @@
 """AMD XGMI hive membership from the KFD topology in sysfs.
 
 Each KFD node's `properties` file lists `key value` lines; GPU nodes carry `location_id`
-((bus << 8) | devfn), `domain` and `hive_id` (0 = in no hive). XGMI peers are the node's
+((bus << 8) | devfn), `domain`, `hive_id` (0 = in no hive) and, on kernels that print it,
+`unique_id` (the GPU's serial, in decimal). XGMI peers are the node's
 io_links of type 11. The hive size a GPU reports is itself plus its XGMI peers.
 
 A count needs every link read: when the io_links (or one link's properties) cannot be read the
@@ -24,6 +25,9 @@ IO_LINK_TYPE_XGMI = 11
 class XgmiReading:
     hive_id: int
     peers: int | None  # None: the io_links could not all be read, so the count is unknown
+    # The GPU's serial as KFD prints it (`unique_id`, decimal; kfd_topology.c); None where the
+    # kernel prints none or 0 (the amdgpu backend's second source for `uuid`).
+    unique_id: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +72,11 @@ def read_kfd(tree: SysfsTree) -> KfdReadings:
             f"{props.get('domain', 0):04x}:{location >> 8:02x}:"
             f"{(location >> 3) & 0x1F:02x}.{location & 0x7}"
         )
-        out[bus_id] = XgmiReading(hive_id=props.get("hive_id", 0), peers=_xgmi_peers(tree, node))
+        out[bus_id] = XgmiReading(
+            hive_id=props.get("hive_id", 0),
+            peers=_xgmi_peers(tree, node),
+            unique_id=props.get("unique_id") or None,
+        )
     return KfdReadings(available=True, reason=None, by_bus_id=out, unreadable=tuple(unreadable))
 
 

@@ -6,16 +6,18 @@ command and the kubelet plugin — log, write and publish; nothing here does I/O
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from fabricdra.api.deviceclasses import DeviceClassTable, load_device_classes
 from fabricdra.api.inventory import Accelerator, Endpoint, Interface, LinkRecord
 
 from . import accelerators as accel
 from . import interfaces as ifaces
-from .amd import KfdReadings, read_kfd
+from .amd import KfdReadings
+from .backends import AmdReadings, VendorPass, registry
+from .backends import NvmlSource as NvmlSource  # callers name it here
 from .labels import NodeLabels, compute_labels
 from .nvml import NvmlReadings
 from .rdma import merge_first_seen, read_rdma_index
@@ -38,8 +40,11 @@ class Discovery:
     # Enumeration failures, by part ("interfaces", "accelerators"): the part above is the
     # previous record kept as it was (or None when there was none), never an empty list.
     failures: dict[str, str] = field(default_factory=dict)
+    # Each vendor backend's readings this pass (health and publishing read them); None where
+    # the node has none of that vendor's GPUs, or no source was given.
     nvml: NvmlReadings | None = None
     kfd: KfdReadings | None = None
+    amd: AmdReadings | None = None  # the amdgpu driver's files (+ `kfd`), for AMD health
 
     def record_equals(self, other: Discovery | None) -> bool:
         """Whether the published record would change: the cheap check before any write."""
@@ -49,9 +54,6 @@ class Discovery:
             and self.accelerators == other.accelerators
             and self.labels == other.labels
         )
-
-
-NvmlSource = Callable[[], NvmlReadings]
 
 
 def discover(
@@ -75,21 +77,16 @@ def discover(
         interfaces = previous.interfaces
 
     accelerators: list[Accelerator] | None
-    nvml: NvmlReadings | None = None
-    kfd: KfdReadings | None = None
+    vendors: dict[str, VendorPass[Any]] = {}
     fabric_readable, members_readable = True, True
     complete = True  # every PCI function's vendor and class could be read
     try:
         scan = accel.find_accelerators(tree)
         candidates = scan.candidates
         complete = not scan.unreadable
-        vendors = {c.vendor_id for c in candidates}
-        if accel.NVIDIA in vendors and nvml_source is not None:
-            nvml = nvml_source()  # asked only where there is an NVIDIA device to ask about
-        if accel.AMD in vendors:
-            kfd = read_kfd(tree)
-        accelerators = accel.describe_accelerators(tree, candidates, nvml, kfd, classes)
-        fabric_readable, members_readable = _fabric_readable(accelerators, nvml, kfd)
+        vendors = accel.read_vendors(tree, candidates, registry(nvml_source))
+        accelerators = accel.describe_accelerators(tree, candidates, vendors, classes)
+        fabric_readable, members_readable = _fabric_readable(accelerators, vendors)
     except accel.EnumerationError as e:
         failures["accelerators"] = f"cannot enumerate PCI devices: {e}"
         accelerators = previous.accelerators
@@ -103,34 +100,34 @@ def discover(
         fabric_readable=fabric_readable,
         members_readable=members_readable,
     )
+    nvidia = vendors.get(accel.NVIDIA)
+    amd = vendors.get(accel.AMD)
+    nvml = nvidia.readings if nvidia is not None else None
+    amd_readings = amd.readings if amd is not None else None
     return Discovery(
         interfaces=interfaces,
         accelerators=accelerators,
         labels=labels,
         failures=failures,
-        nvml=nvml,
-        kfd=kfd,
+        nvml=nvml if isinstance(nvml, NvmlReadings) else None,
+        kfd=amd_readings.kfd if isinstance(amd_readings, AmdReadings) else None,
+        amd=amd_readings if isinstance(amd_readings, AmdReadings) else None,
     )
 
 
 def _fabric_readable(
-    accelerators: list[Accelerator], nvml: NvmlReadings | None, kfd: KfdReadings | None
+    accelerators: list[Accelerator], vendors: dict[str, VendorPass[Any]]
 ) -> tuple[bool, bool]:
     """(domain readable, member count readable): a fabric nobody could ask about is unknown,
-    not absent, and so is a hive size whose XGMI links could not all be read."""
+    not absent, and so is a hive size whose links could not all be read. Each vendor's backend
+    says for its own GPUs; a vendor without one has no fabric to ask about."""
     domain, members = True, True
     for a in accelerators:
-        if a.vendorId == accel.NVIDIA and (
-            nvml is None or not nvml.available or a.pciBusId not in nvml.gpus
-        ):
-            domain = False
-        if a.vendorId == accel.AMD:
-            if kfd is None or not kfd.available or kfd.unreadable:
-                domain = False
-            else:
-                reading = kfd.by_bus_id.get(a.pciBusId)
-                if reading is not None and reading.hive_id != 0 and reading.peers is None:
-                    members = False
+        vendor = vendors.get(a.vendorId)
+        if vendor is None:
+            continue
+        d, m = vendor.fabric_known(a.pciBusId)
+        domain, members = domain and d, members and m
     return domain, domain and members
 
 
