@@ -49,6 +49,12 @@ H200_141GB_PROFILES = {
 }
 H200_141GB_LGIPP = H100_80GB_LGIPP  # byte for byte what the H200 printed
 
+# NVML's GPU instance profile constants (nvml.h NVML_GPU_INSTANCE_PROFILE_1_SLICE = 0,
+# _2_SLICE = 1, _3_SLICE = 2, _4_SLICE = 3, _7_SLICE = 4, _1_SLICE_REV1 = 7, _1_SLICE_REV2 = 9)
+# -> the profile id nvmlDeviceGetGpuInstanceProfileInfo answers for them, the "ID" column of
+# `nvidia-smi mig -lgip` above (the same on the H100 and the H200).
+NVML_GI_PROFILE_IDS = {0: 19, 7: 20, 9: 15, 1: 14, 2: 9, 3: 5, 4: 0}
+
 _LINE = re.compile(r"Profile ID\s+(\d+)\s+Placements?\s*:\s*\{([\d,]+)\}:(\d+)")
 
 

@@ -71,10 +71,16 @@ from .kubelet.claims import (
     read_claim,
     remove_recorded_specs,
 )
+from .kubelet.driver import current_call
 from .networkstatus import NetworkStatus
 from .nvidiacdi import ToolkitSpecs
 
 log = structlog.get_logger("fabricdra.prepare")
+
+# Seconds of kubelet's deadline (45 s) a MIG instance's creation is started with at least:
+# NVML creates a GPU and compute instance in a few seconds (not measured here: see
+# docs/gpu-checks.md), the CDI spec and checkpoint are written after it.
+MIG_CREATE_BUDGET = 15.0
 
 DRIVER_NAME = "devices.fabricdra.io"
 NVIDIA, AMD = "0x10de", "0x1002"  # PCI vendor ids
@@ -190,16 +196,40 @@ class DevicesDriver:
             self._refuse_in_use(claim, grants)
             own = [g.device.endpoint.rdmaDevice for g in grants if g.device.endpoint]
             hcas, companions = ncclenv.pod_hcas(self.checkpoint.entries(), claim.uid, obj, own)
+            made_before = self._mig_made(claim.uid)
             try:
-                with self.toolkit.pinned():
-                    spec, prepared = self.build(claim, grants, hcas)
-            except DeviceNodeError as e:
-                raise PrepareError(str(e)) from None
-            ncclenv.widen_all(companions, hcas)  # before ours is recorded: see ncclenv
-            self._record(claim, obj, grants, spec, prepared)
+                try:
+                    with self.toolkit.pinned():
+                        spec, prepared = self.build(claim, grants, hcas)
+                except DeviceNodeError as e:
+                    raise PrepareError(str(e)) from None
+                ncclenv.widen_all(companions, hcas)  # before ours is recorded: see ncclenv
+                self._record(claim, obj, grants, spec, prepared)
+            except Exception:
+                # Nothing half-made: MIG instances this call created (a claim's second
+                # placement refused, device nodes missing) go again; kubelet retries.
+                self._undo_mig(claim.uid, made_before)
+                raise
         if self.network is not None:
             self.network.write(claim.namespace, claim.name, grants)
         return prepared
+
+    def _mig_made(self, claim_uid: str) -> set[str]:
+        """The devices whose MIG instance dynamic MIG has created for this claim."""
+        if self.dynamic_mig is None:
+            return set()
+        return {r.device for r in self.dynamic_mig.records() if r.claim == claim_uid}
+
+    def _undo_mig(self, claim_uid: str, before: set[str]) -> None:
+        if self.dynamic_mig is None:
+            return
+        made = self._mig_made(claim_uid) - before
+        if not made:
+            return
+        try:
+            self.dynamic_mig.destroy(claim_uid, made)
+        except Exception as e:  # left in the journal: unprepare or the next prepare retries
+            log.error("MIG instances of a failed prepare not destroyed", error=str(e))
 
     def _already_prepared(self, claim: ClaimRef) -> list[PreparedDevice] | None:
         """The recorded answer of an earlier prepare of this claim (same UID), while every
@@ -449,6 +479,13 @@ class DevicesDriver:
         assert dev.placement is not None
         if self.dynamic_mig is None:
             raise PrepareError(f"device {dev.name}: dynamic MIG is off on this node")
+        ensure_wanted()
+        if current_call().remaining() < MIG_CREATE_BUDGET:
+            # Started this late, the answer could come after kubelet gave up; kubelet retries.
+            raise PrepareError(
+                f"device {dev.name}: too little time left before kubelet's deadline to create "
+                f"its MIG instance (under {MIG_CREATE_BUDGET:.0f} s)"
+            )
         try:
             made = self.dynamic_mig.create(
                 claim_uid, dev.name, bus, dev.placement.profile.name, dev.placement.start
