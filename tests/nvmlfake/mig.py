@@ -89,6 +89,7 @@ class FakeMigGpu:
     compute_slices: int = 7
     instances: dict[int, GpuInstance] = field(default_factory=dict)
     _next_id: int = 1
+    _made: int = 0
 
     @classmethod
     def h100_80gb(cls) -> FakeMigGpu:
@@ -125,9 +126,9 @@ class FakeMigGpu:
         if not self.accepts(profile, start):
             raise NvmlError(f"insufficient resources for {profile} at {start}")
         _, size, compute = self.profiles[profile]
-        gi = GpuInstance(
-            self._next_id, profile, start, size, compute, f"MIG-fake-{self._next_id:04d}"
-        )
+        # A new UUID each creation, as NVML gives (an id is reused, a UUID is not).
+        self._made += 1
+        gi = GpuInstance(self._next_id, profile, start, size, compute, f"MIG-fake-{self._made:04d}")
         self.instances[gi.id] = gi
         self._next_id += 1
         return gi

@@ -5,6 +5,7 @@ destroys it, and an instance that existed at start is adopted, never destroyed."
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,8 @@ from fabricdra.kubeletplugin.dynamicmig import DynamicMig
 from fabricdra.kubeletplugin.kubelet import PrepareError
 from fabricdra.kubeletplugin.kubelet.cdi import CdiWriter
 from fabricdra.kubeletplugin.kubelet.checkpoint import Checkpoint
-from fabricdra.kubeletplugin.prepare import CDI_KIND, DevicesDriver
+from fabricdra.kubeletplugin.kubelet.driver import KUBELET_DEADLINE, Call, serving
+from fabricdra.kubeletplugin.prepare import CDI_KIND, MIG_CREATE_BUDGET, DevicesDriver
 from tests.integration.kubelethost import build_host
 from tests.nvmlfake.mig import FakeMigGpu, FakeNvml
 from tests.unit.test_prepare import Claims
@@ -124,3 +126,53 @@ def test_without_dynamic_mig_a_placement_is_refused(tmp_path: Path) -> None:
     with pytest.raises(PrepareError, match="dynamic MIG is off"):
         driver.prepare(claim)
     assert nvml.gpus[bus].instances == {}
+
+
+def test_a_refused_second_placement_undoes_the_first(tmp_path: Path) -> None:
+    """Nothing half-made: a claim of two placements whose second NVML refuses leaves neither
+    instance (nor a journal record); kubelet's retry starts afresh."""
+    driver, nvml, claims, bus, _ = _node(tmp_path)
+    nvml.gpus[bus].create("1g.10gb", 0)  # appeared behind our back: the 4g cannot be made
+    claim = claims.add(
+        "two",
+        [
+            {"request": "a", "device": f"mig-{_stem(bus)}-3g-40gb-m4"},
+            {"request": "b", "device": f"mig-{_stem(bus)}-4g-40gb-m0"},
+        ],
+    )
+    with pytest.raises(PrepareError, match="4g-40gb-m0: cannot create the MIG instance"):
+        driver.prepare(claim)
+    assert [gi.profile for gi in nvml.gpus[bus].instances.values()] == ["1g.10gb"]
+    assert driver.dynamic_mig is not None
+    assert driver.dynamic_mig.records() == []
+    assert driver.checkpoint.get(claim.uid) is None
+
+
+def test_missing_capability_nodes_undo_the_instance(tmp_path: Path) -> None:
+    """The instance NVML made has no capability files the host shows (here: the host has
+    them for gi1 and gi2 only, two static instances hold those): prepare fails, clearly, and
+    destroys it."""
+    driver, nvml, claims, bus, adopted = _node(tmp_path, static=(("1g.10gb", 0), ("1g.10gb", 1)))
+    claim = claims.add("c", [{"request": "mig", "device": f"mig-{_stem(bus)}-3g-40gb-m4"}])
+    with pytest.raises(PrepareError, match="no DeviceFileMinor"):
+        driver.prepare(claim)
+    assert list(nvml.gpus[bus].instances) == adopted
+    assert driver.dynamic_mig is not None
+    assert driver.dynamic_mig.records() == []
+
+
+def test_creation_is_not_started_late_in_kubelets_deadline(tmp_path: Path) -> None:
+    """Kubelet gives a prepare 45 s; a creation started with under MIG_CREATE_BUDGET left
+    could answer after kubelet gave up: refused before NVML is asked (kubelet retries)."""
+    driver, nvml, claims, bus, _ = _node(tmp_path)
+    claim = claims.add("c", [{"request": "mig", "device": f"mig-{_stem(bus)}-3g-40gb-m4"}])
+    late = MIG_CREATE_BUDGET - 3  # still enough to read the claim
+    with (
+        serving(Call(time.monotonic() + late, lambda: True)),
+        pytest.raises(PrepareError, match="too little time left"),
+    ):
+        driver.prepare(claim)
+    assert nvml.gpus[bus].instances == {}
+    with serving(Call(time.monotonic() + KUBELET_DEADLINE, lambda: True)):
+        driver.prepare(claim)
+    assert len(nvml.gpus[bus].instances) == 1
