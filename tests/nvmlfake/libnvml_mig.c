@@ -12,6 +12,9 @@
  * The instances live in the file $FAKE_NVML_STATE (read at nvmlInit, written after each change),
  * since they outlive a process on a real GPU too (a crash, then a restarted agent).
  * $FAKE_NVML_FAIL_CI=1: creating a compute instance fails (the GPU instance stays).
+ * $FAKE_NVML_MIG=0: MIG mode is Disabled (instances cannot be created or listed, as on NVML).
+ * Every change (instance created or destroyed, MIG mode set) is appended to
+ * $FAKE_NVML_STATE.log, so a test can show that a check changed nothing.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,9 +24,11 @@
 
 enum {
     SUCCESS = 0,
+    ERROR_NOT_SUPPORTED = 3,
     ERROR_UNINITIALIZED = 1,
     ERROR_INVALID_ARGUMENT = 2,
     ERROR_NOT_FOUND = 6,
+    ERROR_INSUFFICIENT_SIZE = 7,
     ERROR_IN_USE = 19,
     ERROR_INSUFFICIENT_RESOURCES = 23,
     ERROR_ARGUMENT_VERSION_MISMATCH = 25,
@@ -72,6 +77,23 @@ static struct { int magic; int slot; } CIS[MAX_GI], MIGS[MAX_GI];
 static int initialised;
 
 static const char *state_file(void) { return getenv("FAKE_NVML_STATE"); }
+
+static void note(const char *what, unsigned int a, unsigned int b) {
+    const char *path = state_file();
+    char log[4096];
+    if (!path) return;
+    snprintf(log, sizeof log, "%s.log", path);
+    FILE *f = fopen(log, "a");
+    if (f) {
+        fprintf(f, "%s %u %u\n", what, a, b);
+        fclose(f);
+    }
+}
+
+static int mig_enabled(void) {
+    const char *mig = getenv("FAKE_NVML_MIG");
+    return !(mig && strcmp(mig, "0") == 0);
+}
 
 static void load(void) {
     memset(GIS, 0, sizeof GIS);
@@ -150,6 +172,64 @@ int nvmlDeviceGetHandleByPciBusId_v2(const char *bus, void **device) {
     return SUCCESS;
 }
 
+int nvmlDeviceGetCount_v2(unsigned int *count) {
+    if (!initialised) return ERROR_UNINITIALIZED;
+    if (!count) return ERROR_INVALID_ARGUMENT;
+    *count = 1;
+    return SUCCESS;
+}
+
+int nvmlDeviceGetHandleByIndex_v2(unsigned int index, void **device) {
+    if (!initialised) return ERROR_UNINITIALIZED;
+    if (!device || index != 0) return ERROR_INVALID_ARGUMENT;
+    *device = &GPU;
+    return SUCCESS;
+}
+
+typedef struct {
+    char busIdLegacy[16];
+    unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
+    char busId[32];
+} pci_info_t;
+
+int nvmlDeviceGetPciInfo_v3(void *device, pci_info_t *pci) {
+    if (!is_gpu(device) || !pci) return ERROR_INVALID_ARGUMENT;
+    memset(pci, 0, sizeof *pci);
+    snprintf(pci->busId, sizeof pci->busId, "%s", GPU_BUS);
+    sscanf(GPU_BUS, "%x:%x:%x", &pci->domain, &pci->bus, &pci->device);
+    return SUCCESS;
+}
+
+int nvmlDeviceGetMigMode(void *device, unsigned int *current, unsigned int *pending) {
+    if (!is_gpu(device) || !current || !pending) return ERROR_INVALID_ARGUMENT;
+    *current = *pending = (unsigned int)mig_enabled();
+    return SUCCESS;
+}
+
+int nvmlDeviceSetMigMode(void *device, unsigned int mode, int *status) {
+    if (!is_gpu(device) || !status) return ERROR_INVALID_ARGUMENT;
+    note("set-mig-mode", mode, 0);
+    *status = SUCCESS;
+    return SUCCESS;
+}
+
+int nvmlDeviceGetGpuInstancePossiblePlacements_v2(void *device, unsigned int profileId,
+                                                  placement_t *placements,
+                                                  unsigned int *count) {
+    if (!is_gpu(device) || !count) return ERROR_INVALID_ARGUMENT;
+    const struct profile *p = by_id(profileId);
+    if (!p) return ERROR_INVALID_ARGUMENT;
+    if (!placements) { /* NULL: how many */
+        *count = p->nstarts;
+        return SUCCESS;
+    }
+    if (*count < p->nstarts) return ERROR_INSUFFICIENT_SIZE;
+    for (unsigned int i = 0; i < p->nstarts; i++)
+        placements[i].start = p->starts[i], placements[i].size = p->size;
+    *count = p->nstarts;
+    return SUCCESS;
+}
+
 int nvmlDeviceGetName(void *device, char *name, unsigned int length) {
     if (!is_gpu(device) || !name) return ERROR_INVALID_ARGUMENT;
     snprintf(name, length, "%s", GPU_NAME);
@@ -196,6 +276,7 @@ int nvmlDeviceCreateGpuInstanceWithPlacement(void *device, unsigned int profileI
                                              struct gi **gpuInstance) {
     if (!initialised) return ERROR_UNINITIALIZED;
     if (!is_gpu(device) || !placement || !gpuInstance) return ERROR_INVALID_ARGUMENT;
+    if (!mig_enabled()) return ERROR_NOT_SUPPORTED;
     const struct profile *p = by_id(profileId);
     if (!p) return ERROR_INVALID_ARGUMENT;
     /* Reading *placement: a structure passed by value arrives as its bytes, not an address. */
@@ -216,6 +297,7 @@ int nvmlDeviceCreateGpuInstanceWithPlacement(void *device, unsigned int profileI
     g->magic = GI_MAGIC, g->used = 1, g->id = id, g->profile_id = p->id;
     g->start = placement->start, g->size = p->size, g->slices = p->slices;
     save();
+    note("create-gpu-instance", g->id, g->start);
     *gpuInstance = g;
     return SUCCESS;
 }
@@ -233,6 +315,7 @@ int nvmlGpuInstanceGetInfo(struct gi *g, gi_info_t *info) {
 int nvmlDeviceGetGpuInstances(void *device, unsigned int profileId, struct gi **instances,
                               unsigned int *count) {
     if (!is_gpu(device) || !instances || !count) return ERROR_INVALID_ARGUMENT;
+    if (!mig_enabled()) return ERROR_NOT_SUPPORTED;
     unsigned int n = 0;
     for (int i = 0; i < MAX_GI; i++)
         if (GIS[i].used && GIS[i].profile_id == profileId) instances[n++] = &GIS[i];
@@ -314,6 +397,7 @@ int nvmlGpuInstanceDestroy(struct gi *g) {
     if (g->ci_used) return ERROR_IN_USE; /* NVML: its compute instances go first */
     g->used = 0;
     save();
+    note("destroy-gpu-instance", g->id, g->start);
     return SUCCESS;
 }
 

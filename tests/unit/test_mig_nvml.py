@@ -255,3 +255,87 @@ def test_adopted_instance_survives_create_destroy_and_recover(h100: Path, tmp_pa
         )
     )
     assert out == [["3g.40gb", 4, 0]]
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def check(lib: Path, state: Path, *args: str, mig: str) -> subprocess.CompletedProcess[str]:
+    """e2e/gpu/dynamic_mig_check.py as run on a GPU host, NVML being the stand-in."""
+    return subprocess.run(
+        [sys.executable, "-m", "e2e.gpu.dynamic_mig_check", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env={
+            **os.environ,
+            "LD_LIBRARY_PATH": str(lib),
+            "FAKE_NVML_STATE": str(state),
+            "FAKE_NVML_MIG": mig,
+        },
+    )
+
+
+def changes(state: Path) -> list[str]:
+    log = Path(f"{state}.log")
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def test_gpu_check_with_mig_disabled_compares_and_changes_nothing(
+    h100: Path, tmp_path: Path
+) -> None:
+    done = check(h100, tmp_path / "gpu", "--create-destroy", mig="0")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "00000000:1B:00.0 NVIDIA H100 80GB HBM3: h100-80gb: agrees" in done.stdout
+    assert "create/destroy: not run (MIG mode Disabled; this check never changes it)" in (
+        done.stdout
+    )
+    assert changes(tmp_path / "gpu") == []
+
+
+def test_gpu_check_with_mig_enabled_creates_and_destroys_only_when_asked(
+    h100: Path, tmp_path: Path
+) -> None:
+    state = tmp_path / "gpu"
+    done = check(h100, state, mig="1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "create/destroy: not run (MIG mode Enabled; pass --create-destroy)" in done.stdout
+    assert changes(state) == []
+    # what the driver shows for the instance each profile gets (gi1/ci0: one at a time)
+    proc, dev = tmp_path / "proc", tmp_path / "dev"
+    caps = proc / "driver" / "nvidia" / "capabilities" / "gpu0" / "mig" / "gi1"
+    (caps / "ci0").mkdir(parents=True)
+    (caps / "access").write_text("DeviceFileMinor: 12\nDeviceFileMode: 292\n")
+    (caps / "ci0" / "access").write_text("DeviceFileMinor: 13\nDeviceFileMode: 292\n")
+    (dev / "nvidia-caps").mkdir(parents=True)
+    for minor in (12, 13):
+        (dev / "nvidia-caps" / f"nvidia-cap{minor}").touch()
+    done = check(
+        h100, state, "--create-destroy", "--proc-root", str(proc), "--dev-root", str(dev), mig="1"
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    made = [line.strip() for line in done.stdout.splitlines() if "created" in line]
+    assert made == [
+        f"{name} at {start}: created gi1/ci0 MIG-fake-gi1-ci0-m{start}, destroyed"
+        for name, start in (
+            ("1g.10gb", 6),
+            ("1g.20gb", 6),
+            ("2g.20gb", 4),
+            ("3g.40gb", 4),
+            ("4g.40gb", 0),
+            ("7g.80gb", 0),
+        )
+    ]
+    log = changes(state)
+    assert [line.split()[0] for line in log] == ["create-gpu-instance", "destroy-gpu-instance"] * 6
+
+
+def test_gpu_check_leaves_a_gpu_with_instances_alone(h100: Path, tmp_path: Path) -> None:
+    state = tmp_path / "gpu"
+    answer(run(h100, state, 'live.create(BUS, "1g.10gb", 3)\nprint("null")'))
+    before = changes(state)
+    done = check(h100, state, "--create-destroy", mig="1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "not run (the GPU has MIG instances, left alone: 1g.10gb@3)" in done.stdout
+    assert changes(state) == before
