@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from fabricdra.kubeletplugin.agent import Agent, AgentConfig
 from fabricdra.kubeletplugin.devices import DeviceConfig, DeviceInventory, build_devices, gpu_info
 from fabricdra.kubeletplugin.discovery.node import discover
 from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
@@ -19,6 +20,7 @@ from fabricdra.kubeletplugin.kubelet import PrepareError
 from fabricdra.kubeletplugin.kubelet.cdi import CdiWriter
 from fabricdra.kubeletplugin.kubelet.checkpoint import Checkpoint
 from fabricdra.kubeletplugin.kubelet.driver import KUBELET_DEADLINE, Call, serving
+from fabricdra.kubeletplugin.mignvml import LiveMigNvml
 from fabricdra.kubeletplugin.prepare import CDI_KIND, MIG_CREATE_BUDGET, DevicesDriver
 from tests.integration.kubelethost import build_host
 from tests.nvmlfake.mig import FakeMigGpu, FakeNvml
@@ -176,3 +178,40 @@ def test_creation_is_not_started_late_in_kubelets_deadline(tmp_path: Path) -> No
     with serving(Call(time.monotonic() + KUBELET_DEADLINE, lambda: True)):
         driver.prepare(claim)
     assert len(nvml.gpus[bus].instances) == 1
+
+
+class _NoPublisher:
+    def sync(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
+def _agent(tmp_path: Path, *, dynamic_mig: bool, snapshot: bool) -> Agent:
+    (tmp_path / "sys").mkdir(parents=True)
+    (tmp_path / "boot_id").write_text("boot-1\n")
+    config = AgentConfig(
+        node_name="n1",
+        sysfs_root=tmp_path / "sys",
+        nvml_snapshot=tmp_path / "nvml.json" if snapshot else None,
+        cdi_dir=tmp_path / "cdi",
+        toolkit_cdi_dirs=(),
+        plugin_dir=tmp_path / "plugin",
+        registry_dir=tmp_path / "registry",
+        state_dir=tmp_path / "state",
+        verification_gate=False,
+        boot_id_file=tmp_path / "boot_id",
+        devices=DeviceConfig(dynamic_mig=dynamic_mig),
+    )
+    return Agent(config, None, publisher=_NoPublisher())
+
+
+def test_the_agent_creates_through_nvml_only_with_the_flag_on_a_real_gpu(tmp_path: Path) -> None:
+    """--dynamic-mig on a GPU node: the live NVML creator, its journal in the state folder
+    (it outlives the pod); off, or with recorded NVML answers (no GPU to create on): none,
+    so prepare refuses a placement."""
+    on = _agent(tmp_path / "on", dynamic_mig=True, snapshot=False).driver.dynamic_mig
+    assert on is not None
+    assert isinstance(on.nvml, LiveMigNvml)
+    assert on.path == tmp_path / "on" / "state" / "dynamic-mig.json"
+    assert _agent(tmp_path / "off", dynamic_mig=False, snapshot=False).driver.dynamic_mig is None
+    recorded = _agent(tmp_path / "rec", dynamic_mig=True, snapshot=True)
+    assert recorded.driver.dynamic_mig is None
