@@ -1,5 +1,6 @@
 """Creating and destroying MIG instances for dynamic MIG, so that none is ever leaked or
-wrongly destroyed (the lifecycle prepare/unprepare are to use; not wired into prepare yet).
+wrongly destroyed: the lifecycle prepare/unprepare use (prepare.py), over NVML's calls
+(`MigNvml`; on a node `mignvml.LiveMigNvml`); the agent runs `recover` before it serves kubelet.
 
 The order, and why:
 
@@ -12,14 +13,15 @@ The order, and why:
 3. **Record the ids** (GPU/compute instance, UUID) against the intent. Only then is the
    instance used (device nodes, CDI spec).
 
-Unprepare destroys only what the journal says we created, and drops the record after NVML
-destroyed it (a crash between the two leaves a record whose instance is gone: `recover` drops
-it). Instances that existed when the agent started (static MIG) are adopted: they are never
-in the journal, so nothing here ever destroys one. `recover` runs at start-up, before
-anything is prepared: an intent without ids is an instance whose creation may have happened;
-the instance NVML shows at that placement with that profile is ours (the placement was free
-when offered: the publisher offers no placement an existing instance overlaps), so it is
-destroyed, and the record dropped.
+Unprepare destroys only what the journal says we created, and only while NVML still lists
+that very instance (same id, placement and UUID: ids are reused, UUIDs are not), and drops the
+record after NVML destroyed it (a crash between the two leaves a record whose instance is gone:
+`recover` drops it). Instances that existed when the agent started (static MIG) are
+adopted: they are never in the journal, so nothing here ever destroys one. `recover` runs at
+start-up, before anything is prepared: an intent without ids is an instance whose creation may
+have happened; the instance NVML shows at that placement with that profile is ours (the
+placement was free when offered: the publisher offers no placement an existing instance
+overlaps), so it is destroyed, and the record dropped.
 """
 
 from __future__ import annotations
