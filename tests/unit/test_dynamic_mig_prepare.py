@@ -15,7 +15,7 @@ from fabricdra.kubeletplugin.devices import DeviceConfig, DeviceInventory, build
 from fabricdra.kubeletplugin.discovery.node import discover
 from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
-from fabricdra.kubeletplugin.dynamicmig import DynamicMig
+from fabricdra.kubeletplugin.dynamicmig import DynamicMig, Instance
 from fabricdra.kubeletplugin.kubelet import PrepareError
 from fabricdra.kubeletplugin.kubelet.cdi import CdiWriter
 from fabricdra.kubeletplugin.kubelet.checkpoint import Checkpoint
@@ -215,3 +215,58 @@ def test_the_agent_creates_through_nvml_only_with_the_flag_on_a_real_gpu(tmp_pat
     assert _agent(tmp_path / "off", dynamic_mig=False, snapshot=False).driver.dynamic_mig is None
     recorded = _agent(tmp_path / "rec", dynamic_mig=True, snapshot=True)
     assert recorded.driver.dynamic_mig is None
+
+
+def _next_pass(tmp_path: Path, driver: DevicesDriver, nvml: FakeNvml, bus: str) -> None:
+    """What the agent's next discovery pass makes of the node: NVML lists the fake's
+    instances, the journal's are published under their placement names."""
+    snapshot = tmp_path / "host" / "nvml.json"
+    snap = json.loads(snapshot.read_text())
+    snap[bus]["migDevices"] = [
+        {
+            "uuid": gi.uuid,
+            "name": f"NVIDIA H100 80GB HBM3 MIG {gi.profile}",
+            "gpuInstanceId": gi.id,
+            "computeInstanceId": 0,
+            "placementStart": gi.start,
+        }
+        for gi in nvml.gpus[bus].instances.values()
+    ]
+    snapshot.write_text(json.dumps(snap))
+    readings = load_snapshot(snapshot)
+    d = discover(SysfsTree(tmp_path / "host" / "sys"), lambda: readings)
+    assert d.interfaces is not None
+    assert d.accelerators is not None
+    assert driver.dynamic_mig is not None
+    inventory = build_devices(
+        d.interfaces,
+        d.accelerators,
+        DeviceConfig(dynamic_mig=True),
+        gpu_info=gpu_info(readings),
+        created_mig=driver.dynamic_mig.created(),
+    )
+    driver.inventory = lambda: inventory
+
+
+def test_a_placement_freed_before_the_next_pass_is_created_again(tmp_path: Path) -> None:
+    """The inventory still shows the instance claim A had (published under the placement's
+    name) after A's unprepare destroyed it: claim B, allocated the same placement before the
+    next pass, gets a new instance, never the ids of the destroyed one."""
+    driver, nvml, claims, bus, _ = _node(tmp_path)
+    placement = f"mig-{_stem(bus)}-3g-40gb-m4"
+    a = claims.add("a", [{"request": "mig", "device": placement}])
+    driver.prepare(a)
+    _next_pass(tmp_path, driver, nvml, bus)
+    assert driver.inventory().get(placement) is not None
+    driver.prepare(a)  # repeated after the pass: the same instance
+    assert len(nvml.gpus[bus].instances) == 1
+    driver.unprepare(a)
+    assert nvml.gpus[bus].instances == {}
+    b = claims.add("b", [{"request": "mig", "device": placement}])
+    driver.prepare(b)
+    (gi,) = nvml.gpus[bus].instances.values()
+    assert (gi.profile, gi.start) == ("3g.40gb", 4)
+    assert driver.dynamic_mig is not None
+    assert [(r.claim, r.created) for r in driver.dynamic_mig.records()] == [
+        (b.uid, Instance(gi.id, 0, gi.uuid, "3g.40gb", 4))
+    ]

@@ -58,7 +58,7 @@ import structlog
 from fabricdra.api.rest import CLAIMS, EVENTS, ApiError
 
 from . import exclusivity, metrics, ncclenv
-from .devices import Device, DeviceInventory
+from .devices import Device, DeviceInventory, placement_name
 from .dynamicmig import DynamicMig
 from .hostdevices import DeviceNodeError, HostLayout
 from .kubelet import ClaimRef, PreparedDevice, PrepareError
@@ -455,7 +455,9 @@ class DevicesDriver:
         if dev.type == "gpu":
             toolkit = self.toolkit.gpu_id(acc.uuid, minor)
             return toolkit, [] if toolkit else self.host.nvidia_gpu_nodes(minor)
-        if dev.dynamic_mig and dev.mig is None and dev.placement is not None:
+        if _placement_device(dev):
+            # The journal, not the last pass, says whether its instance exists: one the
+            # inventory still shows may have been destroyed by an unprepare since.
             return None, self._create_mig(dev, acc.pciBusId, minor, claim_uid)
         mig = dev.mig
         if mig is None:
@@ -508,6 +510,18 @@ class DevicesDriver:
                 # Only instances the journal says this claim had created; adopted ones never.
                 self.dynamic_mig.destroy(claim.uid)
             self.checkpoint.remove(claim.uid)
+
+
+def _placement_device(dev: Device) -> bool:
+    """A dynamic MIG placement (created by us or not yet): named after its placement, unlike
+    an adopted instance, which keeps its static name."""
+    acc = dev.accelerator
+    return (
+        dev.dynamic_mig
+        and dev.placement is not None
+        and acc is not None
+        and dev.name == placement_name(acc, dev.placement)
+    )
 
 
 def _gpus_device(claim: ClaimRef) -> str:
