@@ -270,3 +270,27 @@ def test_a_placement_freed_before_the_next_pass_is_created_again(tmp_path: Path)
     assert [(r.claim, r.created) for r in driver.dynamic_mig.records()] == [
         (b.uid, Instance(gi.id, 0, gi.uuid, "3g.40gb", 4))
     ]
+
+
+def test_a_late_repeat_of_a_created_instance_still_answers(tmp_path: Path) -> None:
+    """The deadline budget holds a *creation* back; a repeated prepare of an instance the
+    journal already has asks NVML nothing, so it answers however late it comes."""
+    driver, nvml, claims, bus, _ = _node(tmp_path)
+    claim = claims.add("c", [{"request": "mig", "device": f"mig-{_stem(bus)}-3g-40gb-m4"}])
+    driver.prepare(claim)
+    driver.cdi.path_for(claim.uid).unlink()  # the spec lost: prepared afresh, not from the record
+    with serving(Call(time.monotonic() + MIG_CREATE_BUDGET - 3, lambda: True)):
+        driver.prepare(claim)
+    assert len(nvml.gpus[bus].instances) == 1
+    assert driver.cdi.path_for(claim.uid).exists()
+
+
+def test_an_unreadable_journal_fails_only_placement_claims(tmp_path: Path) -> None:
+    driver, nvml, claims, bus, _ = _node(tmp_path)
+    (tmp_path / "state" / "mig.json").write_text("{torn")
+    gpu = claims.add("gpu", [{"request": "gpu", "device": "gpu-0000-18-00-0"}])
+    driver.prepare(gpu)  # no placement: the journal is not read
+    mig = claims.add("mig", [{"request": "mig", "device": f"mig-{_stem(bus)}-3g-40gb-m4"}])
+    with pytest.raises(Exception, match="cannot be read"):
+        driver.prepare(mig)
+    assert nvml.gpus[bus].instances == {}

@@ -196,7 +196,9 @@ class DevicesDriver:
             self._refuse_in_use(claim, grants)
             own = [g.device.endpoint.rdmaDevice for g in grants if g.device.endpoint]
             hcas, companions = ncclenv.pod_hcas(self.checkpoint.entries(), claim.uid, obj, own)
-            made_before = self._mig_made(claim.uid)
+            # Only a claim with placements reads the journal (an unreadable one fails them).
+            placements = any(_placement_device(g.device) for g in grants)
+            made_before = self._mig_made(claim.uid) if placements else set()
             try:
                 try:
                     with self.toolkit.pinned():
@@ -208,17 +210,23 @@ class DevicesDriver:
             except Exception:
                 # Nothing half-made: MIG instances this call created (a claim's second
                 # placement refused, device nodes missing) go again; kubelet retries.
-                self._undo_mig(claim.uid, made_before)
+                if placements:
+                    self._undo_mig(claim.uid, made_before)
                 raise
         if self.network is not None:
             self.network.write(claim.namespace, claim.name, grants)
         return prepared
 
-    def _mig_made(self, claim_uid: str) -> set[str]:
-        """The devices whose MIG instance dynamic MIG has created for this claim."""
+    def _mig_made(self, claim_uid: str, created: bool = False) -> set[str]:
+        """The devices the journal names for this claim (`created`: only those whose
+        instance's ids are recorded)."""
         if self.dynamic_mig is None:
             return set()
-        return {r.device for r in self.dynamic_mig.records() if r.claim == claim_uid}
+        return {
+            r.device
+            for r in self.dynamic_mig.records()
+            if r.claim == claim_uid and (r.created is not None or not created)
+        }
 
     def _undo_mig(self, claim_uid: str, before: set[str]) -> None:
         if self.dynamic_mig is None:
@@ -481,17 +489,14 @@ class DevicesDriver:
         assert dev.placement is not None
         if self.dynamic_mig is None:
             raise PrepareError(f"device {dev.name}: dynamic MIG is off on this node")
-        ensure_wanted()
-        if current_call().remaining() < MIG_CREATE_BUDGET:
-            # Started this late, the answer could come after kubelet gave up; kubelet retries.
-            raise PrepareError(
-                f"device {dev.name}: too little time left before kubelet's deadline to create "
-                f"its MIG instance (under {MIG_CREATE_BUDGET:.0f} s)"
-            )
         try:
+            if dev.name not in self._mig_made(claim_uid, created=True):
+                _in_time_to_create(dev)  # NVML is to be asked: still wanted, and in time
             made = self.dynamic_mig.create(
                 claim_uid, dev.name, bus, dev.placement.profile.name, dev.placement.start
             )
+        except PrepareError:
+            raise
         except Exception as e:  # NVML's errors, and a placement held by another claim
             raise PrepareError(f"device {dev.name}: cannot create the MIG instance: {e}") from e
         caps = self.host.mig_cap_nodes(minor, made.gpu_instance, made.compute_instance)
@@ -510,6 +515,16 @@ class DevicesDriver:
                 # Only instances the journal says this claim had created; adopted ones never.
                 self.dynamic_mig.destroy(claim.uid)
             self.checkpoint.remove(claim.uid)
+
+
+def _in_time_to_create(dev: Device) -> None:
+    ensure_wanted()
+    if current_call().remaining() < MIG_CREATE_BUDGET:
+        # Started this late, the answer could come after kubelet gave up; kubelet retries.
+        raise PrepareError(
+            f"device {dev.name}: too little time left before kubelet's deadline to create "
+            f"its MIG instance (under {MIG_CREATE_BUDGET:.0f} s)"
+        )
 
 
 def _placement_device(dev: Device) -> bool:
