@@ -294,3 +294,5 @@ def test_an_unreadable_journal_fails_only_placement_claims(tmp_path: Path) -> No
     with pytest.raises(Exception, match="cannot be read"):
         driver.prepare(mig)
     assert nvml.gpus[bus].instances == {}
+    driver.unprepare(gpu)  # it held no MIG device: unprepared all the same
+    assert driver.checkpoint.get(gpu.uid) is None

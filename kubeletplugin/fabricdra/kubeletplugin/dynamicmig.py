@@ -69,6 +69,10 @@ class DynamicMigError(Exception):
     pass
 
 
+class JournalUnreadable(DynamicMigError):
+    pass
+
+
 class MigLeftBehind(DynamicMigError):
     """Creation failed and what NVML had made of it could not be destroyed: the intent stays
     in the journal, so `recover` destroys it at the next start."""
@@ -99,7 +103,7 @@ class DynamicMig:
             return []
         except ValueError as e:
             # Never treated as empty: that would forget instances we created.
-            raise DynamicMigError(f"MIG journal {self.path} cannot be read: {e}") from None
+            raise JournalUnreadable(f"MIG journal {self.path} cannot be read: {e}") from None
         out = []
         for r in raw.get("records", []):
             created = r.pop("created", None)

@@ -59,7 +59,7 @@ from fabricdra.api.rest import CLAIMS, EVENTS, ApiError
 
 from . import exclusivity, metrics, ncclenv
 from .devices import Device, DeviceInventory, placement_name
-from .dynamicmig import DynamicMig
+from .dynamicmig import DynamicMig, JournalUnreadable
 from .hostdevices import DeviceNodeError, HostLayout
 from .kubelet import ClaimRef, PreparedDevice, PrepareError
 from .kubelet.cdi import CdiDevice, CdiSpec, CdiWriter, ContainerEdits, DeviceNode
@@ -513,7 +513,15 @@ class DevicesDriver:
             self.cdi.remove(claim.uid)  # its own spec name, also without a checkpoint entry
             if self.dynamic_mig is not None:
                 # Only instances the journal says this claim had created; adopted ones never.
-                self.dynamic_mig.destroy(claim.uid)
+                try:
+                    self.dynamic_mig.destroy(claim.uid)
+                except JournalUnreadable:
+                    # A claim recorded with no MIG device had no instance to destroy: its
+                    # unprepare does not wait for the journal to be mended.
+                    names = [r.device_name for r in (entry.devices or [])] if entry else None
+                    if names is None or any(n.startswith("mig-") for n in names):
+                        raise
+                    log.error("MIG journal unreadable; unprepared a claim without MIG devices")
             self.checkpoint.remove(claim.uid)
 
 
