@@ -49,6 +49,12 @@ H200_141GB_PROFILES = {
 }
 H200_141GB_LGIPP = H100_80GB_LGIPP  # byte for byte what the H200 printed
 
+# NVML's GPU instance profile constants (nvml.h NVML_GPU_INSTANCE_PROFILE_1_SLICE = 0,
+# _2_SLICE = 1, _3_SLICE = 2, _4_SLICE = 3, _7_SLICE = 4, _1_SLICE_REV1 = 7, _1_SLICE_REV2 = 9)
+# -> the profile id nvmlDeviceGetGpuInstanceProfileInfo answers for them, the "ID" column of
+# `nvidia-smi mig -lgip` above (the same on the H100 and the H200).
+NVML_GI_PROFILE_IDS = {0: 19, 7: 20, 9: 15, 1: 14, 2: 9, 3: 5, 4: 0}
+
 _LINE = re.compile(r"Profile ID\s+(\d+)\s+Placements?\s*:\s*\{([\d,]+)\}:(\d+)")
 
 
@@ -83,6 +89,7 @@ class FakeMigGpu:
     compute_slices: int = 7
     instances: dict[int, GpuInstance] = field(default_factory=dict)
     _next_id: int = 1
+    _made: int = 0
 
     @classmethod
     def h100_80gb(cls) -> FakeMigGpu:
@@ -119,9 +126,9 @@ class FakeMigGpu:
         if not self.accepts(profile, start):
             raise NvmlError(f"insufficient resources for {profile} at {start}")
         _, size, compute = self.profiles[profile]
-        gi = GpuInstance(
-            self._next_id, profile, start, size, compute, f"MIG-fake-{self._next_id:04d}"
-        )
+        # A new UUID each creation, as NVML gives (an id is reused, a UUID is not).
+        self._made += 1
+        gi = GpuInstance(self._next_id, profile, start, size, compute, f"MIG-fake-{self._made:04d}")
         self.instances[gi.id] = gi
         self._next_id += 1
         return gi

@@ -5,10 +5,11 @@ destroyed, and a crash between creation and record never leaks one."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from fabricdra.kubeletplugin.dynamicmig import DynamicMig, DynamicMigError
+from fabricdra.kubeletplugin.dynamicmig import DynamicMig, DynamicMigError, MigLeftBehind
 from tests.nvmlfake.mig import Crash, FakeMigGpu, FakeNvml, NvmlError
 
 BUS = "0000:1b:00.0"
@@ -80,3 +81,39 @@ def test_unreadable_journal_is_an_error_not_empty(tmp_path: Path) -> None:
     (tmp_path / "mig-journal.json").write_text("{torn")
     with pytest.raises(DynamicMigError, match="cannot be read"):
         mig.records()
+
+
+def test_recover_never_destroys_an_instance_that_took_our_id(tmp_path: Path) -> None:
+    """After a reboot (or `nvidia-smi mig -dgi` behind our back) the GPU instance id our
+    record names can belong to an administrator's instance: not ours, so not destroyed; the
+    record is dropped."""
+    nvml, mig = _setup(tmp_path)
+    made = mig.create("claim-a", "a", BUS, "3g.40gb", 4)
+    gpu = nvml.gpus[BUS]
+    gpu.destroy(made.gpu_instance)
+    gpu._next_id = made.gpu_instance  # NVML hands out the lowest free id again
+    theirs = gpu.create("3g.40gb", 4)
+    assert theirs.id == made.gpu_instance
+    assert mig.recover() == ["a"]
+    assert mig.destroy("claim-a") == []
+    assert list(gpu.instances) == [theirs.id]
+    assert mig.records() == []
+
+
+class LeavesHalf(FakeNvml):
+    """NVML made the GPU instance, the compute instance failed, and destroying the GPU
+    instance failed too (what LiveMigNvml raises then)."""
+
+    def create(self, bus: str, profile: str, start: int) -> Any:
+        self.gpus[bus].create(profile, start)
+        raise MigLeftBehind("compute instance: insufficient resources; destroy: in use")
+
+
+def test_a_half_made_instance_keeps_its_intent_for_recover(tmp_path: Path) -> None:
+    nvml = LeavesHalf({BUS: FakeMigGpu.h100_80gb()})
+    mig = DynamicMig(nvml, tmp_path / "mig-journal.json")
+    with pytest.raises(MigLeftBehind):
+        mig.create("claim-a", "a", BUS, "2g.20gb", 4)
+    assert [(r.device, r.created) for r in mig.records()] == [("a", None)]
+    assert mig.recover() == ["a"]
+    assert nvml.gpus[BUS].instances == {}

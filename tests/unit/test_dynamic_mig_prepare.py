@@ -5,19 +5,23 @@ destroys it, and an instance that existed at start is adopted, never destroyed."
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 
+from fabricdra.kubeletplugin.agent import Agent, AgentConfig
 from fabricdra.kubeletplugin.devices import DeviceConfig, DeviceInventory, build_devices, gpu_info
 from fabricdra.kubeletplugin.discovery.node import discover
 from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
-from fabricdra.kubeletplugin.dynamicmig import DynamicMig
+from fabricdra.kubeletplugin.dynamicmig import DynamicMig, Instance
 from fabricdra.kubeletplugin.kubelet import PrepareError
 from fabricdra.kubeletplugin.kubelet.cdi import CdiWriter
 from fabricdra.kubeletplugin.kubelet.checkpoint import Checkpoint
-from fabricdra.kubeletplugin.prepare import CDI_KIND, DevicesDriver
+from fabricdra.kubeletplugin.kubelet.driver import KUBELET_DEADLINE, Call, serving
+from fabricdra.kubeletplugin.mignvml import LiveMigNvml
+from fabricdra.kubeletplugin.prepare import CDI_KIND, MIG_CREATE_BUDGET, DevicesDriver
 from tests.integration.kubelethost import build_host
 from tests.nvmlfake.mig import FakeMigGpu, FakeNvml
 from tests.unit.test_prepare import Claims
@@ -124,3 +128,171 @@ def test_without_dynamic_mig_a_placement_is_refused(tmp_path: Path) -> None:
     with pytest.raises(PrepareError, match="dynamic MIG is off"):
         driver.prepare(claim)
     assert nvml.gpus[bus].instances == {}
+
+
+def test_a_refused_second_placement_undoes_the_first(tmp_path: Path) -> None:
+    """Nothing half-made: a claim of two placements whose second NVML refuses leaves neither
+    instance (nor a journal record); kubelet's retry starts afresh."""
+    driver, nvml, claims, bus, _ = _node(tmp_path)
+    nvml.gpus[bus].create("1g.10gb", 0)  # appeared behind our back: the 4g cannot be made
+    claim = claims.add(
+        "two",
+        [
+            {"request": "a", "device": f"mig-{_stem(bus)}-3g-40gb-m4"},
+            {"request": "b", "device": f"mig-{_stem(bus)}-4g-40gb-m0"},
+        ],
+    )
+    with pytest.raises(PrepareError, match="4g-40gb-m0: cannot create the MIG instance"):
+        driver.prepare(claim)
+    assert [gi.profile for gi in nvml.gpus[bus].instances.values()] == ["1g.10gb"]
+    assert driver.dynamic_mig is not None
+    assert driver.dynamic_mig.records() == []
+    assert driver.checkpoint.get(claim.uid) is None
+
+
+def test_missing_capability_nodes_undo_the_instance(tmp_path: Path) -> None:
+    """The instance NVML made has no capability files the host shows (here: the host has
+    them for gi1 and gi2 only, two static instances hold those): prepare fails, clearly, and
+    destroys it."""
+    driver, nvml, claims, bus, adopted = _node(tmp_path, static=(("1g.10gb", 0), ("1g.10gb", 1)))
+    claim = claims.add("c", [{"request": "mig", "device": f"mig-{_stem(bus)}-3g-40gb-m4"}])
+    with pytest.raises(PrepareError, match="no DeviceFileMinor"):
+        driver.prepare(claim)
+    assert list(nvml.gpus[bus].instances) == adopted
+    assert driver.dynamic_mig is not None
+    assert driver.dynamic_mig.records() == []
+
+
+def test_creation_is_not_started_late_in_kubelets_deadline(tmp_path: Path) -> None:
+    """Kubelet gives a prepare 45 s; a creation started with under MIG_CREATE_BUDGET left
+    could answer after kubelet gave up: refused before NVML is asked (kubelet retries)."""
+    driver, nvml, claims, bus, _ = _node(tmp_path)
+    claim = claims.add("c", [{"request": "mig", "device": f"mig-{_stem(bus)}-3g-40gb-m4"}])
+    late = MIG_CREATE_BUDGET - 3  # still enough to read the claim
+    with (
+        serving(Call(time.monotonic() + late, lambda: True)),
+        pytest.raises(PrepareError, match="too little time left"),
+    ):
+        driver.prepare(claim)
+    assert nvml.gpus[bus].instances == {}
+    with serving(Call(time.monotonic() + KUBELET_DEADLINE, lambda: True)):
+        driver.prepare(claim)
+    assert len(nvml.gpus[bus].instances) == 1
+
+
+class _NoPublisher:
+    def sync(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
+def _agent(tmp_path: Path, *, dynamic_mig: bool, snapshot: bool) -> Agent:
+    (tmp_path / "sys").mkdir(parents=True)
+    (tmp_path / "boot_id").write_text("boot-1\n")
+    config = AgentConfig(
+        node_name="n1",
+        sysfs_root=tmp_path / "sys",
+        nvml_snapshot=tmp_path / "nvml.json" if snapshot else None,
+        cdi_dir=tmp_path / "cdi",
+        toolkit_cdi_dirs=(),
+        plugin_dir=tmp_path / "plugin",
+        registry_dir=tmp_path / "registry",
+        state_dir=tmp_path / "state",
+        verification_gate=False,
+        boot_id_file=tmp_path / "boot_id",
+        devices=DeviceConfig(dynamic_mig=dynamic_mig),
+    )
+    return Agent(config, None, publisher=_NoPublisher())
+
+
+def test_the_agent_creates_through_nvml_only_with_the_flag_on_a_real_gpu(tmp_path: Path) -> None:
+    """--dynamic-mig on a GPU node: the live NVML creator, its journal in the state folder
+    (it outlives the pod); off, or with recorded NVML answers (no GPU to create on): none,
+    so prepare refuses a placement."""
+    on = _agent(tmp_path / "on", dynamic_mig=True, snapshot=False).driver.dynamic_mig
+    assert on is not None
+    assert isinstance(on.nvml, LiveMigNvml)
+    assert on.path == tmp_path / "on" / "state" / "dynamic-mig.json"
+    assert _agent(tmp_path / "off", dynamic_mig=False, snapshot=False).driver.dynamic_mig is None
+    recorded = _agent(tmp_path / "rec", dynamic_mig=True, snapshot=True)
+    assert recorded.driver.dynamic_mig is None
+
+
+def _next_pass(tmp_path: Path, driver: DevicesDriver, nvml: FakeNvml, bus: str) -> None:
+    """What the agent's next discovery pass makes of the node: NVML lists the fake's
+    instances, the journal's are published under their placement names."""
+    snapshot = tmp_path / "host" / "nvml.json"
+    snap = json.loads(snapshot.read_text())
+    snap[bus]["migDevices"] = [
+        {
+            "uuid": gi.uuid,
+            "name": f"NVIDIA H100 80GB HBM3 MIG {gi.profile}",
+            "gpuInstanceId": gi.id,
+            "computeInstanceId": 0,
+            "placementStart": gi.start,
+        }
+        for gi in nvml.gpus[bus].instances.values()
+    ]
+    snapshot.write_text(json.dumps(snap))
+    readings = load_snapshot(snapshot)
+    d = discover(SysfsTree(tmp_path / "host" / "sys"), lambda: readings)
+    assert d.interfaces is not None
+    assert d.accelerators is not None
+    assert driver.dynamic_mig is not None
+    inventory = build_devices(
+        d.interfaces,
+        d.accelerators,
+        DeviceConfig(dynamic_mig=True),
+        gpu_info=gpu_info(readings),
+        created_mig=driver.dynamic_mig.created(),
+    )
+    driver.inventory = lambda: inventory
+
+
+def test_a_placement_freed_before_the_next_pass_is_created_again(tmp_path: Path) -> None:
+    """The inventory still shows the instance claim A had (published under the placement's
+    name) after A's unprepare destroyed it: claim B, allocated the same placement before the
+    next pass, gets a new instance, never the ids of the destroyed one."""
+    driver, nvml, claims, bus, _ = _node(tmp_path)
+    placement = f"mig-{_stem(bus)}-3g-40gb-m4"
+    a = claims.add("a", [{"request": "mig", "device": placement}])
+    driver.prepare(a)
+    _next_pass(tmp_path, driver, nvml, bus)
+    assert driver.inventory().get(placement) is not None
+    driver.prepare(a)  # repeated after the pass: the same instance
+    assert len(nvml.gpus[bus].instances) == 1
+    driver.unprepare(a)
+    assert nvml.gpus[bus].instances == {}
+    b = claims.add("b", [{"request": "mig", "device": placement}])
+    driver.prepare(b)
+    (gi,) = nvml.gpus[bus].instances.values()
+    assert (gi.profile, gi.start) == ("3g.40gb", 4)
+    assert driver.dynamic_mig is not None
+    assert [(r.claim, r.created) for r in driver.dynamic_mig.records()] == [
+        (b.uid, Instance(gi.id, 0, gi.uuid, "3g.40gb", 4))
+    ]
+
+
+def test_a_late_repeat_of_a_created_instance_still_answers(tmp_path: Path) -> None:
+    """The deadline budget holds a *creation* back; a repeated prepare of an instance the
+    journal already has asks NVML nothing, so it answers however late it comes."""
+    driver, nvml, claims, bus, _ = _node(tmp_path)
+    claim = claims.add("c", [{"request": "mig", "device": f"mig-{_stem(bus)}-3g-40gb-m4"}])
+    driver.prepare(claim)
+    driver.cdi.path_for(claim.uid).unlink()  # the spec lost: prepared afresh, not from the record
+    with serving(Call(time.monotonic() + MIG_CREATE_BUDGET - 3, lambda: True)):
+        driver.prepare(claim)
+    assert len(nvml.gpus[bus].instances) == 1
+    assert driver.cdi.path_for(claim.uid).exists()
+
+
+def test_an_unreadable_journal_fails_only_placement_claims(tmp_path: Path) -> None:
+    driver, nvml, claims, bus, _ = _node(tmp_path)
+    (tmp_path / "state" / "mig.json").write_text("{torn")
+    gpu = claims.add("gpu", [{"request": "gpu", "device": "gpu-0000-18-00-0"}])
+    driver.prepare(gpu)  # no placement: the journal is not read
+    mig = claims.add("mig", [{"request": "mig", "device": f"mig-{_stem(bus)}-3g-40gb-m4"}])
+    with pytest.raises(Exception, match="cannot be read"):
+        driver.prepare(mig)
+    assert nvml.gpus[bus].instances == {}
+    driver.unprepare(gpu)  # it held no MIG device: unprepared all the same
+    assert driver.checkpoint.get(gpu.uid) is None

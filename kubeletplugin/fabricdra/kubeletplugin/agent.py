@@ -84,12 +84,14 @@ from .discovery.nvml import (
     read_live,
 )
 from .discovery.sysfs import SysfsTree
+from .dynamicmig import DynamicMig, MigNvml
 from .health import DcgmState, gpu_health, keep_unhealthy, nvidia_bound
 from .hostdevices import HostLayout
 from .kubelet import ClaimSweeper, DeviceHealth, HealthBroadcaster, PluginPaths, PluginServer
 from .kubelet.cdi import CdiWriter
 from .kubelet.checkpoint import BOOT_ID_PATH, Checkpoint, ClaimEntry, current_boot_id
 from .kubelet.claims import ClaimReader, is_gone
+from .mignvml import LiveMigNvml
 from .networkstatus import NetworkStatus
 from .nvidiacdi import DEFAULT_SPEC_DIRS, ToolkitSpecs
 from .prepare import CDI_KIND, DRIVER_NAME, ApiClaimReader, DevicesDriver
@@ -146,6 +148,11 @@ class AgentConfig:
         return (self.state_dir or self.plugin_dir) / "checkpoint.json"
 
     @property
+    def mig_journal_path(self) -> Path:
+        """The MIG instances dynamic MIG created (dynamicmig.py): survives restarts."""
+        return (self.state_dir or self.plugin_dir) / "dynamic-mig.json"
+
+    @property
     def xid_record_path(self) -> Path:
         """The critical Xids seen in this boot (they are events: NVML never repeats them)."""
         return (self.state_dir or self.plugin_dir) / "xid-errors.json"
@@ -159,6 +166,7 @@ class Agent:
         *,
         publisher: Publisher | None = None,
         claims: ClaimReader | None = None,
+        mig_nvml: MigNvml | None = None,
     ) -> None:
         self.config = config
         SysfsTree(config.sysfs_root).close()  # a bad root fails at start, not at the first pass
@@ -198,6 +206,13 @@ class Agent:
         self._gone_claims: set[str] = set()  # checkpointed claim UIDs found gone from the API
         reader = ApiClaimReader(api)
         checkpoint = Checkpoint(config.checkpoint_path, boot_id=boot_id)
+        # Dynamic MIG creates instances through NVML itself; with recorded NVML answers
+        # (--nvml-snapshot) there is no GPU to create them on, and placements are refused.
+        if mig_nvml is None and config.devices.dynamic_mig and config.nvml_snapshot is None:
+            mig_nvml = LiveMigNvml()
+        dynamic_mig = None
+        if config.devices.dynamic_mig and mig_nvml is not None:
+            dynamic_mig = DynamicMig(mig_nvml, config.mig_journal_path)
         self.driver = DevicesDriver(
             node_name=config.node_name,
             inventory=lambda: self.inventory,
@@ -213,6 +228,7 @@ class Agent:
             else NetworkStatus(
                 metrics.counting_rest(api), config.node_name, config.sysfs_root, config.proc_root
             ),
+            dynamic_mig=dynamic_mig,
         )
         # Its own thread: a hung claim read never holds up discovery, Xid or health updates.
         self.sweeper = ClaimSweeper(
@@ -287,6 +303,7 @@ class Agent:
         if lost:
             log.warning("GPUs left the PCI bus; kept, tainted", gpus=[a.pciBusId for a in lost])
         config = replace(self.config.devices, rdma_mode=self._node_rdma_mode())
+        created_mig = self._created_mig()
 
         def build(held: dict[str, HeldAs]) -> DeviceInventory:
             return build_devices(
@@ -297,6 +314,7 @@ class Agent:
                 gpu_info(discovery.nvml),
                 lost=lost,
                 held=held,
+                created_mig=created_mig,
             )
 
         entries, gone = self._holds_in_force(self.driver.checkpoint.entries(), build({}))
@@ -562,7 +580,34 @@ class Agent:
         if interfaces is not None:
             self.previous = Previous(interfaces, None)
 
+    def recover_mig(self) -> list[str]:
+        """At start-up, before kubelet can prepare anything: destroy the MIG instances a crash
+        left half-recorded (dynamicmig.py); the devices concerned. An NVML failure is logged:
+        the journal keeps them for the next start."""
+        mig = self.driver.dynamic_mig
+        if mig is None:
+            return []
+        try:
+            touched = mig.recover()
+        except Exception as e:
+            log.error("dynamic MIG recovery failed; retried at the next start", error=str(e))
+            return []
+        if touched:
+            log.warning("dynamic MIG records resolved at start-up", devices=touched)
+        return touched
+
+    def _created_mig(self) -> set[str]:
+        mig = self.driver.dynamic_mig
+        if mig is None:
+            return set()
+        try:
+            return mig.created()
+        except Exception as e:  # an unreadable journal: its instances are adopted, not lost
+            log.error("dynamic MIG journal unreadable", error=str(e))
+            return set()
+
     def _serve(self, stop: threading.Event) -> None:
+        self.recover_mig()
         self.seed_history()
         self.pass_once()
         self.server.start()

@@ -58,8 +58,8 @@ import structlog
 from fabricdra.api.rest import CLAIMS, EVENTS, ApiError
 
 from . import exclusivity, metrics, ncclenv
-from .devices import Device, DeviceInventory
-from .dynamicmig import DynamicMig
+from .devices import Device, DeviceInventory, placement_name
+from .dynamicmig import DynamicMig, JournalUnreadable
 from .hostdevices import DeviceNodeError, HostLayout
 from .kubelet import ClaimRef, PreparedDevice, PrepareError
 from .kubelet.cdi import CdiDevice, CdiSpec, CdiWriter, ContainerEdits, DeviceNode
@@ -71,10 +71,16 @@ from .kubelet.claims import (
     read_claim,
     remove_recorded_specs,
 )
+from .kubelet.driver import current_call
 from .networkstatus import NetworkStatus
 from .nvidiacdi import ToolkitSpecs
 
 log = structlog.get_logger("fabricdra.prepare")
+
+# Seconds of kubelet's deadline (45 s) a MIG instance's creation is started with at least:
+# NVML creates a GPU and compute instance in a few seconds (not measured here: see
+# docs/gpu-checks.md), the CDI spec and checkpoint are written after it.
+MIG_CREATE_BUDGET = 15.0
 
 DRIVER_NAME = "devices.fabricdra.io"
 NVIDIA, AMD = "0x10de", "0x1002"  # PCI vendor ids
@@ -190,16 +196,48 @@ class DevicesDriver:
             self._refuse_in_use(claim, grants)
             own = [g.device.endpoint.rdmaDevice for g in grants if g.device.endpoint]
             hcas, companions = ncclenv.pod_hcas(self.checkpoint.entries(), claim.uid, obj, own)
+            # Only a claim with placements reads the journal (an unreadable one fails them).
+            placements = any(_placement_device(g.device) for g in grants)
+            made_before = self._mig_made(claim.uid) if placements else set()
             try:
-                with self.toolkit.pinned():
-                    spec, prepared = self.build(claim, grants, hcas)
-            except DeviceNodeError as e:
-                raise PrepareError(str(e)) from None
-            ncclenv.widen_all(companions, hcas)  # before ours is recorded: see ncclenv
-            self._record(claim, obj, grants, spec, prepared)
+                try:
+                    with self.toolkit.pinned():
+                        spec, prepared = self.build(claim, grants, hcas)
+                except DeviceNodeError as e:
+                    raise PrepareError(str(e)) from None
+                ncclenv.widen_all(companions, hcas)  # before ours is recorded: see ncclenv
+                self._record(claim, obj, grants, spec, prepared)
+            except Exception:
+                # Nothing half-made: MIG instances this call created (a claim's second
+                # placement refused, device nodes missing) go again; kubelet retries.
+                if placements:
+                    self._undo_mig(claim.uid, made_before)
+                raise
         if self.network is not None:
             self.network.write(claim.namespace, claim.name, grants)
         return prepared
+
+    def _mig_made(self, claim_uid: str, created: bool = False) -> set[str]:
+        """The devices the journal names for this claim (`created`: only those whose
+        instance's ids are recorded)."""
+        if self.dynamic_mig is None:
+            return set()
+        return {
+            r.device
+            for r in self.dynamic_mig.records()
+            if r.claim == claim_uid and (r.created is not None or not created)
+        }
+
+    def _undo_mig(self, claim_uid: str, before: set[str]) -> None:
+        if self.dynamic_mig is None:
+            return
+        made = self._mig_made(claim_uid) - before
+        if not made:
+            return
+        try:
+            self.dynamic_mig.destroy(claim_uid, made)
+        except Exception as e:  # left in the journal: unprepare or the next prepare retries
+            log.error("MIG instances of a failed prepare not destroyed", error=str(e))
 
     def _already_prepared(self, claim: ClaimRef) -> list[PreparedDevice] | None:
         """The recorded answer of an earlier prepare of this claim (same UID), while every
@@ -425,7 +463,9 @@ class DevicesDriver:
         if dev.type == "gpu":
             toolkit = self.toolkit.gpu_id(acc.uuid, minor)
             return toolkit, [] if toolkit else self.host.nvidia_gpu_nodes(minor)
-        if dev.dynamic_mig and dev.mig is None and dev.placement is not None:
+        if _placement_device(dev):
+            # The journal, not the last pass, says whether its instance exists: one the
+            # inventory still shows may have been destroyed by an unprepare since.
             return None, self._create_mig(dev, acc.pciBusId, minor, claim_uid)
         mig = dev.mig
         if mig is None:
@@ -450,9 +490,13 @@ class DevicesDriver:
         if self.dynamic_mig is None:
             raise PrepareError(f"device {dev.name}: dynamic MIG is off on this node")
         try:
+            if dev.name not in self._mig_made(claim_uid, created=True):
+                _in_time_to_create(dev)  # NVML is to be asked: still wanted, and in time
             made = self.dynamic_mig.create(
                 claim_uid, dev.name, bus, dev.placement.profile.name, dev.placement.start
             )
+        except PrepareError:
+            raise
         except Exception as e:  # NVML's errors, and a placement held by another claim
             raise PrepareError(f"device {dev.name}: cannot create the MIG instance: {e}") from e
         caps = self.host.mig_cap_nodes(minor, made.gpu_instance, made.compute_instance)
@@ -469,8 +513,38 @@ class DevicesDriver:
             self.cdi.remove(claim.uid)  # its own spec name, also without a checkpoint entry
             if self.dynamic_mig is not None:
                 # Only instances the journal says this claim had created; adopted ones never.
-                self.dynamic_mig.destroy(claim.uid)
+                try:
+                    self.dynamic_mig.destroy(claim.uid)
+                except JournalUnreadable:
+                    # A claim recorded with no MIG device had no instance to destroy: its
+                    # unprepare does not wait for the journal to be mended.
+                    names = [r.device_name for r in (entry.devices or [])] if entry else None
+                    if names is None or any(n.startswith("mig-") for n in names):
+                        raise
+                    log.error("MIG journal unreadable; unprepared a claim without MIG devices")
             self.checkpoint.remove(claim.uid)
+
+
+def _in_time_to_create(dev: Device) -> None:
+    ensure_wanted()
+    if current_call().remaining() < MIG_CREATE_BUDGET:
+        # Started this late, the answer could come after kubelet gave up; kubelet retries.
+        raise PrepareError(
+            f"device {dev.name}: too little time left before kubelet's deadline to create "
+            f"its MIG instance (under {MIG_CREATE_BUDGET:.0f} s)"
+        )
+
+
+def _placement_device(dev: Device) -> bool:
+    """A dynamic MIG placement (created by us or not yet): named after its placement, unlike
+    an adopted instance, which keeps its static name."""
+    acc = dev.accelerator
+    return (
+        dev.dynamic_mig
+        and dev.placement is not None
+        and acc is not None
+        and dev.name == placement_name(acc, dev.placement)
+    )
 
 
 def _gpus_device(claim: ClaimRef) -> str:
