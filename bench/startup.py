@@ -19,6 +19,10 @@ with this interpreter (sys.executable, site-packages and all, as the installed c
 - `python -c pass` and `python -c "import fabricdra.cli"`: interpreter start-up, and what
   importing the command costs before any subcommand runs.
 
+The children run with PYTHONDONTWRITEBYTECODE unset, so the warm-up round leaves .pyc files
+as an installed package has them: with it set (as in some shells and CI jobs), every changed
+module of a source checkout was compiled again in every round (~90 ms of a ~600 ms run).
+
 Both `--sample` runs unpack into $TMPDIR, which the bench points at a tmpfs (/dev/shm, or
 `--tmpdir`): on a shared VM's busy disk, writing and deleting ~1,100 files took 1.4-1.9 s and
 varied by more than everything else measured together.
@@ -124,6 +128,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     env = {**os.environ, "TMPDIR": args.tmpdir}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # measure with .pyc files, as installed
     py = sys.executable
     archive = resources.files("fabricdra.kubeletplugin.samples").joinpath("sample-node.tar.gz")
     with tempfile.TemporaryDirectory(prefix="bench-startup-", dir=args.tmpdir) as tmp:
