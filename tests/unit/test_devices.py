@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fabricdra.api.inventory import Interface, LinkRecord
+from fabricdra.api.inventory import Interface, LinkRecord, VirtualFunction
 from fabricdra.kubeletplugin.devices import (
     DeviceConfig,
     DeviceInventory,
@@ -124,7 +124,7 @@ def test_endpoint_without_rdma_device_is_in_no_mode(tmp_path: Path) -> None:
         virtual=False,
         pciBusId="0000:05:00.0",
         sriovVfsConfigured=True,
-        virtualFunctions=[{"name": "ens1v0", "index": 0, "pciBusId": "0000:05:00.2"}],  # type: ignore[list-item]
+        virtualFunctions=[VirtualFunction(name="ens1v0", index=0, pciBusId="0000:05:00.2")],
     )
     assert len(build_devices([vf_pf], [])) == 0
 

@@ -11,14 +11,17 @@ import json
 import re
 from functools import cache
 from importlib import resources
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+# Records, not pydantic models: discovery classifies every accelerator, and importing pydantic
+# for that was most of `fabricdra inventory`'s start-up (api/records.py).
+from .records import Field, Record
 
 
-class DeviceClass(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+class DeviceClass(Record):
+    __pydantic_config__: ClassVar[dict[str, Any]] = {"extra": "forbid", "populate_by_name": True}
 
-    name: str = Field(alias="class")
+    name: str = Field(wire_name="class")
     label: str
     architecture: str
     memoryMiB: int
@@ -29,8 +32,8 @@ class DeviceClass(BaseModel):
     pciIds: list[str] = Field(default_factory=list)
 
 
-class DeviceClassTable(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="ignore")
+class DeviceClassTable(Record):
+    __pydantic_config__: ClassVar[dict[str, Any]] = {"extra": "ignore"}
 
     classes: list[DeviceClass]
 

@@ -10,16 +10,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+# Records are stdlib dataclasses that pydantic validates and describes (api/records.py): the
+# inventory command makes and prints them without importing pydantic (issue 21 point 7).
+from .records import Field, Record
 
 LinkVerdict = Literal["OK", "Unverified", "Failed"]
-
-
-class Record(BaseModel):
-    """Base for every record: frozen (records are compared, never mutated) and strict about
-    unknown keys, so a typo in a snapshot or a stale `--previous` file fails loudly."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class PciTopology(Record):

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from .crdgen import CrdSource
-from .inventory import AcceleratorGroup, Interface, Record
+from .inventory import AcceleratorGroup, Interface
 from .verification import Verification
 
 GROUP = "fabricdra.io"
@@ -25,6 +25,12 @@ API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "NodeDevices"
 PLURAL = "nodedevices"
 SINGULAR = "nodedevices"
+
+
+class Record(BaseModel):
+    """Frozen and strict about unknown keys, like the inventory records it holds."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class NodeDevicesSpec(Record):

@@ -7,14 +7,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
-
 from fabricdra.api.inventory import Accelerator, Interface
+from fabricdra.api.records import dump, first_error
 
 from .discovery.node import Discovery, Previous
-
-_INTERFACES = TypeAdapter(list[Interface])
-_ACCELERATORS = TypeAdapter(list[Accelerator])
 
 
 class PreviousError(Exception):
@@ -37,12 +33,8 @@ def inventory_document(d: Discovery, sysfs_root: str) -> dict[str, Any]:
             "accelerators": d.failures.get("accelerators", "ok"),
         },
         "nvml": nvml,
-        "interfaces": None
-        if d.interfaces is None
-        else _INTERFACES.dump_python(d.interfaces, mode="json"),
-        "accelerators": None
-        if d.accelerators is None
-        else _ACCELERATORS.dump_python(d.accelerators, mode="json"),
+        "interfaces": None if d.interfaces is None else dump(d.interfaces, mode="json"),
+        "accelerators": None if d.accelerators is None else dump(d.accelerators, mode="json"),
         "labels": dict(sorted(d.labels.desired.items())),
         "labelsUnknown": sorted(d.labels.unknown),
         "labelsRejected": dict(sorted(d.labels.rejected.items())),
@@ -59,16 +51,20 @@ def load_previous(path: str | Path) -> Previous:
         raise PreviousError(f"previous inventory {p}: not JSON: {e}") from e
     if not isinstance(doc, dict):
         raise PreviousError(f"previous inventory {p}: expected a JSON object")
+    # Input: pydantic validates it (imported here, so a run without --previous never pays).
+    from pydantic import TypeAdapter
+
     try:
         interfaces = doc.get("interfaces")
         accelerators = doc.get("accelerators")
         return Previous(
-            interfaces=None if interfaces is None else _INTERFACES.validate_python(interfaces),
+            interfaces=None
+            if interfaces is None
+            else TypeAdapter(list[Interface]).validate_python(interfaces),
             accelerators=None
             if accelerators is None
-            else _ACCELERATORS.validate_python(accelerators),
+            else TypeAdapter(list[Accelerator]).validate_python(accelerators),
         )
-    except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(x) for x in first["loc"])
-        raise PreviousError(f"previous inventory {p}: {where}: {first['msg']}") from e
+    except ValueError as e:  # pydantic's ValidationError is one
+        where, msg = first_error(e)
+        raise PreviousError(f"previous inventory {p}: {where}: {msg}") from e

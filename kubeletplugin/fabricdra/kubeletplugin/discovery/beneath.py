@@ -14,7 +14,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import platform
 
 # <linux/openat2.h>; the syscall number is the same on every architecture (unified table).
 _SYS_OPENAT2 = 437
@@ -52,7 +51,9 @@ class Beneath:
 
     @classmethod
     def create(cls, root: str) -> Beneath | None:
-        if platform.system() != "Linux":
+        # os.uname, not platform.system (what it reads): importing platform compiles ~10
+        # regexes, ~3 % of `fabricdra inventory`'s CPU time.
+        if os.uname().sysname != "Linux":
             return None
         try:
             libc = ctypes.CDLL(None, use_errno=True)

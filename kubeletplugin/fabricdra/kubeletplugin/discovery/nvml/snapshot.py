@@ -6,15 +6,22 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+# Records, not pydantic models: `fabricdra inventory --sample` reads a snapshot, and importing
+# pydantic for it was most of that command's start-up (api/records.py). pydantic still
+# validates a snapshot whose values are not already of their fields' types.
+from fabricdra.api.records import Field, Record, first_error
 
 FabricState = Literal["completed", "in_progress", "not_started", "not_supported"]
 
 
-class SnapshotFabric(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="allow")
+# Keys a newer recorder writes are tolerated, and dropped.
+_TOLERANT: dict[str, Any] = {"extra": "ignore"}
+
+
+class SnapshotFabric(Record):
+    __pydantic_config__: ClassVar[dict[str, Any]] = _TOLERANT
 
     clusterUuid: str | None = None
     cliqueId: int | None = None
@@ -22,8 +29,8 @@ class SnapshotFabric(BaseModel):
     status: str
 
 
-class SnapshotMigDevice(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="allow")
+class SnapshotMigDevice(Record):
+    __pydantic_config__: ClassVar[dict[str, Any]] = _TOLERANT
 
     uuid: str
     name: str | None = None
@@ -45,14 +52,14 @@ class SnapshotMigDevice(BaseModel):
 NvLinkRemote = Literal["gpu", "switch", "ibmnpu", "unknown"]
 
 
-class SnapshotNvLink(BaseModel):
+class SnapshotNvLink(Record):
     """One NVLink link's state (nvmlDeviceGetNvLinkState), for the verification probe, and for
     an active link what is at its far end: the remote PCI bus id in sysfs form
     (nvmlDeviceGetNvLinkRemotePciInfo) and the remote device's type
     (nvmlDeviceGetNvLinkRemoteDeviceType: a GPU over a bridge, or an NVSwitch). None: not
     recorded, or NVML did not answer — such a link joins nothing (kubeletplugin/.../nvlink.py)."""
 
-    model_config = ConfigDict(frozen=True, extra="allow")
+    __pydantic_config__: ClassVar[dict[str, Any]] = _TOLERANT
 
     link: int
     active: bool
@@ -60,21 +67,21 @@ class SnapshotNvLink(BaseModel):
     remoteType: NvLinkRemote | None = None
 
 
-class SnapshotXidEvent(BaseModel):
+class SnapshotXidEvent(Record):
     """One Xid critical-error event as NVML delivered it (nvmlEventSetWait_v2): the Xid
     (`eventData`) and, for an error inside a MIG instance, its GPU/compute instance ids."""
 
-    model_config = ConfigDict(frozen=True, extra="allow")
+    __pydantic_config__: ClassVar[dict[str, Any]] = _TOLERANT
 
     xid: int
     gpuInstanceId: int | None = None
     computeInstanceId: int | None = None
 
 
-class SnapshotGpu(BaseModel):
+class SnapshotGpu(Record):
     """NVML's answers for one GPU."""
 
-    model_config = ConfigDict(frozen=True, extra="allow")
+    __pydantic_config__: ClassVar[dict[str, Any]] = _TOLERANT
 
     uuid: str
     name: str
@@ -144,12 +151,10 @@ def load_snapshot(path: str | Path) -> NvmlReadings:
             continue  # comments and recording metadata
         try:
             gpus[normalise_bus_id(key)] = SnapshotGpu.model_validate(value)
-        except (ValidationError, ValueError) as e:
-            first = e.errors()[0] if isinstance(e, ValidationError) else {"msg": str(e), "loc": ()}
-            where = ".".join(str(x) for x in first["loc"])
+        except ValueError as e:  # pydantic's ValidationError is one
+            where, msg = first_error(e)
             raise SnapshotError(
-                f"NVML snapshot {p}: entry {key!r}{' field ' + where if where else ''}: "
-                f"{first['msg']}"
+                f"NVML snapshot {p}: entry {key!r}{' field ' + where if where else ''}: {msg}"
             ) from e
     return NvmlReadings(source="snapshot", available=True, gpus=gpus)
 

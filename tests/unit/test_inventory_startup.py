@@ -1,0 +1,66 @@
+"""Start-up cost of `fabricdra inventory` (issue 21 point 7): the inventory path reads, judges
+and prints the node without importing pydantic (its import and model building were ~60 % of
+the process), and its JSON document is byte for byte what it was when the records were
+pydantic models (tests/golden/inventory-sample.json: a run of the bundled sample node made
+with the pydantic records, commit c82aeed)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = ROOT / "tests" / "golden" / "inventory-sample.json"
+# The sample's one broken NIC: a Failed link carries the time its failure was first seen.
+SINCE = re.compile(r'"since": "(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)"')
+
+
+def _fabricdra(*args: str) -> str:
+    return subprocess.run(
+        [sys.executable, "-m", "fabricdra.cli", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    ).stdout
+
+
+def test_sample_with_slices_and_previous_equals_the_golden_run() -> None:
+    """The golden file is its own `--previous`: the failed link keeps its recorded first-seen
+    time, so the whole document (records, labels, ResourceSlices) is deterministic and the
+    time is parsed back and printed again."""
+    out = _fabricdra("inventory", "--sample", "--node-name", "node-a", "--previous", str(GOLDEN))
+    assert out == GOLDEN.read_text()
+
+
+def test_sample_without_previous_differs_from_the_golden_run_only_in_the_failure_time() -> None:
+    out = _fabricdra("inventory", "--sample")
+    golden = json.loads(GOLDEN.read_text())
+    del golden["resourceSlices"]
+    times = SINCE.findall(out)
+    assert len(times) == 1  # one Failed link, its time printed as pydantic printed it
+    expected = json.dumps(golden, indent=2) + "\n"
+    assert SINCE.sub(f'"since": "{times[0]}"', expected) == out
+
+
+def test_the_inventory_process_imports_neither_pydantic_nor_platform() -> None:
+    probe = (
+        "import contextlib, io, json, sys\n"
+        "from fabricdra.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    main(['inventory', '--sample'])\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], check=True, capture_output=True, text=True, cwd=ROOT
+    ).stdout
+    modules = set(json.loads(out.splitlines()[-1]))
+    assert "fabricdra.kubeletplugin.discovery.node" in modules  # it did run
+    # pydantic (and pydantic_core) and platform (~10 regexes compiled at import) are the start-up
+    # costs this path has shed; they must not come back through some import.
+    shed = ("pydantic", "pydantic_core", "platform")
+    assert sorted(m for m in modules if m.split(".")[0] in shed) == []
