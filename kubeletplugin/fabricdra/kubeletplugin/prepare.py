@@ -58,7 +58,7 @@ import structlog
 from fabricdra.api.rest import CLAIMS, EVENTS, ApiError
 
 from . import exclusivity, kinds, metrics, ncclenv
-from .devices import Device, DeviceInventory
+from .devices import Device, DeviceConfig, DeviceInventory
 from .dynamicmig import DynamicMig
 from .hostdevices import DeviceNodeError, HostLayout
 from .kinds import ClaimGroup, PrepareContext
@@ -159,6 +159,8 @@ class DevicesDriver:
     # Dynamic MIG (--dynamic-mig): creates a placement's instance at prepare and destroys it
     # at unprepare (dynamicmig.py has the order); None: such a placement is refused.
     dynamic_mig: DynamicMig | None = None
+    # How this node offers its devices: kinds whose container edits depend on it read it.
+    devices: DeviceConfig = field(default_factory=DeviceConfig)
     # Reads happen outside the lock; resolving, the in-use check and writing inside it.
     locks_itself = True
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
@@ -359,7 +361,7 @@ class DevicesDriver:
         prepared: list[PreparedDevice] = []
         own_hcas: list[str] = []
         used: list[ClaimGroup] = []
-        ctx = PrepareContext(claim.uid, self.host, self.toolkit, self.dynamic_mig)
+        ctx = PrepareContext(claim.uid, self.host, self.toolkit, self.dynamic_mig, self.devices)
         for g in grants:
             dev = g.device
             kind = kinds.kind_of(dev)

@@ -56,6 +56,7 @@ class PrepareContext:
     host: HostLayout
     toolkit: ToolkitSpecs
     dynamic_mig: DynamicMig | None = None
+    config: DeviceConfig | None = None  # the node's offer settings (None: the defaults)
 
 
 @dataclass(frozen=True)
