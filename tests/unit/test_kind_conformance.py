@@ -17,7 +17,13 @@ from typing import Any
 
 import pytest
 
-from fabricdra.kubeletplugin.devices import Device, DeviceInventory, build_devices, gpu_info
+from fabricdra.kubeletplugin.devices import (
+    Device,
+    DeviceConfig,
+    DeviceInventory,
+    build_devices,
+    gpu_info,
+)
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
 from fabricdra.kubeletplugin.hostdevices import DeviceNodeError, HostLayout
 from fabricdra.kubeletplugin.kinds import KINDS, PrepareContext, kind_of
@@ -26,7 +32,14 @@ from fabricdra.kubeletplugin.kubelet import PrepareError
 from fabricdra.kubeletplugin.nvidiacdi import ToolkitSpecs
 from fabricdra.kubeletplugin.resourceslices import TAINT_KEY, ApiFeatures, build_slices
 from tests.sysfs.builder import SysfsBuilder
-from tests.sysfs.nodes import amd_mi300x, discover_at, h100_snapshot, hgx_h100, rdma_node
+from tests.sysfs.nodes import (
+    amd_mi300x,
+    aws_efa_node,
+    discover_at,
+    h100_snapshot,
+    hgx_h100,
+    rdma_node,
+)
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "attributes.md"
 
@@ -52,12 +65,23 @@ def _rdma(tmp_path: Path) -> list[Device]:
     return list(build_devices(d.interfaces or [], d.accelerators or []))
 
 
+def _efa(tmp_path: Path) -> list[Device]:
+    b = SysfsBuilder(tmp_path / "sys")
+    aws_efa_node(b)
+    d = discover_at(b.root)
+    config = DeviceConfig(efa=True)
+    return list(
+        build_devices(d.interfaces or [], d.accelerators or [], config, sysfs=SysfsTree(b.root))
+    )
+
+
 # One node whose discovery yields devices of the kind (and maybe others), per kind name.
 SAMPLES: dict[str, Callable[[Path], list[Device]]] = {
     "nvidia-gpu": _nvidia,
     "nvidia-mig": _nvidia,
     "amd-gpu": _amd,
     "rdma": _rdma,
+    "efa": _efa,
 }
 
 

@@ -23,9 +23,9 @@ Rules (issue 4, seeds 000 "The RDMA resource keys" and 003 "MIG profiles", "Heal
   holds (`held`) is offered as it is held whatever the mode says now, so a mode change never
   moves a prepared device (prepare's in-use check refuses what the change would otherwise
   let two claims share); the agent counts a hold only while its claim is still in the API,
-  and withholds a NIC a gone claim holds (`agent.Agent._holds_in_force`). EFA endpoints (driver
-  `efa`) are skipped unless `DeviceConfig.efa` is on: AWS nodes advertise them through their
-  own device plugin, and offering them twice would hand one out twice. An endpoint without a
+  and withholds a NIC a gone claim holds (`agent.Agent._holds_in_force`). An AWS EFA function
+  is never an RDMA endpoint: it is its own kind (`efa`, kinds/efa.py), offered only with
+  `DeviceConfig.efa`. An endpoint without a
   bound RDMA device name is offered in no mode: the name is what prepare resolves to a verbs
   character device, so without it there is nothing to hand over.
 * Names are DNS labels derived from the PCI bus id (and MIG GPU/compute instance ids), never
@@ -63,7 +63,7 @@ if TYPE_CHECKING:
 RdmaMode = Literal["exclusive", "shared", "off"]
 RDMA_MODES: tuple[RdmaMode, ...] = ("exclusive", "shared", "off")
 HeldAs = Literal["exclusive", "shared"]  # how a prepared claim holds a whole function
-DeviceType = Literal["gpu", "mig", "rdma"]
+DeviceType = Literal["gpu", "mig", "rdma", "efa"]
 EndpointMode = Literal["exclusive", "shared", "vf"]
 Health = Literal["Healthy", "Unhealthy", "Unknown"]
 
@@ -117,7 +117,9 @@ class DeviceConfig:
     # Per NIC (a PF, or one VF), first match wins; beats `rdma_mode` (the node's).
     rdma_overrides: tuple[RdmaOverride, ...] = ()
     rdma_vfs: bool = True  # off: no VF is offered (a PF with VFs is still not offered whole)
-    efa: bool = False  # offer EFA endpoints (driver `efa`) too
+    efa: bool = False  # offer AWS EFA functions (kinds/efa.py)
+    # Their claims get FI_EFA_USE_DEVICE_RDMA=1: the node's EFA devices do RDMA read (p4d, p5).
+    efa_device_rdma: bool = False
     # Which kinds this node offers at all: GPUs off lets fabricdra run beside NVIDIA's GPU DRA
     # driver (which then owns the GPUs) offering only NICs; discovery still reports everything.
     offer_gpus: bool = True

@@ -9,7 +9,7 @@ this driver (another driver, compute-domain.fabricdra.io): computedomain/ builds
 from __future__ import annotations
 
 from ..devices import Device
-from . import accelerator, amd_gpu, nvidia_gpu, nvidia_mig, rdma
+from . import accelerator, amd_gpu, efa, nvidia_gpu, nvidia_mig, rdma
 from .base import BuildInputs, ClaimGroup, DeviceKind, PrepareContext, Served
 
 KINDS: tuple[DeviceKind, ...] = (
@@ -17,10 +17,11 @@ KINDS: tuple[DeviceKind, ...] = (
     nvidia_mig.KIND,
     amd_gpu.KIND,
     rdma.KIND,
+    efa.KIND,
 )
 
 # The claim-level CDI devices, in the order a claim's spec lists them.
-CLAIM_GROUPS: tuple[ClaimGroup, ...] = (rdma.NCCL, accelerator.GPUS)
+CLAIM_GROUPS: tuple[ClaimGroup, ...] = (rdma.NCCL, accelerator.GPUS, efa.LIBFABRIC)
 
 
 def kind_of(device: Device) -> DeviceKind:

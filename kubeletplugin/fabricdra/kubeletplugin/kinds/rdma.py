@@ -112,8 +112,8 @@ class Rdma:
 def _rdma_devices(
     iface: Interface, config: DeviceConfig, held: Mapping[str, HeldAs]
 ) -> list[Device]:
-    if iface.driver == "efa" and not config.efa:
-        return []
+    if iface.driver == "efa":
+        return []  # an EFA function is the efa kind's (kinds/efa.py), never plain RDMA
     mode = _mode_of(iface, config, config.rdma_mode)
     if iface.sriovVfsConfigured or iface.virtualFunctions:
         # A PF with VFs configured serves the partitioned mode only: the node was put in that
