@@ -124,6 +124,17 @@ def test_each_device_belongs_to_exactly_one_kind(kind: DeviceKind, built: Any) -
     assert device.type == kind.device_type
 
 
+@pytest.mark.parametrize("kind", _kinds())
+def test_what_a_device_is_part_of_is_another_devices_name(kind: DeviceKind, built: Any) -> None:
+    for device in built(kind.name):
+        if not kind.owns(device):
+            continue
+        part_of = kind.within(device)
+        if part_of is not None:  # a MIG instance's GPU, a VF's PF: a device name, not its own
+            assert part_of != device.name
+            assert re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", part_of)
+
+
 def _documented(section: str) -> set[str]:
     """The backticked names in the first column of a docs/attributes.md section's table."""
     text = DOCS.read_text()

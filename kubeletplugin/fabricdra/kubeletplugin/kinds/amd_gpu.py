@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..devices import Device
+from ..devices import Device, gpu_name
 from ..kubelet import PrepareError
 from .accelerator import AMD, GPUS, accelerator_values, gpu_taint_value, vendor_devices
 from .base import BuildInputs, PrepareContext, Served, Value, device_nodes
@@ -38,6 +38,13 @@ class AmdGpu:
         return gpu_taint_value(device)
 
     def nccl_hca(self, device: Device) -> str | None:
+        return None
+
+    def within(self, device: Device) -> str | None:
+        acc = device.accelerator
+        return gpu_name(acc) if device.type == "mig" and acc is not None else None
+
+    def netdev(self, device: Device) -> str | None:
         return None
 
     def serve(self, device: Device, ctx: PrepareContext) -> Served:

@@ -126,6 +126,16 @@ class DeviceKind(Protocol):
         """The HCA name NCCL_IB_HCA lists for this device; None: not an NCCL HCA."""
         ...
 
+    def within(self, device: Device) -> str | None:
+        """The name of the device this one is part of (a MIG instance's GPU, a VF's PF), so
+        prepare's in-use check keeps the two apart (exclusivity.py); None: none."""
+        ...
+
+    def netdev(self, device: Device) -> str | None:
+        """The network interface a grant's ResourceClaim status reports (networkstatus.py);
+        None: none."""
+        ...
+
     def serve(self, device: Device, ctx: PrepareContext) -> Served:
         """Its container edits; raises PrepareError (or DeviceNodeError) for what it cannot
         serve, with a message that names the device."""

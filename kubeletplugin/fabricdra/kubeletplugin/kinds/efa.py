@@ -90,6 +90,12 @@ class Efa:
     def nccl_hca(self, device: Device) -> str | None:
         return None
 
+    def within(self, device: Device) -> str | None:
+        return None
+
+    def netdev(self, device: Device) -> str | None:
+        return None
+
     def serve(self, device: Device, ctx: PrepareContext) -> Served:
         ep = device.endpoint
         if not self.owns(device) or ep is None or not ep.rdmaDevice:

@@ -39,6 +39,12 @@ class NvidiaGpu:
     def nccl_hca(self, device: Device) -> str | None:
         return None
 
+    def within(self, device: Device) -> str | None:
+        return None
+
+    def netdev(self, device: Device) -> str | None:
+        return None
+
     def serve(self, device: Device, ctx: PrepareContext) -> Served:
         acc = device.accelerator
         if acc is None or not self.owns(device):

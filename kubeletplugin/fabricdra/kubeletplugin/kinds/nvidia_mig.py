@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..devices import Device
+from ..devices import Device, gpu_name
 from ..kubelet import PrepareError
 from ..kubelet.cdi import DeviceNode
 from .accelerator import GPUS, NVIDIA, accelerator_values, gpu_taint_value, vendor_devices
@@ -44,6 +44,12 @@ class NvidiaMig:
         return gpu_taint_value(device)
 
     def nccl_hca(self, device: Device) -> str | None:
+        return None
+
+    def within(self, device: Device) -> str | None:
+        return gpu_name(device.accelerator) if device.accelerator is not None else None
+
+    def netdev(self, device: Device) -> str | None:
         return None
 
     def serve(self, device: Device, ctx: PrepareContext) -> Served:

@@ -101,6 +101,15 @@ class Rdma:
     def nccl_hca(self, device: Device) -> str | None:
         return device.endpoint.rdmaDevice if device.endpoint is not None else None
 
+    def within(self, device: Device) -> str | None:
+        iface, ep = device.interface, device.endpoint
+        if iface is not None and ep is not None and ep is not iface:
+            return endpoint_name(iface)  # a VF: part of its PF
+        return None
+
+    def netdev(self, device: Device) -> str | None:
+        return device.endpoint.name if device.endpoint is not None else None
+
     def serve(self, device: Device, ctx: PrepareContext) -> Served:
         ep = device.endpoint
         if not self.owns(device) or ep is None or not ep.rdmaDevice:
