@@ -167,3 +167,46 @@ def test_an_efa_device_is_not_shared(tmp_path: Path, node: Path) -> None:
     driver.prepare(claims.add("one", [{"request": "efa", "device": EFA0}]))
     with pytest.raises(PrepareError, match=EFA0):
         driver.prepare(claims.add("two", [{"request": "efa", "device": EFA0}]))
+
+
+# -- the node agent ------------------------------------------------------------------------
+
+
+def test_the_agent_offers_efa_from_its_pass_and_prepares_with_its_settings(
+    tmp_path: Path,
+) -> None:
+    import json
+
+    from fabricdra.kubeletplugin.agent import Agent, AgentConfig
+    from tests.sysfs.nodes import h100_snapshot
+    from tests.unit.test_xid_events import Captured
+
+    b = SysfsBuilder(tmp_path / "sys")
+    node = aws_efa_node(b, efas=2)
+    (tmp_path / "nvml.json").write_text(json.dumps(h100_snapshot(node.gpus)))
+    (tmp_path / "boot_id").write_text("boot-1\n")
+    claims = Claims()
+    dev = tmp_path / "dev"
+    for i in range(2):
+        mknod(dev / "infiniband" / f"uverbs{i}", UVERBS_MAJOR, 192 + i)
+    config = AgentConfig(
+        node_name="node-a",
+        sysfs_root=b.root,
+        nvml_snapshot=tmp_path / "nvml.json",
+        dev_root=dev,
+        cdi_dir=tmp_path / "cdi",
+        toolkit_cdi_dirs=(),
+        plugin_dir=tmp_path / "plugin",
+        registry_dir=tmp_path / "registry",
+        state_dir=tmp_path / "state",
+        verification_gate=False,
+        boot_id_file=tmp_path / "boot_id",
+        devices=DeviceConfig(efa=True, efa_device_rdma=True),
+    )
+    agent = Agent(config, None, publisher=Captured(), claims=claims)
+    inventory = agent.pass_once()
+    assert [d.name for d in inventory if d.type == "efa"] == [EFA0, EFA1]
+    ids = kubelet_ids(agent.driver.prepare(claims.add("efa", [{"request": "efa", "device": EFA1}])))
+    cdi = Cdi(tmp_path / "cdi")
+    assert cdi.node_paths(ids) == {"/dev/infiniband/uverbs1"}
+    assert cdi.env_values(ids, "FI_EFA_USE_DEVICE_RDMA") == {"1"}
