@@ -45,10 +45,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from . import migprofiles
-from .devices import Device, DeviceInventory, counter_set_name, holder_name
+from .devices import Device, DeviceInventory, holder_name
 from .kinds import kind_of
-from .kinds.base import STANDARD, Value, Version
+from .kinds.base import STANDARD, CounterUse, Value, Version
 
 __all__ = ["STANDARD", "Value", "Version"]  # re-exported: callers import them from here
 
@@ -172,16 +171,17 @@ def build_slices(
     devices: list[dict[str, Any]] = []
     counter_sets: dict[str, dict[str, Any]] = {}
     for device in inventory.devices:
-        if device.dynamic_mig and not features.partitionable_devices and device.mig is None:
+        kind = kind_of(device)
+        if kind.needs_partitionable(device) and not features.partitionable_devices:
             dropped.append(device.name)  # not created yet (or the whole GPU): nothing to offer
             continue
-        published = _published(device, inventory.shared_holders, features, omitted)
+        use = kind.counters(device) if features.partitionable_devices else None
+        published = _published(device, inventory.shared_holders, features, omitted, use)
         devices.extend(_gated(d, gate, features) for d in published)
-        if device.dynamic_mig and features.partitionable_devices and device.accelerator:
-            name = counter_set_name(device.accelerator)
-            counter_sets[name] = {
-                "name": name,
-                "counters": _counters(migprofiles.counter_set()),
+        if use is not None:
+            counter_sets[use.counter_set] = {
+                "name": use.counter_set,
+                "counters": _counters(dict(use.capacity)),
             }
     devices.sort(key=slice_order)
 
@@ -221,7 +221,11 @@ def _counters(values: dict[str, int]) -> dict[str, Any]:
 
 
 def _published(
-    device: Device, holders: int, features: ApiFeatures, omitted: dict[str, dict[str, str]]
+    device: Device,
+    holders: int,
+    features: ApiFeatures,
+    omitted: dict[str, dict[str, str]],
+    use: CounterUse | None = None,
 ) -> list[dict[str, Any]]:
     kind = kind_of(device)
     attrs, why = device_attributes(device)
@@ -251,14 +255,9 @@ def _published(
             "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": str(holders)}},
         }
     out = _with_capacity(base, capacity)
-    if device.dynamic_mig and features.partitionable_devices and device.accelerator:
-        used = (
-            migprofiles.counters(device.placement)
-            if device.placement is not None
-            else migprofiles.whole_gpu_counters()
-        )
+    if use is not None:
         out["consumesCounters"] = [
-            {"counterSet": counter_set_name(device.accelerator), "counters": _counters(used)}
+            {"counterSet": use.counter_set, "counters": _counters(dict(use.consumed))}
         ]
     if features.device_taints and device.health == "Unhealthy":
         out["taints"] = [_taint(device)]

@@ -19,13 +19,14 @@ from ..devices import (
     GpuHealth,
     GpuInfo,
     Health,
+    counter_set_name,
     gpu_name,
     mig_name,
     placement_name,
 )
 from ..kubelet.cdi import ContainerEdits
 from ..migprofiles import Placement
-from .base import BuildInputs, PrepareContext, Value, Version, causes_value, pci_values
+from .base import BuildInputs, CounterUse, PrepareContext, Value, Version, causes_value, pci_values
 
 NVIDIA, AMD = "0x10de", "0x1002"  # PCI vendor ids
 VOID_GPUS = "NVIDIA_VISIBLE_DEVICES=void"
@@ -162,6 +163,20 @@ def _dynamic_mig_devices(
         if not any(p.overlaps(q) for _, q in adopted):
             out.append(replace(whole, name=placement_name(acc, p), type="mig", placement=p))
     return out
+
+
+def dynamic_mig_counters(device: Device) -> CounterUse | None:
+    """Dynamic MIG: the GPU's counter set (its memory and compute slices), of which a profile
+    placement draws its slices and the whole GPU all (migprofiles.py); None otherwise."""
+    acc = device.accelerator
+    if not device.dynamic_mig or acc is None:
+        return None
+    used = (
+        migprofiles.counters(device.placement)
+        if device.placement is not None
+        else migprofiles.whole_gpu_counters()
+    )
+    return CounterUse(counter_set_name(acc), migprofiles.counter_set(), used)
 
 
 def gpu_health_state(reading: GpuHealth | None) -> tuple[Health, str | None]:

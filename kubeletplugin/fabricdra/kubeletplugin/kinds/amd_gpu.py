@@ -4,15 +4,13 @@ bound to `amdgpu`; no health source yet (Unknown). Served as `/dev/kfd` and the 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from ..devices import Device, gpu_name
 from ..kubelet import PrepareError
 from .accelerator import AMD, GPUS, accelerator_values, gpu_taint_value, vendor_devices
-from .base import BuildInputs, PrepareContext, Served, Value, device_nodes
+from .base import BuildInputs, DeviceKind, PrepareContext, Served, Value, device_nodes
 
 
-class AmdGpu:
+class AmdGpu(DeviceKind):
     name = "amd-gpu"
     device_type = "gpu"
 
@@ -31,21 +29,12 @@ class AmdGpu:
             return device.mig.memoryMiB
         return device.accelerator.memoryMiB if device.accelerator is not None else None
 
-    def counts(self, device: Device) -> Mapping[str, int]:
-        return {}
-
     def taint_value(self, device: Device) -> str:
         return gpu_taint_value(device)
-
-    def nccl_hca(self, device: Device) -> str | None:
-        return None
 
     def within(self, device: Device) -> str | None:
         acc = device.accelerator
         return gpu_name(acc) if device.type == "mig" and acc is not None else None
-
-    def netdev(self, device: Device) -> str | None:
-        return None
 
     def serve(self, device: Device, ctx: PrepareContext) -> Served:
         acc = device.accelerator

@@ -70,6 +70,16 @@ class Served:
     group: ClaimGroup | None = None
 
 
+@dataclass(frozen=True)
+class CounterUse:
+    """What a device draws from a shared counter set: the set's name and whole capacity (the
+    set is published once, in its own slice) and this device's share of it."""
+
+    counter_set: str
+    capacity: Mapping[str, int]
+    consumed: Mapping[str, int]
+
+
 class ClaimGroup(Protocol):
     """A CDI device made once per claim and included by every grant of the kinds that name it
     (NCCL_IB_HCA for RDMA, NVIDIA_VISIBLE_DEVICES=void for GPUs, the libfabric env for EFA)."""
@@ -110,36 +120,48 @@ class DeviceKind(Protocol):
         """Published attributes besides `type` (None values are left out)."""
         ...
 
-    def memory_mib(self, device: Device) -> int | None:
-        """The `memory` capacity, MiB; None: none published."""
-        ...
-
-    def counts(self, device: Device) -> Mapping[str, int]:
-        """Further integer capacities (a MIG instance's engines)."""
-        ...
-
     def taint_value(self, device: Device) -> str:
         """What an Unhealthy device's `fabricdra.io/unhealthy` taint says (a label value)."""
-        ...
-
-    def nccl_hca(self, device: Device) -> str | None:
-        """The HCA name NCCL_IB_HCA lists for this device; None: not an NCCL HCA."""
-        ...
-
-    def within(self, device: Device) -> str | None:
-        """The name of the device this one is part of (a MIG instance's GPU, a VF's PF), so
-        prepare's in-use check keeps the two apart (exclusivity.py); None: none."""
-        ...
-
-    def netdev(self, device: Device) -> str | None:
-        """The network interface a grant's ResourceClaim status reports (networkstatus.py);
-        None: none."""
         ...
 
     def serve(self, device: Device, ctx: PrepareContext) -> Served:
         """Its container edits; raises PrepareError (or DeviceNodeError) for what it cannot
         serve, with a message that names the device."""
         ...
+
+    # Below: what most kinds do not have. A kind that subclasses DeviceKind inherits these
+    # defaults (nothing) and overrides what applies; the members above it must define.
+
+    def memory_mib(self, device: Device) -> int | None:
+        """The `memory` capacity, MiB; None: none published."""
+        return None
+
+    def counts(self, device: Device) -> Mapping[str, int]:
+        """Further integer capacities (a MIG instance's engines)."""
+        return {}
+
+    def counters(self, device: Device) -> CounterUse | None:
+        """The shared counter set it draws on (partitionable devices, 1.36+); None: none."""
+        return None
+
+    def needs_partitionable(self, device: Device) -> bool:
+        """Offered only where the API has partitionable devices (a dynamic MIG placement not
+        created yet, the dynamic whole GPU): left out of the basic model's slices."""
+        return False
+
+    def nccl_hca(self, device: Device) -> str | None:
+        """The HCA name NCCL_IB_HCA lists for this device; None: not an NCCL HCA."""
+        return None
+
+    def within(self, device: Device) -> str | None:
+        """The name of the device this one is part of (a MIG instance's GPU, a VF's PF), so
+        prepare's in-use check keeps the two apart (exclusivity.py); None: none."""
+        return None
+
+    def netdev(self, device: Device) -> str | None:
+        """The network interface a grant's ResourceClaim status reports (networkstatus.py);
+        None: none."""
+        return None
 
 
 STANDARD = "resource.kubernetes.io/"  # the standard attributes' domain

@@ -19,7 +19,7 @@ rdma_cm (EFA's SRD does not use it).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from fabricdra.api.inventory import Endpoint
@@ -30,7 +30,16 @@ from ..discovery.rdma import read_rdma_index
 from ..discovery.sysfs import Absent, SysfsTree, Unreadable
 from ..kubelet import PrepareError
 from ..kubelet.cdi import ContainerEdits
-from .base import BuildInputs, PrepareContext, Served, Value, causes_value, device_nodes, pci_values
+from .base import (
+    BuildInputs,
+    DeviceKind,
+    PrepareContext,
+    Served,
+    Value,
+    causes_value,
+    device_nodes,
+    pci_values,
+)
 from .rdma import link_health
 
 AMAZON = "0x1d0f"
@@ -55,7 +64,7 @@ class LibfabricGroup:
 LIBFABRIC = LibfabricGroup()
 
 
-class Efa:
+class Efa(DeviceKind):
     name = "efa"
     device_type = "efa"
 
@@ -77,24 +86,9 @@ class Efa:
             ("linkVerdict", ep.link.verdict if ep.link else None),
         ]
 
-    def memory_mib(self, device: Device) -> int | None:
-        return None
-
-    def counts(self, device: Device) -> Mapping[str, int]:
-        return {}
-
     def taint_value(self, device: Device) -> str:
         """`efa-link-down`; `efa-link` when no cause is known."""
         return causes_value("efa", "efa-link", device.health_causes)
-
-    def nccl_hca(self, device: Device) -> str | None:
-        return None
-
-    def within(self, device: Device) -> str | None:
-        return None
-
-    def netdev(self, device: Device) -> str | None:
-        return None
 
     def serve(self, device: Device, ctx: PrepareContext) -> Served:
         ep = device.endpoint

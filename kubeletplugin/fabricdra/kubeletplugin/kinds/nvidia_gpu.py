@@ -5,15 +5,20 @@ way), else its device nodes (`/dev/nvidiaN`, `/dev/nvidiactl`, UVM) and nothing 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from ..devices import Device
 from ..kubelet import PrepareError
-from .accelerator import GPUS, NVIDIA, accelerator_values, gpu_taint_value, vendor_devices
-from .base import BuildInputs, PrepareContext, Served, Value, device_nodes
+from .accelerator import (
+    GPUS,
+    NVIDIA,
+    accelerator_values,
+    dynamic_mig_counters,
+    gpu_taint_value,
+    vendor_devices,
+)
+from .base import BuildInputs, CounterUse, DeviceKind, PrepareContext, Served, Value, device_nodes
 
 
-class NvidiaGpu:
+class NvidiaGpu(DeviceKind):
     name = "nvidia-gpu"
     device_type = "gpu"
 
@@ -30,20 +35,16 @@ class NvidiaGpu:
     def memory_mib(self, device: Device) -> int | None:
         return device.accelerator.memoryMiB if device.accelerator is not None else None
 
-    def counts(self, device: Device) -> Mapping[str, int]:
-        return {}
-
     def taint_value(self, device: Device) -> str:
         return gpu_taint_value(device)
 
-    def nccl_hca(self, device: Device) -> str | None:
-        return None
+    def counters(self, device: Device) -> CounterUse | None:
+        return dynamic_mig_counters(device)
 
-    def within(self, device: Device) -> str | None:
-        return None
-
-    def netdev(self, device: Device) -> str | None:
-        return None
+    def needs_partitionable(self, device: Device) -> bool:
+        # Dynamic MIG's whole GPU and the placements not created yet only exist on a
+        # counter set; an adopted or created instance is plain static MIG without one.
+        return device.dynamic_mig and device.mig is None
 
     def serve(self, device: Device, ctx: PrepareContext) -> Served:
         acc = device.accelerator

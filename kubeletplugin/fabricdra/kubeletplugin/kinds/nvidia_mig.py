@@ -12,11 +12,18 @@ from collections.abc import Mapping
 from ..devices import Device, gpu_name
 from ..kubelet import PrepareError
 from ..kubelet.cdi import DeviceNode
-from .accelerator import GPUS, NVIDIA, accelerator_values, gpu_taint_value, vendor_devices
-from .base import BuildInputs, PrepareContext, Served, Value, device_nodes
+from .accelerator import (
+    GPUS,
+    NVIDIA,
+    accelerator_values,
+    dynamic_mig_counters,
+    gpu_taint_value,
+    vendor_devices,
+)
+from .base import BuildInputs, CounterUse, DeviceKind, PrepareContext, Served, Value, device_nodes
 
 
-class NvidiaMig:
+class NvidiaMig(DeviceKind):
     name = "nvidia-mig"
     device_type = "mig"
 
@@ -43,14 +50,16 @@ class NvidiaMig:
     def taint_value(self, device: Device) -> str:
         return gpu_taint_value(device)
 
-    def nccl_hca(self, device: Device) -> str | None:
-        return None
+    def counters(self, device: Device) -> CounterUse | None:
+        return dynamic_mig_counters(device)
+
+    def needs_partitionable(self, device: Device) -> bool:
+        # Dynamic MIG's whole GPU and the placements not created yet only exist on a
+        # counter set; an adopted or created instance is plain static MIG without one.
+        return device.dynamic_mig and device.mig is None
 
     def within(self, device: Device) -> str | None:
         return gpu_name(device.accelerator) if device.accelerator is not None else None
-
-    def netdev(self, device: Device) -> str | None:
-        return None
 
     def serve(self, device: Device, ctx: PrepareContext) -> Served:
         acc = device.accelerator

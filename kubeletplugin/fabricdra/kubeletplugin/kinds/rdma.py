@@ -26,6 +26,7 @@ from ..kubelet import PrepareError
 from ..kubelet.cdi import ContainerEdits, DeviceNode
 from .base import (
     BuildInputs,
+    DeviceKind,
     PrepareContext,
     Served,
     Value,
@@ -56,7 +57,7 @@ class NcclGroup:
 NCCL = NcclGroup()
 
 
-class Rdma:
+class Rdma(DeviceKind):
     name = "rdma"
     device_type = "rdma"
 
@@ -87,12 +88,6 @@ class Rdma:
             ("linkVerdict", ep.link.verdict if ep.link else None),
             ("virtualFunction", is_vf),
         ]
-
-    def memory_mib(self, device: Device) -> int | None:
-        return None
-
-    def counts(self, device: Device) -> Mapping[str, int]:
-        return {}
 
     def taint_value(self, device: Device) -> str:
         """`rdma-link-down`; `rdma-link` when no cause is known."""
