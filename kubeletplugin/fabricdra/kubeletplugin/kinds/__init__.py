@@ -1,6 +1,6 @@
 """The device kinds this driver offers, in order (docs/adding-a-device-kind.md).
 
-Adding a kind: a module here with a `KIND` satisfying `base.DeviceKind`, one entry in
+Adding a kind: a module here with a `KIND` subclassing `base.DeviceKind`, one entry in
 `KINDS`, a DeviceClass row, a docs/attributes.md row; tests/unit/test_kind_conformance.py
 then checks it. The compute-domain driver's `channel` and `daemon` devices are not kinds of
 this driver (another driver, compute-domain.fabricdra.io): computedomain/ builds them.
