@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 NVIDIA, AMD, MELLANOX, INTEL, VIRTIO = "0x10de", "0x1002", "0x15b3", "0x8086", "0x1af4"
+AMAZON = "0x1d0f"  # AWS EFA and ENA functions (PCI_VENDOR_ID_AMAZON)
 CLASS_BRIDGE, CLASS_ETHERNET, CLASS_3D, CLASS_INFINIBAND = 0x060400, 0x020000, 0x030200, 0x020700
 CLASS_ACCEL = 0x120000
 
@@ -334,6 +335,35 @@ class SysfsBuilder:
             self.write(f"{vb}/dev", f"231:{192 + self._uverbs - 1}")
             self.link(f"class/infiniband_verbs/{uverbs}", vb)
         return base
+
+    def efa(
+        self,
+        parent: str,
+        bdf: str,
+        name: str = "efa_0",
+        *,
+        device: str = "0xefa1",
+        numa: int | None = 0,
+        port: Port | None = None,
+    ) -> str:
+        """An AWS EFA function as the kernel lays it out: PCI vendor 0x1d0f (device 0xefa0,
+        0xefa1, 0xefa2 or 0xefa3: drivers/infiniband/hw/efa/efa_main.c `efa_pci_tbl`), bound to
+        `efa`, no netdev (the ENA function beside it has that), one RDMA port (phys_port_cnt 1)
+        whose link layer the kernel shows as Unknown (efa_port_link_layer: unspecified), its
+        verbs device `uverbsN`. `name` is the kernel's `efa_%d` unless udev renamed it
+        (`rdmap16s27`)."""
+        path = self.pci(
+            parent,
+            bdf,
+            vendor=AMAZON,
+            device=device,
+            pci_class=CLASS_ETHERNET,
+            numa=numa,
+            cpus="0-47",
+            driver="efa",
+        )
+        self.rdma(path, name, [port or Port(link_layer="Unknown", rate="100 Gb/sec (4X EDR)")])
+        return path
 
     # -- broken files --------------------------------------------------------------------------
 

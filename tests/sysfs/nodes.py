@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -13,6 +13,7 @@ from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
 
 from .builder import (
+    AMAZON,
     AMD,
     CLASS_ACCEL,
     DOWN,
@@ -437,3 +438,27 @@ def discover_at(
         close = getattr(tree, "close", None)
         if close is not None:
             close()
+
+
+def aws_efa_node(b: SysfsBuilder, efas: int = 2, *, down: tuple[int, ...] = ()) -> Small:
+    """An AWS GPU node's slice as its kernel lays it out (a p5 has 4 EFA functions per GPU,
+    8 GPUs): one PCIe switch holding a GPU and `efas` EFA functions (`efa_<i>`, none with a
+    netdev), and the ENA function that carries the node's IP traffic (vendor 0x1d0f too,
+    device 0xec20, driver `ena`, netdev `ens32`; no RDMA device). `down`: EFA ports that are
+    down. `nics` are the EFA bus ids, `rdma` their RDMA device names."""
+    out = Small()
+    rp = b.bridge(b.root_bus("pci0000:40"), "0000:40:01.0", 0)
+    ports = b.switch(rp, "0000:41:00.0", [f"0000:42:{i:02x}.0" for i in range(efas + 1)])
+    out.gpus.append("0000:50:00.0")
+    b.gpu(ports[0], "0000:50:00.0", numa=0)
+    for i in range(efas):
+        bdf = f"0000:{0x51 + i:02x}:00.0"
+        port = replace(DOWN, link_layer="Unknown") if i in down else None
+        b.efa(ports[i + 1], bdf, f"efa_{i}", port=port)
+        out.nics.append(bdf)
+        out.rdma.append(f"efa_{i}")
+    ena_rp = b.bridge(b.root_bus("pci0000:00"), "0000:00:05.0", 0)
+    b.nic(ena_rp, "0000:01:00.0", "ens32", vendor=AMAZON, device="0xec20", driver="ena")
+    out.netdevs.append("ens32")
+    b.loopback()
+    return out

@@ -111,6 +111,30 @@ def test_beside_nvidias_driver_gpus_off_offers_only_nics_and_domains(chart: Char
     assert all(m["name"] != "driver-root" for m in devices["volumeMounts"])
 
 
+def test_efa_is_off_by_default_and_its_value_reaches_the_agent_and_the_classes(
+    chart: Chart,
+) -> None:
+    def rendered(values: dict[str, Any] | None = None) -> tuple[list[str], list[str]]:
+        docs = chart.template(values or {})
+        ds = _one(docs, "DaemonSet", "fabricdra-node")
+        args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
+        return args, _kinds(docs)["DeviceClass"]
+
+    args, classes = rendered()
+    assert not [a for a in args if a.startswith("--efa")]
+    assert "efa.fabricdra.io" not in classes
+    args, classes = rendered({"efa": {"enabled": True}})
+    assert "--efa" in args
+    assert "--efa-device-rdma" not in args
+    assert "efa.fabricdra.io" in classes
+    args, _ = rendered({"efa": {"enabled": True, "deviceRdma": True}})
+    assert "--efa-device-rdma" in args
+    # the RDMA switch does not carry EFA's class, nor EFA's the RDMA classes
+    _, classes = rendered({"efa": {"enabled": True}, "rdma": {"enabled": False}})
+    assert "efa.fabricdra.io" in classes
+    assert "rdma.fabricdra.io" not in classes
+
+
 def test_compute_domains_off_drops_controller_and_plugin(chart: Chart) -> None:
     docs = chart.template({"computeDomains": {"enabled": False}})
     kinds = _kinds(docs)
@@ -447,7 +471,9 @@ def test_device_classes_name_the_extended_resources_on_136(chart: Chart) -> None
 def test_default_device_classes_are_the_api_sources(chart: Chart) -> None:
     # The chart rebuilds each class from its copy; with default values nothing may differ
     # from what `kubectl apply -f api/deviceclasses/` creates.
-    rendered = {d["metadata"]["name"]: d for d in chart.template() if d["kind"] == "DeviceClass"}
+    # EFA's class is rendered only with efa.enabled (off by default).
+    docs = chart.template({"efa": {"enabled": True}})
+    rendered = {d["metadata"]["name"]: d for d in docs if d["kind"] == "DeviceClass"}
     for path in sorted((REPO / "api" / "deviceclasses").glob("*.yaml")):
         source = yaml.safe_load(path.read_text())
         assert rendered[source["metadata"]["name"]] == source, path.name

@@ -23,6 +23,15 @@ def test_efa_endpoints_are_off_unless_asked_for(monkeypatch: pytest.MonkeyPatch)
     assert _config().devices.efa is True  # type: ignore[attr-defined]
 
 
+def test_efa_device_rdma_is_off_unless_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FABRICDRA_EFA_DEVICE_RDMA", raising=False)
+    assert _config("--efa").devices.efa_device_rdma is False  # type: ignore[attr-defined]
+    on = _config("--efa", "--efa-device-rdma")
+    assert on.devices.efa_device_rdma is True  # type: ignore[attr-defined]
+    monkeypatch.setenv("FABRICDRA_EFA_DEVICE_RDMA", "true")
+    assert _config("--efa").devices.efa_device_rdma is True  # type: ignore[attr-defined]
+
+
 def test_claim_sweep_interval(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("FABRICDRA_CLAIM_SWEEP_INTERVAL", raising=False)
     assert _config().sweep_interval == 600  # type: ignore[attr-defined]

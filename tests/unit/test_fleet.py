@@ -217,3 +217,18 @@ def test_an_admin_access_claim_does_not_allocate() -> None:
     claim["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
     view = fleet([_slice("n1", _gpus(2))], [claim], [], [], [node_object("n1")]).to_json()
     assert (view["totals"][GB200]["allocated"], view["totals"][GB200]["free"]) == (0, 2)
+
+
+def test_an_efa_function_is_a_nic_for_stranding() -> None:
+    # An AWS node: its GPUs' own fabric is EFA, not RDMA endpoints (docs/attributes.md).
+    gpus = [_gpu(i, H100, None, [], {"pciRoot": {"string": f"pci0000:{i}"}}) for i in range(2)]
+    efas = [
+        _nic(f"efa-{i}", extra={"type": {"string": "efa"}, "pciRoot": {"string": f"pci0000:{i}"}})
+        for i in range(2)
+    ]
+    for e in efas:
+        del e["attributes"]["rdmaMode"]
+    claim = _claim("c", "ns", [("n1", "efa-0")])  # gpu-0's EFA is taken
+    view = fleet([_slice("n1", gpus + efas)], [claim], [], [], [node_object("n1")]).to_json()
+    assert view["totals"][H100]["stranded"]["nicsUnavailable"] == 1
+    assert view["totals"]["efa"]["allocated"] == 1

@@ -1,6 +1,6 @@
 """GPU attributes users of NVIDIA's DRA driver select on, MIG compute capacities, the health
-attribute of the basic model, and EFA endpoints: ResourceSlices built from real discovery over
-kernel-shaped sysfs trees and recorded NVML answers."""
+attribute of the basic model, and EFA endpoints (never plain RDMA): ResourceSlices built from
+real discovery over kernel-shaped sysfs trees and recorded NVML answers."""
 
 from __future__ import annotations
 
@@ -96,10 +96,11 @@ def test_the_basic_model_publishes_health_as_an_attribute(tmp_path: Path) -> Non
     assert current["gpu-0000-4b-00-0"]["taints"][0]["key"] == "fabricdra.io/unhealthy"
 
 
-def test_efa_endpoints_are_offered_only_when_enabled(tmp_path: Path) -> None:
+def test_efa_endpoints_are_never_offered_as_rdma(tmp_path: Path) -> None:
+    # An RDMA endpoint bound to `efa` is the efa kind's (tests/unit/test_efa.py), found from
+    # sysfs by its PCI ids: with or without --efa the RDMA kind leaves it alone.
     b = SysfsBuilder(tmp_path / "sys")
     rdma_node(b, [None], gpu=False)
-    # an EFA function beside the Mellanox NIC, as on an AWS p5 node
     rp = b.bridge(b.root_bus("pci0000:40"), "0000:40:01.0")
     efa = b.nic(rp, "0000:41:00.0", "efa0", driver="efa")
     b.rdma(efa, "rdmap64s0")
@@ -107,4 +108,4 @@ def test_efa_endpoints_are_offered_only_when_enabled(tmp_path: Path) -> None:
     default = build_devices(d.interfaces or [], d.accelerators or [])
     assert [x.name for x in default if x.type == "rdma"] == []
     enabled = build_devices(d.interfaces or [], d.accelerators or [], DeviceConfig(efa=True))
-    assert [x.endpoint.rdmaDevice for x in enabled if x.endpoint] == ["rdmap64s0"]
+    assert [x.name for x in enabled if x.type == "rdma"] == []

@@ -136,6 +136,14 @@ TABLE: tuple[DeviceClassRow, ...] = (
         enabledBy="gpus.enabled",
     ),
     DeviceClassRow(
+        name="efa.fabricdra.io",
+        file="efa.yaml",
+        description="AWS Elastic Fabric Adapter functions, one claim each (offered only where "
+        "the node plugin runs with --efa).",
+        selector=_devices(f'{_attr("type")} == "efa"'),
+        enabledBy="efa.enabled",
+    ),
+    DeviceClassRow(
         name="rdma-shared.fabricdra.io",
         file="rdma-shared.yaml",
         description="Whole-function RDMA endpoints shared by many holders (nodes in shared "

@@ -95,8 +95,15 @@ def register(sub: Any) -> None:
         "--efa",
         action="store_true",
         default=env_bool("EFA", False),
-        help="also offer EFA endpoints (RDMA devices of driver efa); off by default, as AWS "
-        "nodes advertise them through their own device plugin [FABRICDRA_EFA=true]",
+        help="also offer AWS EFA functions (type efa); off by default, as AWS nodes advertise "
+        "them through their own device plugin [FABRICDRA_EFA=true]",
+    )
+    a(
+        "--efa-device-rdma",
+        action="store_true",
+        default=env_bool("EFA_DEVICE_RDMA", False),
+        help="claims of EFA devices get FI_EFA_USE_DEVICE_RDMA=1: this node's EFA does RDMA "
+        "read (p4d, p5); off: libfabric decides [FABRICDRA_EFA_DEVICE_RDMA=true]",
     )
     a(
         "--dynamic-mig",
@@ -217,6 +224,7 @@ def build_config(args: argparse.Namespace) -> Any:
             rdma_overrides=tuple(parse_override(o) for o in args.rdma_override),
             rdma_vfs=args.rdma_vfs == "true",
             efa=args.efa,
+            efa_device_rdma=args.efa_device_rdma,
             dynamic_mig=args.dynamic_mig,
             offer_gpus=args.gpus == "true",
             offer_rdma=args.rdma == "true",

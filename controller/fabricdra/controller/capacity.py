@@ -247,6 +247,9 @@ def allocate(devices: dict[tuple[str, str], Device], claims: Iterable[Mapping[st
 
 
 GPU_TYPES = frozenset({"gpu", "mig"})
+# The published types a GPU's own fabric traffic goes through: RDMA endpoints, and AWS EFA
+# functions where the node offers them (docs/attributes.md, "AWS EFA").
+NIC_TYPES = frozenset({"rdma", "efa"})
 
 
 def gpu_room(

@@ -183,7 +183,7 @@ def fleet(
     domains: dict[str, Domain] = {}
     for node, node_devs in sorted(by_node.items()):
         gpus = [d for d in node_devs if d.type == "gpu"]
-        nics = [d for d in node_devs if d.type == "rdma"]
+        nics = [d for d in node_devs if d.type in capacity.NIC_TYPES]
         fabric = sorted({d.fabric_domain for d in gpus if d.fabric_domain})
         # A node's NICs and MIG devices count under its GPUs' domain (one per node).
         domain = domains.setdefault(

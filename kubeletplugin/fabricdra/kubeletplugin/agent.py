@@ -221,6 +221,7 @@ class Agent:
             checkpoint=checkpoint,
             host=HostLayout(config.dev_root, config.proc_root, config.sysfs_root),
             toolkit=ToolkitSpecs(config.toolkit_cdi_dirs),
+            devices=config.devices,
             events=reader,
             # Only where claims are read from the API server is there one to write to.
             network=None
@@ -261,7 +262,7 @@ class Agent:
         tree = SysfsTree(self.config.sysfs_root)
         try:
             discovery = discover(tree, self.nvml_source, self.previous)
-            inventory = self._take(discovery, start)
+            inventory = self._take(discovery, start, tree)
             if not self.config.verification_gate:
                 self._publish(discovery, inventory, None)
                 return inventory
@@ -279,7 +280,7 @@ class Agent:
             tree.close()
         return inventory
 
-    def _take(self, discovery: Discovery, start: float) -> DeviceInventory:
+    def _take(self, discovery: Discovery, start: float, tree: SysfsTree) -> DeviceInventory:
         """Swap in this pass's inventory and tell kubelet about device health."""
         for part, reason in discovery.failures.items():
             log.error("discovery failed; keeping the previous record", part=part, error=reason)
@@ -315,6 +316,7 @@ class Agent:
                 lost=lost,
                 held=held,
                 created_mig=created_mig,
+                sysfs=tree,  # kinds that read records of their own (EFA) read this pass's
             )
 
         entries, gone = self._holds_in_force(self.driver.checkpoint.entries(), build({}))

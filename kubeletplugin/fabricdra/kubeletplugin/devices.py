@@ -7,7 +7,7 @@ by construction.
 
 Rules (issue 4, seeds 000 "The RDMA resource keys" and 003 "MIG profiles", "Health states"):
 
-* Every accelerator prepare can serve (`SERVED_VENDORS`: NVIDIA, AMD) is a device (`gpu`);
+* Every accelerator a device kind serves (kinds/: NVIDIA, AMD) is a device (`gpu`);
   others (Gaudi, Huawei, Tenstorrent, ...) are reported by discovery (NodeDevices) but never
   offered, since a pod scheduled onto one could never start. A GPU with MIG mode on is
   offered as its MIG instances (`mig`), one device each, and **not also whole**: on a
@@ -23,9 +23,9 @@ Rules (issue 4, seeds 000 "The RDMA resource keys" and 003 "MIG profiles", "Heal
   holds (`held`) is offered as it is held whatever the mode says now, so a mode change never
   moves a prepared device (prepare's in-use check refuses what the change would otherwise
   let two claims share); the agent counts a hold only while its claim is still in the API,
-  and withholds a NIC a gone claim holds (`agent.Agent._holds_in_force`). EFA endpoints (driver
-  `efa`) are skipped unless `DeviceConfig.efa` is on: AWS nodes advertise them through their
-  own device plugin, and offering them twice would hand one out twice. An endpoint without a
+  and withholds a NIC a gone claim holds (`agent.Agent._holds_in_force`). An AWS EFA function
+  is never an RDMA endpoint: it is its own kind (`efa`, kinds/efa.py), offered only with
+  `DeviceConfig.efa`. An endpoint without a
   bound RDMA device name is offered in no mode: the name is what prepare resolves to a verbs
   character device, so without it there is nothing to hand over.
 * Names are DNS labels derived from the PCI bus id (and MIG GPU/compute instance ids), never
@@ -48,27 +48,25 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
 
 from fabricdra.api.inventory import Accelerator, Endpoint, Interface, MigDevice
 
-from . import migprofiles
 from .discovery.nvlink import nvlink_groups
 from .discovery.nvml import NvmlReadings
 from .migprofiles import Placement
 
+if TYPE_CHECKING:
+    from .discovery.sysfs import SysfsTree
+
 RdmaMode = Literal["exclusive", "shared", "off"]
 RDMA_MODES: tuple[RdmaMode, ...] = ("exclusive", "shared", "off")
 HeldAs = Literal["exclusive", "shared"]  # how a prepared claim holds a whole function
-DeviceType = Literal["gpu", "mig", "rdma"]
+DeviceType = Literal["gpu", "mig", "rdma", "efa"]
 EndpointMode = Literal["exclusive", "shared", "vf"]
 Health = Literal["Healthy", "Unhealthy", "Unknown"]
 
-# PCI vendors whose accelerators prepare can hand over (device nodes, docs/kubelet-plugin.md):
-# NVIDIA and AMD. Others (Intel, Habana Gaudi, Huawei, Tenstorrent, ...) are discovered and
-# reported in NodeDevices but not offered: a pod scheduled onto one could never start.
-SERVED_VENDORS = frozenset({"0x10de", "0x1002"})
 LOST_REASON = "the GPU left the PCI bus (fell off the bus); kept until the agent restarts"
 
 DEFAULT_SHARED_HOLDERS = 64  # the ecosystem's shared-RDMA device plugin ships this default
@@ -119,7 +117,9 @@ class DeviceConfig:
     # Per NIC (a PF, or one VF), first match wins; beats `rdma_mode` (the node's).
     rdma_overrides: tuple[RdmaOverride, ...] = ()
     rdma_vfs: bool = True  # off: no VF is offered (a PF with VFs is still not offered whole)
-    efa: bool = False  # offer EFA endpoints (driver `efa`) too
+    efa: bool = False  # offer AWS EFA functions (kinds/efa.py)
+    # Their claims get FI_EFA_USE_DEVICE_RDMA=1: the node's EFA devices do RDMA read (p4d, p5).
+    efa_device_rdma: bool = False
     # Which kinds this node offers at all: GPUs off lets fabricdra run beside NVIDIA's GPU DRA
     # driver (which then owns the GPUs) offering only NICs; discovery still reports everything.
     offer_gpus: bool = True
@@ -289,37 +289,30 @@ def build_devices(
     lost: Sequence[Accelerator] = (),
     held: Mapping[str, HeldAs] | None = None,
     created_mig: Collection[str] = (),
+    sysfs: SysfsTree | None = None,
 ) -> DeviceInventory:
-    """Every device this node offers, sorted by name (a stable order for slices and diffs).
+    """Every device this node offers, sorted by name (a stable order for slices and diffs):
+    each kind of the registry (kinds/) builds its own from this pass's records.
     `lost`: GPUs seen earlier that have left the PCI bus (`lost_accelerators`): offered from
     their last record, Unhealthy, marked `lost`. `held`: RDMA device names prepared claims
     hold, and how (`held_endpoints`); offered so. `created_mig`: UUIDs of the MIG instances
     dynamic MIG created for claims (dynamicmig.py's journal): offered under their placement's
-    name, the device the claim was allocated, not adopted as static."""
-    out: list[Device] = []
-    if config.offer_gpus:
-        for acc in accelerators:
-            if acc.vendorId not in SERVED_VENDORS:
-                continue  # prepare has no device nodes to hand over: never offered
-            info = (gpu_info or {}).get(acc.pciBusId)
-            out.extend(
-                _accelerator_devices(
-                    acc, gpu_health or {}, info, config.dynamic_mig, frozenset(created_mig)
-                )
-            )
-        present = {acc.pciBusId for acc in accelerators}
-        gone = GpuHealth(False, LOST_REASON, ("lost",))
-        for acc in lost:
-            if acc.pciBusId in present or acc.vendorId not in SERVED_VENDORS:
-                continue
-            info = (gpu_info or {}).get(acc.pciBusId)
-            out.extend(
-                replace(d, lost=True)
-                for d in _accelerator_devices(acc, {acc.pciBusId: gone}, info, config.dynamic_mig)
-            )
-    if config.offer_rdma:
-        for iface in interfaces:
-            out.extend(_rdma_devices(iface, config, held or {}))
+    name, the device the claim was allocated, not adopted as static. `sysfs`: this pass's
+    tree, for kinds that read records of their own (None: those offer nothing)."""
+    from .kinds import KINDS, BuildInputs  # the kinds build on this module's model
+
+    inputs = BuildInputs(
+        interfaces=interfaces,
+        accelerators=accelerators,
+        config=config,
+        gpu_health=gpu_health or {},
+        gpu_info=gpu_info or {},
+        lost=lost,
+        held=held or {},
+        created_mig=created_mig,
+        sysfs=sysfs,
+    )
+    out = [d for kind in KINDS for d in kind.build(inputs)]
     out.sort(key=lambda d: d.name)
     return DeviceInventory(tuple(out), shared_holders=config.rdma_shared_holders)
 
@@ -344,96 +337,6 @@ def gpu_name(acc: Accelerator) -> str:
     return dns_label("gpu", acc.pciBusId)
 
 
-def _accelerator_devices(
-    acc: Accelerator,
-    gpu_health: Mapping[str, GpuHealth],
-    info: GpuInfo | None,
-    dynamic_mig: bool = False,
-    created_mig: frozenset[str] = frozenset(),
-) -> list[Device]:
-    if VENDOR_DRIVERS.get(acc.vendorId, acc.driver) != acc.driver:
-        return []  # e.g. vfio-pci (passthrough to a VM): prepare has nothing to hand over
-    health, reason = _gpu_health(gpu_health.get(acc.pciBusId))
-    causes = _gpu_causes(gpu_health.get(acc.pciBusId))
-    if dynamic_mig and acc.migMode:
-        dynamic = _dynamic_mig_devices(acc, info, health, reason, causes, created_mig)
-        if dynamic is not None:
-            return dynamic
-    if not acc.migMode:
-        return [_gpu_device(acc, None, info, health, reason, causes)]
-    return [_gpu_device(acc, mig, info, health, reason, causes) for mig in acc.migDevices]
-
-
-def _gpu_device(
-    acc: Accelerator,
-    mig: MigDevice | None,
-    info: GpuInfo | None,
-    health: Health,
-    reason: str | None,
-    causes: tuple[str, ...],
-    *,
-    dynamic_mig: bool = False,
-) -> Device:
-    """A whole GPU (`mig` None) or one of its MIG instances, with the GPU's health."""
-    return Device(
-        name=gpu_name(acc) if mig is None else _mig_name(acc, mig),
-        type="gpu" if mig is None else "mig",
-        accelerator=acc,
-        mig=mig,
-        endpoint=None,
-        interface=None,
-        mode=None,
-        health=health,
-        health_reason=reason,
-        info=info,
-        health_causes=causes,
-        dynamic_mig=dynamic_mig,
-    )
-
-
-def _dynamic_mig_devices(
-    acc: Accelerator,
-    info: GpuInfo | None,
-    health: Health,
-    reason: str | None,
-    causes: tuple[str, ...],
-    created_mig: frozenset[str] = frozenset(),
-) -> list[Device] | None:
-    """The whole GPU and every placement of every profile, each consuming its slices of the
-    GPU's counter set. Instances that already exist are adopted: offered under their own
-    (static) name at their placement, and the placements they overlap (and the whole GPU) are
-    not offered, since NVML could not create them. None: this GPU stays static MIG (a model
-    the table does not know, or an instance whose profile or placement NVML did not say)."""
-    model = migprofiles.model_for(acc.productName, acc.memoryMiB)
-    if model is None:
-        return None
-    adopted: list[tuple[MigDevice, Placement]] = []
-    for mig in acc.migDevices:
-        profile = model.profile(mig.profile or "")
-        start = (info.mig_placements if info else {}).get(mig.uuid)
-        if profile is None or start is None or start not in profile.starts:
-            return None
-        adopted.append((mig, Placement(profile, start)))
-    whole = _gpu_device(acc, None, info, health, reason, causes, dynamic_mig=True)
-    out = [
-        replace(
-            whole,
-            # One we created keeps the name the claim was allocated; an adopted one its own.
-            name=placement_name(acc, p) if mig.uuid in created_mig else _mig_name(acc, mig),
-            type="mig",
-            mig=mig,
-            placement=p,
-        )
-        for mig, p in adopted
-    ]
-    if not adopted:
-        out.append(whole)
-    for p in model.placements():
-        if not any(p.overlaps(q) for _, q in adopted):
-            out.append(replace(whole, name=placement_name(acc, p), type="mig", placement=p))
-    return out
-
-
 def placement_name(acc: Accelerator, placement: Placement) -> str:
     """The device name of one profile placement on a GPU: `mig-0000-1b-00-0-3g-40gb-m4`
     (profile 3g.40gb starting at memory slice 4)."""
@@ -445,7 +348,8 @@ def counter_set_name(acc: Accelerator) -> str:
     return gpu_name(acc)
 
 
-def _mig_name(acc: Accelerator, mig: MigDevice) -> str:
+def mig_name(acc: Accelerator, mig: MigDevice) -> str:
+    """The device name of an existing MIG instance: `mig-0000-1b-00-0-gi1-ci0`."""
     if mig.gpuInstanceId is not None and mig.computeInstanceId is not None:
         return dns_label(
             "mig", acc.pciBusId, f"gi{mig.gpuInstanceId}", f"ci{mig.computeInstanceId}"
@@ -460,70 +364,7 @@ def _mig_name(acc: Accelerator, mig: MigDevice) -> str:
 VENDOR_DRIVERS = {"0x10de": "nvidia", "0x1002": "amdgpu"}
 
 
-def _gpu_health(reading: GpuHealth | None) -> tuple[Health, str | None]:
-    if reading is None or reading.healthy is None:
-        return "Unknown", (reading.reason if reading else None)
-    if reading.healthy:
-        return "Healthy", None
-    return "Unhealthy", reading.reason or "unhealthy"
-
-
-def _gpu_causes(reading: GpuHealth | None) -> tuple[str, ...]:
-    return reading.causes if reading is not None and reading.healthy is False else ()
-
-
 # --- RDMA endpoints ----------------------------------------------------------------------
-
-
-def _rdma_devices(
-    iface: Interface, config: DeviceConfig, held: Mapping[str, HeldAs]
-) -> list[Device]:
-    if iface.driver == "efa" and not config.efa:
-        return []
-    mode = _mode_of(iface, config, config.rdma_mode)
-    if iface.sriovVfsConfigured or iface.virtualFunctions:
-        # A PF with VFs configured serves the partitioned mode only: the node was put in that
-        # state before we started, and offering the PF whole too would hand its link out twice.
-        # A VF switched off (node-wide, its PF's mode or its own) stays offered while held.
-        out = []
-        for vf in iface.virtualFunctions:
-            if vf.rdmaDevice:
-                device = _rdma_device(vf, iface, "vf")
-                on = config.rdma_vfs and _mode_of(vf, config, mode) != "off"
-                if on or device.name in held:
-                    out.append(device)
-        return out
-    if not iface.rdmaDevice:
-        return []
-    device = _rdma_device(iface, iface, "shared" if mode == "shared" else "exclusive")
-    held_as = held.get(device.name)
-    if held_as is not None:  # never moved while prepared: offered as it is held
-        return [replace(device, mode=held_as)]
-    return [] if mode == "off" else [device]
-
-
-def _mode_of(ep: Endpoint, config: DeviceConfig, default: RdmaMode) -> RdmaMode:
-    for o in config.rdma_overrides:
-        if o.matches(ep):
-            return o.mode
-    return default
-
-
-def _rdma_device(ep: Endpoint, iface: Interface, mode: EndpointMode) -> Device:
-    health, reason = _link_health(ep)
-    return Device(
-        name=endpoint_name(ep),
-        type="rdma",
-        accelerator=None,
-        mig=None,
-        endpoint=ep,
-        interface=iface,
-        mode=mode,
-        health=health,
-        health_reason=reason,
-        # The only Failed verdict discovery gives: every port of the link is down.
-        health_causes=("link-down",) if health == "Unhealthy" else (),
-    )
 
 
 def endpoint_name(ep: Endpoint) -> str:
@@ -531,16 +372,6 @@ def endpoint_name(ep: Endpoint) -> str:
     if ep.pciBusId:
         return dns_label("rdma", ep.pciBusId)
     return dns_label("rdma", ep.rdmaDevice or ep.name or "unknown")
-
-
-def _link_health(ep: Endpoint) -> tuple[Health, str | None]:
-    if ep.link is None:
-        return "Unknown", "no link verdict"
-    if ep.link.verdict == "OK":
-        return "Healthy", None
-    if ep.link.verdict == "Failed":
-        return "Unhealthy", ep.link.reason or "RDMA link failed"
-    return "Unknown", ep.link.reason or "RDMA link unverified"
 
 
 # --- names -------------------------------------------------------------------------------

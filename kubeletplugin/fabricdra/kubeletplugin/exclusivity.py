@@ -32,7 +32,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from .devices import Device, endpoint_name, gpu_name
+from .devices import Device
+from .kinds import kind_of
 from .kubelet import PrepareError
 from .kubelet.checkpoint import ClaimEntry, PreparedRecord
 
@@ -49,13 +50,9 @@ class Hold:
 
 
 def within(device: Device) -> str | None:
-    """The device `device` is part of, by the name that device has (or had) when offered."""
-    if device.type == "mig" and device.accelerator is not None:
-        return gpu_name(device.accelerator)
-    iface, ep = device.interface, device.endpoint
-    if device.type == "rdma" and iface is not None and ep is not None and ep is not iface:
-        return endpoint_name(iface)  # a VF: part of its PF
-    return None
+    """The device `device` is part of, by the name that device has (or had) when offered:
+    its kind says (kinds/)."""
+    return kind_of(device).within(device)
 
 
 def grant_hold(

@@ -39,6 +39,7 @@ import structlog
 from fabricdra.api.rest import CLAIMS, ApiError
 
 from .devices import Device
+from .kinds import kind_of
 from .kubelet import current_call
 
 log = structlog.get_logger("fabricdra.networkstatus")
@@ -194,11 +195,7 @@ class NetworkStatus:
         self.proc_root = proc_root
 
     def entries(self, granted: Sequence[Granted]) -> list[dict[str, Any]]:
-        named = [
-            (g, g.device.endpoint.name)
-            for g in granted
-            if g.device.type == "rdma" and g.device.endpoint and g.device.endpoint.name
-        ]
+        named = [(g, netdev) for g in granted if (netdev := kind_of(g.device).netdev(g.device))]
         if not named:
             return []
         addresses = host_addresses(self.proc_root)

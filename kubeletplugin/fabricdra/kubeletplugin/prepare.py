@@ -57,12 +57,14 @@ import structlog
 
 from fabricdra.api.rest import CLAIMS, EVENTS, ApiError
 
-from . import exclusivity, metrics, ncclenv
-from .devices import Device, DeviceInventory, placement_name
+from . import exclusivity, kinds, metrics, ncclenv
+from .devices import Device, DeviceConfig, DeviceInventory
 from .dynamicmig import DynamicMig, JournalUnreadable
 from .hostdevices import DeviceNodeError, HostLayout
+from .kinds import ClaimGroup, PrepareContext
+from .kinds.nvidia_mig import is_placement
 from .kubelet import ClaimRef, PreparedDevice, PrepareError
-from .kubelet.cdi import CdiDevice, CdiSpec, CdiWriter, ContainerEdits, DeviceNode
+from .kubelet.cdi import CdiDevice, CdiSpec, CdiWriter
 from .kubelet.checkpoint import Checkpoint, ClaimEntry, PreparedRecord
 from .kubelet.claims import (
     ClaimReader,
@@ -71,21 +73,14 @@ from .kubelet.claims import (
     read_claim,
     remove_recorded_specs,
 )
-from .kubelet.driver import current_call
 from .networkstatus import NetworkStatus
 from .nvidiacdi import ToolkitSpecs
 
 log = structlog.get_logger("fabricdra.prepare")
 
-# Seconds of kubelet's deadline (45 s) a MIG instance's creation is started with at least:
-# NVML creates a GPU and compute instance in a few seconds (not measured here: see
-# docs/gpu-checks.md), the CDI spec and checkpoint are written after it.
-MIG_CREATE_BUDGET = 15.0
 
 DRIVER_NAME = "devices.fabricdra.io"
-NVIDIA, AMD = "0x10de", "0x1002"  # PCI vendor ids
 CDI_KIND = "k8s.devices.fabricdra.io/device"
-VOID_GPUS = "NVIDIA_VISIBLE_DEVICES=void"
 
 EVENT_BUDGET = 4.0  # seconds the advisory events of one prepare may take
 
@@ -166,6 +161,8 @@ class DevicesDriver:
     # Dynamic MIG (--dynamic-mig): creates a placement's instance at prepare and destroys it
     # at unprepare (dynamicmig.py has the order); None: such a placement is refused.
     dynamic_mig: DynamicMig | None = None
+    # How this node offers its devices: kinds whose container edits depend on it read it.
+    devices: DeviceConfig = field(default_factory=DeviceConfig)
     # Reads happen outside the lock; resolving, the in-use check and writing inside it.
     locks_itself = True
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
@@ -194,10 +191,10 @@ class DevicesDriver:
                 return done
             grants = self.grants(claim, obj)
             self._refuse_in_use(claim, grants)
-            own = [g.device.endpoint.rdmaDevice for g in grants if g.device.endpoint]
+            own = [kinds.kind_of(g.device).nccl_hca(g.device) for g in grants]
             hcas, companions = ncclenv.pod_hcas(self.checkpoint.entries(), claim.uid, obj, own)
             # Only a claim with placements reads the journal (an unreadable one fails them).
-            placements = any(_placement_device(g.device) for g in grants)
+            placements = any(is_placement(g.device) for g in grants)
             made_before = self._mig_made(claim.uid) if placements else set()
             try:
                 try:
@@ -344,10 +341,6 @@ class DevicesDriver:
                     "(it fell off the bus; published, tainted, until the agent restarts): "
                     "nothing to hand over"
                 )
-            if device.type == "rdma" and (
-                device.endpoint is None or not device.endpoint.rdmaDevice
-            ):
-                raise PrepareError(f"device {name} names no RDMA endpoint")
             grants.append(
                 Grant(
                     request=str(r.get("request", "")).split("/", 1)[0],
@@ -395,35 +388,33 @@ class DevicesDriver:
         self, claim: ClaimRef, grants: Sequence[Grant], hcas: Sequence[str] | None = None
     ) -> tuple[CdiSpec | None, list[PreparedDevice]]:
         """The claim's CDI spec (None when every device uses the toolkit's ids) and the
-        devices kubelet is told about, in allocation order. `hcas`: the names the claim's
-        NCCL_IB_HCA selects (default: its own RDMA devices)."""
+        devices kubelet is told about, in allocation order. Each device's kind says how it is
+        served (kinds/). `hcas`: the names the claim's NCCL_IB_HCA selects (default: its own
+        RDMA devices)."""
         cdi_devices: list[CdiDevice] = []
         prepared: list[PreparedDevice] = []
         own_hcas: list[str] = []
-        # The device's own id first (kubelet reports health by it), then the claim-level one.
-        rdma_id = self.cdi.device_id(ncclenv.claim_device(claim.uid))
-        gpus_id = self.cdi.device_id(_gpus_device(claim))
-        with_gpus = False
+        used: list[ClaimGroup] = []
+        ctx = PrepareContext(claim.uid, self.host, self.toolkit, self.dynamic_mig, self.devices)
         for g in grants:
             dev = g.device
+            kind = kinds.kind_of(dev)
             name = f"{g.device_name}-{claim.uid}" + (f"-{g.share_id}" if g.share_id else "")
+            served = kind.serve(dev, ctx)
+            # The device's own id first (kubelet reports health by it), then the claim-level one.
             ids: list[str]
-            if dev.type == "rdma":
-                ep = dev.endpoint
-                if ep is None or not ep.rdmaDevice:  # grants() refuses these already
-                    raise PrepareError(f"device {g.device_name} names no RDMA endpoint")
-                node = self.host.verbs_device(ep.rdmaDevice, ep.verbsDevice)
-                cdi_devices.append(CdiDevice(name, ContainerEdits(device_nodes=(node,))))
-                ids = [self.cdi.device_id(name), rdma_id]
-                own_hcas.append(ep.rdmaDevice)
+            if served.toolkit_id is not None:
+                ids = [served.toolkit_id]
             else:
-                toolkit_id, nodes = self._gpu(dev, claim.uid)
-                if toolkit_id is not None:
-                    ids = [toolkit_id, gpus_id]
-                else:
-                    cdi_devices.append(CdiDevice(name, ContainerEdits(device_nodes=tuple(nodes))))
-                    ids = [self.cdi.device_id(name), gpus_id]
-                with_gpus = True
+                cdi_devices.append(CdiDevice(name, served.edits))
+                ids = [self.cdi.device_id(name)]
+            if served.group is not None:
+                ids.append(self.cdi.device_id(served.group.device_name(claim.uid)))
+                if served.group not in used:
+                    used.append(served.group)
+            hca = kind.nccl_hca(dev)
+            if hca:
+                own_hcas.append(hca)
             prepared.append(
                 PreparedDevice(
                     pool_name=self.node_name,
@@ -433,74 +424,14 @@ class DevicesDriver:
                     share_id=g.share_id,
                 )
             )
-        if own_hcas:
-            cm: tuple[DeviceNode, ...] = ()
-            if self.host.has_char_device("/dev/infiniband/rdma_cm"):
-                cm = (self.host.char_device("/dev/infiniband/rdma_cm"),)
-            names = ncclenv.ordered([*own_hcas, *(hcas or ())])
-            edits = ContainerEdits(env=(ncclenv.env(names),), device_nodes=cm)
-            cdi_devices.append(CdiDevice(ncclenv.claim_device(claim.uid), edits))
-        if with_gpus:
-            # Per device, not spec-wide: a container given only this claim's NICs keeps the
-            # GPUs another source (NVIDIA's device plugin in env mode) gave it.
-            cdi_devices.append(CdiDevice(_gpus_device(claim), ContainerEdits(env=(VOID_GPUS,))))
+        for group in kinds.CLAIM_GROUPS:  # a fixed order: the spec does not follow the grants
+            if group in used:
+                edits = group.edits(ctx, own_hcas, hcas or ())
+                cdi_devices.append(CdiDevice(group.device_name(claim.uid), edits))
         spec = None
         if cdi_devices:
             spec = CdiSpec(kind=self.cdi.kind, devices=tuple(cdi_devices))
         return spec, prepared
-
-    def _gpu(self, dev: Device, claim_uid: str) -> tuple[str | None, list[DeviceNode]]:
-        acc = dev.accelerator
-        if acc is None:
-            raise PrepareError(f"device {dev.name} names no accelerator")
-        if acc.vendorId == AMD and dev.type == "gpu":
-            return None, self.host.amd_gpu_nodes(acc.pciBusId)
-        if acc.vendorId != NVIDIA:
-            raise PrepareError(
-                f"device {dev.name}: {acc.vendor} accelerators cannot be prepared yet"
-            )
-        minor = self.host.nvidia_minor(acc.pciBusId)
-        if dev.type == "gpu":
-            toolkit = self.toolkit.gpu_id(acc.uuid, minor)
-            return toolkit, [] if toolkit else self.host.nvidia_gpu_nodes(minor)
-        if _placement_device(dev):
-            # The journal, not the last pass, says whether its instance exists: one the
-            # inventory still shows may have been destroyed by an unprepare since.
-            return None, self._create_mig(dev, acc.pciBusId, minor, claim_uid)
-        mig = dev.mig
-        if mig is None:
-            raise PrepareError(f"device {dev.name} names no MIG instance")
-        if mig.gpuInstanceId is None or mig.computeInstanceId is None:
-            # Neither its capability nodes nor a toolkit device holding exactly them can be
-            # found: anything else could hand over other instances.
-            raise PrepareError(
-                f"MIG device {dev.name}: its GPU/compute instance ids are unknown, so its "
-                "device nodes cannot be found or a toolkit CDI device checked against them"
-            )
-        caps = self.host.mig_cap_nodes(minor, mig.gpuInstanceId, mig.computeInstanceId)
-        toolkit = self.toolkit.mig_id(mig.uuid, minor, [c.path for c in caps])
-        if toolkit is not None:
-            return toolkit, []
-        return None, [*self.host.nvidia_gpu_nodes(minor), *caps]
-
-    def _create_mig(self, dev: Device, bus: str, minor: int, claim_uid: str) -> list[DeviceNode]:
-        """A dynamic MIG placement: its instance, created now (or earlier for this claim), and
-        its device nodes. The journal names it before NVML creates it (dynamicmig.py)."""
-        assert dev.placement is not None
-        if self.dynamic_mig is None:
-            raise PrepareError(f"device {dev.name}: dynamic MIG is off on this node")
-        try:
-            if dev.name not in self._mig_made(claim_uid, created=True):
-                _in_time_to_create(dev)  # NVML is to be asked: still wanted, and in time
-            made = self.dynamic_mig.create(
-                claim_uid, dev.name, bus, dev.placement.profile.name, dev.placement.start
-            )
-        except PrepareError:
-            raise
-        except Exception as e:  # NVML's errors, and a placement held by another claim
-            raise PrepareError(f"device {dev.name}: cannot create the MIG instance: {e}") from e
-        caps = self.host.mig_cap_nodes(minor, made.gpu_instance, made.compute_instance)
-        return [*self.host.nvidia_gpu_nodes(minor), *caps]
 
     # -- unprepare -------------------------------------------------------------------------
 
@@ -523,33 +454,6 @@ class DevicesDriver:
                         raise
                     log.error("MIG journal unreadable; unprepared a claim without MIG devices")
             self.checkpoint.remove(claim.uid)
-
-
-def _in_time_to_create(dev: Device) -> None:
-    ensure_wanted()
-    if current_call().remaining() < MIG_CREATE_BUDGET:
-        # Started this late, the answer could come after kubelet gave up; kubelet retries.
-        raise PrepareError(
-            f"device {dev.name}: too little time left before kubelet's deadline to create "
-            f"its MIG instance (under {MIG_CREATE_BUDGET:.0f} s)"
-        )
-
-
-def _placement_device(dev: Device) -> bool:
-    """A dynamic MIG placement (created by us or not yet): named after its placement, unlike
-    an adopted instance, which keeps its static name."""
-    acc = dev.accelerator
-    return (
-        dev.dynamic_mig
-        and dev.placement is not None
-        and acc is not None
-        and dev.name == placement_name(acc, dev.placement)
-    )
-
-
-def _gpus_device(claim: ClaimRef) -> str:
-    """The CDI device every GPU and MIG grant of the claim includes: NVIDIA_VISIBLE_DEVICES=void."""
-    return f"gpus-{claim.uid}"
 
 
 def _current(path: Path) -> Any:

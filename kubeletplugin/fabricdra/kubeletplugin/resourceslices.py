@@ -45,17 +45,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from fabricdra.api.inventory import Accelerator, Endpoint, PciTopology
+from .devices import Device, DeviceInventory, holder_name
+from .kinds import kind_of
+from .kinds.base import STANDARD, CounterUse, Value, Version
 
-from . import migprofiles
-from .devices import Device, DeviceInventory, counter_set_name, holder_name
-
-
-class Version(str):
-    """An attribute value published as a semver `version` (CEL: `.compareTo(semver("12.4.0"))`)."""
-
-
-Value = str | int | bool | None
+__all__ = ["STANDARD", "Value", "Version"]  # re-exported: callers import them from here
 
 DRIVER_NAME = "devices.fabricdra.io"
 API_VERSION = "resource.k8s.io/v1"
@@ -69,7 +63,6 @@ MAX_ID_LENGTH = 32  # the C-identifier part of an attribute/capacity name
 MAX_STRING_VALUE = 64
 MAX_OBJECT_NAME = 253
 
-STANDARD = "resource.kubernetes.io/"
 TAINT_KEY = "fabricdra.io/unhealthy"
 TAINT_EFFECT = "NoSchedule"
 # The verification gate (docs/verification.md): every device of a node that is not verified
@@ -178,16 +171,17 @@ def build_slices(
     devices: list[dict[str, Any]] = []
     counter_sets: dict[str, dict[str, Any]] = {}
     for device in inventory.devices:
-        if device.dynamic_mig and not features.partitionable_devices and device.mig is None:
+        kind = kind_of(device)
+        if kind.needs_partitionable(device) and not features.partitionable_devices:
             dropped.append(device.name)  # not created yet (or the whole GPU): nothing to offer
             continue
-        published = _published(device, inventory.shared_holders, features, omitted)
+        use = kind.counters(device) if features.partitionable_devices else None
+        published = _published(device, inventory.shared_holders, features, omitted, use)
         devices.extend(_gated(d, gate, features) for d in published)
-        if device.dynamic_mig and features.partitionable_devices and device.accelerator:
-            name = counter_set_name(device.accelerator)
-            counter_sets[name] = {
-                "name": name,
-                "counters": _counters(migprofiles.counter_set()),
+        if use is not None:
+            counter_sets[use.counter_set] = {
+                "name": use.counter_set,
+                "counters": _counters(dict(use.capacity)),
             }
     devices.sort(key=slice_order)
 
@@ -227,17 +221,22 @@ def _counters(values: dict[str, int]) -> dict[str, Any]:
 
 
 def _published(
-    device: Device, holders: int, features: ApiFeatures, omitted: dict[str, dict[str, str]]
+    device: Device,
+    holders: int,
+    features: ApiFeatures,
+    omitted: dict[str, dict[str, str]],
+    use: CounterUse | None = None,
 ) -> list[dict[str, Any]]:
+    kind = kind_of(device)
     attrs, why = device_attributes(device)
     if why:
         omitted[device.name] = why
     capacity: dict[str, Any] = {}
-    memory = _memory_mib(device)
+    memory = kind.memory_mib(device)
     if memory is not None:
         capacity["memory"] = {"value": binary_quantity(memory * 1024 * 1024)}
 
-    for name, count in _mig_capacity(device).items():
+    for name, count in kind.counts(device).items():
         capacity[name] = {"value": str(count)}
     if not features.device_taints:
         # No taints on this model: the health attribute is what a selector can see.
@@ -256,14 +255,9 @@ def _published(
             "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": str(holders)}},
         }
     out = _with_capacity(base, capacity)
-    if device.dynamic_mig and features.partitionable_devices and device.accelerator:
-        used = (
-            migprofiles.counters(device.placement)
-            if device.placement is not None
-            else migprofiles.whole_gpu_counters()
-        )
+    if use is not None:
         out["consumesCounters"] = [
-            {"counterSet": counter_set_name(device.accelerator), "counters": _counters(used)}
+            {"counterSet": use.counter_set, "counters": _counters(dict(use.consumed))}
         ]
     if features.device_taints and device.health == "Unhealthy":
         out["taints"] = [_taint(device)]
@@ -288,23 +282,13 @@ def _with_capacity(device: dict[str, Any], capacity: dict[str, Any]) -> dict[str
     return device
 
 
-MAX_LABEL_VALUE = 63  # a taint's value is a label value
-
-
 def taint_value(device: Device) -> str:
-    """What an Unhealthy device's taint says: the kind of device and why, as a label value:
-    `gpu-ecc`, `gpu-xid-79`, `gpu-ecc.xid-48.xid-79`, `rdma-link-down` (`gpu` / `rdma-link`
-    alone when no cause is known). Causes that would pass the 63 characters are left to the
-    health reason (the Node's Events and kubelet's health stream carry it in full)."""
-    rdma = device.type == "rdma"
-    if not device.health_causes:
-        return "rdma-link" if rdma else "gpu"
-    value, sep = ("rdma" if rdma else "gpu"), "-"
-    for cause in device.health_causes:
-        if len(value) + len(sep) + len(cause) > MAX_LABEL_VALUE:
-            break
-        value, sep = value + sep + cause, "."
-    return value
+    """What an Unhealthy device's taint says: the kind of device and why, as a label value
+    (each kind says: `gpu-ecc`, `gpu-xid-79`, `gpu-ecc.xid-48.xid-79`, `rdma-link-down`;
+    `gpu` / `rdma-link` alone when no cause is known). Causes that would pass the 63
+    characters are left to the health reason (the Node's Events and kubelet's health stream
+    carry it in full)."""
+    return kind_of(device).taint_value(device)
 
 
 def _taint(device: Device) -> dict[str, Any]:
@@ -322,32 +306,13 @@ def _taint(device: Device) -> dict[str, Any]:
     return taint
 
 
-def _mig_capacity(device: Device) -> dict[str, int]:
-    """A MIG instance's compute capacities (multiprocessors, copy/decoder/encoder/jpeg/ofa
-    engines) as NVML reported them; none where it did not."""
-    if device.type != "mig" or device.mig is None or device.info is None:
-        return {}
-    return dict(device.info.mig_capacity.get(device.mig.uuid, {}))
-
-
-def _memory_mib(device: Device) -> int | None:
-    if device.type == "mig" and device.mig is not None:
-        return device.mig.memoryMiB
-    if device.type == "gpu" and device.accelerator is not None:
-        return device.accelerator.memoryMiB
-    return None
-
-
 # --- attributes ----------------------------------------------------------------------------
 
 
 def device_attributes(device: Device) -> tuple[dict[str, Any], dict[str, str]]:
     """A device's attributes (wire form, sorted by name) and those omitted, with why."""
-    values: list[tuple[str, Value]] = [("type", device.type)]
-    if device.accelerator is not None:
-        values += _accelerator_values(device, device.accelerator)
-    if device.endpoint is not None:
-        values += _endpoint_values(device, device.endpoint)
+    kind = kind_of(device)
+    values: list[tuple[str, Value]] = [("type", device.type), *kind.attributes(device)]
 
     attrs: dict[str, Any] = {}
     omitted: dict[str, str] = {}
@@ -366,76 +331,9 @@ def device_attributes(device: Device) -> tuple[dict[str, Any], dict[str, str]]:
             attrs[name] = {"string": value}
     # Leave room for the capacities (memory/holders, a MIG instance's six engine counts) and
     # the health attribute.
-    if len(attrs) + len(_mig_capacity(device)) > MAX_ATTRIBUTES_AND_CAPACITIES - 3:
+    if len(attrs) + len(kind.counts(device)) > MAX_ATTRIBUTES_AND_CAPACITIES - 3:
         raise AssertionError(f"{device.name}: {len(attrs)} attributes exceed the API's limit")
     return dict(sorted(attrs.items())), omitted
-
-
-def _pci_values(
-    topology: PciTopology, bus_id: str | None, numa: int | None
-) -> list[tuple[str, Value]]:
-    # pciSwitch/pciRoot only where the root complex is known too: that is when discovery's
-    # distance rules can speak (a missing pcieRoot is UNK), so an equal value keeps its promise.
-    known = topology.pcieRoot is not None
-    return [
-        (STANDARD + "pcieRoot", topology.pcieRoot),
-        (STANDARD + "pciBusID", bus_id),
-        (STANDARD + "numaNode", numa),
-        ("pciSwitch", topology.pciSwitches[0] if known and topology.pciSwitches else None),
-        ("pciRoot", topology.pciRootId if known else None),
-    ]
-
-
-def _accelerator_values(device: Device, acc: Accelerator) -> list[tuple[str, Value]]:
-    mig = device.mig
-    info = device.info
-    placement = device.placement
-    return [
-        # NVIDIA's driver's names and types (docs/attributes.md has the mapping)
-        ("driverVersion", _version(info.driver_version if info else None)),
-        ("cudaDriverVersion", _version(info.cuda_driver_version if info else None)),
-        ("cudaComputeCapability", _version(info.cuda_compute_capability if info else None)),
-        ("architecture", info.architecture if info else None),
-        ("brand", info.brand if info else None),
-        *_pci_values(acc.topology, acc.pciBusId, acc.numaNode),
-        ("vendor", acc.vendor),
-        ("deviceClass", mig.deviceClass if mig else acc.deviceClass),
-        ("productName", (mig.name if mig else None) or _placement_product(acc, placement)),
-        ("uuid", mig.uuid if mig else acc.uuid),
-        ("parentUuid", acc.uuid if mig else None),
-        ("migProfile", mig.profile if mig else placement.profile.name if placement else None),
-        ("migPlacementStart", placement.start if placement else None),
-        ("fabricDomain", acc.topology.fabric.domain if acc.topology.fabric else None),
-        # Whole GPUs only: a MIG instance has no GPU-to-GPU peer access over NVLink.
-        ("nvlinkGroup", info.nvlink_group if info and not mig else None),
-    ]
-
-
-def _placement_product(acc: Accelerator, placement: migprofiles.Placement | None) -> str | None:
-    # An instance not created yet is named as NVML names one (`... MIG 3g.40gb`).
-    if placement is None or acc.productName is None:
-        return acc.productName
-    return f"{acc.productName} MIG {placement.profile.name}"
-
-
-def _version(v: str | None) -> Version | None:
-    return None if v is None else Version(v)
-
-
-def _endpoint_values(device: Device, ep: Endpoint) -> list[tuple[str, Value]]:
-    parent = device.interface
-    is_vf = parent is not None and ep is not parent
-    # A VF with no NUMA node of its own has its parent's (the seed's hint rule).
-    numa = ep.numaNode if ep.numaNode is not None or not is_vf else parent.numaNode  # type: ignore[union-attr]
-    return [
-        *_pci_values(ep.topology, ep.pciBusId, numa),
-        ("rdmaMode", device.mode),
-        ("rdmaDevice", ep.rdmaDevice),
-        ("netdev", ep.name),
-        ("linkLayer", ep.linkLayer),
-        ("linkVerdict", ep.link.verdict if ep.link else None),
-        ("virtualFunction", is_vf),
-    ]
 
 
 # --- quantities ---------------------------------------------------------------------------

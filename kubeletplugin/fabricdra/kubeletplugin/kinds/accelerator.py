@@ -1,0 +1,240 @@
+"""What the accelerator kinds (NVIDIA GPU, NVIDIA MIG instance, AMD GPU) share: how one GPU
+becomes devices (whole, or its MIG instances, or dynamic MIG's placements), its health, its
+published attributes, and the claim-level CDI device every GPU grant includes. The rules are
+in devices.py's docstring; each kind module takes its own devices out of `vendor_devices`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from fabricdra.api.inventory import Accelerator, MigDevice
+
+from .. import migprofiles
+from ..devices import (
+    LOST_REASON,
+    VENDOR_DRIVERS,
+    Device,
+    GpuHealth,
+    GpuInfo,
+    Health,
+    counter_set_name,
+    gpu_name,
+    mig_name,
+    placement_name,
+)
+from ..kubelet.cdi import ContainerEdits
+from ..migprofiles import Placement
+from .base import BuildInputs, CounterUse, PrepareContext, Value, Version, causes_value, pci_values
+
+NVIDIA, AMD = "0x10de", "0x1002"  # PCI vendor ids
+VOID_GPUS = "NVIDIA_VISIBLE_DEVICES=void"
+
+
+class GpusGroup:
+    """The claim's `gpus-<uid>` CDI device: NVIDIA_VISIBLE_DEVICES=void, so a legacy-mode
+    nvidia-container-runtime never honours an image's `NVIDIA_VISIBLE_DEVICES=all`. Per
+    device, not spec-wide: a container given only NICs keeps GPUs another source gave it."""
+
+    def device_name(self, claim_uid: str) -> str:
+        return f"gpus-{claim_uid}"
+
+    def edits(
+        self, ctx: PrepareContext, own_hcas: Sequence[str], hcas: Sequence[str]
+    ) -> ContainerEdits:
+        return ContainerEdits(env=(VOID_GPUS,))
+
+
+GPUS = GpusGroup()
+
+
+def vendor_devices(inputs: BuildInputs, vendor_id: str) -> list[Device]:
+    """Every device the GPUs of one PCI vendor offer (whole, MIG, placements), present and
+    lost; none where the node does not offer GPUs."""
+    config = inputs.config
+    if not config.offer_gpus:
+        return []
+    out: list[Device] = []
+    created = frozenset(inputs.created_mig)
+    for acc in inputs.accelerators:
+        if acc.vendorId != vendor_id:
+            continue
+        info = inputs.gpu_info.get(acc.pciBusId)
+        out.extend(_accelerator_devices(acc, inputs.gpu_health, info, config.dynamic_mig, created))
+    present = {acc.pciBusId for acc in inputs.accelerators}
+    gone = GpuHealth(False, LOST_REASON, ("lost",))
+    for acc in inputs.lost:
+        if acc.pciBusId in present or acc.vendorId != vendor_id:
+            continue
+        info = inputs.gpu_info.get(acc.pciBusId)
+        out.extend(
+            replace(d, lost=True)
+            for d in _accelerator_devices(acc, {acc.pciBusId: gone}, info, config.dynamic_mig)
+        )
+    return out
+
+
+def _accelerator_devices(
+    acc: Accelerator,
+    gpu_health: Mapping[str, GpuHealth],
+    info: GpuInfo | None,
+    dynamic_mig: bool = False,
+    created_mig: frozenset[str] = frozenset(),
+) -> list[Device]:
+    if VENDOR_DRIVERS.get(acc.vendorId, acc.driver) != acc.driver:
+        return []  # e.g. vfio-pci (passthrough to a VM): prepare has nothing to hand over
+    health, reason = gpu_health_state(gpu_health.get(acc.pciBusId))
+    causes = _gpu_causes(gpu_health.get(acc.pciBusId))
+    if dynamic_mig and acc.migMode:
+        dynamic = _dynamic_mig_devices(acc, info, health, reason, causes, created_mig)
+        if dynamic is not None:
+            return dynamic
+    if not acc.migMode:
+        return [_gpu_device(acc, None, info, health, reason, causes)]
+    return [_gpu_device(acc, mig, info, health, reason, causes) for mig in acc.migDevices]
+
+
+def _gpu_device(
+    acc: Accelerator,
+    mig: MigDevice | None,
+    info: GpuInfo | None,
+    health: Health,
+    reason: str | None,
+    causes: tuple[str, ...],
+    *,
+    dynamic_mig: bool = False,
+) -> Device:
+    """A whole GPU (`mig` None) or one of its MIG instances, with the GPU's health."""
+    return Device(
+        name=gpu_name(acc) if mig is None else mig_name(acc, mig),
+        type="gpu" if mig is None else "mig",
+        accelerator=acc,
+        mig=mig,
+        endpoint=None,
+        interface=None,
+        mode=None,
+        health=health,
+        health_reason=reason,
+        info=info,
+        health_causes=causes,
+        dynamic_mig=dynamic_mig,
+    )
+
+
+def _dynamic_mig_devices(
+    acc: Accelerator,
+    info: GpuInfo | None,
+    health: Health,
+    reason: str | None,
+    causes: tuple[str, ...],
+    created_mig: frozenset[str] = frozenset(),
+) -> list[Device] | None:
+    """The whole GPU and every placement of every profile, each consuming its slices of the
+    GPU's counter set. Instances that already exist are adopted: offered under their own
+    (static) name at their placement, and the placements they overlap (and the whole GPU) are
+    not offered, since NVML could not create them. None: this GPU stays static MIG (a model
+    the table does not know, or an instance whose profile or placement NVML did not say)."""
+    model = migprofiles.model_for(acc.productName, acc.memoryMiB)
+    if model is None:
+        return None
+    adopted: list[tuple[MigDevice, Placement]] = []
+    for mig in acc.migDevices:
+        profile = model.profile(mig.profile or "")
+        start = (info.mig_placements if info else {}).get(mig.uuid)
+        if profile is None or start is None or start not in profile.starts:
+            return None
+        adopted.append((mig, Placement(profile, start)))
+    whole = _gpu_device(acc, None, info, health, reason, causes, dynamic_mig=True)
+    out = [
+        replace(
+            whole,
+            # One we created keeps the name the claim was allocated; an adopted one its own.
+            name=placement_name(acc, p) if mig.uuid in created_mig else mig_name(acc, mig),
+            type="mig",
+            mig=mig,
+            placement=p,
+        )
+        for mig, p in adopted
+    ]
+    if not adopted:
+        out.append(whole)
+    for p in model.placements():
+        if not any(p.overlaps(q) for _, q in adopted):
+            out.append(replace(whole, name=placement_name(acc, p), type="mig", placement=p))
+    return out
+
+
+def dynamic_mig_counters(device: Device) -> CounterUse | None:
+    """Dynamic MIG: the GPU's counter set (its memory and compute slices), of which a profile
+    placement draws its slices and the whole GPU all (migprofiles.py); None otherwise."""
+    acc = device.accelerator
+    if not device.dynamic_mig or acc is None:
+        return None
+    used = (
+        migprofiles.counters(device.placement)
+        if device.placement is not None
+        else migprofiles.whole_gpu_counters()
+    )
+    return CounterUse(counter_set_name(acc), migprofiles.counter_set(), used)
+
+
+def gpu_health_state(reading: GpuHealth | None) -> tuple[Health, str | None]:
+    """A GPU's health reading as a device's health: no reading is Unknown, never Healthy."""
+    if reading is None or reading.healthy is None:
+        return "Unknown", (reading.reason if reading else None)
+    if reading.healthy:
+        return "Healthy", None
+    return "Unhealthy", reading.reason or "unhealthy"
+
+
+def _gpu_causes(reading: GpuHealth | None) -> tuple[str, ...]:
+    return reading.causes if reading is not None and reading.healthy is False else ()
+
+
+def gpu_taint_value(device: Device) -> str:
+    """`gpu-ecc`, `gpu-xid-79`, `gpu-ecc.xid-48.xid-79`; `gpu` when no cause is known."""
+    return causes_value("gpu", "gpu", device.health_causes)
+
+
+# --- attributes ----------------------------------------------------------------------------
+
+
+def accelerator_values(device: Device) -> list[tuple[str, Value]]:
+    """A GPU's or MIG instance's attributes, in NVIDIA's DRA driver's names and types
+    (docs/attributes.md has the mapping)."""
+    acc = device.accelerator
+    if acc is None:
+        return []
+    mig = device.mig
+    info = device.info
+    placement = device.placement
+    return [
+        ("driverVersion", _version(info.driver_version if info else None)),
+        ("cudaDriverVersion", _version(info.cuda_driver_version if info else None)),
+        ("cudaComputeCapability", _version(info.cuda_compute_capability if info else None)),
+        ("architecture", info.architecture if info else None),
+        ("brand", info.brand if info else None),
+        *pci_values(acc.topology, acc.pciBusId, acc.numaNode),
+        ("vendor", acc.vendor),
+        ("deviceClass", mig.deviceClass if mig else acc.deviceClass),
+        ("productName", (mig.name if mig else None) or _placement_product(acc, placement)),
+        ("uuid", mig.uuid if mig else acc.uuid),
+        ("parentUuid", acc.uuid if mig else None),
+        ("migProfile", mig.profile if mig else placement.profile.name if placement else None),
+        ("migPlacementStart", placement.start if placement else None),
+        ("fabricDomain", acc.topology.fabric.domain if acc.topology.fabric else None),
+        # Whole GPUs only: a MIG instance has no GPU-to-GPU peer access over NVLink.
+        ("nvlinkGroup", info.nvlink_group if info and not mig else None),
+    ]
+
+
+def _placement_product(acc: Accelerator, placement: Placement | None) -> str | None:
+    # An instance not created yet is named as NVML names one (`... MIG 3g.40gb`).
+    if placement is None or acc.productName is None:
+        return acc.productName
+    return f"{acc.productName} MIG {placement.profile.name}"
+
+
+def _version(v: str | None) -> Version | None:
+    return None if v is None else Version(v)

@@ -1,0 +1,46 @@
+"""AMD GPU, whole (`type: gpu`): built from discovery's accelerator records of vendor 0x1002
+bound to `amdgpu`; no health source yet (Unknown). Served as `/dev/kfd` and the GPU's own
+`/dev/dri/renderDN`."""
+
+from __future__ import annotations
+
+from ..devices import Device, gpu_name
+from ..kubelet import PrepareError
+from .accelerator import AMD, GPUS, accelerator_values, gpu_taint_value, vendor_devices
+from .base import BuildInputs, DeviceKind, PrepareContext, Served, Value, device_nodes
+
+
+class AmdGpu(DeviceKind):
+    name = "amd-gpu"
+    device_type = "gpu"
+
+    def build(self, inputs: BuildInputs) -> list[Device]:
+        return vendor_devices(inputs, AMD)
+
+    def owns(self, device: Device) -> bool:
+        acc = device.accelerator
+        return device.type in ("gpu", "mig") and acc is not None and acc.vendorId == AMD
+
+    def attributes(self, device: Device) -> list[tuple[str, Value]]:
+        return accelerator_values(device)
+
+    def memory_mib(self, device: Device) -> int | None:
+        if device.mig is not None:
+            return device.mig.memoryMiB
+        return device.accelerator.memoryMiB if device.accelerator is not None else None
+
+    def taint_value(self, device: Device) -> str:
+        return gpu_taint_value(device)
+
+    def within(self, device: Device) -> str | None:
+        acc = device.accelerator
+        return gpu_name(acc) if device.type == "mig" and acc is not None else None
+
+    def serve(self, device: Device, ctx: PrepareContext) -> Served:
+        acc = device.accelerator
+        if acc is None or device.type != "gpu" or not self.owns(device):
+            raise PrepareError(f"device {device.name}: only whole AMD GPUs can be prepared")
+        return Served(device_nodes(ctx.host.amd_gpu_nodes(acc.pciBusId)), group=GPUS)
+
+
+KIND = AmdGpu()

@@ -1,0 +1,203 @@
+"""What a device kind is: the one place that says how its devices are built, published,
+prepared and checked (issue 21; docs/adding-a-device-kind.md).
+
+A kind is a small object satisfying `DeviceKind`. The registry (`kinds/__init__.py`) lists
+them in order; `devices.build_devices`, `resourceslices`, `prepare` and the health stream
+iterate it instead of branching on a device's type or vendor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from fabricdra.api.inventory import Accelerator, Interface, PciTopology
+
+from ..kubelet.cdi import ContainerEdits, DeviceNode
+
+if TYPE_CHECKING:
+    from ..devices import Device, DeviceConfig, GpuHealth, GpuInfo, HeldAs
+    from ..discovery.sysfs import SysfsTree
+    from ..dynamicmig import DynamicMig
+    from ..hostdevices import HostLayout
+    from ..nvidiacdi import ToolkitSpecs
+
+
+class Version(str):
+    """An attribute value published as a semver `version` (CEL: `.compareTo(semver("12.4.0"))`)."""
+
+
+Value = str | int | bool | None
+
+
+@dataclass(frozen=True)
+class BuildInputs:
+    """One discovery pass's records, as `devices.build_devices` hands them to every kind."""
+
+    interfaces: Sequence[Interface]
+    accelerators: Sequence[Accelerator]
+    config: DeviceConfig
+    gpu_health: Mapping[str, GpuHealth]
+    gpu_info: Mapping[str, GpuInfo]
+    lost: Sequence[Accelerator]
+    held: Mapping[str, HeldAs]
+    created_mig: Collection[str]
+    # The sysfs tree of this pass, for a kind that reads its own records (EFA); None where the
+    # caller has none (library use): such a kind then offers nothing.
+    sysfs: SysfsTree | None = None
+
+
+@dataclass(frozen=True)
+class PrepareContext:
+    """What prepare lends a kind to serve one claim's device."""
+
+    claim_uid: str
+    host: HostLayout
+    toolkit: ToolkitSpecs
+    dynamic_mig: DynamicMig | None = None
+    config: DeviceConfig | None = None  # the node's offer settings (None: the defaults)
+
+
+@dataclass(frozen=True)
+class Served:
+    """How one granted device reaches the container: its own CDI device's edits, or a CDI id
+    another spec already defines (`toolkit_id`: NVIDIA's container toolkit) in its place; and
+    the claim-level CDI device it also includes (`group`, None: none)."""
+
+    edits: ContainerEdits = field(default_factory=ContainerEdits)
+    toolkit_id: str | None = None
+    group: ClaimGroup | None = None
+
+
+@dataclass(frozen=True)
+class CounterUse:
+    """What a device draws from a shared counter set: the set's name and whole capacity (the
+    set is published once, in its own slice) and this device's share of it."""
+
+    counter_set: str
+    capacity: Mapping[str, int]
+    consumed: Mapping[str, int]
+
+
+class ClaimGroup(Protocol):
+    """A CDI device made once per claim and included by every grant of the kinds that name it
+    (NCCL_IB_HCA for RDMA, NVIDIA_VISIBLE_DEVICES=void for GPUs, the libfabric env for EFA)."""
+
+    def device_name(self, claim_uid: str) -> str:
+        """The claim-level CDI device's name (unique per claim, starts with a letter)."""
+        ...
+
+    def edits(
+        self, ctx: PrepareContext, own_hcas: Sequence[str], hcas: Sequence[str]
+    ) -> ContainerEdits:
+        """Its edits. `own_hcas`: the claim's NCCL HCA names; `hcas`: the pod's (ncclenv)."""
+        ...
+
+
+class DeviceKind(Protocol):
+    """One kind of device this driver offers (docs/adding-a-device-kind.md)."""
+
+    @property
+    def name(self) -> str:
+        """The kind's registry name (`nvidia-gpu`, `rdma`, ...): logs, docs and tests."""
+        ...
+
+    @property
+    def device_type(self) -> str:
+        """The `type` attribute its devices publish (several kinds may share one: `gpu`)."""
+        ...
+
+    def build(self, inputs: BuildInputs) -> list[Device]:
+        """Its devices on this node, from one discovery pass (any order)."""
+        ...
+
+    def owns(self, device: Device) -> bool:
+        """Whether `device` is one of this kind's."""
+        ...
+
+    def attributes(self, device: Device) -> list[tuple[str, Value]]:
+        """Published attributes besides `type` (None values are left out)."""
+        ...
+
+    def taint_value(self, device: Device) -> str:
+        """What an Unhealthy device's `fabricdra.io/unhealthy` taint says (a label value)."""
+        ...
+
+    def serve(self, device: Device, ctx: PrepareContext) -> Served:
+        """Its container edits; raises PrepareError (or DeviceNodeError) for what it cannot
+        serve, with a message that names the device."""
+        ...
+
+    # Below: what most kinds do not have. A kind that subclasses DeviceKind inherits these
+    # defaults (nothing) and overrides what applies; the members above it must define.
+
+    def memory_mib(self, device: Device) -> int | None:
+        """The `memory` capacity, MiB; None: none published."""
+        return None
+
+    def counts(self, device: Device) -> Mapping[str, int]:
+        """Further integer capacities (a MIG instance's engines)."""
+        return {}
+
+    def counters(self, device: Device) -> CounterUse | None:
+        """The shared counter set it draws on (partitionable devices, 1.36+); None: none."""
+        return None
+
+    def needs_partitionable(self, device: Device) -> bool:
+        """Offered only where the API has partitionable devices (a dynamic MIG placement not
+        created yet, the dynamic whole GPU): left out of the basic model's slices."""
+        return False
+
+    def nccl_hca(self, device: Device) -> str | None:
+        """The HCA name NCCL_IB_HCA lists for this device; None: not an NCCL HCA."""
+        return None
+
+    def within(self, device: Device) -> str | None:
+        """The name of the device this one is part of (a MIG instance's GPU, a VF's PF), so
+        prepare's in-use check keeps the two apart (exclusivity.py); None: none."""
+        return None
+
+    def netdev(self, device: Device) -> str | None:
+        """The network interface a grant's ResourceClaim status reports (networkstatus.py);
+        None: none."""
+        return None
+
+
+STANDARD = "resource.kubernetes.io/"  # the standard attributes' domain
+
+
+def pci_values(
+    topology: PciTopology, bus_id: str | None, numa: int | None
+) -> list[tuple[str, Value]]:
+    """The PCI placement attributes every PCI device publishes."""
+    # pciSwitch/pciRoot only where the root complex is known too: that is when discovery's
+    # distance rules can speak (a missing pcieRoot is UNK), so an equal value keeps its promise.
+    known = topology.pcieRoot is not None
+    return [
+        (STANDARD + "pcieRoot", topology.pcieRoot),
+        (STANDARD + "pciBusID", bus_id),
+        (STANDARD + "numaNode", numa),
+        ("pciSwitch", topology.pciSwitches[0] if known and topology.pciSwitches else None),
+        ("pciRoot", topology.pciRootId if known else None),
+    ]
+
+
+MAX_LABEL_VALUE = 63  # a taint's value is a label value
+
+
+def causes_value(prefix: str, bare: str, causes: Sequence[str]) -> str:
+    """`<prefix>-<cause>.<cause>...` within a label value's 63 characters (causes that would
+    pass it are left to the health reason); `bare` when no cause is known."""
+    if not causes:
+        return bare
+    value, sep = prefix, "-"
+    for cause in causes:
+        if len(value) + len(sep) + len(cause) > MAX_LABEL_VALUE:
+            break
+        value, sep = value + sep + cause, "."
+    return value
+
+
+def device_nodes(nodes: Sequence[DeviceNode]) -> ContainerEdits:
+    return ContainerEdits(device_nodes=tuple(nodes))

@@ -1,0 +1,178 @@
+"""RDMA endpoint (`type: rdma`): a whole function offered `exclusive` or `shared`, or an
+SR-IOV virtual function (`vf`), built from discovery's interface records (the rules are in
+devices.py's docstring); health from the link verdict. Served as the endpoint's own verbs
+character device, plus a claim-level CDI device with `/dev/infiniband/rdma_cm` (where the
+host has it) and `NCCL_IB_HCA==<the pod's HCAs>` (ncclenv). Refused: an endpoint without an
+RDMA device name (nothing to resolve to a verbs device)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from fabricdra.api.inventory import Endpoint, Interface
+
+from .. import ncclenv
+from ..devices import (
+    Device,
+    DeviceConfig,
+    EndpointMode,
+    Health,
+    HeldAs,
+    RdmaMode,
+    endpoint_name,
+)
+from ..kubelet import PrepareError
+from ..kubelet.cdi import ContainerEdits, DeviceNode
+from .base import (
+    BuildInputs,
+    DeviceKind,
+    PrepareContext,
+    Served,
+    Value,
+    causes_value,
+    device_nodes,
+    pci_values,
+)
+
+
+class NcclGroup:
+    """The claim's RDMA CDI device: rdma_cm where the host has it, and NCCL_IB_HCA widened to
+    every HCA of the pod's claims of this driver (ncclenv), so no order of applying CDI
+    devices leaves a container with fewer HCAs than it was given."""
+
+    def device_name(self, claim_uid: str) -> str:
+        return ncclenv.claim_device(claim_uid)
+
+    def edits(
+        self, ctx: PrepareContext, own_hcas: Sequence[str], hcas: Sequence[str]
+    ) -> ContainerEdits:
+        cm: tuple[DeviceNode, ...] = ()
+        if ctx.host.has_char_device("/dev/infiniband/rdma_cm"):
+            cm = (ctx.host.char_device("/dev/infiniband/rdma_cm"),)
+        names = ncclenv.ordered([*own_hcas, *hcas])
+        return ContainerEdits(env=(ncclenv.env(names),), device_nodes=cm)
+
+
+NCCL = NcclGroup()
+
+
+class Rdma(DeviceKind):
+    name = "rdma"
+    device_type = "rdma"
+
+    def build(self, inputs: BuildInputs) -> list[Device]:
+        if not inputs.config.offer_rdma:
+            return []
+        out: list[Device] = []
+        for iface in inputs.interfaces:
+            out.extend(_rdma_devices(iface, inputs.config, inputs.held))
+        return out
+
+    def owns(self, device: Device) -> bool:
+        return device.type == "rdma"
+
+    def attributes(self, device: Device) -> list[tuple[str, Value]]:
+        ep, parent = device.endpoint, device.interface
+        if ep is None:
+            return []
+        is_vf = parent is not None and ep is not parent
+        # A VF with no NUMA node of its own has its parent's (the seed's hint rule).
+        numa = ep.numaNode if ep.numaNode is not None or not is_vf else parent.numaNode  # type: ignore[union-attr]
+        return [
+            *pci_values(ep.topology, ep.pciBusId, numa),
+            ("rdmaMode", device.mode),
+            ("rdmaDevice", ep.rdmaDevice),
+            ("netdev", ep.name),
+            ("linkLayer", ep.linkLayer),
+            ("linkVerdict", ep.link.verdict if ep.link else None),
+            ("virtualFunction", is_vf),
+        ]
+
+    def taint_value(self, device: Device) -> str:
+        """`rdma-link-down`; `rdma-link` when no cause is known."""
+        return causes_value("rdma", "rdma-link", device.health_causes)
+
+    def nccl_hca(self, device: Device) -> str | None:
+        return device.endpoint.rdmaDevice if device.endpoint is not None else None
+
+    def within(self, device: Device) -> str | None:
+        iface, ep = device.interface, device.endpoint
+        if iface is not None and ep is not None and ep is not iface:
+            return endpoint_name(iface)  # a VF: part of its PF
+        return None
+
+    def netdev(self, device: Device) -> str | None:
+        return device.endpoint.name if device.endpoint is not None else None
+
+    def serve(self, device: Device, ctx: PrepareContext) -> Served:
+        ep = device.endpoint
+        if not self.owns(device) or ep is None or not ep.rdmaDevice:
+            raise PrepareError(f"device {device.name} names no RDMA endpoint")
+        node = ctx.host.verbs_device(ep.rdmaDevice, ep.verbsDevice)
+        return Served(device_nodes([node]), group=NCCL)
+
+
+def _rdma_devices(
+    iface: Interface, config: DeviceConfig, held: Mapping[str, HeldAs]
+) -> list[Device]:
+    if iface.driver == "efa":
+        return []  # an EFA function is the efa kind's (kinds/efa.py), never plain RDMA
+    mode = _mode_of(iface, config, config.rdma_mode)
+    if iface.sriovVfsConfigured or iface.virtualFunctions:
+        # A PF with VFs configured serves the partitioned mode only: the node was put in that
+        # state before we started, and offering the PF whole too would hand its link out twice.
+        # A VF switched off (node-wide, its PF's mode or its own) stays offered while held.
+        out = []
+        for vf in iface.virtualFunctions:
+            if vf.rdmaDevice:
+                device = _rdma_device(vf, iface, "vf")
+                on = config.rdma_vfs and _mode_of(vf, config, mode) != "off"
+                if on or device.name in held:
+                    out.append(device)
+        return out
+    if not iface.rdmaDevice:
+        return []
+    device = _rdma_device(iface, iface, "shared" if mode == "shared" else "exclusive")
+    held_as = held.get(device.name)
+    if held_as is not None:  # never moved while prepared: offered as it is held
+        return [replace(device, mode=held_as)]
+    return [] if mode == "off" else [device]
+
+
+def _mode_of(ep: Endpoint, config: DeviceConfig, default: RdmaMode) -> RdmaMode:
+    for o in config.rdma_overrides:
+        if o.matches(ep):
+            return o.mode
+    return default
+
+
+def _rdma_device(ep: Endpoint, iface: Interface, mode: EndpointMode) -> Device:
+    health, reason = link_health(ep)
+    return Device(
+        name=endpoint_name(ep),
+        type="rdma",
+        accelerator=None,
+        mig=None,
+        endpoint=ep,
+        interface=iface,
+        mode=mode,
+        health=health,
+        health_reason=reason,
+        # The only Failed verdict discovery gives: every port of the link is down.
+        health_causes=("link-down",) if health == "Unhealthy" else (),
+    )
+
+
+def link_health(ep: Endpoint) -> tuple[Health, str | None]:
+    """An endpoint's link verdict as a device's health: only Failed is Unhealthy."""
+    if ep.link is None:
+        return "Unknown", "no link verdict"
+    if ep.link.verdict == "OK":
+        return "Healthy", None
+    if ep.link.verdict == "Failed":
+        return "Unhealthy", ep.link.reason or "RDMA link failed"
+    return "Unknown", ep.link.reason or "RDMA link unverified"
+
+
+KIND = Rdma()
