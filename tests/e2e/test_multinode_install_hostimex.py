@@ -167,15 +167,30 @@ class Installed:
 
 
 @pytest.fixture(scope="module")
-def installed(multi_node_cluster: MultiNodeCluster) -> Iterator[Installed]:
-    cluster = multi_node_cluster
+def base() -> Iterator[Path]:
     # Short: the IMEX socket path under it must fit a unix socket's 107 bytes.
-    base = Path(tempfile.mkdtemp(prefix="fdra-hi-"))
+    folder = Path(tempfile.mkdtemp(prefix="fdra-hi-"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def image(base: Path) -> tuple[Path, str]:
+    """Built before the cluster starts (requested first): the build does not need the
+    machine's node-cluster lock, and overlaps the wait for it."""
+    return fabricdra_image(base / "image")
+
+
+@pytest.fixture(scope="module")
+def installed(
+    base: Path, image: tuple[Path, str], multi_node_cluster: MultiNodeCluster
+) -> Iterator[Installed]:
+    cluster = multi_node_cluster
+    archive, ref = image
     hosts: dict[str, HostImex] = {}
     try:
-        archive, image = fabricdra_image(base / "image")
         for node in cluster.nodes:
-            node.import_images(binaries.bin_dir(), [(archive, image)])
+            node.import_images(binaries.bin_dir(), [(archive, ref)])
             hosts[node.node_name] = HostImex(node, _host(base / "hosts", node))
             hosts[node.node_name].start()
         rest = Rest(cluster.api_client())
@@ -186,7 +201,7 @@ def installed(multi_node_cluster: MultiNodeCluster) -> Iterator[Installed]:
                 node.node_name,
                 {"metadata": {"labels": {"fabricdra.io/fabric.domain": FABRIC}}},
             )
-        Chart().install(cluster.kubeconfig, NAMESPACE, values=_values(cluster, image))
+        Chart().install(cluster.kubeconfig, NAMESPACE, values=_values(cluster, ref))
         with cluster.api_client() as api:
             apps = client.AppsV1Api(api)
             chart_ds = api.sanitize_for_serialization(
@@ -209,8 +224,6 @@ def installed(multi_node_cluster: MultiNodeCluster) -> Iterator[Installed]:
     finally:
         for h in hosts.values():
             h.stop()
-        with contextlib.suppress(Exception):
-            shutil.rmtree(base / "image", ignore_errors=True)
 
 
 def _plugin_pods(e: Env) -> dict[str, str]:
