@@ -40,7 +40,15 @@ def register(sub: Any) -> None:
     a(
         "--imex-ctl",
         default=_env("IMEX_CTL", "nvidia-imex-ctl"),
-        help="host IMEX mode: the host service's control tool [FABRICDRA_IMEX_CTL]",
+        help="host IMEX mode: the host service's control tool; a bare name is looked for "
+        "in the driver root (usr/bin, usr/sbin, bin), then on PATH [FABRICDRA_IMEX_CTL]",
+    )
+    a(
+        "--host-imex-socket",
+        default=_env("HOST_IMEX_SOCKET"),
+        help="host IMEX mode: the host service's command socket (its IMEX_CMD_UNIX_DOMAIN_PATH), "
+        "asked with `nvidia-imex-ctl -u <socket> -q`; empty: the tool's own default "
+        "[FABRICDRA_HOST_IMEX_SOCKET]",
     )
     a(
         "--driver-root",
@@ -158,6 +166,7 @@ def run_plugin(args: argparse.Namespace) -> int:
         proc_root=Path(args.proc_root),
         dev_root=Path(args.dev_root),
         imex_ctl=args.imex_ctl,
+        host_imex_socket=Path(args.host_imex_socket) if args.host_imex_socket else None,
         imex_wait_seconds=args.imex_wait_seconds,
         driver_root=Path(args.driver_root),
         driver_root_view=Path(args.container_driver_root) if args.container_driver_root else None,

@@ -25,7 +25,6 @@ dropped at start-up with their specs.
 from __future__ import annotations
 
 import logging
-import subprocess
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -57,6 +56,7 @@ from fabricdra.kubeletplugin.kubelet.claims import (
 )
 
 from .channels import ChannelError, ChannelNode, ensure_host_node, imex_major
+from .hostimex import HostImexCheck
 from .imexfiles import imex_injection
 
 log = logging.getLogger("fabricdra.compute-domain-plugin")
@@ -77,6 +77,9 @@ class NodeConfig:
     fabric_from_node: bool = False
     imex_ctl: str = "nvidia-imex-ctl"  # host mode: the host IMEX service's control tool
     imex_ctl_args: tuple[str, ...] = field(default=("-q",))
+    # Host mode: the host IMEX service's command socket as this plugin sees it (the chart
+    # mounts its folder); None: the tool's own default (hostimex.py).
+    host_imex_socket: Path | None = None
     imex_wait_seconds: float = 20.0  # how long prepare waits for IMEX to become READY
     driver_root: Path = Path("/")  # host path of the NVIDIA driver install (CDI mount source)
     driver_root_view: Path | None = None  # where this plugin sees it (None: driver_root)
@@ -320,22 +323,15 @@ class ComputeDomainDriver:
 
     def host_imex(self, timeout: float = 10.0) -> tuple[bool, str]:
         """Whether this host's IMEX service answers READY (host mode), and what it said
-        within `timeout` seconds."""
-        cmd = [self.config.imex_ctl, *self.config.imex_ctl_args]
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-        except FileNotFoundError:
-            return False, (
-                f"host IMEX mode: {self.config.imex_ctl} not found on this node; "
-                "is the host's nvidia-imex service installed?"
-            )
-        except subprocess.TimeoutExpired:
-            return False, f"host IMEX mode: {' '.join(cmd)} did not answer in {timeout:.0f} s"
-        answer = done.stdout.strip()
-        if answer != "READY":
-            said = answer or done.stderr.strip() or f"exit status {done.returncode}"
-            return False, f"host IMEX service not ready: {' '.join(cmd)} answered {said}"
-        return True, "host IMEX service READY"
+        within `timeout` seconds (hostimex.py: the driver root's tool, over the service's
+        command socket)."""
+        cfg = self.config
+        return HostImexCheck(
+            ctl=cfg.imex_ctl,
+            driver_root_view=cfg.driver_root_view or cfg.driver_root,
+            socket=cfg.host_imex_socket,
+            args=cfg.imex_ctl_args,
+        ).query(timeout)
 
     # -- unprepare -----------------------------------------------------------------------
     def unprepare(self, claim: ClaimRef) -> None:

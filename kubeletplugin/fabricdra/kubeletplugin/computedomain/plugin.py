@@ -43,6 +43,7 @@ class PluginConfig:
     proc_root: Path = Path("/proc")
     dev_root: Path = Path("/dev")
     imex_ctl: str = "nvidia-imex-ctl"
+    host_imex_socket: Path | None = None  # host mode: the host IMEX command socket (hostimex.py)
     imex_wait_seconds: float = 20.0  # prepare's bound on waiting for a READY IMEX
     driver_root: Path = Path("/")  # host path of the NVIDIA driver install
     driver_root_view: Path | None = None  # where this plugin sees driver_root (None: same)
@@ -69,6 +70,7 @@ class ComputeDomainPlugin:
                 fabric_domain=self.node_labels.get(labels.FABRIC_DOMAIN, ""),
                 fabric_from_node=True,  # followed, not read once (see fabric_domain())
                 imex_ctl=config.imex_ctl,
+                host_imex_socket=config.host_imex_socket,
                 imex_wait_seconds=config.imex_wait_seconds,
                 driver_root=config.driver_root,
                 driver_root_view=config.driver_root_view,

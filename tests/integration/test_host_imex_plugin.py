@@ -1,0 +1,109 @@
+"""`fabricdra compute-domain-plugin` asking the host's own IMEX service over its command socket
+(issue 22 point 9), against a real kube-apiserver: the flags the chart passes with
+`computeDomains.hostImex.enabled` (`--host-imex-socket`, the driver root as the container sees
+it) reach the check, whose answer is the host report Lease that host-mode domains read. The
+service is the stand-in `nvidia-imex` with `IMEX_CMD_UNIX_DOMAIN_PATH`, the tool the stand-in
+`nvidia-imex-ctl` in the driver root's `usr/bin`, where the IMEX package installs it."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from e2e.harness.controlplane import ControlPlane, wait_for
+from fabricdra.api import computedomain as cd
+from fabricdra.api.rest import LEASES, NODES, Rest
+
+from .computedomain_helpers import create_plugin_node, unique
+
+pytestmark = pytest.mark.integration
+STAND_INS = Path(__file__).resolve().parents[1] / "imex"
+
+
+def test_plugin_reports_the_host_service_it_asks_over_the_socket(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    rest = Rest(control_plane.api_client())
+    report_ns = unique("cd-report")
+    control_plane.create_namespace(report_ns)
+    node = unique("hostsock")
+    create_plugin_node(control_plane, node)
+    # Unix socket paths hold 107 bytes: pytest's tmp paths are too deep for the sockets.
+    short = Path(tempfile.mkdtemp(prefix="cdh-"))
+    driver_root = tmp_path / "driver-root"
+    (driver_root / "usr" / "bin").mkdir(parents=True)
+    shutil.copy2(STAND_INS / "nvidia-imex-ctl", driver_root / "usr" / "bin" / "nvidia-imex-ctl")
+    etc = short / "nvidia-imex"
+    etc.mkdir()
+    sock = etc / "imex_ctrl.sock"
+    (etc / "nodes_config.cfg").write_text("10.0.0.1\n")
+    (etc / "config.cfg").write_text(
+        f"IMEX_CMD_ENABLED=1\nIMEX_CMD_UNIX_DOMAIN_PATH={sock}\n"
+        f"IMEX_NODE_CONFIG_FILE={etc / 'nodes_config.cfg'}\n"
+    )
+    service = subprocess.Popen(
+        [sys.executable, str(STAND_INS / "nvidia-imex"), "-c", str(etc / "config.cfg")]
+    )
+    plugin = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fabricdra.cli",
+            "compute-domain-plugin",
+            "--node-name",
+            node,
+            "--kubeconfig",
+            str(control_plane.kubeconfig),
+            "--plugin-dir",
+            str(short / "plugin"),
+            "--registry-dir",
+            str(short / "registry"),
+            "--cdi-dir",
+            str(tmp_path / "cdi"),
+            # As the chart passes them: the host path, and where the container sees it.
+            "--driver-root",
+            "/run/nvidia/driver",
+            "--container-driver-root",
+            str(driver_root),
+            "--host-imex-socket",
+            str(sock),
+            "--report-namespace",
+            report_ns,
+            "--host-imex-interval",
+            "0.3",
+        ],
+        stderr=subprocess.PIPE,
+    )
+
+    def report() -> tuple[str, str]:
+        obj = rest.get_or_none(LEASES, f"imex-host-{node}", report_ns) or {}
+        annotations = obj.get("metadata", {}).get("annotations", {})
+        return annotations.get(cd.REPORT_READY, ""), annotations.get(cd.REPORT_MESSAGE, "")
+
+    try:
+        wait_for(
+            lambda: report()[0] == "true" or plugin.poll() is not None,
+            timeout=60,
+            what="a ready host report",
+        )
+        assert plugin.poll() is None, plugin.communicate()[1].decode()[-3000:]
+        assert report() == ("true", "host IMEX service READY")
+        service.send_signal(signal.SIGTERM)  # the host's service stops (its socket goes)
+        service.wait(10)
+        wait_for(lambda: report()[0] == "false", timeout=60, what="the report to turn not ready")
+        assert f"no IMEX command socket at {sock}" in report()[1]
+    finally:
+        if service.poll() is None:
+            service.kill()
+            service.wait()
+        plugin.send_signal(signal.SIGTERM)
+        _, err = plugin.communicate(timeout=30)
+        shutil.rmtree(short, ignore_errors=True)
+        rest.delete(NODES, node)  # no ComputeDomain was made: the Node is all it left
+    assert plugin.returncode == 0, err.decode()
