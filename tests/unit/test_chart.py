@@ -493,3 +493,19 @@ def test_one_extended_resource_name_is_never_given_to_two_classes(chart: Chart) 
 def test_schema_refuses_names_that_are_no_extended_resource(chart: Chart, name: str) -> None:
     with pytest.raises(HarnessError, match=re.escape("/extendedResources/gpu")):
         chart.template({"extendedResources": {"enabled": True, "gpu": name, "rdma": ""}})
+
+
+def test_gang_timeout_is_passed_and_stays_below_the_schedulers_binding_wait(chart: Chart) -> None:
+    """Issue 22: a gang released by kube-scheduler's binding timeout (600 s) first is released
+    pod by pod, never as a whole: the chart's default is below it and the schema refuses 600."""
+    docs = chart.template()
+    deployment = _one(docs, "Deployment", "fabricdra-controller")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--gang-timeout-seconds=300" in args
+    docs = chart.template({"controller": {"gangTimeoutSeconds": 599}})
+    deployment = _one(docs, "Deployment", "fabricdra-controller")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--gang-timeout-seconds=599" in args
+    for bad in (600, 900, 0):
+        with pytest.raises(HarnessError, match="gangTimeoutSeconds"):
+            chart.template({"controller": {"gangTimeoutSeconds": bad}})

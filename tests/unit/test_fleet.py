@@ -64,9 +64,17 @@ def test_an_unreachable_api_publishes_no_numbers() -> None:
     cfg.host = "http://127.0.0.1:9"  # discard port: nothing answers
     cfg.retries = False
     registry = CollectorRegistry()
+    from fabricdra.controller.manager import Controller
+
     with client.ApiClient(cfg) as api:
-        fleetmetrics.register(api, registry, min_interval=0)
-        text = generate_latest(registry).decode()
+        controller = Controller(api)
+        controller.start_caches()
+        caches = fleetmetrics.register(controller, registry, min_interval=0)
+        try:
+            text = generate_latest(registry).decode()
+        finally:
+            caches.stop()
+            controller.stop()
     assert "fabricdra_fleet_up 0.0" in text
     assert "fabricdra_devices_" not in text  # a failed read is never published as zeros
 

@@ -50,7 +50,8 @@ def test_an_update_moves_the_object_and_a_delete_unfiles_it() -> None:
     informer = _informer()
     informer._replace_all([_claim("a", "n1", domain="d1")])
     old, new = informer._apply("MODIFIED", _claim("a", "n2", domain="d2", rv="2"))
-    assert old is not None and new is not None
+    assert old is not None
+    assert new is not None
     assert old["metadata"]["resourceVersion"] == "1"
     assert informer.by_index("node", "n1") == []  # left its old value
     assert _names(informer.by_index("node", "n2")) == ["a"]
@@ -97,6 +98,7 @@ def test_managed_fields_are_not_kept() -> None:
     informer._replace_all([body])
     informer._apply("MODIFIED", {**body, "metadata": {**body["metadata"], "resourceVersion": "2"}})
     stored = informer.get("ns/a")
-    assert stored is not None and "managedFields" not in stored["metadata"]
+    assert stored is not None
+    assert "managedFields" not in stored["metadata"]
     assert stored["metadata"]["resourceVersion"] == "2"
     assert "managedFields" in body["metadata"]  # the caller's object is left as it was

@@ -10,6 +10,7 @@ from fabricdra.api import labels as node_labels
 from . import admission
 
 JSON = dict[str, Any]
+DEVICES_DRIVER = "devices.fabricdra.io"  # the devices plugin (capacity.DRIVER)
 
 
 def dev_key(d: JSON) -> tuple[str, str, str, str]:
@@ -25,6 +26,21 @@ def results(claim: JSON) -> list[JSON]:
 def claim_nodes(claim: JSON) -> set[str]:
     """Nodes whose compute-domain devices the claim is allocated."""
     return {r["pool"] for r in results(claim) if r.get("driver") == cd.DRIVER and r.get("pool")}
+
+
+def device_nodes(claim: JSON) -> set[str]:
+    """Pools (nodes) whose devices.fabricdra.io devices the claim is allocated: the GPU room
+    it takes (capacity.allocate)."""
+    return {
+        r["pool"] for r in results(claim) if r.get("driver") == DEVICES_DRIVER and r.get("pool")
+    }
+
+
+def report_node(lease: JSON) -> str:
+    """The node a report Lease speaks for (its annotation, else its holder)."""
+    meta = lease["metadata"]
+    node = meta.get("annotations", {}).get(cd.REPORT_NODE)
+    return str(node or (lease.get("spec") or {}).get("holderIdentity") or "")
 
 
 def domain_uid(claim: JSON) -> str:
