@@ -23,7 +23,6 @@ import os
 import socket
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,16 +54,7 @@ from .records import NotRecorded
 from .workqueue import WorkQueue
 from .writes import Writer, counting_rest
 
-__all__ = [
-    "BY_DOMAIN",
-    "BY_FABRIC",
-    "BY_NODE",
-    "BY_UID",
-    "Controller",
-    "ControllerConfig",
-    "NotOurs",
-    "NotSynced",
-]
+__all__ = ["Controller", "ControllerConfig", "NotOurs", "NotSynced"]
 
 log = logging.getLogger("fabricdra.controller")
 JSON = dict[str, Any]
@@ -184,9 +174,6 @@ class Controller:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.elector: LeaderElector | None = None
-        # Reconciles run per key ("domain <ns/name>", "node <name>"): what a heartbeat or an
-        # event cost, for tests and debugging.
-        self.reconciled: Counter[str] = Counter()
         self._wire()
 
     # -- reconcile entry points ------------------------------------------------------------
@@ -197,12 +184,10 @@ class Controller:
 
     def reconcile_domain(self, key: str) -> None:
         self.require_synced()
-        self.reconciled[f"domain {key}"] += 1
         self.domain_reconciler.reconcile(key)
 
     def reconcile_node(self, name: str) -> None:
         self.require_synced()
-        self.reconciled[f"node {name}"] += 1
         self.node_reconciler.reconcile(name)
 
     # -- wiring --------------------------------------------------------------------------
