@@ -225,3 +225,25 @@ def test_an_admin_access_claim_does_not_allocate() -> None:
     claim["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
     view = fleet([_slice("n1", _gpus(2))], [claim], [], [], [node_object("n1")]).to_json()
     assert (view["totals"][GB200]["allocated"], view["totals"][GB200]["free"]) == (0, 2)
+
+
+def test_the_controllers_cut_down_caches_count_the_same() -> None:
+    """The controller caches GPU slices and Nodes cut down to what the counts read (issue 22:
+    5,000 nodes' full slices outgrew its memory limit); every number is the same as from the
+    full objects, taints, shared holders, MIG and health attributes included."""
+    import copy
+
+    from fabricdra.controller.capacity import device_slice_view, gpu_room, node_view
+
+    s = scenario("x", "team-a", no_fabric=False)
+    nodes = [node_object(sl["spec"]["nodeName"]) for sl in s["slices"]]
+    nodes[0]["status"]["images"] = [{"names": ["registry/x:1"], "sizeBytes": 1}]
+    nodes[0]["metadata"]["managedFields"] = [{"manager": "kubelet"}]
+    full = fleet(s["slices"], s["claims"], [], s["computeDomains"], nodes).to_json()
+    slices = [device_slice_view(copy.deepcopy(sl)) for sl in s["slices"]]
+    cut = fleet(slices, s["claims"], [], s["computeDomains"], [node_view(n) for n in nodes])
+    assert cut.to_json() == full
+    assert gpu_room(slices, s["claims"]) == gpu_room(s["slices"], s["claims"])
+    assert "images" not in node_view(nodes[0])["status"]
+    assert "managedFields" not in node_view(nodes[0])["metadata"]
+    assert node_view(nodes[0])["status"]["conditions"] == nodes[0]["status"]["conditions"]

@@ -23,11 +23,12 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from fabricdra.api.informer import Informer, without_managed_fields
+from fabricdra.api.informer import Informer
 from fabricdra.api.nodedevices import PLURAL as ND_PLURAL
 from fabricdra.api.nodedevices import VERSION as ND_VERSION
 from fabricdra.api.rest import CLAIMS, COMPUTE_DOMAINS, NODES, SLICES, ApiError, Kind, Rest
 
+from . import capacity
 from .fleet import STRANDED_REASONS, Fleet, fleet
 
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ class FleetCaches:
             controller.rest,
             NODES,
             resync=controller.config.resync_seconds,
-            transform=without_managed_fields,
+            transform=capacity.node_view,
         )
 
     def start(self) -> None:

@@ -129,7 +129,10 @@ class Controller:
         self.claims.add_index(BY_NODE, claim_nodes)
         self.claims.add_index(BY_DOMAIN, _domain_label)
         self.nodes = Informer(
-            self.rest, NODES, label_selector=f"{cd.PLUGIN_NODE_LABEL}=true", **opts
+            self.rest,
+            NODES,
+            label_selector=f"{cd.PLUGIN_NODE_LABEL}=true",
+            **{**opts, "transform": capacity.node_view},
         )
         self.nodes.add_index(BY_FABRIC, lambda o: [node_fabric(o)])
         self.slices = Informer(self.rest, SLICES, label_selector=f"{cd.TARGET_LABEL}=node", **opts)
@@ -137,7 +140,10 @@ class Controller:
         # every claim's allocation of them (not only the domains' own claims); by node, so a
         # node's room is computed from its own slices and claims (placement.py).
         self.device_slices = Informer(
-            self.rest, SLICES, field_selector=f"spec.driver={capacity.DRIVER}", **opts
+            self.rest,
+            SLICES,
+            field_selector=f"spec.driver={capacity.DRIVER}",
+            **{**opts, "transform": capacity.device_slice_view},
         )
         self.device_slices.add_index(BY_NODE, lambda o: [str(o["spec"].get("nodeName") or "")])
         self.allocations = Informer(self.rest, CLAIMS, **opts)
