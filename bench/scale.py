@@ -247,6 +247,7 @@ class AdmissionClock:
         self.allocated: dict[str, float] = {}
         self.admitted: dict[str, float] = {}
         self.domain: dict[str, str] = {}
+        self.reallocations = 0
         self.informer = Informer(rest, CLAIMS, namespace=namespace, resync=3600)
         self.informer.on_event(self._seen)
 
@@ -256,8 +257,18 @@ class AdmissionClock:
         now = time.perf_counter()
         key = new["metadata"]["name"]
         status = new.get("status") or {}
-        if status.get("allocation"):
-            self.allocated.setdefault(key, now)
+        allocation = status.get("allocation")
+        before = ((old or {}).get("status") or {}).get("allocation")
+        if (
+            allocation
+            and key not in self.admitted
+            and (key not in self.allocated or allocation != before)
+        ):
+            # Its latest allocation: one refused (NodeHeld, another gang's pod on the node)
+            # is dropped by the scheduler and the pod placed again; that wait is the
+            # scheduler's, counted in `reallocations`.
+            self.reallocations += key in self.allocated
+            self.allocated[key] = now
             self.domain[key] = new["metadata"].get("labels", {}).get(cd.DOMAIN_LABEL, "")
         for dev in status.get("devices") or []:
             for c in dev.get("conditions") or []:
@@ -265,8 +276,9 @@ class AdmissionClock:
                     self.admitted.setdefault(key, now)
 
     def figures(self) -> dict[str, Any]:
-        """p50/p99 of allocated -> admitted (a gang's claim waits for its whole gang), and of
-        the gang's last allocation -> admitted (the controller's own share)."""
+        """p50/p99 of a claim's (admitted) allocation -> admitted (a gang's claim waits for its
+        whole gang), and of the gang's last allocation -> admitted (the controller's own
+        share), and how many allocations were refused and made again."""
         keys = [k for k in self.admitted if k in self.allocated]
         if not keys:
             return {"admitted_claims": 0}
@@ -283,6 +295,7 @@ class AdmissionClock:
 
         return {
             "admitted_claims": len(keys),
+            "reallocations": self.reallocations,
             "admission_p50_s": pct(waits, 0.5),
             "admission_p99_s": pct(waits, 0.99),
             "admission_after_gang_p50_s": pct(after_gang, 0.5),
