@@ -4,8 +4,8 @@ and simulated nodes without kubelets.
 
 Each simulated node is a Node object (compute-domain plugin label, one of `--fabrics` fabric
 domains) with the `devices.fabricdra.io` ResourceSlices our node agent publishes for the
-bundled sample node (8 GPUs, RDMA NICs), written through the real publisher code
-(NodePublisher.sync). Stand-in IMEX daemons report READY (and renew their report as the real
+bundled sample node (8 GPUs, RDMA NICs): the first node's written through the real publisher
+code (NodePublisher.sync), the others copies of them (`--setup-workers` threads). Stand-in IMEX daemons report READY (and renew their report as the real
 daemon does) on every node the controller holds. Then `--domains` managed ComputeDomains of
 `--per-domain` nodes are created at once, each with `--per-domain` pods (one per node, kept in
 one fabric domain by podAffinity) claiming the domain's channel.
@@ -25,7 +25,13 @@ Prints, as JSON:
   throughput for `--sched-pods` pods with "1 GPU" claims and as many with "1 GPU + 1 NIC
   on one pciRoot" claims, on the same nodes, in `--sched-rounds` alternating rounds
   (medians; each round from the first pod created to the last bound; goal: ratio >= 0.5);
-- controller_rss_mb: the controller process's peak RSS.
+- admission_p50_s / admission_p99_s: a workload claim's latest allocation -> the controller's
+  Admitted condition (seen by a watch here; a gang's claim waits for its whole gang), the same
+  from its gang's last allocation (admission_after_gang_*), and `reallocations` (allocations
+  refused NodeHeld and made again by the scheduler);
+- controller_cpu_{startup,burst,steady,total}_s: the controller process's CPU seconds;
+- controller_rss_mb / controller_memory_limit_mb: its peak RSS and the chart's memory limit;
+- load_average_start / load_average_end: the machine's load (shared machines).
 
     python -m bench.scale [--nodes 1000] [--fabrics 5] [--domains 50] [--per-domain 18]
 
