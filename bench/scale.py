@@ -5,7 +5,8 @@ and simulated nodes without kubelets.
 Each simulated node is a Node object (compute-domain plugin label, one of `--fabrics` fabric
 domains) with the `devices.fabricdra.io` ResourceSlices our node agent publishes for the
 bundled sample node (8 GPUs, RDMA NICs): the first node's written through the real publisher
-code (NodePublisher.sync), the others copies of them (`--setup-workers` threads). Stand-in IMEX daemons report READY (and renew their report as the real
+code (NodePublisher.sync), the others copies of them (`--setup-workers` threads). Stand-in
+IMEX daemons report READY (and renew their report as the real
 daemon does) on every node the controller holds. Then `--domains` managed ComputeDomains of
 `--per-domain` nodes are created at once, each with `--per-domain` pods (one per node, kept in
 one fabric domain by podAffinity) claiming the domain's channel.
