@@ -4,8 +4,9 @@ and simulated nodes without kubelets.
 
 Each simulated node is a Node object (compute-domain plugin label, one of `--fabrics` fabric
 domains) with the `devices.fabricdra.io` ResourceSlices our node agent publishes for the
-bundled sample node (8 GPUs, RDMA NICs), written through the real publisher code
-(NodePublisher.sync). Stand-in IMEX daemons report READY (and renew their report as the real
+bundled sample node (8 GPUs, RDMA NICs): the first node's written through the real publisher
+code (NodePublisher.sync), the others copies of them (`--setup-workers` threads). Stand-in
+IMEX daemons report READY (and renew their report as the real
 daemon does) on every node the controller holds. Then `--domains` managed ComputeDomains of
 `--per-domain` nodes are created at once, each with `--per-domain` pods (one per node, kept in
 one fabric domain by podAffinity) claiming the domain's channel.
@@ -25,7 +26,13 @@ Prints, as JSON:
   throughput for `--sched-pods` pods with "1 GPU" claims and as many with "1 GPU + 1 NIC
   on one pciRoot" claims, on the same nodes, in `--sched-rounds` alternating rounds
   (medians; each round from the first pod created to the last bound; goal: ratio >= 0.5);
-- controller_rss_mb: the controller process's peak RSS.
+- admission_p50_s / admission_p99_s: a workload claim's latest allocation -> the controller's
+  Admitted condition (seen by a watch here; a gang's claim waits for its whole gang), the same
+  from its gang's last allocation (admission_after_gang_*), and `reallocations` (allocations
+  refused NodeHeld and made again by the scheduler);
+- controller_cpu_{startup,burst,steady,total}_s: the controller process's CPU seconds;
+- controller_rss_mb / controller_memory_limit_mb: its peak RSS and the chart's memory limit;
+- load_average_start / load_average_end: the machine's load (shared machines).
 
     python -m bench.scale [--nodes 1000] [--fabrics 5] [--domains 50] [--per-domain 18]
 
@@ -81,6 +88,7 @@ WRITE_VERBS = ("create", "patch", "update", "delete")
 DEVICE_CLASS_DIR = Path(__file__).resolve().parents[1] / "api" / "deviceclasses"
 NODE_LEASES = Kind("coordination.k8s.io", "v1", "leases", True)
 SYSTEM = "fabricdra-system"
+CHART_VALUES = Path(__file__).resolve().parents[1] / "charts" / "fabricdra" / "values.yaml"
 
 
 def _until(check: Callable[[], Any], timeout: float, step: float = 0.2) -> float:
@@ -99,8 +107,12 @@ def _node_ip(name: str) -> str:
     return f"10.{n // 250 % 250}.{n % 250}.1"
 
 
-def _publish_nodes(cp: ControlPlane, names: list[str], fabrics: int) -> None:
-    """Node objects with the sample node's slices, published by the real NodePublisher."""
+def _publish_nodes(cp: ControlPlane, names: list[str], fabrics: int, workers: int = 8) -> None:
+    """Node objects with the sample node's slices. The first node's are written by the real
+    NodePublisher; the others are copies of what it wrote (its slices and labels, renamed),
+    created by `workers` threads: one Node create, one status patch and the slices per node,
+    against about ten requests through the publisher (105 s per 1,000 nodes before). The
+    copies have no NodeDevices record (nothing here reads one)."""
     from fabricdra.kubeletplugin.devices import build_devices
     from fabricdra.kubeletplugin.discovery.node import discover
     from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
@@ -116,18 +128,58 @@ def _publish_nodes(cp: ControlPlane, names: list[str], fabrics: int) -> None:
     devices = build_devices(found.interfaces, found.accelerators)
     api = cp.api_client()
     rest = Rest(api)
-    for i, name in enumerate(names):
-        cp.create_node(name)
-        give_addresses(cp, name, _node_ip(name))  # a report's IP must be its Node's own
-        NodePublisher(api, name).sync(found, devices)
+
+    def rack(i: int, name: str) -> dict[str, str]:
         # After the publisher (which owns the fabricdra.io/ labels it discovers; the sample is
         # an HGX node without a multi-node fabric): the simulated rack membership.
-        labels = {
+        return {
             cd.PLUGIN_NODE_LABEL: "true",
             node_labels.FABRIC_DOMAIN: f"fabric-{i % fabrics}",
             "kubernetes.io/hostname": name,  # as a kubelet sets it (the pods' anti-affinity)
         }
-        rest.patch(NODES, name, {"metadata": {"labels": labels}})
+
+    first = names[0]
+    cp.create_node(first)
+    give_addresses(cp, first, _node_ip(first))  # a report's IP must be its Node's own
+    NodePublisher(api, first).sync(found, devices)
+    rest.patch(NODES, first, {"metadata": {"labels": rack(0, first)}})
+    node = rest.get(NODES, first)
+    published = dict(node["metadata"].get("labels") or {})
+    status = {k: v for k, v in node["status"].items() if k in ("capacity", "allocatable")}
+    status["conditions"] = [
+        {k: v for k, v in c.items() if k in ("type", "status", "reason", "message")}
+        for c in node["status"]["conditions"]
+    ]
+    slices = [
+        {"metadata": {k: v for k, v in o["metadata"].items() if k in ("name", "labels",
+                                                                       "ownerReferences")},
+         "spec": o["spec"]}
+        for o in rest.list(SLICES, field_selector=f"spec.nodeName={first}")["items"]
+    ]  # fmt: skip
+    template = json.dumps(slices)
+
+    def clone(item: tuple[int, str]) -> None:
+        i, name = item
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        labels = {**published, **rack(i, name)}
+        uid = rest.create(NODES, {"metadata": {"name": name, "labels": labels}})["metadata"]["uid"]
+        body = {
+            **status,
+            "conditions": [{**c, "lastHeartbeatTime": now, "lastTransitionTime": now}
+                           for c in status["conditions"]],
+            "addresses": [{"type": "Hostname", "address": name},
+                          {"type": "InternalIP", "address": _node_ip(name)}],
+        }  # fmt: skip
+        rest.patch(NODES, name, {"status": body}, sub="status")
+        # Same-width names: the first node's name appears only where this node's belongs.
+        for obj in json.loads(template.replace(f'"{first}', f'"{name}')):
+            for ref in obj["metadata"].get("ownerReferences") or []:
+                if ref.get("kind") == "Node":
+                    ref["uid"] = uid
+            rest.create(SLICES, obj)
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(pool.map(clone, list(enumerate(names))[1:]))
 
 
 def _install_crds(rest: Rest) -> None:
@@ -175,6 +227,87 @@ def _controller(cp: ControlPlane, gang_timeout: float) -> subprocess.Popen[bytes
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds the process has used (/proc/<pid>/stat, fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return round((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), 1)
+
+
+def _memory_limit_mb() -> float:
+    """The controller's memory limit in the chart's values (what its peak RSS must stay under)."""
+    values = yaml.safe_load((CHART_VALUES).read_text())
+    limit = str(values["controller"]["resources"]["limits"]["memory"])
+    units = {"Ki": 1 / 1024, "Mi": 1.0, "Gi": 1024.0}
+    return next(float(limit[: -len(u)]) * f for u, f in units.items() if limit.endswith(u))
+
+
+class AdmissionClock:
+    """When each workload claim was first seen allocated and first seen admitted (the
+    controller's binding condition), from a watch in the bench process: an admission's
+    latency, for every claim, without polling."""
+
+    def __init__(self, rest: Rest, namespace: str) -> None:
+        from fabricdra.api.informer import Informer
+
+        self.allocated: dict[str, float] = {}
+        self.admitted: dict[str, float] = {}
+        self.domain: dict[str, str] = {}
+        self.reallocations = 0
+        self.informer = Informer(rest, CLAIMS, namespace=namespace, resync=3600)
+        self.informer.on_event(self._seen)
+
+    def _seen(self, event: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        if new is None:
+            return
+        now = time.perf_counter()
+        key = new["metadata"]["name"]
+        status = new.get("status") or {}
+        allocation = status.get("allocation")
+        before = ((old or {}).get("status") or {}).get("allocation")
+        if (
+            allocation
+            and key not in self.admitted
+            and (key not in self.allocated or allocation != before)
+        ):
+            # Its latest allocation: one refused (NodeHeld, another gang's pod on the node)
+            # is dropped by the scheduler and the pod placed again; that wait is the
+            # scheduler's, counted in `reallocations`.
+            self.reallocations += key in self.allocated
+            self.allocated[key] = now
+            self.domain[key] = new["metadata"].get("labels", {}).get(cd.DOMAIN_LABEL, "")
+        for dev in status.get("devices") or []:
+            for c in dev.get("conditions") or []:
+                if c.get("type") == cd.ADMITTED_CONDITION and c.get("status") == "True":
+                    self.admitted.setdefault(key, now)
+
+    def figures(self) -> dict[str, Any]:
+        """p50/p99 of a claim's (admitted) allocation -> admitted (a gang's claim waits for its
+        whole gang), and of the gang's last allocation -> admitted (the controller's own
+        share), and how many allocations were refused and made again."""
+        keys = [k for k in self.admitted if k in self.allocated]
+        if not keys:
+            return {"admitted_claims": 0}
+        last: dict[str, float] = {}
+        for k in keys:
+            d = self.domain.get(k, "")
+            last[d] = max(last.get(d, 0.0), self.allocated[k])
+        waits = sorted(self.admitted[k] - self.allocated[k] for k in keys)
+        after_gang = sorted(max(self.admitted[k] - last[self.domain.get(k, "")], 0.0)
+                            for k in keys)  # fmt: skip
+
+        def pct(xs: list[float], p: float) -> float:
+            return round(xs[min(len(xs) - 1, int(p * len(xs)))], 2)
+
+        return {
+            "admitted_claims": len(keys),
+            "reallocations": self.reallocations,
+            "admission_p50_s": pct(waits, 0.5),
+            "admission_p99_s": pct(waits, 0.99),
+            "admission_after_gang_p50_s": pct(after_gang, 0.5),
+            "admission_after_gang_p99_s": pct(after_gang, 0.99),
+        }
 
 
 def _peak_rss_mb(pid: int) -> float:
@@ -363,11 +496,19 @@ def _quiet_logs() -> None:
 
 
 def _burst(
-    cp: ControlPlane, rest: Rest, args: argparse.Namespace, names: list[str], out: dict[str, Any]
+    cp: ControlPlane,
+    rest: Rest,
+    args: argparse.Namespace,
+    names: list[str],
+    out: dict[str, Any],
+    pid: int,
 ) -> None:
     """The domains created at once: their pods bound, Ready, the writes of the burst and of
-    the steady state after it (figures into `out`)."""
+    the steady state after it, the controller's CPU in each (figures into `out`)."""
     before = len(cp.audit_events(user_agent=USER_AGENT, verbs=WRITE_VERBS))
+    clock = AdmissionClock(rest, "jobs")
+    clock.informer.start()
+    cpu = _cpu_seconds(pid)
     start = time.perf_counter()
     for d in range(args.domains):
         rest.create(
@@ -434,8 +575,13 @@ def _burst(
         what += f"/{ref['subresource']}" if ref.get("subresource") else ""
         kinds[what] = kinds.get(what, 0) + 1
     out["burst_writes"] = dict(sorted(kinds.items(), key=lambda kv: -kv[1]))
+    out.update(clock.figures())
+    clock.informer.stop()
+    out["controller_cpu_burst_s"] = round(_cpu_seconds(pid) - cpu, 1)
 
+    cpu = _cpu_seconds(pid)
     time.sleep(args.steady)
+    out["controller_cpu_steady_s"] = round(_cpu_seconds(pid) - cpu, 1)
     steady = len(cp.audit_events(user_agent=USER_AGENT, verbs=WRITE_VERBS)) - burst
     out["steady_seconds"] = args.steady
     out["steady_writes_per_domain"] = round(steady / args.domains, 2)
@@ -466,9 +612,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "domains": args.domains,
                 "per_domain": args.per_domain,
             }
-            names = [f"node-{i:04d}" for i in range(args.nodes)]
+            out["load_average_start"] = [round(x, 1) for x in os.getloadavg()]
+            names = [f"node-{i:05d}" for i in range(args.nodes)]
             start = time.perf_counter()
-            _publish_nodes(cp, names, args.fabrics)
+            _publish_nodes(cp, names, args.fabrics, args.setup_workers)
             out["nodes_setup_s"] = round(time.perf_counter() - start, 1)
 
             controller = _controller(cp, args.gang_timeout)
@@ -488,11 +635,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 ),
                 1,
             )
+            out["controller_cpu_startup_s"] = _cpu_seconds(controller.pid)
             time.sleep(2.0)
             # --domains 0: the scheduler rounds only (device-order work needs those
             # figures at full size, without the burst).
             if args.domains:
-                _burst(cp, rest, args, names, out)
+                _burst(cp, rest, args, names, out, controller.pid)
 
             cp.create_namespace("sched")
             # Alternating rounds (GPU-only first, then aligned first, ...), medians: the
@@ -502,13 +650,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for r in range(args.sched_rounds):
                 for kind in (False, True) if r % 2 == 0 else (True, False):
                     rates[kind].append(_sched_rate(rest, "sched", args.sched_pods, kind, r))
-            gpu_only = round(statistics.median(rates[False]), 2)
-            aligned = round(statistics.median(rates[True]), 2)
-            out["sched_rounds"] = {"gpu_only": rates[False], "aligned": rates[True]}
-            out["sched_gpu_only_pods_per_s"] = gpu_only
-            out["sched_aligned_pods_per_s"] = aligned
-            out["aligned_ratio"] = round(aligned / gpu_only, 2) if gpu_only else None
+            if args.sched_rounds:  # 0: the controller's figures only
+                gpu_only = round(statistics.median(rates[False]), 2)
+                aligned = round(statistics.median(rates[True]), 2)
+                out["sched_rounds"] = {"gpu_only": rates[False], "aligned": rates[True]}
+                out["sched_gpu_only_pods_per_s"] = gpu_only
+                out["sched_aligned_pods_per_s"] = aligned
+                out["aligned_ratio"] = round(aligned / gpu_only, 2) if gpu_only else None
             out["controller_rss_mb"] = _peak_rss_mb(controller.pid)
+            out["controller_memory_limit_mb"] = _memory_limit_mb()
+            out["controller_cpu_total_s"] = _cpu_seconds(controller.pid)
+            out["load_average_end"] = [round(x, 1) for x in os.getloadavg()]
             return out
         finally:
             if daemons is not None:
@@ -564,7 +716,13 @@ def main() -> None:
         "--sched-rounds",
         type=int,
         default=2,
-        help="alternating GPU-only / aligned rounds; the medians are reported (default 2)",
+        help="alternating GPU-only / aligned rounds; the medians are reported (default 2; 0: none)",
+    )
+    parser.add_argument(
+        "--setup-workers",
+        type=int,
+        default=8,
+        help="threads writing the simulated Nodes and slices (default 8)",
     )
     parser.add_argument(
         "--gang-timeout",

@@ -15,9 +15,10 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from e2e.harness.controlplane import ControlPlane
+from e2e.harness.controlplane import ControlPlane, wait_for
 from fabricdra.api.rest import CLAIMS, COMPUTE_DOMAINS, NODES, SLICES, Rest
 from fabricdra.controller import fleetmetrics
+from fabricdra.controller.manager import Controller, ControllerConfig
 from tests.fleetdata import GB200, _gpu, _slice, scenario
 from tests.integration.computedomain_helpers import install_crd
 from tests.integration.dra_setup import installed  # noqa: F401 - a fixture
@@ -103,9 +104,19 @@ def test_controller_metrics_carry_the_same_numbers(
     control_plane: ControlPlane, fleet_objects: dict[str, Any]
 ) -> None:
     registry = CollectorRegistry()
-    with control_plane.api_client() as api:
-        fleetmetrics.register(api, registry, min_interval=0)
+    # Served from a controller's caches (its informers only: nothing is reconciled here).
+    controller = Controller(control_plane.api_client(), ControllerConfig(leader_election=False))
+    controller.start_caches()
+    caches = fleetmetrics.register(controller, registry, min_interval=0)
+    try:
+        wait_for(
+            lambda: "fabricdra_fleet_up 1.0" in generate_latest(registry).decode(),
+            what="fleet caches synced",
+        )
         text = generate_latest(registry).decode()
+    finally:
+        caches.stop()
+        controller.stop()
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(text)

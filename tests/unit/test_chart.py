@@ -539,3 +539,19 @@ def test_the_chart_gates_a_class_by_its_table_field(tmp_path: Path) -> None:
     assert "gpu.fabricdra.io" not in gpus_off
     rdma_off = _kinds(moved.template({"rdma": {"enabled": False}}))["DeviceClass"]
     assert sorted(rdma_off) == ["gpu.fabricdra.io"]
+
+
+def test_gang_timeout_is_passed_and_stays_below_the_schedulers_binding_wait(chart: Chart) -> None:
+    """Issue 22: a gang released by kube-scheduler's binding timeout (600 s) first is released
+    pod by pod, never as a whole: the chart's default is below it and the schema refuses 600."""
+    docs = chart.template()
+    deployment = _one(docs, "Deployment", "fabricdra-controller")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--gang-timeout-seconds=300" in args
+    docs = chart.template({"controller": {"gangTimeoutSeconds": 599}})
+    deployment = _one(docs, "Deployment", "fabricdra-controller")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--gang-timeout-seconds=599" in args
+    for bad in (600, 900, 0):
+        with pytest.raises(HarnessError, match="gangTimeoutSeconds"):
+            chart.template({"controller": {"gangTimeoutSeconds": bad}})

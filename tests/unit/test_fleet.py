@@ -64,9 +64,17 @@ def test_an_unreachable_api_publishes_no_numbers() -> None:
     cfg.host = "http://127.0.0.1:9"  # discard port: nothing answers
     cfg.retries = False
     registry = CollectorRegistry()
+    from fabricdra.controller.manager import Controller
+
     with client.ApiClient(cfg) as api:
-        fleetmetrics.register(api, registry, min_interval=0)
-        text = generate_latest(registry).decode()
+        controller = Controller(api)
+        controller.start_caches()
+        caches = fleetmetrics.register(controller, registry, min_interval=0)
+        try:
+            text = generate_latest(registry).decode()
+        finally:
+            caches.stop()
+            controller.stop()
     assert "fabricdra_fleet_up 0.0" in text
     assert "fabricdra_devices_" not in text  # a failed read is never published as zeros
 
@@ -232,3 +240,25 @@ def test_an_efa_function_is_a_nic_for_stranding() -> None:
     view = fleet([_slice("n1", gpus + efas)], [claim], [], [], [node_object("n1")]).to_json()
     assert view["totals"][H100]["stranded"]["nicsUnavailable"] == 1
     assert view["totals"]["efa"]["allocated"] == 1
+
+
+def test_the_controllers_cut_down_caches_count_the_same() -> None:
+    """The controller caches GPU slices and Nodes cut down to what the counts read (issue 22:
+    5,000 nodes' full slices outgrew its memory limit); every number is the same as from the
+    full objects, taints, shared holders, MIG and health attributes included."""
+    import copy
+
+    from fabricdra.controller.capacity import device_slice_view, gpu_room, node_view
+
+    s = scenario("x", "team-a", no_fabric=False)
+    nodes = [node_object(sl["spec"]["nodeName"]) for sl in s["slices"]]
+    nodes[0]["status"]["images"] = [{"names": ["registry/x:1"], "sizeBytes": 1}]
+    nodes[0]["metadata"]["managedFields"] = [{"manager": "kubelet"}]
+    full = fleet(s["slices"], s["claims"], [], s["computeDomains"], nodes).to_json()
+    slices = [device_slice_view(copy.deepcopy(sl)) for sl in s["slices"]]
+    cut = fleet(slices, s["claims"], [], s["computeDomains"], [node_view(n) for n in nodes])
+    assert cut.to_json() == full
+    assert gpu_room(slices, s["claims"]) == gpu_room(s["slices"], s["claims"])
+    assert "images" not in node_view(nodes[0])["status"]
+    assert "managedFields" not in node_view(nodes[0])["metadata"]
+    assert node_view(nodes[0])["status"]["conditions"] == nodes[0]["status"]["conditions"]

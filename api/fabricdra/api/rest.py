@@ -183,8 +183,16 @@ class Rest:
         *,
         label_selector: str | None = None,
         field_selector: str | None = None,
+        limit: int | None = None,
+        continue_token: str | None = None,
     ) -> JSON:
-        query = {"labelSelector": label_selector, "fieldSelector": field_selector}
+        """One LIST; with `limit`, one page of it (its `metadata.continue` names the next)."""
+        query = {
+            "labelSelector": label_selector,
+            "fieldSelector": field_selector,
+            "limit": limit,
+            "continue": continue_token,
+        }
         return self.call("GET", kind.path(namespace), query=query)
 
     def create(

@@ -20,6 +20,9 @@ from fabricdra.controller.objects import (
 
 # A Kubernetes resource quantity (apimachinery's resource.Quantity): a number, then an SI,
 # binary or decimal-exponent suffix.
+# kube-scheduler's DynamicResourcesArgs.bindingTimeout default: how long it waits for a pod's
+# binding conditions (https://kubernetes.io/docs/reference/config-api/kube-scheduler-config.v1/).
+SCHEDULER_BINDING_TIMEOUT = 600
 QUANTITY = re.compile(r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[nukmMGTPE]|[KMGTPE]i)?$")
 
 
@@ -120,7 +123,8 @@ def register(sub: Any) -> None:
         type=float,
         default=env_float("GANG_TIMEOUT_SECONDS", 300),
         help="a domain with numNodes: how long its claims wait at binding for the whole gang "
-        "before they are released (default 300) [FABRICDRA_GANG_TIMEOUT_SECONDS]",
+        "before they are released; below 600, kube-scheduler's binding timeout (default 300) "
+        "[FABRICDRA_GANG_TIMEOUT_SECONDS]",
     )
     a(
         "--require-verified-nodes",
@@ -150,9 +154,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--workers must be at least 1, got {args.workers}")
     if args.resync_seconds <= 0:
         raise UsageError(f"--resync-seconds must be positive, got {args.resync_seconds}")
-    if args.gang_timeout_seconds <= 0:
+    if not 0 < args.gang_timeout_seconds < SCHEDULER_BINDING_TIMEOUT:
+        # At or past the scheduler's own binding wait, the scheduler gives up the gang's pods
+        # one by one before the controller releases the gang as a whole (nodes.py).
         raise UsageError(
-            f"--gang-timeout-seconds must be positive, got {args.gang_timeout_seconds}"
+            "--gang-timeout-seconds must be more than 0 and less than "
+            f"{SCHEDULER_BINDING_TIMEOUT} (kube-scheduler's binding timeout), "
+            f"got {args.gang_timeout_seconds:g}"
         )
     if args.lease_seconds < 3:
         raise UsageError(f"--lease-seconds must be at least 3, got {args.lease_seconds}")
@@ -191,15 +199,16 @@ def run(args: argparse.Namespace) -> int:
         require_verified_nodes=args.require_verified_nodes == "true",
         **({"identity": args.identity} if args.identity else {}),
     )
+    controller = Controller(api, cfg)
     if args.metrics_port:
         from fabricdra.controller import fleetmetrics
 
-        # The fleet view (docs/fleet.md), counting nodes as gang placement does.
+        # The fleet view (docs/fleet.md), counting nodes as gang placement does, served from
+        # the controller's caches (no LIST per scrape).
         fleetmetrics.register(
-            api, metrics.REGISTRY, require_verified_nodes=cfg.require_verified_nodes
+            controller, metrics.REGISTRY, require_verified_nodes=cfg.require_verified_nodes
         )
         start_http_server(args.metrics_port, registry=metrics.REGISTRY)
-    controller = Controller(api, cfg)
     stop = stop_event()
     controller.start()
     while not stop.wait(0.5):

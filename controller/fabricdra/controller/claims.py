@@ -9,6 +9,8 @@ from fabricdra.api.jsontypes import JSON
 
 from . import admission
 
+DEVICES_DRIVER = "devices.fabricdra.io"  # the devices plugin (capacity.DRIVER)
+
 
 def dev_key(d: JSON) -> tuple[str, str, str, str]:
     """The list-map key of `status.devices` (and of allocation results)."""
@@ -23,6 +25,21 @@ def results(claim: JSON) -> list[JSON]:
 def claim_nodes(claim: JSON) -> set[str]:
     """Nodes whose compute-domain devices the claim is allocated."""
     return {r["pool"] for r in results(claim) if r.get("driver") == cd.DRIVER and r.get("pool")}
+
+
+def device_nodes(claim: JSON) -> set[str]:
+    """Pools (nodes) whose devices.fabricdra.io devices the claim is allocated: the GPU room
+    it takes (capacity.allocate)."""
+    return {
+        r["pool"] for r in results(claim) if r.get("driver") == DEVICES_DRIVER and r.get("pool")
+    }
+
+
+def report_node(lease: JSON) -> str:
+    """The node a report Lease speaks for (its annotation, else its holder)."""
+    meta = lease["metadata"]
+    node = meta.get("annotations", {}).get(cd.REPORT_NODE)
+    return str(node or (lease.get("spec") or {}).get("holderIdentity") or "")
 
 
 def domain_uid(claim: JSON) -> str:

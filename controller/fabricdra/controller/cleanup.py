@@ -87,7 +87,13 @@ class CleanupError(Exception):
 def _items(rest: Rest, kind: Kind, namespace: str | None = None, **selectors: str) -> list[Any]:
     """The objects of `kind`, or [] when the kind is not served (its CRD already gone)."""
     try:
-        items: list[Any] = rest.list(kind, namespace, **selectors).get("items", [])
+        listing = rest.list(
+            kind,
+            namespace,
+            label_selector=selectors.get("label_selector"),
+            field_selector=selectors.get("field_selector"),
+        )
+        items: list[Any] = listing.get("items", [])
     except ApiError as e:
         if e.not_found:
             return []

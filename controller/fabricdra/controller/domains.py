@@ -27,6 +27,7 @@ from fabricdra.api.rest import (
 
 from . import channels, metrics, objects, records, status
 from .claims import channel_of, claim_nodes, domain_uid, node_addresses, node_fabric, node_ip
+from .indexes import BY_DOMAIN, BY_FABRIC, BY_NODE
 from .placement import FINISHED, Placed, is_gang
 from .writes import now
 
@@ -171,7 +172,7 @@ class DomainReconciler:
             domain_uid(cl) == domain.uid
             and cl["metadata"]["namespace"] == domain.namespace
             and claim_nodes(cl)
-            for cl in self.c.claims.items()
+            for cl in self.c.claims.by_index(BY_DOMAIN, domain.uid)
         )
 
     def _pin(self, domain: ComputeDomain) -> str | None:
@@ -283,7 +284,15 @@ class DomainReconciler:
         out = {}
         want = cd.HOST_REPORT if host_mode else uid
         due: list[float] = []
-        for lease in self.c.leases.items():
+        if host_mode:  # the host reports of the nodes the domain holds, not of every node
+            leases = [
+                lease
+                for node in self.c.ownership.nodes_of(uid)
+                for lease in self.c.leases.by_index(BY_NODE, node)
+            ]
+        else:
+            leases = self.c.leases.by_index(BY_DOMAIN, uid)
+        for lease in leases:
             meta = lease["metadata"]
             if meta.get("labels", {}).get(cd.DOMAIN_LABEL) != want:
                 continue
@@ -350,7 +359,7 @@ class DomainReconciler:
         if pinned is None:
             return []
         out = []
-        for claim in self.c.claims.items():
+        for claim in self.c.claims.by_index(BY_DOMAIN, domain.uid):
             meta = claim["metadata"]
             if domain_uid(claim) != domain.uid or meta["namespace"] != domain.namespace:
                 continue
@@ -366,7 +375,7 @@ class DomainReconciler:
     def _too_large(self, domain: ComputeDomain) -> str:
         """numNodes is limited by the fabric, not by a constant (status.too_large), counted
         from the nodes carrying a fabricdra.io/fabric.domain label."""
-        sizes = Counter(f for n in self.c.nodes.items() if (f := node_fabric(n)))
+        sizes = Counter(self.c.nodes.index_values(BY_FABRIC))
         return status.too_large(
             domain.spec.numNodes,
             sizes,

@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fabricdra.api import computedomain as cd
-from fabricdra.api.informer import Informer, key_of
+from fabricdra.api import labels as node_labels
+from fabricdra.api.informer import Informer, key_of, without_managed_fields
 from fabricdra.api.jsontypes import JSON
 from fabricdra.api.rest import (
     CLAIM_TEMPLATES,
@@ -42,8 +43,9 @@ from fabricdra.api.rest import (
 )
 
 from . import capacity, channels, metrics, objects
-from .claims import claim_nodes, domain_uid
+from .claims import claim_nodes, device_nodes, domain_uid, node_fabric, report_node
 from .domains import DomainReconciler, NotOurs
+from .indexes import BY_DOMAIN, BY_FABRIC, BY_NODE, BY_UID
 from .leader import LeaderElector
 from .liveness import Heartbeats
 from .nodes import NodeReconciler, admitted_domains
@@ -57,6 +59,35 @@ __all__ = ["Controller", "ControllerConfig", "NotOurs", "NotSynced"]
 
 log = logging.getLogger("fabricdra.controller")
 USER_AGENT = "fabricdra-controller/0.1.0"
+
+
+def _domain_label(obj: JSON) -> list[str]:
+    return [str(obj["metadata"].get("labels", {}).get(cd.DOMAIN_LABEL, ""))]
+
+
+def only_renewed(old: JSON | None, new: JSON | None) -> bool:
+    """A Lease event that is a heartbeat and nothing else: only `spec.renewTime` (and the
+    object's version) changed; its report (annotations), labels and promise are the same."""
+    if old is None or new is None:
+        return False
+
+    def rest_of(lease: JSON) -> tuple[Any, Any, Any]:
+        meta = {k: v for k, v in lease["metadata"].items() if k != "resourceVersion"}
+        spec = {k: v for k, v in (lease.get("spec") or {}).items() if k != "renewTime"}
+        return meta, spec, {k: v for k, v in lease.items() if k not in ("metadata", "spec")}
+
+    return rest_of(old) == rest_of(new)
+
+
+def placement_facts(node: JSON | None) -> tuple[str, str, str] | None:
+    """What gang placement reads of a Node (capacity.unusable, its fabric label, its
+    verification label): a Node event that changes none of it (our own holder label, a status
+    heartbeat) cannot make room or take it away."""
+    if node is None:
+        return None
+    labels_ = node["metadata"].get("labels", {})
+    why = capacity.unusable(node) or "usable"
+    return why, node_fabric(node), str(labels_.get(node_labels.VERIFIED, ""))
 
 
 class NotSynced(Exception):
@@ -86,29 +117,47 @@ class Controller:
         api_client.user_agent = USER_AGENT
         self.rest = counting_rest(api_client)
         self.writer = Writer(self.rest, self.config.identity)
-        ns, resync = self.config.namespace, self.config.resync_seconds
-        self.domains = Informer(self.rest, COMPUTE_DOMAINS, resync=resync)
-        self.claims = Informer(self.rest, CLAIMS, label_selector=cd.DOMAIN_LABEL, resync=resync)
+        ns = self.config.namespace
+        # managedFields is nobody's business here: not kept (thousands of Nodes and slices).
+        opts: dict[str, Any] = {
+            "resync": self.config.resync_seconds,
+            "transform": without_managed_fields,
+        }
+        self.domains = Informer(self.rest, COMPUTE_DOMAINS, **opts)
+        self.domains.add_index(BY_UID, lambda o: [str(o["metadata"].get("uid", ""))])
+        self.claims = Informer(self.rest, CLAIMS, label_selector=cd.DOMAIN_LABEL, **opts)
+        self.claims.add_index(BY_NODE, claim_nodes)
+        self.claims.add_index(BY_DOMAIN, _domain_label)
         self.nodes = Informer(
-            self.rest, NODES, label_selector=f"{cd.PLUGIN_NODE_LABEL}=true", resync=resync
+            self.rest,
+            NODES,
+            label_selector=f"{cd.PLUGIN_NODE_LABEL}=true",
+            **{**opts, "transform": capacity.node_view},
         )
-        self.slices = Informer(
-            self.rest, SLICES, label_selector=f"{cd.TARGET_LABEL}=node", resync=resync
-        )
+        self.nodes.add_index(BY_FABRIC, lambda o: [node_fabric(o)])
+        self.slices = Informer(self.rest, SLICES, label_selector=f"{cd.TARGET_LABEL}=node", **opts)
         # What gang placement counts as room (capacity.gpu_room): the devices plugin's GPUs and
-        # every claim's allocation of them (not only the domains' own claims).
+        # every claim's allocation of them (not only the domains' own claims); by node, so a
+        # node's room is computed from its own slices and claims (placement.py).
         self.device_slices = Informer(
-            self.rest, SLICES, field_selector=f"spec.driver={capacity.DRIVER}", resync=resync
+            self.rest,
+            SLICES,
+            field_selector=f"spec.driver={capacity.DRIVER}",
+            **{**opts, "transform": capacity.device_slice_view},
         )
-        self.allocations = Informer(self.rest, CLAIMS, resync=resync)
+        self.device_slices.add_index(BY_NODE, lambda o: [str(o["spec"].get("nodeName") or "")])
+        self.allocations = Informer(self.rest, CLAIMS, **opts)
+        self.allocations.add_index(BY_NODE, device_nodes)
         self.leases = Informer(
-            self.rest, LEASES, namespace=ns, label_selector=cd.DOMAIN_LABEL, resync=resync
+            self.rest, LEASES, namespace=ns, label_selector=cd.DOMAIN_LABEL, **opts
         )
+        self.leases.add_index(BY_DOMAIN, _domain_label)
+        self.leases.add_index(BY_NODE, lambda o: [report_node(o)])
         self.templates = Informer(
-            self.rest, CLAIM_TEMPLATES, label_selector=cd.DOMAIN_LABEL, resync=resync
+            self.rest, CLAIM_TEMPLATES, label_selector=cd.DOMAIN_LABEL, **opts
         )
         self.daemonsets = Informer(
-            self.rest, DAEMON_SETS, namespace=ns, label_selector=cd.DOMAIN_LABEL, resync=resync
+            self.rest, DAEMON_SETS, namespace=ns, label_selector=cd.DOMAIN_LABEL, **opts
         )
         self._informers = [
             self.domains,
@@ -185,7 +234,15 @@ class Controller:
         def on_lease(event: str, old: JSON | None, new: JSON | None) -> None:
             obj = new or old
             assert obj is not None
-            self.heartbeats.observe(key_of(obj), new)
+            key = key_of(obj)
+            silent = self.heartbeats.overdue(key) is not None
+            self.heartbeats.observe(key, new)
+            if event == "MODIFIED" and not silent and only_renewed(old, new):
+                # A heartbeat: it moves only this Lease's deadline (liveness.py), which the
+                # domain's next reconcile reads; its status cannot change (the row says what
+                # it said). A row marked silent is the exception: the domain is reconciled.
+                metrics.HEARTBEATS.inc()
+                return
             by_domain_label(event, old, new)
 
         def on_claim(event: str, old: JSON | None, new: JSON | None) -> None:
@@ -204,7 +261,7 @@ class Controller:
             obj = new or old
             assert obj is not None
             self.node_queue.add(obj["metadata"]["name"])
-            if event != "SYNC":
+            if event != "SYNC" and placement_facts(old) != placement_facts(new):
                 self.placement.room_may_have_freed()
                 # A node gone NotReady, cordoned or deleted may break a placed gang that has
                 # not got all its nodes yet: it is placed again (placement.py).
@@ -219,7 +276,9 @@ class Controller:
 
         def on_devices(event: str, old: JSON | None, new: JSON | None) -> None:
             # GPUs freed, failed or recovered: waiting gangs may fit now (placement.py).
-            self.placement.devices_changed()
+            if event != "SYNC" or old is not new:
+                nodes = {str((o.get("spec") or {}).get("nodeName")) for o in (old, new) if o}
+                self.placement.devices_changed(nodes)
             if event != "SYNC":
                 self.placement.room_may_have_freed()
 
@@ -227,7 +286,7 @@ class Controller:
             before = ((old or {}).get("status") or {}).get("allocation")
             after = ((new or {}).get("status") or {}).get("allocation")
             if before != after:
-                self.placement.devices_changed()
+                self.placement.devices_changed(device_nodes(old or {}) | device_nodes(new or {}))
             if event != "SYNC" and before != after:
                 self.placement.room_may_have_freed()
 
@@ -253,8 +312,7 @@ class Controller:
         """Start in the background. Caches start at once (a standby keeps them warm);
         with leader election, workers start once leading."""
         self.writer.ensure_namespace(self.config.namespace)  # the lease lives there
-        for informer in self._informers:
-            informer.start()
+        self.start_caches()
         if self.config.leader_election:
             self.elector = LeaderElector(
                 self.rest,
@@ -267,6 +325,14 @@ class Controller:
             self._spawn("wait-for-leadership", self._start_when_leading)
         else:
             self._spawn("start-workers", self._start_workers)
+
+    def start_caches(self) -> None:
+        """Start the informers only (what a standby runs, and what the fleet metrics read)."""
+        for informer in self._informers:
+            informer.start()
+
+    def caches_synced(self) -> bool:
+        return all(i.has_synced() for i in self._informers)
 
     def _start_when_leading(self) -> None:
         assert self.elector is not None
@@ -381,13 +447,12 @@ class Controller:
         # and not later by the node worker: a domain worker that ran first would write the
         # domain's status without the node's row, and its fabric domain (read from that row
         # while the Node is gone) would be lost with it.
-        claims = self.claims.items()
-        claimed = {n for cl in claims for n in claim_nodes(cl)}
+        claimed = set(self.claims.index_values(BY_NODE))
         nodes = {n["metadata"]["name"] for n in self.nodes.items()}
         for node in sorted(claimed - nodes):
             if own.owner(node) != cd.FREE_OWNER:
                 continue
-            on_node = [cl for cl in claims if node in claim_nodes(cl)]
+            on_node = self.claims.by_index(BY_NODE, node)
             admitted = admitted_domains(self, node, on_node)
             if admitted:
                 own.set_owner(node, min(admitted))  # as the node worker decides (nodes.py)

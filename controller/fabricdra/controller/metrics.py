@@ -47,3 +47,8 @@ LEADER = Gauge(
     "1 while this replica holds the leader lease.",
     registry=REGISTRY,
 )
+HEARTBEATS = Counter(
+    "fabricdra_controller_heartbeats_total",
+    "Report Lease renewals taken without a reconcile (only the Lease's deadline moved).",
+    registry=REGISTRY,
+)

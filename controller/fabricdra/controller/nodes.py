@@ -14,7 +14,8 @@ from fabricdra.api.jsontypes import JSON
 from fabricdra.api.rest import CLAIMS, NODES, SLICES, ApiError
 
 from . import admission, metrics, objects, records
-from .claims import claim_nodes, claim_views, dev_key, domain_uid, node_fabric
+from .claims import claim_views, dev_key, domain_uid, node_fabric
+from .indexes import BY_NODE, BY_UID
 from .status import Event
 from .writes import FIELD_MANAGER, now
 
@@ -26,10 +27,21 @@ log = logging.getLogger("fabricdra.controller")
 ALL_CLIQUES = "*"
 
 
+def domain_namespaces(c: Controller, claims: Iterable[JSON]) -> dict[str, str]:
+    """Domain UID -> namespace, for the domains `claims` name (claim_views): looked up by UID,
+    not by scanning every domain (a node reconcile reads its own claims' domains only)."""
+    out = {}
+    for uid in {domain_uid(cl) for cl in claims} - {""}:
+        for obj in c.domains.by_index(BY_UID, uid):
+            out[uid] = obj["metadata"]["namespace"]
+    return out
+
+
 def admitted_domains(c: Controller, node: str, claims: Iterable[JSON]) -> set[str]:
     """The UIDs of the domains whose claims on `node` (of `claims`) were admitted: who holds
     a node that has no slice to say so (its Node, or its plugin label, is gone)."""
-    namespaces = {o["metadata"]["uid"]: o["metadata"]["namespace"] for o in c.domains.items()}
+    claims = list(claims)
+    namespaces = domain_namespaces(c, claims)
     return {
         v.domain
         for cl in claims
@@ -42,12 +54,14 @@ class NodeReconciler:
     def __init__(self, controller: Controller) -> None:
         self.c = controller
 
-    def live_domains(self) -> tuple[dict[str, str | None], set[str]]:
-        """Live domains' fabric pins (None: not pinned yet), and the UIDs of those allowed to
-        span several cliques (never pinned)."""
+    def live_domains(self, uids: Iterable[str]) -> tuple[dict[str, str | None], set[str]]:
+        """Of the domains `uids` (those a node's decision involves: admission.decide reads no
+        other), the live ones' fabric pins (None: not pinned yet), and the UIDs of those
+        allowed to span several cliques (never pinned)."""
         live: dict[str, str | None] = {}
         multi: set[str] = set()
-        for obj in self.c.domains.items():
+        wanted = sorted(set(uids) - {"", cd.FREE_OWNER})
+        for obj in (o for uid in wanted for o in self.c.domains.by_index(BY_UID, uid)):
             meta = obj["metadata"]
             if meta.get("deletionTimestamp"):
                 continue
@@ -67,7 +81,7 @@ class NodeReconciler:
         c = self.c
         c.require_synced()
         node = c.nodes.get(name)
-        claims = [cl for cl in c.claims.items() if name in claim_nodes(cl)]
+        claims = c.claims.by_index(BY_NODE, name)
         previous = c.ownership.owner(name)
         if node is None:
             # No plugin here (or no node): no devices to offer. The hold lives on while a
@@ -86,12 +100,12 @@ class NodeReconciler:
                         c.domain_queue.add(key)
             return
         fabric = node_fabric(node)
-        namespaces = {o["metadata"]["uid"]: o["metadata"]["namespace"] for o in c.domains.items()}
+        namespaces = domain_namespaces(c, claims)
         views = [v for cl in claims for v in claim_views(cl, name, namespaces)]
         for view in views:  # claims made before their gang was placed may move it here
             if view.state == "pending" and view.domain:
                 c.placement.follow(view.domain, fabric)
-        live, multi = self.live_domains()
+        live, multi = self.live_domains([*(v.domain for v in views), previous])
         decision = admission.decide(name, fabric, views, live, previous, multi_clique=multi)
         for uid, pinned in decision.fabric_pins.items():
             # The pin is written before the admission it comes with (records.py): a leader

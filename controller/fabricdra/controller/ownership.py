@@ -22,6 +22,9 @@ class Ownership:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._owners: dict[str, str] = {}  # node -> domain UID (FREE_OWNER if none)
+        # domain UID -> the nodes it holds (the reverse of _owners, FREE_OWNER left out): a
+        # domain's nodes without a scan of every node's owner (5,000 at scale).
+        self._held: dict[str, set[str]] = {}
         self._pins: dict[str, str] = {}  # domain UID -> fabric domain fixed by admission
         self._reserved: dict[str, int] = {}  # domain UID -> channel, until status shows it
         self._keys: dict[str, str] = {}  # domain UID -> "namespace/name"
@@ -37,15 +40,29 @@ class Ownership:
 
     def set_owner(self, node: str, uid: str) -> None:
         with self._lock:
+            self._unhold(node)
             self._owners[node] = uid
+            if uid != FREE_OWNER:
+                self._held.setdefault(uid, set()).add(node)
 
     def forget_node(self, node: str) -> None:
         with self._lock:
+            self._unhold(node)
             self._owners.pop(node, None)
+
+    def _unhold(self, node: str) -> None:
+        before = self._owners.get(node, FREE_OWNER)
+        nodes = self._held.get(before)
+        if nodes is not None:
+            nodes.discard(node)
+            if not nodes:
+                del self._held[before]
 
     def nodes_of(self, uid: str) -> list[str]:
         with self._lock:
-            return sorted(n for n, o in self._owners.items() if o == uid)
+            if uid == FREE_OWNER:
+                return sorted(n for n, o in self._owners.items() if o == uid)
+            return sorted(self._held.get(uid, ()))
 
     def known_nodes(self) -> set[str]:
         with self._lock:
@@ -53,7 +70,7 @@ class Ownership:
 
     def held_count(self) -> int:
         with self._lock:
-            return sum(1 for o in self._owners.values() if o != FREE_OWNER)
+            return sum(len(nodes) for nodes in self._held.values())
 
     # -- fabric pins -----------------------------------------------------------------------
     def pin(self, uid: str, fabric: str) -> None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -37,6 +37,7 @@ from fabricdra.api.computedomain import FREE_OWNER, ComputeDomain
 
 from . import capacity, records
 from .capacity import FINISHED, finished
+from .indexes import BY_FABRIC, BY_NODE
 
 __all__ = ["FINISHED", "Gang", "Placed", "Placement", "finished", "first_fit", "free_nodes"]
 
@@ -93,6 +94,50 @@ def is_gang(domain: ComputeDomain) -> bool:
     return (domain.spec.numNodes or 1) > 1 and not domain.spec.allowMultipleCliques
 
 
+class GpuRoom(Mapping[str, int]):
+    """Node -> its free GPUs (capacity.gpu_room), computed from that node's own slices and
+    claims (the informers' by-node indexes) and cached until one of them changes
+    (`changed`): a placement at 5,000 nodes would otherwise parse every GPU slice and claim
+    each time an allocation anywhere changed. Nodes that publish no GPU are absent."""
+
+    def __init__(self, controller: Controller) -> None:
+        self.c = controller
+        self._lock = threading.Lock()
+        self._cache: dict[str, int | None] = {}
+        self._version: dict[str, int] = {}  # bumped by `changed`: a read older than it is void
+
+    def changed(self, nodes: Iterable[str]) -> None:
+        with self._lock:
+            for node in nodes:
+                self._cache.pop(node, None)
+                self._version[node] = self._version.get(node, 0) + 1
+
+    def __getitem__(self, node: str) -> int:
+        with self._lock:
+            if node in self._cache:
+                cached = self._cache[node]
+                if cached is None:
+                    raise KeyError(node)
+                return cached
+            version = self._version.get(node, 0)
+        c = self.c
+        room = capacity.gpu_room(
+            c.device_slices.by_index(BY_NODE, node), c.allocations.by_index(BY_NODE, node)
+        ).get(node)
+        with self._lock:
+            if self._version.get(node, 0) == version:  # nothing changed while we read
+                self._cache[node] = room
+        if room is None:
+            raise KeyError(node)
+        return room
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([n for n in self.c.device_slices.index_values(BY_NODE) if n in self])
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 class Placement:
     """The placement decisions, one at a time (domain workers run in parallel)."""
 
@@ -103,10 +148,9 @@ class Placement:
         self._excluded: dict[str, set[str]] = {}  # domain UID -> nodes that failed its gang
         self._again: set[str] = set()  # UIDs of gangs to place again (their recorded one failed)
         self._ran: set[str] = set()  # UIDs of gangs seen holding all their nodes (or Ready)
-        # capacity.gpu_room over every GPU slice and claim, recomputed only when one changed
-        # (devices_changed): a burst of placements at scale would otherwise parse it each time.
-        self._devices_version = 0
-        self._room: tuple[int, dict[str, int]] | None = None
+        # capacity.gpu_room per node, recomputed only for nodes whose slices or claims
+        # changed (devices_changed).
+        self._room = GpuRoom(controller)
 
     def _current(self, uid: str, recorded: str) -> str | None:
         if uid in self._again:
@@ -127,7 +171,7 @@ class Placement:
             c.nodes.items(),
             require_verified=c.config.require_verified_nodes,
             exclude=self._excluded.get(for_uid, set()) if exclude else frozenset(),
-            gpu_room=self._gpu_room(),
+            gpu_room=self._room,
             keep=set(c.ownership.nodes_of(for_uid)),
         )
         owners = {n: c.ownership.owner(n) for nodes in fabrics.values() for n in nodes}
@@ -144,19 +188,10 @@ class Placement:
                 gangs.append(Gang(meta["uid"], want, placed))
         return fabrics, owners, gangs
 
-    def devices_changed(self) -> None:
-        """A GPU slice or a claim's allocation changed: the GPU room is computed again."""
-        self._devices_version += 1
-
-    def _gpu_room(self) -> dict[str, int]:
-        version = self._devices_version
-        if self._room is None or self._room[0] != version:
-            c = self.c
-            self._room = (
-                version,
-                capacity.gpu_room(c.device_slices.items(), c.allocations.items()),
-            )
-        return self._room[1]
+    def devices_changed(self, nodes: Iterable[str]) -> None:
+        """A GPU slice or a claim's allocation on `nodes` changed: their GPU room is computed
+        again when next read."""
+        self._room.changed(nodes)
 
     def place(self, domain: ComputeDomain, key: str) -> Placed:
         """The gang's fabric domain, placing it now (first fit) if it has none yet."""
@@ -211,8 +246,10 @@ class Placement:
         c = self.c
         if len(c.ownership.nodes_of(uid)) >= want:
             return current
+        # Only `current`'s nodes for the check (its fabric index): the whole fleet is read
+        # only when the gang has to move.
         fabrics = capacity.usable_by_fabric(
-            c.nodes.items(), require_verified=c.config.require_verified_nodes
+            c.nodes.by_index(BY_FABRIC, current), require_verified=c.config.require_verified_nodes
         )
         _, _, gangs = self._view(uid)
         # Holds of other gangs count (placement orders gangs); an elastic domain's hold does
@@ -274,7 +311,8 @@ class Placement:
             if self._current(uid, recorded) != fabric:
                 return  # placed elsewhere already (another claim of the gang said so)
             nodes = capacity.usable_by_fabric(
-                c.nodes.items(), require_verified=c.config.require_verified_nodes
+                c.nodes.by_index(BY_FABRIC, fabric),
+                require_verified=c.config.require_verified_nodes,
             ).get(fabric, [])
             failing = set(nodes) - set(held)
             self._excluded.setdefault(uid, set()).update(failing)
