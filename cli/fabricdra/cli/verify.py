@@ -67,7 +67,11 @@ def register(sub: Any) -> None:
         metavar="PATH",
         help="where nvbandwidth and ib_write_bw are looked up (PATH syntax; default: $PATH)",
     )
-    a("--no-bandwidth", action="store_true", help="do not run the bandwidth tools (NotRun)")
+    a(
+        "--no-bandwidth",
+        action="store_true",
+        help="do not run the active probes (tools): Skipped, not required",
+    )
     a(
         "--tool-timeout",
         type=float,

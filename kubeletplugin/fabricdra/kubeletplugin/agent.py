@@ -94,7 +94,7 @@ from .networkstatus import NetworkStatus
 from .nvidiacdi import DEFAULT_SPEC_DIRS, ToolkitSpecs
 from .prepare import CDI_KIND, DRIVER_NAME, ApiClaimReader, DevicesDriver
 from .publisher import NODE_DEVICES
-from .verification import GateInput, Tools, fingerprint
+from .verification import GateInput, Tools, VerificationRun, fingerprint
 from .verification import metrics as verification_metrics
 from .verification.runner import CHANGED, FIRST_RUN, Schedule, run_once
 from .xids import XidWatch
@@ -189,6 +189,13 @@ class Agent:
         self.verification = Schedule(interval=config.verify_interval)
         self._restored = False
         self._reverify: str | None = None  # the reverify annotation this pass answers
+        # A run with active probes goes on off the pass thread (tools take minutes): the
+        # thread, the reverify request it answers, and its result once done.
+        self._verifying: threading.Thread | None = None
+        self._verifying_answers: str | None = None
+        self._verified: VerificationRun | None = None
+        self._verified_lock = threading.Lock()
+        self._verifying_done = False
         self._fingerprint = ""
         self.wake = threading.Event()
         self._rechecks: list[float] = []  # monotonic times of extra passes still due
@@ -250,16 +257,24 @@ class Agent:
             if not self.config.verification_gate:
                 self._publish(discovery, inventory, None)
                 return inventory
+            answered = self._collect_verification()
             why = self._verification_due(tree, discovery)
+            if why is not None and self._verifying is not None:
+                why = None  # a run is under way: its result decides, at a later pass
             if why in (FIRST_RUN, CHANGED):
                 # Published unverified while the run goes on (bandwidth tools take minutes):
                 # an old result never speaks for new hardware, a new node is never offered.
                 self._publish(discovery, inventory, self._gate())
-            if why is not None:
+            background = why is not None and self.config.verify_tools.run_bandwidth
+            if why is not None and background:
+                self._start_verification(discovery, why)
+            elif why is not None:
                 self._run_verification(tree, discovery, why)
             self._publish(discovery, inventory, self._gate())
-            if why is not None and self._reverify is not None:
+            if why is not None and not background and self._reverify is not None:
                 self._answered_reverify(self._reverify)
+            if answered is not None:
+                self._answered_reverify(answered)
         finally:
             tree.close()
         return inventory
@@ -496,6 +511,79 @@ class Agent:
                 baseline=self.verification.baseline,
             )
         )
+
+    def _busy(self) -> str | None:
+        """Why the node is not idle for the active probes: claims prepared on its devices
+        (the checkpoint), which the tools would disturb and be disturbed by."""
+        entries = self.driver.checkpoint.entries()
+        if not entries:
+            return None
+        return f"node busy: {len(entries)} claim(s) prepared on it"
+
+    def _start_verification(self, discovery: Discovery, why: str) -> None:
+        """Run verification (with the active probes) on its own thread; the pass goes on and
+        publishes the gate as it is, and the thread's end starts a pass that records it."""
+        log.info("verification run starting", reason=why, background=True)
+        interfaces, accelerators = discovery.interfaces or [], discovery.accelerators or []
+        nvml, fp, busy = discovery.nvml, self._fingerprint, self._busy()
+        previous = self.verification.last_run
+        self._verifying_answers = self._reverify
+        if busy is not None:
+            log.info("active probes not run: the node is busy", reason=busy)
+
+        def work() -> None:
+            tree = SysfsTree(self.config.sysfs_root)
+            try:
+                run = run_once(
+                    tree,
+                    interfaces,
+                    accelerators,
+                    nvml,
+                    fp,
+                    tools=self.config.verify_tools,
+                    expect=self.config.verify_expect,
+                    baseline=self.verification.baseline,
+                    busy=busy,
+                    previous=previous,
+                )
+            except Exception:
+                log.exception("verification run failed to complete; retried later")
+                run = None
+            finally:
+                tree.close()
+            with self._verified_lock:
+                self._verified = run
+                self._verifying_done = True
+            self.wake.set()
+
+        self._verifying_done = False
+        self._verifying = threading.Thread(target=work, name="verification", daemon=True)
+        self._verifying.start()
+
+    def _collect_verification(self) -> str | None:
+        """Take a finished background run into the schedule; returns the reverify request it
+        answered (to be removed once published)."""
+        if self._verifying is None:
+            return None
+        with self._verified_lock:
+            if not self._verifying_done:
+                return None
+            run, self._verified = self._verified, None
+        self._verifying.join()
+        self._verifying = None
+        answered, self._verifying_answers = self._verifying_answers, None
+        if run is None:
+            return None
+        self.verification.ran(run)
+        return answered
+
+    def join_verification(self, timeout: float | None = None) -> bool:
+        """Wait for a background run to end (tests, shutdown); True when none is under way."""
+        thread = self._verifying
+        if thread is not None:
+            thread.join(timeout)
+            return not thread.is_alive()
+        return True
 
     def request_verification(self) -> None:
         """Run verification in the next pass (fresh error-counter window), and start that
