@@ -288,7 +288,7 @@ def test_a_run_that_never_answered_leaves_the_active_probes_not_run(tmp_path: Pa
     found = _active(_run(tmp_path, Tools(executor=Broken())))
     assert {r.outcome for r in found.values()} == {"NotRun"}
     assert {r.reason for r in found.values()} == {
-        "the verification run did not start: pod fabricdra-verify-x: ImagePullBackOff"
+        "the verification run failed: pod fabricdra-verify-x: ImagePullBackOff"
     }
 
 

@@ -138,6 +138,11 @@ class AgentConfig:
     verification_gate: bool = True
     verify_interval: float = 24 * 3600.0  # seconds between runs on an unchanged node
     verify_tools: Tools = field(default_factory=Tools)
+    # The active probes run in a pod from this image on this node (None: here, with
+    # verify_tools.path), in verify_namespace (docs/verification.md, "The verification pod").
+    verify_image: str | None = None
+    verify_namespace: str = "fabricdra-system"
+    verify_runtime_class: str | None = None
     # The system profile the node is held to (None: the built-in one its DMI model names).
     verify_expect: SystemProfile | None = None
     boot_id_file: Path = BOOT_ID_PATH  # the kernel's boot id: state of another boot is dropped
@@ -187,6 +192,21 @@ class Agent:
         self.inventory = DeviceInventory(())
         self.previous: Previous | None = None
         self.verification = Schedule(interval=config.verify_interval)
+        self.verify_tools = config.verify_tools
+        if config.verify_image:
+            from fabricdra.api.rest import Rest
+
+            from .verification.podrun import PodExecutor
+
+            pod = PodExecutor(
+                Rest(api),
+                config.verify_namespace,
+                config.node_name,
+                config.verify_image,
+                runtime_class=config.verify_runtime_class,
+            )
+            # In the pod the image's own PATH finds the tools.
+            self.verify_tools = replace(config.verify_tools, executor=pod, path=None)
         self._restored = False
         self._reverify: str | None = None  # the reverify annotation this pass answers
         # A run with active probes goes on off the pass thread (tools take minutes): the
@@ -265,7 +285,7 @@ class Agent:
                 # Published unverified while the run goes on (bandwidth tools take minutes):
                 # an old result never speaks for new hardware, a new node is never offered.
                 self._publish(discovery, inventory, self._gate())
-            background = why is not None and self.config.verify_tools.run_bandwidth
+            background = why is not None and self.verify_tools.run_bandwidth
             if why is not None and background:
                 self._start_verification(discovery, why)
             elif why is not None:
@@ -506,7 +526,7 @@ class Agent:
                 discovery.accelerators or [],
                 discovery.nvml,
                 self._fingerprint,
-                tools=self.config.verify_tools,
+                tools=self.verify_tools,
                 expect=self.config.verify_expect,
                 baseline=self.verification.baseline,
             )
@@ -540,7 +560,7 @@ class Agent:
                     accelerators,
                     nvml,
                     fp,
-                    tools=self.config.verify_tools,
+                    tools=self.verify_tools,
                     expect=self.config.verify_expect,
                     baseline=self.verification.baseline,
                     busy=busy,

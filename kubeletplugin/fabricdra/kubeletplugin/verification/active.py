@@ -233,7 +233,7 @@ def execute(plan: Plan, executor: Executor, path: str | None) -> list[ProbeResul
         text = executor.run(script(plan, path), plan.timeout())
         why_missing = "no output came back from the verification run"
     except Exception as e:  # the pod could not be started, the API is down, ...
-        text, why_missing = "", f"the verification run did not start: {e}"
+        text, why_missing = "", f"the verification run failed: {e}"
     outputs = parse_run(text)
     results: list[ProbeResult] = []
     lanes = {j.step.id: lane for lane in plan.lanes for j in lane}
