@@ -23,11 +23,14 @@ registration — kubelet deletes the node's slices when it starts):
 4. `NodePublisher.sync` (slices, NodeDevices, labels; it compares with the live objects, so
    a pass that changes nothing writes nothing, and slices kubelet deleted come back);
 5. the health stream snapshot (Unhealthy/healed devices reach kubelet at once).
-Verification (docs/verification.md) runs inside a pass, before publishing, whenever it is due
-(`verification.runner.Schedule`): the first pass runs it, so a new node is never offered on
-trust; a run that did not pass is retried with a backoff; the Node annotation
-`fabricdra.io/reverify` (read each pass) asks for a run and is removed once it is done; the
-publisher applies the gate from the last run.
+Verification (docs/verification.md) runs whenever it is due (`verification.runner.Schedule`):
+the first pass runs it, so a new node is never offered on trust; a run that did not pass is
+retried with a backoff; the Node annotation `fabricdra.io/reverify` (read each pass) asks for
+a run and is removed once it is recorded; the publisher applies the gate from the last run.
+With the active probes off it runs inside the pass, before publishing; with them on (the
+tools take minutes) it runs on its own thread — in the verification pod with `verify_image`
+— and a later pass records it (the thread's end wakes one); the tools run only while no
+claim is prepared on the node (`_busy`).
 The first pass runs before the sockets open, so kubelet never reaches a plugin without an
 inventory. After each registration, passes also run `REGISTRATION_RECHECKS` seconds later:
 kubelet wipes the node's slices in the background when it starts, and that wipe can land

@@ -5,10 +5,12 @@ Each probe reads one thing and compares it with the expected value of the device
 reason — never `Passed` and never silently dropped. Which devices are probed:
 
 * every accelerator: `pcie-link`; NVIDIA GPUs also `nvlink` where their class expects NVLink;
-* every RDMA-capable physical NIC: `pcie-link`, `rdma-port`, `rdma-errors`, `nic-bandwidth`.
+* every RDMA-capable physical NIC: `pcie-link`, `rdma-port`, `rdma-errors`, `nic-bandwidth`
+  (the tools — the active probes — run first, in parallel: `active_probes`, active.py).
   VFs share their PF's link and are not probed separately. A NIC whose link verdict is Failed
   is `Skipped`: it is down, health already taints it, and verification measures working links;
-* the node, once: `gpu-bandwidth` when it has NVIDIA GPUs, and `inventory` — the GPUs and
+* the node, once: `host-bandwidth`, `gpu-bandwidth` and `nccl-allreduce` when it has NVIDIA
+  GPUs, and `inventory` — the GPUs and
   compute HCAs the system model promises (`SystemProfile`: built in per DMI model, or an
   operator's `--expect`), each compute HCA's port rate held to the model's rate in `rdma-port`.
 
