@@ -168,7 +168,8 @@ def register(sub: Any) -> None:
     a(
         "--verify-tools-path",
         default=_env("VERIFY_TOOLS_PATH"),
-        help="where nvbandwidth and ib_write_bw are looked up (PATH syntax; default: $PATH) "
+        help="where nvbandwidth, ib_write_bw and all_reduce_perf are looked up when the agent "
+        "runs the active probes itself (PATH syntax; default: $PATH) "
         "[FABRICDRA_VERIFY_TOOLS_PATH]",
     )
     a(

@@ -65,7 +65,8 @@ def register(sub: Any) -> None:
         "--tools-path",
         default=None,
         metavar="PATH",
-        help="where nvbandwidth and ib_write_bw are looked up (PATH syntax; default: $PATH)",
+        help="where nvbandwidth, ib_write_bw and all_reduce_perf are looked up (PATH syntax; "
+        "default: $PATH)",
     )
     a(
         "--no-bandwidth",
