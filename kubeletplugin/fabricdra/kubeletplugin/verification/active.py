@@ -163,7 +163,8 @@ def _step_body(s: Step) -> str:
         "  n=$((n + 1))\n"
         "  sleep 1\n"
         "done\n"
-        '[ "$rc" -eq 0 ] || kill "$server" 2>/dev/null\n'
+        # A client that failed for good: the server's own words (a missing device...) too.
+        '[ "$rc" -eq 0 ] || { kill "$server" 2>/dev/null; echo "server:"; cat "$0.server"; }\n'
         'wait "$server" 2>/dev/null\n'
         'exit "$rc"\n'
     )
