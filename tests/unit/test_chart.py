@@ -168,7 +168,7 @@ def test_the_verification_image_gives_the_agent_a_pod_on_its_node_and_nothing_mo
     assert [a for a in args(docs) if a.startswith("--verify-namespace=")]
     role = _one(docs, "Role", "fabricdra-node-verification")
     assert role["rules"] == [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "create", "delete"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "create", "delete"]},
         {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
     ]
     binding = _one(docs, "RoleBinding", "fabricdra-node-verification")

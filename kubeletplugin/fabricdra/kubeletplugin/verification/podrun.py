@@ -123,6 +123,7 @@ class PodExecutor:
     def run(self, script: str, timeout: float) -> str:
         """The pod's log once it ended. Raises (the probes are then NotRun, said why) when
         the pod cannot be created or ends without running (image pull, admission)."""
+        self._remove_leftovers()
         name = pod_name(self.node)
         body = pod_manifest(
             name,
@@ -144,15 +145,27 @@ class PodExecutor:
                 PODS.path(self.namespace, name, "log"), query={"container": "probes"}
             )
         finally:
-            try:
-                self.rest.call(
-                    "DELETE",
-                    PODS.path(self.namespace, name),
-                    body={"gracePeriodSeconds": 0, "propagationPolicy": "Background"},
-                )
-            except ApiError as e:
-                if not e.not_found:
-                    log.warning("verification pod not deleted", pod=name, error=str(e))
+            self._delete(name)
+
+    def _remove_leftovers(self) -> None:
+        """Delete this node's verification pods an earlier agent left (it was restarted
+        mid-run): their tools would run beside the new run's and both would measure less."""
+        selector = f"app.kubernetes.io/component={COMPONENT},{NODE_LABEL}={self.node}"
+        for pod in self.rest.list(PODS, self.namespace, label_selector=selector)["items"]:
+            name = pod["metadata"]["name"]
+            log.info("deleting a verification pod left by an earlier run", pod=name)
+            self._delete(name)
+
+    def _delete(self, name: str) -> None:
+        try:
+            self.rest.call(
+                "DELETE",
+                PODS.path(self.namespace, name),
+                body={"gracePeriodSeconds": 0, "propagationPolicy": "Background"},
+            )
+        except ApiError as e:
+            if not e.not_found:
+                log.warning("verification pod not deleted", pod=name, error=str(e))
 
     def _wait(self, name: str, limit: float) -> tuple[str, str]:
         """(phase, why) once the pod ended or `limit` seconds passed."""
