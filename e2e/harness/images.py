@@ -147,3 +147,21 @@ def fabricdra_image(directory: Path) -> tuple[Path, str]:
     archive = Path(done.stdout.strip().splitlines()[-1])
     ociarchive.for_platform(archive, host)  # containerd runs the host's image from the index
     return archive, (directory / "image-ref").read_text().strip()
+
+
+def verification_image(directory: Path, tools: Path) -> tuple[Path, str]:
+    """A verification image built by deployments/verification/build.sh (Debian's perftest, and
+    the executables in `tools` with python3: the harness's stand-ins); returns the OCI archive
+    and the image reference it carries."""
+    script = Path(__file__).resolve().parents[2] / "deployments" / "verification" / "build.sh"
+    done = subprocess.run(
+        [str(script), "--out", str(directory), "--add", str(tools), "--python", "--tag", "e2e"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        tail = "\n".join(done.stderr.strip().splitlines()[-20:])
+        raise HarnessError(f"{script} failed (exit {done.returncode}):\n{tail}")
+    archive = Path(done.stdout.strip().splitlines()[-1])
+    return archive, (directory / "image-ref").read_text().strip()

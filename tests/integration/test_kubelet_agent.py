@@ -31,6 +31,7 @@ from fabricdra.kubeletplugin.agent import Agent, AgentConfig, health_reports
 from fabricdra.kubeletplugin.kubelet import ClaimRef
 from fabricdra.kubeletplugin.kubelet.driver import PrepareError
 from fabricdra.kubeletplugin.resourceslices import TAINT_KEY
+from fabricdra.kubeletplugin.verification import Tools
 from fabricdra.proto.gen.dra_health_v1alpha1 import api_pb2 as health_pb2
 from fabricdra.proto.gen.dra_health_v1alpha1 import api_pb2_grpc as health_grpc
 from fabricdra.proto.gen.dra_v1 import api_pb2 as v1_pb2
@@ -63,6 +64,8 @@ def slice_devices(api: Any, node: str) -> list[str]:
 
 
 def agent_config(base: Path, host: Host, node: str, **kw: Any) -> AgentConfig:
+    # The active probes (tools) off: these tests are about the agent, not verification.
+    kw.setdefault("verify_tools", Tools(run_bandwidth=False))
     return AgentConfig(
         node_name=node,
         sysfs_root=host.root / "sys",
@@ -101,6 +104,7 @@ def cli_argv(control_plane: ControlPlane, config: AgentConfig, *extra: str) -> l
         str(config.proc_root),
         "--toolkit-cdi-dirs",
         "",
+        "--verify-active=off",
         *extra,
     ]
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from e2e.harness.controlplane import ControlPlane, wait_for
 from fabricdra.api.rest import NODES, Rest
 from fabricdra.kubeletplugin import metrics as agent_metrics
 from fabricdra.kubeletplugin.agent import Agent, AgentConfig
+from fabricdra.kubeletplugin.kubelet.checkpoint import ClaimEntry
 from fabricdra.kubeletplugin.publisher import NodePublisher
 from fabricdra.kubeletplugin.resourceslices import ApiFeatures
 from fabricdra.kubeletplugin.verification import GateInput, Tools, VerificationRun
@@ -114,7 +114,8 @@ def gated(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Callable[...,
             state_dir=base / "state",
             dev_root=host.layout.dev_root,
             proc_root=host.layout.proc_root,
-            verify_tools=tools or Tools(path=""),
+            # The active probes off unless a test runs the stand-in tools.
+            verify_tools=tools or Tools(run_bandwidth=False),
             verification_gate=gate,
         )
         api = control_plane.api_client()
@@ -269,57 +270,103 @@ def test_a_failed_probe_taints_every_device(gated: Callable[..., GatedNode]) -> 
     assert v["reason"] == f"failed: pcie-link on {gpu}"
 
 
+STANDINS = Path(__file__).resolve().parents[1] / "standins"
+
+
+@pytest.fixture
+def standin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The stand-in tools' folder (their call log, events, the loopback's unix sockets)."""
+    d = tmp_path / "standin"
+    d.mkdir()
+    monkeypatch.setenv("STANDIN_DIR", str(d))
+    for var in ("STANDIN_HANG", "STANDIN_AWAIT", "STANDIN_VALUE", "STANDIN_LATE_SERVER"):
+        monkeypatch.delenv(var, raising=False)
+    return d
+
+
+def _probe_outcomes(v: dict[str, Any], probe: str) -> set[str]:
+    return {p["outcome"] for p in v["probes"] if p["probe"] == probe}
+
+
 def test_a_repair_makes_the_node_unverified_until_the_new_run_passes(
-    gated: Callable[..., GatedNode], tmp_path: Path
+    gated: Callable[..., GatedNode], standin: Path
 ) -> None:
-    # nvbandwidth that holds until released: the window while the post-repair run goes on.
-    tools = tmp_path / "tools"
-    tools.mkdir()
-    release = tmp_path / "release"
-    matrix = "\n".join(
-        ["        " + "  ".join(str(c) for c in range(8))]
-        + [f"{r} " + "  ".join("N/A" if r == c else "390.0" for c in range(8)) for r in range(8)]
-    )
-    script = tools / "nvbandwidth"
-    script.write_text(
-        f"#!/bin/sh\nwhile [ ! -e {release} ]; do sleep 0.05; done\ncat <<'EOF'\n{matrix}\nEOF\n"
-    )
-    script.chmod(0o755)
-    release.touch()
-    node = gated(tools=Tools(path=str(tools)))
+    node = gated(tools=Tools(path=str(STANDINS), timeout_seconds=120))
     node.sysfs("module/nvidia/version", "570.86.15")
-    node.agent.pass_once()
+    node.agent.pass_once()  # published unverified; the tools run off the pass thread
+    assert node.verification()["state"] == "Unverified"
+    assert node.agent.join_verification(timeout=300)
+    node.agent.pass_once()  # the finished run is recorded
     first = node.verification()
-    assert first["state"] == "Verified"
-    [bw] = [p for p in first["probes"] if p["probe"] == "gpu-bandwidth"]
-    assert bw["outcome"] == "Passed"
+    assert first["state"] == "Verified", first["reason"]
+    for probe in ("gpu-bandwidth", "host-bandwidth", "nccl-allreduce"):
+        assert _probe_outcomes(first, probe) == {"Passed"}, probe
+    # NIC 2's link is down: Skipped, the others measured
+    assert _probe_outcomes(first, "nic-bandwidth") == {"Passed", "Skipped"}
 
     # The repair: GPU 3 swapped for another board (a new UUID) and the driver upgraded.
-    release.unlink()
     doc = node.snapshot()
     doc[node.host.hgx.gpus[3]]["uuid"] = "GPU-00000003-aaaa-4c1a-9f3e-bbbbbbbbbbbb"
     node.write_snapshot(doc)
     node.sysfs("module/nvidia/version", "580.65.06")
-    passing = threading.Thread(target=node.agent.pass_once)
-    passing.start()
-    try:
-        v = wait_for(
-            lambda: (lambda s: s if s.get("state") == "Unverified" else None)(node.verification()),
-            what="the repaired node unverified",
-        )
-        assert "changed since the last run" in v["reason"]
-        assert v["fingerprint"] == first["fingerprint"]  # the old run, no longer speaking
-        assert set(node.gate_taints().values()) == {"unverified"}
-        assert node.label() is None
-    finally:
-        release.touch()
-        passing.join(timeout=60)
-    assert not passing.is_alive()
+    node.agent.pass_once()
+    v = node.verification()
+    assert v["state"] == "Unverified"
+    assert "changed since the last run" in v["reason"]
+    assert v["fingerprint"] == first["fingerprint"]  # the old run, no longer speaking
+    assert set(node.gate_taints().values()) == {"unverified"}
+    assert node.label() is None
+    assert node.agent.join_verification(timeout=300)
+    node.agent.pass_once()
     v = node.verification()
     assert v["state"] == "Verified"
     assert v["fingerprint"] != first["fingerprint"]
     assert set(node.gate_taints().values()) == {None}
     assert node.label() == "true"
+
+
+def test_a_hung_tool_holds_neither_the_pass_nor_the_other_probes(
+    gated: Callable[..., GatedNode], standin: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nvbandwidth hangs: passes go on (the run is on its own thread), the loopbacks run
+    beside it, and the hung tool fails the node once its own timeout ends it."""
+    monkeypatch.setenv("STANDIN_HANG", "nvbandwidth")
+    node = gated(tools=Tools(path=str(STANDINS), timeout_seconds=20))
+    node.agent.pass_once()
+    node.agent.pass_once()  # a second pass while the tool hangs: returns, publishes as it was
+    assert node.verification()["state"] == "Unverified"
+    assert node.agent.join_verification(timeout=300)
+    node.agent.pass_once()
+    v = node.verification()
+    assert v["state"] == "Failed"
+    [gpu] = [p for p in v["probes"] if p["probe"] == "gpu-bandwidth"]
+    assert gpu["reason"] == "nvbandwidth ran past 20 s"
+    assert _probe_outcomes(v, "nccl-allreduce") == {"Skipped"}
+    assert _probe_outcomes(v, "nic-bandwidth") == {"Passed", "Skipped"}  # NIC 2 is down
+
+
+def test_the_tools_do_not_run_on_a_node_with_prepared_claims(
+    gated: Callable[..., GatedNode], standin: Path
+) -> None:
+    node = gated(tools=Tools(path=str(STANDINS), timeout_seconds=120))
+    node.agent.pass_once()
+    assert node.agent.join_verification(timeout=300)
+    node.agent.pass_once()
+    first = node.verification()
+    assert first["state"] == "Verified", first["reason"]
+    calls = (standin / "calls").read_text()
+    # A claim prepared on the node, then a re-verification asked for.
+    node.agent.driver.checkpoint.put(ClaimEntry("uid-1", "team-a", "train-0", ()))
+    node.agent.request_verification()
+    node.agent.pass_once()
+    assert node.agent.join_verification(timeout=300)
+    node.agent.pass_once()
+    v = node.verification()
+    assert v["state"] == "Verified", v["reason"]
+    assert (standin / "calls").read_text() == calls  # no tool ran while the node was busy
+    [nccl] = [p for p in v["probes"] if p["probe"] == "nccl-allreduce"]
+    assert nccl["outcome"] == "Passed"
+    assert "node busy: 1 claim(s) prepared on it" in nccl["reason"]
 
 
 def _fabricdra(*args: str) -> subprocess.CompletedProcess[str]:

@@ -172,6 +172,42 @@ def test_the_verification_profile_reaches_the_agent_inline(chart: Chart) -> None
     assert json.loads(arg.split("=", 1)[1]) == profile
 
 
+def test_the_verification_image_gives_the_agent_a_pod_on_its_node_and_nothing_more(
+    chart: Chart,
+) -> None:
+    """verification.image: the agent runs the active probes in a pod from it; RBAC for pods
+    in the chart's namespace only; the admission policy binds it to its own node and image."""
+    image = "registry.example/fabricdra-verify:1"
+
+    def args(docs: list[dict[str, Any]]) -> list[str]:
+        ds = _one(docs, "DaemonSet", "fabricdra-node")
+        return list(ds["spec"]["template"]["spec"]["containers"][0]["args"])
+
+    plain = chart.template({})
+    assert "--verify-active=on" in args(plain)
+    assert not [a for a in args(plain) if a.startswith("--verify-image")]
+    assert "fabricdra-node-verification" not in _kinds(plain).get("Role", [])
+    docs = chart.template({"verification": {"image": image, "runtimeClassName": "nvidia"}})
+    assert f"--verify-image={image}" in args(docs)
+    assert "--verify-runtime-class=nvidia" in args(docs)
+    assert [a for a in args(docs) if a.startswith("--verify-namespace=")]
+    role = _one(docs, "Role", "fabricdra-node-verification")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "create", "delete"]},
+        {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+    ]
+    binding = _one(docs, "RoleBinding", "fabricdra-node-verification")
+    assert binding["metadata"]["namespace"] == role["metadata"]["namespace"]
+    assert "ClusterRole" not in json.dumps(binding["roleRef"])
+    policy = _one(docs, "ValidatingAdmissionPolicy", "fabricdra-node-verification-pods")
+    rule = policy["spec"]["validations"][-1]["expression"]
+    assert "object.spec.nodeName == variables.nodeName" in rule
+    assert f"c.image == '{image}'" in rule
+    _one(docs, "ValidatingAdmissionPolicyBinding", "fabricdra-node-verification-pods")
+    off = chart.template({"verification": {"activeProbes": False}})
+    assert "--verify-active=off" in args(off)
+
+
 def test_dynamic_mig_value_reaches_the_agent(chart: Chart) -> None:
     """Issue 20 point 2: off by default (no flag at all), `dynamicMIG: true` passes it."""
 

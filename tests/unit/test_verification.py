@@ -4,7 +4,6 @@ Bandwidth tools are real executables written into a folder put on the probe's se
 from __future__ import annotations
 
 import json
-import stat
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -29,14 +28,12 @@ from fabricdra.kubeletplugin.verification import (
     run_probes,
 )
 from fabricdra.kubeletplugin.verification.runner import CHANGED, FIRST_RUN, Schedule
-from fabricdra.kubeletplugin.verification.tools import (
-    parse_ib_write_bw,
-    parse_nvbandwidth_matrix,
-)
 from tests.sysfs.builder import PcieLink, Port, SysfsBuilder
 from tests.sysfs.nodes import discover_at, h100_snapshot, hgx_h100
 
-NO_TOOLS = Tools(path="")  # an empty search path: no tool is found
+# The active probes turned off (Skipped, not required): these tests are about the others;
+# tests/unit/test_active_probes.py runs the tools.
+NO_TOOLS = Tools(run_bandwidth=False)
 EXPECT = load_expectations()
 
 
@@ -63,7 +60,7 @@ def _by(results: list[ProbeResult], probe: str, device: str) -> ProbeResult:
     return r
 
 
-def test_a_healthy_hgx_node_passes_and_absent_tools_are_not_run(tmp_path: Path) -> None:
+def test_a_healthy_hgx_node_passes_with_the_active_probes_turned_off(tmp_path: Path) -> None:
     b, hgx = _node(tmp_path)
     results, _ = _probe(b, h100_snapshot(hgx.gpus))
     passed, why = run_passed(results, EXPECT)
@@ -71,13 +68,14 @@ def test_a_healthy_hgx_node_passes_and_absent_tools_are_not_run(tmp_path: Path) 
     assert {r.outcome for r in results if r.probe in ("pcie-link", "nvlink", "rdma-port")} == {
         "Passed"
     }
-    # 8 GPUs (pcie + nvlink), 8 NICs (pcie, port, errors, bandwidth), one node bandwidth probe,
-    # and the inventory, not run: the tree has no DMI model with a profile.
-    assert len(results) == 8 * 2 + 8 * 4 + 1 + 1
+    # 8 GPUs (pcie + nvlink), 8 NICs (pcie, port, errors, bandwidth), three node probes
+    # (host->GPU, GPU<->GPU, NCCL), and the inventory, not run: the tree has no DMI model with
+    # a profile.
+    assert len(results) == 8 * 2 + 8 * 4 + 3 + 1
     assert _by(results, "inventory", "node").outcome == "NotRun"
-    tools = [r for r in results if r.probe in ("gpu-bandwidth", "nic-bandwidth")]
-    assert {r.outcome for r in tools} == {"NotRun"}
-    assert all("is not installed" in (r.reason or "") for r in tools)
+    tools = [r for r in results if r.probe.endswith("bandwidth") or r.probe == "nccl-allreduce"]
+    assert {r.outcome for r in tools} == {"Skipped"}
+    assert all("turned off" in (r.reason or "") for r in tools)
 
 
 def test_a_gpu_trained_on_fewer_lanes_fails_the_node(tmp_path: Path) -> None:
@@ -187,95 +185,31 @@ def test_a_nic_whose_link_failed_is_skipped_not_failed(tmp_path: Path) -> None:
     assert run_passed(results, EXPECT)[0]
 
 
-# --- bandwidth tools -------------------------------------------------------------------------
+# --- the active probes' figures (the runs themselves: test_active_probes.py) --------------
 
-NVBANDWIDTH_OUT = """nvbandwidth Version: v0.7
-Running device_to_device_memcpy_read_ce.
-memcpy CE GPU(row) <- GPU(column) bandwidth (GB/s)
-           0         1         2
- 0       N/A    389.31    {weak}
- 1    389.13       N/A    388.90
- 2    389.00    389.02       N/A
-
-SUM device_to_device_memcpy_read_ce 2000.00
-"""
+FIGURES = {
+    "gpuBandwidthGBs": "gpu-bandwidth",
+    "hostBandwidthGBs": "host-bandwidth",
+    "ncclAllReduceBusGBs": "nccl-allreduce",
+    "nicBandwidthFraction": "nic-bandwidth",
+    "nicBandwidthGbps": "nic-bandwidth",
+}
 
 
-def _tool(folder: Path, name: str, script: str) -> None:
-    folder.mkdir(exist_ok=True)
-    path = folder / name
-    path.write_text("#!/bin/sh\n" + script)
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
-
-
-def _gpu_node(tmp_path: Path) -> tuple[SysfsBuilder, dict[str, Any]]:
-    b, hgx = _node(tmp_path)
-    return b, h100_snapshot(hgx.gpus)
-
-
-@pytest.mark.parametrize(
-    ("script", "outcome", "text"),
-    [
-        (f"cat <<'EOF'\n{NVBANDWIDTH_OUT.format(weak='388.50')}EOF\n", "Passed", None),
-        (
-            f"cat <<'EOF'\n{NVBANDWIDTH_OUT.format(weak='120.25')}EOF\n",
-            "Failed",
-            "GPU0<-GPU2 120.25",
-        ),
-        ("echo 'cudaErrorNoDevice' >&2; exit 3\n", "Failed", "exit 3"),
-        ("echo 'nothing to see'\n", "Failed", "no bandwidth matrix"),
-    ],
-)
-def test_nvbandwidth_is_held_to_the_class_minimum(
-    tmp_path: Path, script: str, outcome: str, text: str | None
-) -> None:
-    b, snap = _gpu_node(tmp_path)
-    _tool(tmp_path / "bin", "nvbandwidth", script)
-    results, _ = _probe(b, snap, Tools(path=str(tmp_path / "bin")))
-    r = _by(results, "gpu-bandwidth", "node")
-    assert r.outcome == outcome, r
-    if text:
-        assert text in (r.reason or "")
-    else:
-        assert r.measured == "weakest pair GPU0<-GPU2 388.5 GB/s over 6 pairs"
-
-
-def test_ib_write_bw_loopback_runs_server_and_client(tmp_path: Path) -> None:
-    b, snap = _gpu_node(tmp_path)
-    log = tmp_path / "calls"
-    # The server is the call without a host; the client (last argument localhost) reports.
-    _tool(
-        tmp_path / "bin",
-        "ib_write_bw",
-        f'echo "$@" >> {log}\n'
-        "for last; do :; done\n"
-        'if [ "$last" = localhost ]; then\n'
-        '  echo " #bytes #iterations BW peak[Gb/sec] BW average[Gb/sec] MsgRate[Mpps]"\n'
-        '  case "$*" in *mlx5_2*) bw=42.10 ;; *) bw=390.50 ;; esac\n'
-        '  echo " 65536      5000             391.22             $bw              0.744"\n'
-        "fi\n",
-    )
-    results, _ = _probe(b, snap, Tools(path=str(tmp_path / "bin")))
-    assert _by(results, "nic-bandwidth", "mlx5_0").measured == "390.5 Gb/s"
-    slow = _by(results, "nic-bandwidth", "mlx5_2")
-    assert slow.outcome == "Failed"
-    assert slow.reason == "below 80 Gb/s"
-    calls = log.read_text().splitlines()
-    # NICs in interface-name order, each on its own port; a server call precedes each client.
-    assert set(calls[:2]) == {
-        "-d mlx5_4 --report_gbits -F -p 18515",
-        "-d mlx5_4 --report_gbits -F -p 18515 localhost",
-    }
-    assert len(calls) == 16
-
-
-def test_tool_output_parsers() -> None:
-    pairs = parse_nvbandwidth_matrix(NVBANDWIDTH_OUT.format(weak="1.5"))
-    assert pairs[(0, 2)] == 1.5
-    assert (0, 0) not in pairs
-    assert len(pairs) == 6
-    assert parse_ib_write_bw(" 65536 5000 10.00 9.50 0.1\n") == 9.5
-    assert parse_ib_write_bw("Couldn't connect\n") is None
+def test_every_bandwidth_figure_has_a_source_and_its_probe_is_required() -> None:
+    """A class that has a figure requires its probe (a node without the tools is not
+    verified), and names where the figure comes from."""
+    for row in EXPECT.classes:
+        for field, probe in FIGURES.items():
+            if getattr(row, field) is None:
+                continue
+            assert probe in row.required, (row.name, probe)
+            assert row.sources.get(field, "").startswith("https://"), (row.name, field)
+    # azurehpc-health-checks' figures, not the old guesses (600 GB/s, 80 Gb/s)
+    assert EXPECT.for_gpu("gb200-186gb-nvl72").gpuBandwidthGBs == 335.0
+    assert EXPECT.for_gpu("h200-141gb-sxm").ncclAllReduceBusGBs == 431.0
+    assert EXPECT.for_nic().nicBandwidthFraction == 0.9
+    assert "nic-bandwidth" in EXPECT.for_nic().required
 
 
 # --- gate, fingerprint, schedule, data -------------------------------------------------------

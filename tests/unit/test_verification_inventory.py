@@ -39,7 +39,7 @@ from fabricdra.kubeletplugin.verification.runner import (
 from tests.sysfs.builder import PcieLink, SysfsBuilder
 from tests.sysfs.nodes import dgx_h100, discover_at, h100_snapshot, hgx_h100
 
-NO_TOOLS = Tools(path="")
+NO_TOOLS = Tools(run_bandwidth=False)
 EXPECT = load_expectations()
 
 

@@ -161,6 +161,14 @@ class Rest:
         doc: JSON = json.loads(raw) if raw else {}
         return doc
 
+    def text(
+        self, path: str, *, query: Mapping[str, Any] | None = None, timeout: float = 30.0
+    ) -> str:
+        """A GET whose answer is text, not JSON (a pod's log)."""
+        resp = self._send("GET", path, query, None, "application/json", timeout)
+        data: bytes = resp.data or b""
+        return data.decode(errors="replace")
+
     # -- verbs ---------------------------------------------------------------------------
     def get(
         self, kind: Kind, name: str, namespace: str | None = None, *, timeout: float = 30.0

@@ -30,6 +30,8 @@ ProbeName = Literal[
     "rdma-errors",
     "nvlink",
     "gpu-bandwidth",
+    "host-bandwidth",
+    "nccl-allreduce",
     "nic-bandwidth",
 ]
 PROBES: tuple[ProbeName, ...] = (
@@ -39,6 +41,15 @@ PROBES: tuple[ProbeName, ...] = (
     "rdma-errors",
     "nvlink",
     "gpu-bandwidth",
+    "host-bandwidth",
+    "nccl-allreduce",
+    "nic-bandwidth",
+)
+# The probes that run tools (docs/verification.md, "Active probes"): only on an idle node.
+ACTIVE_PROBES: tuple[ProbeName, ...] = (
+    "gpu-bandwidth",
+    "host-bandwidth",
+    "nccl-allreduce",
     "nic-bandwidth",
 )
 # Skipped: the device is excluded from this run for a stated reason (a NIC whose link is down:
@@ -76,6 +87,14 @@ class ClassExpectation(_Frozen):
     # says the link is erring now.
     rdmaErrorCounters: dict[str, int] = Field(default_factory=dict)
     nicBandwidthGbps: float | None = None
+    # nvbandwidth host_to_device_memcpy_ce: every GPU's copy from host memory (GB/s).
+    hostBandwidthGBs: float | None = None
+    # nccl-tests all_reduce_perf on every GPU of the node: the bus bandwidth (GB/s).
+    ncclAllReduceBusGBs: float | None = None
+    # The NIC loopback's minimum as a share of the port's own rate (0.9: 360 of 400 Gb/s).
+    nicBandwidthFraction: float | None = None
+    # field -> where its figure comes from (docs/verification.md lists them too).
+    sources: dict[str, str] = Field(default_factory=dict)
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 

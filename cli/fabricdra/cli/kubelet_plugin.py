@@ -175,8 +175,42 @@ def register(sub: Any) -> None:
     a(
         "--verify-tools-path",
         default=_env("VERIFY_TOOLS_PATH"),
-        help="where nvbandwidth and ib_write_bw are looked up (PATH syntax; default: $PATH) "
+        help="where nvbandwidth, ib_write_bw and all_reduce_perf are looked up when the agent "
+        "runs the active probes itself (PATH syntax; default: $PATH) "
         "[FABRICDRA_VERIFY_TOOLS_PATH]",
+    )
+    a(
+        "--verify-active",
+        default=env_choice("VERIFY_ACTIVE", "on", ["on", "off"]),
+        choices=["on", "off"],
+        help="run the active probes (nvbandwidth, ib_write_bw, all_reduce_perf) on an idle node; "
+        "off: Skipped and not required (docs/verification.md) [FABRICDRA_VERIFY_ACTIVE]",
+    )
+    a(
+        "--verify-image",
+        default=_env("VERIFY_IMAGE"),
+        metavar="IMAGE",
+        help="run the active probes in a pod from this image on the agent's node (the chart's "
+        "verification.image); default: run them here, tools from --verify-tools-path "
+        "[FABRICDRA_VERIFY_IMAGE]",
+    )
+    a(
+        "--verify-namespace",
+        default=_env("VERIFY_NAMESPACE") or "fabricdra-system",
+        help="namespace of the verification pod (default fabricdra-system) "
+        "[FABRICDRA_VERIFY_NAMESPACE]",
+    )
+    a(
+        "--verify-runtime-class",
+        default=_env("VERIFY_RUNTIME_CLASS"),
+        help="runtimeClassName of the verification pod (e.g. nvidia) "
+        "[FABRICDRA_VERIFY_RUNTIME_CLASS]",
+    )
+    a(
+        "--verify-tool-timeout",
+        type=float,
+        default=env_float("VERIFY_TOOL_TIMEOUT", 300, empty=300),
+        help="seconds one tool may run (default 300) [FABRICDRA_VERIFY_TOOL_TIMEOUT]",
     )
     a(
         "--verify-expect",
@@ -211,6 +245,8 @@ def build_config(args: argparse.Namespace) -> Any:
         raise UsageError("--node-name (or FABRICDRA_NODE_NAME) is required")
     if args.discovery_interval <= 0:
         raise UsageError(f"--discovery-interval must be positive, not {args.discovery_interval}")
+    if args.verify_tool_timeout <= 0:
+        raise UsageError(f"--verify-tool-timeout must be positive, not {args.verify_tool_timeout}")
     if args.verify_interval < 0:
         raise UsageError(f"--verify-interval must be 0 or positive, not {args.verify_interval}")
     if args.claim_sweep_interval <= 0:
@@ -252,7 +288,14 @@ def build_config(args: argparse.Namespace) -> Any:
         resource_model=args.resource_model,
         verification_gate=args.verification_gate == "on",
         verify_interval=args.verify_interval,
-        verify_tools=Tools(path=args.verify_tools_path or None),
+        verify_tools=Tools(
+            path=args.verify_tools_path or None,
+            timeout_seconds=args.verify_tool_timeout,
+            run_bandwidth=args.verify_active == "on",
+        ),
+        verify_image=args.verify_image or None,
+        verify_namespace=args.verify_namespace,
+        verify_runtime_class=args.verify_runtime_class or None,
         verify_expect=expect,
     )
 

@@ -63,9 +63,14 @@ def register(sub: Any) -> None:
         "--tools-path",
         default=None,
         metavar="PATH",
-        help="where nvbandwidth and ib_write_bw are looked up (PATH syntax; default: $PATH)",
+        help="where nvbandwidth, ib_write_bw and all_reduce_perf are looked up (PATH syntax; "
+        "default: $PATH)",
     )
-    a("--no-bandwidth", action="store_true", help="do not run the bandwidth tools (NotRun)")
+    a(
+        "--no-bandwidth",
+        action="store_true",
+        help="do not run the active probes (tools): Skipped, not required",
+    )
     a(
         "--tool-timeout",
         type=float,

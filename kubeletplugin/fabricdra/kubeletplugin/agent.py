@@ -23,11 +23,14 @@ registration — kubelet deletes the node's slices when it starts):
 4. `NodePublisher.sync` (slices, NodeDevices, labels; it compares with the live objects, so
    a pass that changes nothing writes nothing, and slices kubelet deleted come back);
 5. the health stream snapshot (Unhealthy/healed devices reach kubelet at once).
-Verification (docs/verification.md) runs inside a pass, before publishing, whenever it is due
-(`verification.runner.Schedule`): the first pass runs it, so a new node is never offered on
-trust; a run that did not pass is retried with a backoff; the Node annotation
-`fabricdra.io/reverify` (read each pass) asks for a run and is removed once it is done; the
-publisher applies the gate from the last run.
+Verification (docs/verification.md) runs whenever it is due (`verification.runner.Schedule`):
+the first pass runs it, so a new node is never offered on trust; a run that did not pass is
+retried with a backoff; the Node annotation `fabricdra.io/reverify` (read each pass) asks for
+a run and is removed once it is recorded; the publisher applies the gate from the last run.
+With the active probes off it runs inside the pass, before publishing; with them on (the
+tools take minutes) it runs on its own thread — in the verification pod with `verify_image`
+— and a later pass records it (the thread's end wakes one); the tools run only while no
+claim is prepared on the node (`_busy`).
 The first pass runs before the sockets open, so kubelet never reaches a plugin without an
 inventory. After each registration, passes also run `REGISTRATION_RECHECKS` seconds later:
 kubelet wipes the node's slices in the background when it starts, and that wipe can land
@@ -95,7 +98,7 @@ from .mignvml import LiveMigNvml
 from .networkstatus import NetworkStatus
 from .nvidiacdi import DEFAULT_SPEC_DIRS, ToolkitSpecs
 from .prepare import CDI_KIND, DRIVER_NAME, ApiClaimReader, DevicesDriver
-from .verification import GateInput, Tools, fingerprint
+from .verification import GateInput, Tools, VerificationRun, fingerprint
 from .verification import metrics as verification_metrics
 from .verification.runner import CHANGED, FIRST_RUN, Schedule, run_once
 from .xids import XidWatch
@@ -139,6 +142,11 @@ class AgentConfig:
     verification_gate: bool = True
     verify_interval: float = 24 * 3600.0  # seconds between runs on an unchanged node
     verify_tools: Tools = field(default_factory=Tools)
+    # The active probes run in a pod from this image on this node (None: here, with
+    # verify_tools.path), in verify_namespace (docs/verification.md, "The verification pod").
+    verify_image: str | None = None
+    verify_namespace: str = "fabricdra-system"
+    verify_runtime_class: str | None = None
     # The system profile the node is held to (None: the built-in one its DMI model names).
     verify_expect: SystemProfile | None = None
     boot_id_file: Path = BOOT_ID_PATH  # the kernel's boot id: state of another boot is dropped
@@ -194,8 +202,30 @@ class Agent:
         self.inventory = DeviceInventory(())
         self.previous: Previous | None = None
         self.verification = Schedule(interval=config.verify_interval)
+        self.verify_tools = config.verify_tools
+        if config.verify_image:
+            from fabricdra.api.rest import Rest
+
+            from .verification.podrun import PodExecutor
+
+            pod = PodExecutor(
+                Rest(api),
+                config.verify_namespace,
+                config.node_name,
+                config.verify_image,
+                runtime_class=config.verify_runtime_class,
+            )
+            # In the pod the image's own PATH finds the tools.
+            self.verify_tools = replace(config.verify_tools, executor=pod, path=None)
         self._restored = False
         self._reverify: str | None = None  # the reverify annotation this pass answers
+        # A run with active probes goes on off the pass thread (tools take minutes): the
+        # thread, the reverify request it answers, and its result once done.
+        self._verifying: threading.Thread | None = None
+        self._verifying_answers: str | None = None
+        self._verified: VerificationRun | None = None
+        self._verified_lock = threading.Lock()
+        self._verifying_done = False
         self._fingerprint = ""
         self.wake = threading.Event()
         self._rechecks: list[float] = []  # monotonic times of extra passes still due
@@ -266,16 +296,24 @@ class Agent:
             if not self.config.verification_gate:
                 self._publish(discovery, inventory, None)
                 return inventory
+            answered = self._collect_verification()
             why = self._verification_due(tree, discovery)
+            if why is not None and self._verifying is not None:
+                why = None  # a run is under way: its result decides, at a later pass
             if why in (FIRST_RUN, CHANGED):
                 # Published unverified while the run goes on (bandwidth tools take minutes):
                 # an old result never speaks for new hardware, a new node is never offered.
                 self._publish(discovery, inventory, self._gate())
-            if why is not None:
+            background = why is not None and self.verify_tools.run_bandwidth
+            if why is not None and background:
+                self._start_verification(discovery, why)
+            elif why is not None:
                 self._run_verification(tree, discovery, why)
             self._publish(discovery, inventory, self._gate())
-            if why is not None and self._reverify is not None:
+            if why is not None and not background and self._reverify is not None:
                 self._answered_reverify(self._reverify)
+            if answered is not None:
+                self._answered_reverify(answered)
         finally:
             tree.close()
         return inventory
@@ -511,11 +549,84 @@ class Agent:
                 discovery.accelerators or [],
                 discovery.nvml,
                 self._fingerprint,
-                tools=self.config.verify_tools,
+                tools=self.verify_tools,
                 expect=self.config.verify_expect,
                 baseline=self.verification.baseline,
             )
         )
+
+    def _busy(self) -> str | None:
+        """Why the node is not idle for the active probes: claims prepared on its devices
+        (the checkpoint), which the tools would disturb and be disturbed by."""
+        entries = self.driver.checkpoint.entries()
+        if not entries:
+            return None
+        return f"node busy: {len(entries)} claim(s) prepared on it"
+
+    def _start_verification(self, discovery: Discovery, why: str) -> None:
+        """Run verification (with the active probes) on its own thread; the pass goes on and
+        publishes the gate as it is, and the thread's end starts a pass that records it."""
+        log.info("verification run starting", reason=why, background=True)
+        interfaces, accelerators = discovery.interfaces or [], discovery.accelerators or []
+        nvml, fp, busy = discovery.nvml, self._fingerprint, self._busy()
+        previous = self.verification.last_run
+        self._verifying_answers = self._reverify
+        if busy is not None:
+            log.info("active probes not run: the node is busy", reason=busy)
+
+        def work() -> None:
+            tree = SysfsTree(self.config.sysfs_root)
+            try:
+                run = run_once(
+                    tree,
+                    interfaces,
+                    accelerators,
+                    nvml,
+                    fp,
+                    tools=self.verify_tools,
+                    expect=self.config.verify_expect,
+                    baseline=self.verification.baseline,
+                    busy=busy,
+                    previous=previous,
+                )
+            except Exception:
+                log.exception("verification run failed to complete; retried later")
+                run = None
+            finally:
+                tree.close()
+            with self._verified_lock:
+                self._verified = run
+                self._verifying_done = True
+            self.wake.set()
+
+        self._verifying_done = False
+        self._verifying = threading.Thread(target=work, name="verification", daemon=True)
+        self._verifying.start()
+
+    def _collect_verification(self) -> str | None:
+        """Take a finished background run into the schedule; returns the reverify request it
+        answered (to be removed once published)."""
+        if self._verifying is None:
+            return None
+        with self._verified_lock:
+            if not self._verifying_done:
+                return None
+            run, self._verified = self._verified, None
+        self._verifying.join()
+        self._verifying = None
+        answered, self._verifying_answers = self._verifying_answers, None
+        if run is None:
+            return None
+        self.verification.ran(run)
+        return answered
+
+    def join_verification(self, timeout: float | None = None) -> bool:
+        """Wait for a background run to end (tests, shutdown); True when none is under way."""
+        thread = self._verifying
+        if thread is not None:
+            thread.join(timeout)
+            return not thread.is_alive()
+        return True
 
     def request_verification(self) -> None:
         """Run verification in the next pass (fresh error-counter window), and start that

@@ -5,10 +5,12 @@ Each probe reads one thing and compares it with the expected value of the device
 reason — never `Passed` and never silently dropped. Which devices are probed:
 
 * every accelerator: `pcie-link`; NVIDIA GPUs also `nvlink` where their class expects NVLink;
-* every RDMA-capable physical NIC: `pcie-link`, `rdma-port`, `rdma-errors`, `nic-bandwidth`.
+* every RDMA-capable physical NIC: `pcie-link`, `rdma-port`, `rdma-errors`, `nic-bandwidth`
+  (the tools — the active probes — run first, in parallel: `active_probes`, active.py).
   VFs share their PF's link and are not probed separately. A NIC whose link verdict is Failed
   is `Skipped`: it is down, health already taints it, and verification measures working links;
-* the node, once: `gpu-bandwidth` when it has NVIDIA GPUs, and `inventory` — the GPUs and
+* the node, once: `host-bandwidth`, `gpu-bandwidth` and `nccl-allreduce` when it has NVIDIA
+  GPUs, and `inventory` — the GPUs and
   compute HCAs the system model promises (`SystemProfile`: built in per DMI model, or an
   operator's `--expect`), each compute HCA's port rate held to the model's rate in `rdma-port`.
 
@@ -47,16 +49,20 @@ from fabricdra.api.verification import (
 
 from ..discovery.nvml import NvmlReadings
 from ..discovery.sysfs import SysfsTree
-from . import tools as bandwidth
+from . import active
+from .active import Executor, Judge, Plan, Step
 
 
 @dataclass(frozen=True)
 class Tools:
-    """Where the bandwidth tools are looked up, and how long one may run."""
+    """Where and how the active probes run (docs/verification.md, "Active probes")."""
 
-    path: str | None = None  # a PATH-style search list; None: the process's PATH
-    timeout_seconds: float = 300.0
-    run_bandwidth: bool = True  # False: bandwidth probes are NotRun ("disabled")
+    path: str | None = None  # a PATH-style search list for the tools; None: as found
+    timeout_seconds: float = 300.0  # each tool's own limit
+    # False: the operator turned the active probes off; they are Skipped and not required.
+    run_bandwidth: bool = True
+    executor: Executor | None = None  # where the script runs; None: here (LocalExecutor)
+    port_base: int = active.IB_PORT_BASE  # the first NIC's loopback port
 
 
 DMI_FILES = ("class/dmi/id/product_name", "class/dmi/id/board_name")
@@ -105,7 +111,11 @@ def run_probes(
     *,
     system: SystemChoice | None = None,
     baseline: ErrorBaseline | None = None,
+    busy: str | None = None,
 ) -> list[ProbeResult]:
+    """Every probe of one run. `busy`: why the node is not idle (claims prepared on it): the
+    active probes are then NotRun with that reason — they would disturb, and be disturbed by,
+    the workloads."""
     system = system or choose_system(tree)
     baseline = baseline if baseline is not None else ErrorBaseline()
     results: list[ProbeResult] = []
@@ -123,15 +133,133 @@ def run_probes(
     nics = [i for i in sorted(interfaces, key=lambda i: i.name) if i.rdma and i.rdmaDevice]
     compute = compute_hcas(nics, accelerators, system.profile)
     _take_baseline(tree, nics, nic_row, baseline)
-    for index, nic in enumerate(nics):
+    # The tools run first (in parallel), so the error window includes the links under load.
+    measured = active_probes(tree, nvidia, nics, nic_row, tools, busy)
+    for nic in nics:
         hca_rate = None
         if system.profile and system.profile.hcas and nic in compute:
             hca_rate = (system.profile.name, system.profile.hcas.rateGbps)
-        results.extend(_nic(tree, nic, nic_row, tools, index, baseline, hca_rate))
-    if nvidia:
-        results.append(gpu_bandwidth([a for a, _ in nvidia], [r for _, r in nvidia], tools))
+        results.extend(_nic(tree, nic, nic_row, baseline, measured, hca_rate))
+    results.extend(r for r in measured if r.probe != "nic-bandwidth")
     results.extend(inventory(accelerators, compute, system))
     return results
+
+
+# --- active probes: the tools ---------------------------------------------------------------
+
+
+def active_probes(
+    tree: SysfsTree,
+    nvidia: list[tuple[Accelerator, ClassExpectation]],
+    nics: list[Interface],
+    nic_row: ClassExpectation,
+    tools: Tools,
+    busy: str | None = None,
+) -> list[ProbeResult]:
+    """Plan the node's active probes (the GPU tools once for the node, one loopback per
+    working NIC), run them and judge them. Turned off: Skipped (not required); the node
+    busy: NotRun, with why."""
+    plan = plan_active(tree, nvidia, nics, nic_row, tools)
+    if not tools.run_bandwidth or busy is not None:
+        outcome: Outcome = "Skipped" if not tools.run_bandwidth else "NotRun"
+        why = "active probes turned off by the operator" if not tools.run_bandwidth else busy
+        return [
+            r.model_copy(update={"outcome": outcome, "reason": why})
+            for j in plan.judges
+            for r in active._all(j, "NotRun", "")
+        ] + _single_gpu(nvidia)
+    executor = tools.executor or active.LocalExecutor()
+    return active.execute(plan, executor, tools.path) + _single_gpu(nvidia)
+
+
+def _single_gpu(nvidia: list[tuple[Accelerator, ClassExpectation]]) -> list[ProbeResult]:
+    if len(nvidia) != 1:
+        return []
+    row = nvidia[0][1]
+    return [
+        ProbeResult(
+            probe="gpu-bandwidth",
+            device="node",
+            deviceClass=row.name,
+            outcome="Skipped",
+            expected="a GPU pair",
+            reason="one GPU: no GPU pair to measure",
+        )
+    ]
+
+
+def plan_active(
+    tree: SysfsTree,
+    nvidia: list[tuple[Accelerator, ClassExpectation]],
+    nics: list[Interface],
+    nic_row: ClassExpectation,
+    tools: Tools,
+) -> Plan:
+    """The lanes: the GPU tools one after another in one lane (they share the NVLinks), each
+    working NIC's loopback in a lane of its own."""
+    ids = iter(active.step_ids(1 + 1 + len(nics)))
+    plan = Plan()
+    timeout = tools.timeout_seconds
+    if nvidia:
+        rows = [r for _, r in nvidia]
+        # A node mixing classes is held to its least demanding class (the weakest decides).
+        row = min(rows, key=lambda r: r.gpuBandwidthGBs or 0.0)
+        tests = [active.H2D_TEST] + ([active.D2D_TEST] if len(nvidia) > 1 else [])
+        gpu_lane = [
+            Judge(
+                Step(next(ids), active.NVBANDWIDTH, ("-t", *tests), timeout),
+                "gpu-bandwidth",
+                "node",
+                row,
+                _least(r.gpuBandwidthGBs for r in rows),
+                gpu_pairs=len(nvidia) > 1,
+                host_want=_least(r.hostBandwidthGBs for r in rows),
+            )
+        ]
+        nccl_rows = [r for r in rows if r.ncclAllReduceBusGBs is not None] or rows
+        args = ("-b", active.NCCL_MESSAGE, "-e", active.NCCL_MESSAGE, "-f", "2")
+        gpu_lane.append(
+            Judge(
+                Step(next(ids), active.ALL_REDUCE_PERF, (*args, "-g", str(len(nvidia))), timeout),
+                "nccl-allreduce",
+                "node",
+                min(nccl_rows, key=lambda r: r.ncclAllReduceBusGBs or 0.0),
+                _least(r.ncclAllReduceBusGBs for r in rows),
+            )
+        )
+        plan.lanes.append(gpu_lane)
+    for index, nic in enumerate(nics):
+        if nic.link is not None and nic.link.verdict == "Failed":
+            continue  # down: Skipped with the NIC's other probes
+        device = nic.rdmaDevice or nic.name
+        port = str(tools.port_base + index)
+        args = ("-d", device, "--report_gbits", "-F", "-p", port)
+        step = Step(next(ids), active.IB_WRITE_BW, args, timeout, loopback=True)
+        plan.lanes.append(
+            [Judge(step, "nic-bandwidth", device, nic_row, _nic_want(tree, nic, nic_row))]
+        )
+    return plan
+
+
+def _least(values: Any) -> float | None:
+    found = [v for v in values if v is not None]
+    return min(found) if found else None
+
+
+def _nic_want(tree: SysfsTree, nic: Interface, row: ClassExpectation) -> float | None:
+    """The loopback minimum: the class's absolute floor, or its share of the slowest port's
+    rate, whichever is higher."""
+    wants = [row.nicBandwidthGbps] if row.nicBandwidthGbps is not None else []
+    if row.nicBandwidthFraction is not None:
+        rates = []
+        for port in _ports(nic):
+            rate = tree.read(f"class/infiniband/{nic.rdmaDevice or nic.name}/ports/{port}/rate")
+            parsed = _rate_gbps(rate) if isinstance(rate, str) else None
+            if parsed is not None:
+                rates.append(parsed[0])
+        if rates:
+            wants.append(round(min(rates) * row.nicBandwidthFraction, 1))
+    return max(wants) if wants else None
 
 
 # --- inventory: what the system model promises ----------------------------------------------
@@ -388,9 +516,8 @@ def _nic(
     tree: SysfsTree,
     nic: Interface,
     row: ClassExpectation,
-    tools: Tools,
-    index: int,
     baseline: ErrorBaseline,
+    measured: list[ProbeResult],
     hca_rate: tuple[str, int | None] | None = None,
 ) -> list[ProbeResult]:
     device = nic.rdmaDevice or nic.name
@@ -405,13 +532,13 @@ def _nic(
         ]
     pcie = pcie_link(tree, nic.pciBusId, row, gpu=False, uplinks=nic.topology.pciSwitches)
     ports = _ports(nic)
-    loopback = bandwidth.nic_bandwidth(device, row, tools, index)
+    loopback = [r for r in measured if r.probe == "nic-bandwidth" and r.device == device]
     return [
         pcie.model_copy(update={"device": f"{device} ({nic.pciBusId})"}),
         rdma_port(tree, device, ports, row, hca_rate),
         # Judged after the loopback, so the window includes the link under load.
         rdma_errors(tree, device, ports, row, baseline),
-        loopback,
+        *loopback,
     ]
 
 
@@ -525,12 +652,3 @@ def rdma_errors(
     if over:
         return result("Failed", measured, "; ".join(over))
     return result("Passed", measured)
-
-
-def gpu_bandwidth(
-    gpus: list[Accelerator], rows: list[ClassExpectation], tools: Tools
-) -> ProbeResult:
-    # A node mixing classes is held to its least demanding class (the weakest pair decides).
-    wants = [r.gpuBandwidthGBs for r in rows if r.gpuBandwidthGBs is not None]
-    row = min(rows, key=lambda r: r.gpuBandwidthGBs or 0.0)
-    return bandwidth.gpu_bandwidth(len(gpus), row, min(wants) if wants else None, tools)

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Builds a verification image (the chart's verification.image, docs/verification.md#the-
+# verification-pod) without Docker: a Debian root file system from Debian's own packages
+# (mmdebstrap) with perftest's ib_write_bw and the RDMA user-space providers, packed as one OCI
+# layer by umoci, as deployments/container/build.sh builds the product image. The node agent
+# runs its probe script in it with `sh`; the script needs coreutils' `timeout` (essential) and
+# finds the tools on PATH.
+#
+#   deployments/verification/build.sh [--out DIR] [--tag TAG] [--add DIR]... [--python] [--dry-run]
+#       DIR (--out)  where fabricdra-verify-image.tar goes (default: build/verification)
+#       TAG          image tag (default: the package version from pyproject.toml)
+#       --add DIR    copy the executables in DIR into the image's /usr/local/bin: NVIDIA's CUDA
+#                    tools built per their READMEs (nvbandwidth, nccl-tests' all_reduce_perf;
+#                    they need the CUDA runtime and NCCL beside them, see docs/verification.md),
+#                    or the harness's stand-ins (tests/standins, which need --python)
+#       --python     add python3 (the stand-ins are Python scripts)
+#       --dry-run    print the recipe (suite, packages, added files) and stop
+#   last line printed: the archive's path (or, with --dry-run, the recipe)
+#
+# Debian bookworm's perftest (4.5+0.17) is linux-rdma/perftest; NVIDIA does not publish
+# nvbandwidth or nccl-tests as Debian packages, so they come in with --add, or use an image
+# built FROM NVIDIA's CUDA images (docs/verification.md). Needs root, mmdebstrap and umoci.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+SUITE=bookworm
+MIRROR=${FABRICDRA_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+IMAGE_NAME=${FABRICDRA_VERIFY_IMAGE_NAME:-ghcr.io/fabricdra/fabricdra-verify}
+# perftest: ib_write_bw; ibverbs-providers: the mlx5 (and other) user-space drivers libibverbs
+# loads; rdma-core's ibv_devinfo helps an operator look inside the pod.
+PACKAGES=perftest,ibverbs-providers,ibverbs-utils,ca-certificates
+out=$repo/build/verification
+tag=
+adds=()
+dry=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) out=$2; shift 2 ;;
+    --tag) tag=$2; shift 2 ;;
+    --add) adds+=("$(cd "$2" && pwd)"); shift 2 ;;
+    --python) PACKAGES=$PACKAGES,python3; shift ;;
+    --dry-run) dry=1; shift ;;
+    *) echo "build.sh: unknown argument '$1'" >&2; exit 2 ;;
+  esac
+done
+version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$repo/pyproject.toml" | head -1)
+tag=${tag:-$version}
+arch=$(dpkg --print-architecture 2>/dev/null || echo amd64)
+added=()
+for dir in "${adds[@]}"; do
+  for f in "$dir"/*; do
+    [ -f "$f" ] && added+=("$f")
+  done
+done
+if [ "$dry" = 1 ]; then
+  echo "image $IMAGE_NAME:$tag"
+  echo "suite $SUITE"
+  echo "architecture $arch"
+  echo "packages $PACKAGES"
+  for f in "${added[@]}"; do echo "add $f /usr/local/bin/$(basename "$f")"; done
+  echo "entrypoint sh"
+  exit 0
+fi
+for tool in mmdebstrap umoci; do
+  command -v "$tool" >/dev/null || {
+    echo "build.sh: '$tool' is missing: apt-get install $tool" >&2; exit 1; }
+done
+export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git -C "$repo" log -1 --format=%ct 2>/dev/null || date +%s)}
+log() { printf '[verify-image %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+mkdir -p "$out"
+work=$(mktemp -d "${TMPDIR:-/tmp}/fabricdra-verify-image.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+{
+  echo '#!/bin/sh'
+  echo 'set -eu'
+  echo 'root=$1'
+  for f in "${added[@]}"; do
+    printf 'install -m 0755 %q "$root/usr/local/bin/%s"\n' "$f" "$(basename "$f")"
+  done
+  # The tools must run in the image itself (their libraries resolve).
+  echo 'if chroot "$root" ldd /usr/bin/ib_write_bw | grep "not found"; then exit 1; fi'
+  echo 'chroot "$root" sh -c "command -v timeout mktemp grep >/dev/null"'
+  echo 'rm -rf "$root/var/lib/apt/lists"/* "$root/var/cache"/* "$root/var/log"/* "$root/etc/machine-id"'
+} > "$work/customize.sh"
+chmod +x "$work/customize.sh"
+log "mmdebstrap $SUITE linux/$arch ($PACKAGES)"
+mmdebstrap --quiet --variant=essential --architectures="$arch" --include="$PACKAGES" \
+  --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
+  --dpkgopt='path-include=/usr/share/doc/*/copyright' --dpkgopt='path-exclude=/usr/share/locale/*' \
+  --customize-hook="$work/customize.sh \"\$1\"" \
+  "$SUITE" "$work/rootfs.tar" "$MIRROR" >&2
+created=$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y-%m-%dT%H:%M:%SZ)
+oci="$work/oci"
+umoci init --layout "$oci"
+umoci new --image "$oci:$tag"
+umoci raw add-layer --image "$oci:$tag" --history.created "$created" \
+  --history.created_by "deployments/verification/build.sh: mmdebstrap $SUITE ($PACKAGES)" \
+  "$work/rootfs.tar"
+umoci config --image "$oci:$tag" --created "$created" --history.created "$created" \
+  --history.created_by "deployments/verification/build.sh: config" \
+  --author "fabricdra" --os linux --architecture "$arch" \
+  --config.entrypoint sh --config.workingdir / \
+  --config.env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+  --config.label "org.opencontainers.image.version=$version"
+umoci gc --layout "$oci"
+python3 - "$oci" "$IMAGE_NAME:$tag" <<'PY'
+import json, os, sys
+root, name = sys.argv[1:]
+path = os.path.join(root, "index.json")
+index = json.load(open(path))
+for m in index["manifests"]:
+    m.setdefault("annotations", {})["io.containerd.image.name"] = name
+json.dump(index, open(path, "w"), separators=(",", ":"))
+PY
+archive="$out/fabricdra-verify-image.tar"
+tar --sort=name --mtime="@$SOURCE_DATE_EPOCH" --owner=0 --group=0 --numeric-owner \
+  -C "$oci" -cf "$archive.tmp" .
+mv "$archive.tmp" "$archive"
+echo "$IMAGE_NAME:$tag" > "$out/image-ref"
+log "done: $IMAGE_NAME:$tag, archive $(du -h "$archive" | cut -f1)"
+echo "$archive"
