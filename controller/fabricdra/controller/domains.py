@@ -8,13 +8,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections import Counter
-from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
 from fabricdra.api import computedomain as cd
 from fabricdra.api.computedomain import ComputeDomain
-from fabricdra.api.informer import Informer, key_of
+from fabricdra.api.informer import key_of
 from fabricdra.api.jsontypes import JSON
 from fabricdra.api.rest import (
     CLAIM_TEMPLATES,
@@ -27,12 +26,10 @@ from fabricdra.api.rest import (
 
 from . import channels, metrics, objects, records, status
 from .claims import channel_of, claim_nodes, domain_uid, node_addresses, node_fabric, node_ip
+from .deps import Cache, DomainDeps
 from .indexes import BY_DOMAIN, BY_FABRIC, BY_NODE
 from .placement import FINISHED, Placed, is_gang
 from .writes import now
-
-if TYPE_CHECKING:
-    from .manager import Controller
 
 log = logging.getLogger("fabricdra.controller")
 
@@ -42,14 +39,14 @@ class NotOurs(Exception):
 
 
 class DomainReconciler:
-    def __init__(self, controller: Controller) -> None:
-        self.c = controller
+    def __init__(self, deps: DomainDeps) -> None:
+        self.d = deps
         # (domain uid, node, ip) of foreign report IPs already announced: one event each.
         self._foreign_ips: set[tuple[str, str, str]] = set()
 
     def reconcile(self, key: str) -> None:
-        c = self.c
-        obj = c.domains.get(key)
+        d = self.d
+        obj = d.domains.get(key)
         if obj is None:
             return
         try:
@@ -72,7 +69,7 @@ class DomainReconciler:
             assert channel is not None
             # A gang is placed before its workload template exists, so every claim made from
             # the template is pinned to the gang's fabric domain (placement.py).
-            placed = c.placement.place(domain, key)
+            placed = d.placement.place(domain, key)
             recorded = self._record(domain, key, channel, placed.fabric)
             if recorded is None:
                 return  # not recorded: nothing may be made from the decisions yet
@@ -83,7 +80,7 @@ class DomainReconciler:
 
     def _count_domains(self) -> None:
         counts = {"True": 0, "False": 0, "Unknown": 0}
-        for obj in self.c.domains.items():
+        for obj in self.d.domains.items():
             conds = obj.get("status", {}).get("conditions", []) or []
             ready = next((c.get("status") for c in conds if c.get("type") == cd.READY), None)
             counts[ready if ready in counts else "Unknown"] += 1
@@ -99,7 +96,7 @@ class DomainReconciler:
                 "resourceVersion": domain.metadata["resourceVersion"],
             }
         }
-        out = self.c.rest.patch(COMPUTE_DOMAINS, domain.name, patch, domain.namespace)
+        out = self.d.rest.patch(COMPUTE_DOMAINS, domain.name, patch, domain.namespace)
         return ComputeDomain.model_validate(out)
 
     def held_channels(self) -> list[int]:
@@ -107,10 +104,10 @@ class DomainReconciler:
         those still carried by an allocated claim (its domain may be gone, its pods not)."""
         held = [
             ch
-            for o in self.c.domains.items()
+            for o in self.d.domains.items()
             for ch in o.get("status", {}).get("channels", []) or []
         ]
-        for claim in self.c.claims.items():
+        for claim in self.d.claims.items():
             ch = channel_of(claim)
             if ch is not None:
                 held.append(ch)
@@ -120,19 +117,19 @@ class DomainReconciler:
         """The domain's channel: the recorded one, else the lowest free id, reserved in memory
         (so parallel workers never pick the same id) until the cache shows the status write
         that records it, which precedes any object carrying it (`_record`)."""
-        own = self.c.ownership
+        own = self.d.ownership
         if domain.status.channels:
             own.recorded(domain.uid)
             own.no_longer_waiting(key)
             return domain.status.channels[0]
-        return own.channel_for(domain.uid, key, self.held_channels, self.c.config.channel_count)
+        return own.channel_for(domain.uid, key, self.held_channels, self.d.channel_count)
 
-    def _ensure(self, kind: Kind, desired: JSON, cache: Informer) -> None:
-        rest = self.c.rest
+    def _ensure(self, kind: Kind, desired: JSON, cache: Cache) -> None:
+        rest = self.d.rest
         meta = desired["metadata"]
         ns = meta.get("namespace")
         live = cache.get(f"{ns}/{meta['name']}" if ns else meta["name"])
-        if live is None and self.c.writer.create(kind, desired, ns) is not None:
+        if live is None and self.d.writer.create(kind, desired, ns) is not None:
             return
         if live is None:
             live = rest.get(kind, meta["name"], ns)
@@ -142,7 +139,7 @@ class DomainReconciler:
         if objects.differs(desired, live):
             if kind is CLAIM_TEMPLATES:  # spec is immutable: replace it
                 rest.delete(kind, meta["name"], ns)
-                self.c.writer.create(kind, desired, ns)
+                self.d.writer.create(kind, desired, ns)
             else:
                 rest.patch(kind, meta["name"], desired, ns)
 
@@ -156,7 +153,7 @@ class DomainReconciler:
         allocated again (the job restarted) end it."""
         if not is_gang(domain):
             return False
-        placement, held = self.c.placement, self.c.ownership.nodes_of(domain.uid)
+        placement, held = self.d.placement, self.d.ownership.nodes_of(domain.uid)
         ready = next((c for c in domain.status.conditions if c.type == cd.READY), None)
         if len(held) >= (domain.spec.numNodes or 1) or (
             ready is not None and ready.status == "True"
@@ -172,7 +169,7 @@ class DomainReconciler:
             domain_uid(cl) == domain.uid
             and cl["metadata"]["namespace"] == domain.namespace
             and claim_nodes(cl)
-            for cl in self.c.claims.by_index(BY_DOMAIN, domain.uid)
+            for cl in self.d.claims.by_index(BY_DOMAIN, domain.uid)
         )
 
     def _pin(self, domain: ComputeDomain) -> str | None:
@@ -180,7 +177,7 @@ class DomainReconciler:
         (placement.py; it lasts as long as the domain), else the one fixed by the first
         admission, while the domain holds a node or an allocated claim. None: unpinned
         (never pinned, pinned to nodes without a fabric, or holding nothing any more)."""
-        own = self.c.ownership
+        own = self.d.ownership
         if domain.spec.allowMultipleCliques:  # takes nodes of any clique: never steered to one
             return None
         pinned = own.pin_of(domain.uid)
@@ -214,14 +211,14 @@ class DomainReconciler:
         if patch is None:
             return domain
         try:
-            out = self.c.rest.patch(
+            out = self.d.rest.patch(
                 COMPUTE_DOMAINS, domain.name, patch, domain.namespace, sub="status"
             )
         except ApiError as e:
             if not e.conflict:
                 raise
             log.info("status of %s changed meanwhile; recording its decisions again", key)
-            self.c.domain_queue.add_after(key, 0.1)
+            self.d.requeue_after(key, 0.1)
             return None
         return ComputeDomain.model_validate(out)
 
@@ -230,17 +227,17 @@ class DomainReconciler:
     ) -> tuple[bool, str, str]:
         """Returns (ready, Ready's reason while not, message). A gang that fits nowhere now
         gets no workload template yet (its pods wait for their claims)."""
-        c = self.c
+        d = self.d
         try:
             if not placed.waiting:  # else no template yet; Ready says why
                 rct = objects.workload_claim_template(domain, channel, self._pin(domain))
-                self._ensure(CLAIM_TEMPLATES, rct, c.templates)
+                self._ensure(CLAIM_TEMPLATES, rct, d.templates)
             if domain.spec.imexMode == "managed":
-                settings = c.config.daemon
+                settings = d.daemon
                 self._ensure(
-                    CLAIM_TEMPLATES, objects.daemon_claim_template(domain, settings), c.templates
+                    CLAIM_TEMPLATES, objects.daemon_claim_template(domain, settings), d.templates
                 )
-                self._ensure(DAEMON_SETS, objects.daemon_set(domain, settings), c.daemonsets)
+                self._ensure(DAEMON_SETS, objects.daemon_set(domain, settings), d.daemonsets)
         except NotOurs as e:
             # Never take over or delete an object we did not create: say so in the status.
             return (
@@ -254,7 +251,7 @@ class DomainReconciler:
 
     def _held_nodes(self, domain: ComputeDomain) -> list[status.HeldNode]:
         out = []
-        for node in self.c.ownership.nodes_of(domain.uid):
+        for node in self.d.ownership.nodes_of(domain.uid):
             ip, fabric, moved_to = self._node_facts(domain, node)
             out.append(status.HeldNode(node, ip, fabric, moved_to))
         return out
@@ -268,7 +265,7 @@ class DomainReconciler:
         held: its workload's IMEX ensemble was formed there, and moving the row would shrink
         both cliques' peer lists under the running job (docs/compute-domains.md, "What
         survives what"); once its claims are released it leaves and may join anew."""
-        obj = self.c.nodes.get(node)
+        obj = self.d.nodes.get(node)
         row = next((r for r in domain.status.nodes if r.name == node), None)
         if obj is None:
             return (row.ipAddress, row.fabricDomain, None) if row is not None else ("", "", None)
@@ -287,11 +284,11 @@ class DomainReconciler:
         if host_mode:  # the host reports of the nodes the domain holds, not of every node
             leases = [
                 lease
-                for node in self.c.ownership.nodes_of(uid)
-                for lease in self.c.leases.by_index(BY_NODE, node)
+                for node in self.d.ownership.nodes_of(uid)
+                for lease in self.d.leases.by_index(BY_NODE, node)
             ]
         else:
-            leases = self.c.leases.by_index(BY_DOMAIN, uid)
+            leases = self.d.leases.by_index(BY_DOMAIN, uid)
         for lease in leases:
             meta = lease["metadata"]
             if meta.get("labels", {}).get(cd.DOMAIN_LABEL) != want:
@@ -299,7 +296,7 @@ class DomainReconciler:
             ann = meta.get("annotations", {})
             node = ann.get(cd.REPORT_NODE) or lease.get("spec", {}).get("holderIdentity", "")
             lease_key = key_of(lease)
-            late = self.c.heartbeats.overdue(lease_key)
+            late = self.d.heartbeats.overdue(lease_key)
             if late is not None:
                 out[node] = status.DaemonReport(
                     False,
@@ -309,7 +306,7 @@ class DomainReconciler:
                     silent=True,
                 )
                 continue
-            left = self.c.heartbeats.due_in(lease_key)
+            left = self.d.heartbeats.due_in(lease_key)
             if left is not None:
                 due.append(left)
             out[node] = status.DaemonReport(
@@ -327,7 +324,7 @@ class DomainReconciler:
         used instead; issue 19)."""
         out = {}
         for node, report in reports.items():
-            obj = self.c.nodes.get(node)
+            obj = self.d.nodes.get(node)
             if report.ip and report.ip not in node_addresses(obj):
                 seen = (domain.uid, node, report.ip)
                 if seen not in self._foreign_ips:  # said once, not on every reconcile
@@ -343,7 +340,7 @@ class DomainReconciler:
                         f"node {node} reported the IMEX address {report.ip}, which is not one "
                         "of its Node's addresses (status.addresses); ignored"
                     )
-                    self.c.writer.event(domain, status.Event("Warning", "ForeignReportIP", message))
+                    self.d.writer.event(domain, status.Event("Warning", "ForeignReportIP", message))
                 report = dataclasses.replace(report, ip="")
             out[node] = report
         return out
@@ -353,13 +350,13 @@ class DomainReconciler:
         scheduler placed them before the pin was visible; their binding was refused)."""
         if domain.spec.allowMultipleCliques:
             return []
-        pinned = self.c.ownership.pin_of(domain.uid)
+        pinned = self.d.ownership.pin_of(domain.uid)
         if pinned is None:
             pinned = domain.status.fabricDomain or None
         if pinned is None:
             return []
         out = []
-        for claim in self.c.claims.by_index(BY_DOMAIN, domain.uid):
+        for claim in self.d.claims.by_index(BY_DOMAIN, domain.uid):
             meta = claim["metadata"]
             if domain_uid(claim) != domain.uid or meta["namespace"] != domain.namespace:
                 continue
@@ -375,11 +372,11 @@ class DomainReconciler:
     def _too_large(self, domain: ComputeDomain) -> str:
         """numNodes is limited by the fabric, not by a constant (status.too_large), counted
         from the nodes carrying a fabricdra.io/fabric.domain label."""
-        sizes = Counter(self.c.nodes.index_values(BY_FABRIC))
+        sizes = Counter(self.d.nodes.index_values(BY_FABRIC))
         return status.too_large(
             domain.spec.numNodes,
             sizes,
-            pinned=self.c.ownership.pin_of(domain.uid) or domain.status.fabricDomain,
+            pinned=self.d.ownership.pin_of(domain.uid) or domain.status.fabricDomain,
             multi_clique=domain.spec.allowMultipleCliques,
         )
 
@@ -405,9 +402,9 @@ class DomainReconciler:
             reports,
             fabric_conflicts=self._fabric_conflicts(domain),
             objects_reason=reason,
-            unpin=self.c.ownership.pin_of(domain.uid) is None
+            unpin=self.d.ownership.pin_of(domain.uid) is None
             and not self._has_allocated_claims(domain),
-            placed=self.c.ownership.pin_of(domain.uid) if is_gang(domain) else None,
+            placed=self.d.ownership.pin_of(domain.uid) if is_gang(domain) else None,
             too_large=self._too_large(domain),
             finished=self._finished(domain),
         )
@@ -416,48 +413,48 @@ class DomainReconciler:
             domain.status.channels = []
         patch = status.status_patch(domain.status, new)
         if next_due > 0:  # look again when a heartbeat falls due
-            self.c.domain_queue.add_after(key, next_due + 0.05)
+            self.d.requeue_after(key, next_due + 0.05)
         if patch is None:
             return
         # Conditional on the version this view was computed from: a stale cache gets a 409
         # (the watch then delivers the newer object, which queues this key again).
         patch["metadata"] = {"resourceVersion": domain.metadata["resourceVersion"]}
         try:
-            self.c.rest.patch(COMPUTE_DOMAINS, domain.name, patch, domain.namespace, sub="status")
+            self.d.rest.patch(COMPUTE_DOMAINS, domain.name, patch, domain.namespace, sub="status")
         except ApiError as e:
             if e.conflict:
                 log.info("status of %s changed meanwhile; recomputing", key)
-                self.c.domain_queue.add_after(key, 0.1)
+                self.d.requeue_after(key, 0.1)
                 return
             raise
         for ev in events:
-            self.c.writer.event(domain, ev)
+            self.d.writer.event(domain, ev)
 
     def _finalize(self, domain: ComputeDomain) -> None:
         """Delete in order: workload claim template, daemon objects; then drop the finalizer.
         Each step is checked against the API, so a crash between steps resumes here."""
-        c = self.c
+        d = self.d
         if cd.FINALIZER not in domain.metadata.get("finalizers", []):
             return
         remaining = []
         rct = domain.spec.channel.resourceClaimTemplate.name
-        live = c.writer.get(CLAIM_TEMPLATES, rct, domain.namespace)
+        live = d.writer.get(CLAIM_TEMPLATES, rct, domain.namespace)
         if (
             live is not None
             and live["metadata"].get("labels", {}).get(cd.DOMAIN_LABEL) == domain.uid
         ):
-            c.rest.delete(CLAIM_TEMPLATES, rct, domain.namespace)
+            d.rest.delete(CLAIM_TEMPLATES, rct, domain.namespace)
             remaining.append(f"ResourceClaimTemplate {rct}")
-        ns = c.config.namespace
+        ns = d.namespace
         for kind in (DAEMON_SETS, CLAIM_TEMPLATES):
-            listing = c.rest.list(kind, ns, label_selector=f"{cd.DOMAIN_LABEL}={domain.uid}")
+            listing = d.rest.list(kind, ns, label_selector=f"{cd.DOMAIN_LABEL}={domain.uid}")
             for obj in listing.get("items", []):
                 if not obj["metadata"].get("deletionTimestamp"):
-                    c.rest.delete(kind, obj["metadata"]["name"], ns)
+                    d.rest.delete(kind, obj["metadata"]["name"], ns)
                 remaining.append(f"{kind.plural}/{obj['metadata']['name']}")
         if remaining:
             # Deletion was requested; come back to check it happened before letting go.
-            c.domain_queue.add_after(f"{domain.namespace}/{domain.name}", 0.2)
+            d.requeue_after(f"{domain.namespace}/{domain.name}", 0.2)
             return
         finalizers = [f for f in domain.metadata.get("finalizers", []) if f != cd.FINALIZER]
         idx = domain.metadata["finalizers"].index(cd.FINALIZER)
@@ -466,14 +463,14 @@ class DomainReconciler:
             {"op": "replace", "path": "/metadata/finalizers", "value": finalizers},
         ]
         try:
-            c.rest.patch(
+            d.rest.patch(
                 COMPUTE_DOMAINS, domain.name, patch, domain.namespace, content_type=JSON_PATCH
             )
         except ApiError as e:
             if not e.not_found:
                 raise
-        c.ownership.forget_domain(domain.uid)
-        c.placement.forget(f"{domain.namespace}/{domain.name}", domain.uid)
+        d.ownership.forget_domain(domain.uid)
+        d.placement.forget(f"{domain.namespace}/{domain.name}", domain.uid)
 
 
 def _duration(lease: JSON) -> float:

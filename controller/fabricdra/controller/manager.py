@@ -44,6 +44,7 @@ from fabricdra.api.rest import (
 
 from . import capacity, channels, metrics, objects
 from .claims import claim_nodes, device_nodes, domain_uid, node_fabric, report_node
+from .deps import DomainDeps, NodeDeps, PlacementDeps
 from .domains import DomainReconciler, NotOurs
 from .indexes import BY_DOMAIN, BY_FABRIC, BY_NODE, BY_UID
 from .leader import LeaderElector
@@ -173,10 +174,56 @@ class Controller:
         self.domain_queue = WorkQueue()
         self.node_queue = WorkQueue()
         self.ownership = Ownership()
-        self.placement = Placement(self)
         self.heartbeats = Heartbeats()
-        self.domain_reconciler = DomainReconciler(self)
-        self.node_reconciler = NodeReconciler(self)
+        # Each gets what it uses, not the Controller (deps.py).
+        self.placement = Placement(
+            PlacementDeps(
+                rest=self.rest,
+                domains=self.domains,
+                nodes=self.nodes,
+                device_slices=self.device_slices,
+                allocations=self.allocations,
+                ownership=self.ownership,
+                require_verified_nodes=self.config.require_verified_nodes,
+                enqueue_domain=self.domain_queue.add,
+            )
+        )
+        self.domain_reconciler = DomainReconciler(
+            DomainDeps(
+                rest=self.rest,
+                writer=self.writer,
+                domains=self.domains,
+                claims=self.claims,
+                nodes=self.nodes,
+                leases=self.leases,
+                templates=self.templates,
+                daemonsets=self.daemonsets,
+                ownership=self.ownership,
+                placement=self.placement,
+                heartbeats=self.heartbeats,
+                namespace=self.config.namespace,
+                daemon=self.config.daemon,
+                channel_count=self.config.channel_count,
+                requeue_after=self.domain_queue.add_after,
+            )
+        )
+        self.node_reconciler = NodeReconciler(
+            NodeDeps(
+                rest=self.rest,
+                writer=self.writer,
+                domains=self.domains,
+                claims=self.claims,
+                nodes=self.nodes,
+                slices=self.slices,
+                ownership=self.ownership,
+                placement=self.placement,
+                gang_timeout_seconds=self.config.gang_timeout_seconds,
+                require_synced=self.require_synced,
+                enqueue_domain=self.domain_queue.add,
+                enqueue_node=self.node_queue.add,
+                enqueue_node_after=self.node_queue.add_after,
+            )
+        )
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.elector: LeaderElector | None = None
@@ -453,7 +500,7 @@ class Controller:
             if own.owner(node) != cd.FREE_OWNER:
                 continue
             on_node = self.claims.by_index(BY_NODE, node)
-            admitted = admitted_domains(self, node, on_node)
+            admitted = admitted_domains(self.domains, node, on_node)
             if admitted:
                 own.set_owner(node, min(admitted))  # as the node worker decides (nodes.py)
         for node in own.known_nodes() | nodes | claimed:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from fabricdra.api import computedomain as cd
 from fabricdra.api.computedomain import ComputeDomain
@@ -15,33 +14,31 @@ from fabricdra.api.rest import CLAIMS, NODES, SLICES, ApiError
 
 from . import admission, metrics, objects, records
 from .claims import claim_views, dev_key, domain_uid, node_fabric
+from .deps import Cache, NodeDeps
 from .indexes import BY_NODE, BY_UID
 from .status import Event
 from .writes import FIELD_MANAGER, now
-
-if TYPE_CHECKING:
-    from .manager import Controller
 
 log = logging.getLogger("fabricdra.controller")
 # The gang key of a multi-clique domain (one timer for all its cliques); never a label value.
 ALL_CLIQUES = "*"
 
 
-def domain_namespaces(c: Controller, claims: Iterable[JSON]) -> dict[str, str]:
+def domain_namespaces(domains: Cache, claims: Iterable[JSON]) -> dict[str, str]:
     """Domain UID -> namespace, for the domains `claims` name (claim_views): looked up by UID,
     not by scanning every domain (a node reconcile reads its own claims' domains only)."""
     out = {}
     for uid in {domain_uid(cl) for cl in claims} - {""}:
-        for obj in c.domains.by_index(BY_UID, uid):
+        for obj in domains.by_index(BY_UID, uid):
             out[uid] = obj["metadata"]["namespace"]
     return out
 
 
-def admitted_domains(c: Controller, node: str, claims: Iterable[JSON]) -> set[str]:
+def admitted_domains(domains: Cache, node: str, claims: Iterable[JSON]) -> set[str]:
     """The UIDs of the domains whose claims on `node` (of `claims`) were admitted: who holds
     a node that has no slice to say so (its Node, or its plugin label, is gone)."""
     claims = list(claims)
-    namespaces = domain_namespaces(c, claims)
+    namespaces = domain_namespaces(domains, claims)
     return {
         v.domain
         for cl in claims
@@ -51,8 +48,8 @@ def admitted_domains(c: Controller, node: str, claims: Iterable[JSON]) -> set[st
 
 
 class NodeReconciler:
-    def __init__(self, controller: Controller) -> None:
-        self.c = controller
+    def __init__(self, deps: NodeDeps) -> None:
+        self.d = deps
 
     def live_domains(self, uids: Iterable[str]) -> tuple[dict[str, str | None], set[str]]:
         """Of the domains `uids` (those a node's decision involves: admission.decide reads no
@@ -61,7 +58,7 @@ class NodeReconciler:
         live: dict[str, str | None] = {}
         multi: set[str] = set()
         wanted = sorted(set(uids) - {"", cd.FREE_OWNER})
-        for obj in (o for uid in wanted for o in self.c.domains.by_index(BY_UID, uid)):
+        for obj in (o for uid in wanted for o in self.d.domains.by_index(BY_UID, uid)):
             meta = obj["metadata"]
             if meta.get("deletionTimestamp"):
                 continue
@@ -71,40 +68,40 @@ class NodeReconciler:
                 multi.add(uid)
                 continue
             # The in-memory pin first: a gang's placement may have just moved (placement.py).
-            pinned = self.c.ownership.pin_of(uid)
+            pinned = self.d.ownership.pin_of(uid)
             live[uid] = (
                 pinned if pinned is not None else obj.get("status", {}).get("fabricDomain") or None
             )
         return live, multi
 
     def reconcile(self, name: str) -> None:
-        c = self.c
-        c.require_synced()
-        node = c.nodes.get(name)
-        claims = c.claims.by_index(BY_NODE, name)
-        previous = c.ownership.owner(name)
+        d = self.d
+        d.require_synced()
+        node = d.nodes.get(name)
+        claims = d.claims.by_index(BY_NODE, name)
+        previous = d.ownership.owner(name)
         if node is None:
             # No plugin here (or no node): no devices to offer. The hold lives on while a
             # claim is still allocated on it (its pod may still run), never handed on: from
             # its admitted claims, so a restarted controller (whose slice view lost the node
             # with its slice) still knows who holds it.
-            c.rest.delete(SLICES, objects.slice_name(name))
+            d.rest.delete(SLICES, objects.slice_name(name))
             if not claims:
-                c.ownership.forget_node(name)
+                d.ownership.forget_node(name)
             else:
-                admitted = admitted_domains(c, name, claims)
+                admitted = admitted_domains(d.domains, name, claims)
                 if admitted and previous not in admitted:
-                    c.ownership.set_owner(name, min(admitted))
-                    key = c.ownership.key_of(min(admitted))
+                    d.ownership.set_owner(name, min(admitted))
+                    key = d.ownership.key_of(min(admitted))
                     if key:
-                        c.domain_queue.add(key)
+                        d.enqueue_domain(key)
             return
         fabric = node_fabric(node)
-        namespaces = domain_namespaces(c, claims)
+        namespaces = domain_namespaces(d.domains, claims)
         views = [v for cl in claims for v in claim_views(cl, name, namespaces)]
         for view in views:  # claims made before their gang was placed may move it here
             if view.state == "pending" and view.domain:
-                c.placement.follow(view.domain, fabric)
+                d.placement.follow(view.domain, fabric)
         live, multi = self.live_domains([*(v.domain for v in views), previous])
         decision = admission.decide(name, fabric, views, live, previous, multi_clique=multi)
         for uid, pinned in decision.fabric_pins.items():
@@ -112,9 +109,9 @@ class NodeReconciler:
             # that died after admitting but before recording would let its successor admit
             # the domain's next claim in another fabric domain. Not written: nothing is
             # decided now (raises; the node is retried).
-            records.record_fabric(c, uid, pinned)
-            c.ownership.pin(uid, pinned)
-        c.ownership.set_owner(name, decision.owner)
+            records.record_fabric(d.rest, d.ownership, uid, pinned)
+            d.ownership.pin(uid, pinned)
+        d.ownership.set_owner(name, decision.owner)
         self._ensure_slice(node, decision.owner, fabric)
         self._ensure_node_label(node, decision.owner)
         by_key = {f"{cl['metadata']['namespace']}/{cl['metadata']['name']}": cl for cl in claims}
@@ -128,7 +125,7 @@ class NodeReconciler:
             why = (
                 f"the ComputeDomain's {self._want(by_key[key])} nodes were not all allocated in "
                 f"{where} within "
-                f"{c.config.gang_timeout_seconds:.0f}s; released so other jobs can use node {name}"
+                f"{d.gang_timeout_seconds:.0f}s; released so other jobs can use node {name}"
             )
             self._answer(by_key[key], name, cd.CONFLICT_CONDITION, "GangTimeout", why)
             metrics.ADMISSIONS.labels("conflict").inc()
@@ -146,18 +143,18 @@ class NodeReconciler:
             self._answer(by_key[key], name, cd.CONFLICT_CONDITION, "NodeHeld", why)
             metrics.ADMISSIONS.labels("conflict").inc()
             self._conflict_event(by_key[key], why)
-        metrics.HELD_NODES.set(c.ownership.held_count())
+        metrics.HELD_NODES.set(d.ownership.held_count())
         if previous != cd.FREE_OWNER and decision.owner == cd.FREE_OWNER:
-            c.placement.room_may_have_freed()
+            d.placement.room_may_have_freed()
         for uid in {previous, decision.owner} - {cd.FREE_OWNER}:
-            domain_key = c.ownership.key_of(uid)
+            domain_key = d.ownership.key_of(uid)
             if domain_key:
-                c.domain_queue.add(domain_key)
+                d.enqueue_domain(domain_key)
 
     def _want(self, claim: JSON) -> int:
         """The claim's domain's numNodes (1 when unset or unknown)."""
-        key = self.c.ownership.key_of(domain_uid(claim))
-        obj = self.c.domains.get(key) if key else None
+        key = self.d.ownership.key_of(domain_uid(claim))
+        obj = self.d.domains.get(key) if key else None
         return int(((obj or {}).get("spec") or {}).get("numNodes") or 1)
 
     def _gang(
@@ -174,7 +171,7 @@ class NodeReconciler:
         hold each other's nodes half-admitted; when a gang has waited longer than the gang
         timeout, all its held claims are released (conflict) together, so the nodes go back to
         the pool and the job is placed again as a whole. Returns (admit, timed out)."""
-        c = self.c
+        d = self.d
         admit, timed_out = [], []
         for key in keys:
             claim = by_key[key]
@@ -188,49 +185,49 @@ class NodeReconciler:
             spans = uid in multi_clique
             members = {
                 n
-                for n in c.ownership.nodes_of(uid)
-                if spans or node_fabric(c.nodes.get(n) or {}) == fabric
+                for n in d.ownership.nodes_of(uid)
+                if spans or node_fabric(d.nodes.get(n) or {}) == fabric
             }
             gang = (uid, ALL_CLIQUES if spans else fabric)
             if len(members) >= want:
-                c.ownership.gang_done(key, gang)
+                d.ownership.gang_done(key, gang)
                 admit.append(key)
                 for n in members - {node}:  # their held claims can go too
-                    c.node_queue.add(n)
+                    d.enqueue_node(n)
                 continue
-            left = c.ownership.gang_hold(key, gang, c.config.gang_timeout_seconds)
+            left = d.ownership.gang_hold(key, gang, d.gang_timeout_seconds)
             if left is None:
                 timed_out.append(key)
                 if not spans:  # placed again, without the nodes that failed it
-                    c.placement.failed(uid, fabric, members)
+                    d.placement.failed(uid, fabric, members)
                 for n in members - {node}:  # the whole gang is released, not just this one
-                    c.node_queue.add(n)
+                    d.enqueue_node(n)
             else:
-                c.node_queue.add_after(node, left + 0.05)
+                d.enqueue_node_after(node, left + 0.05)
         return admit, timed_out
 
     def _ensure_slice(self, node: JSON, owner: str, fabric: str) -> None:
-        c = self.c
+        d = self.d
         name = node["metadata"]["name"]
-        live = c.slices.get(objects.slice_name(name))
+        live = d.slices.get(objects.slice_name(name))
         desired = objects.node_slice(name, node["metadata"]["uid"], owner, fabric, 1)
         if live is None:
-            if c.writer.create(SLICES, desired) is not None:
+            if d.writer.create(SLICES, desired) is not None:
                 return
-            live = c.rest.get(SLICES, objects.slice_name(name))
+            live = d.rest.get(SLICES, objects.slice_name(name))
         if not objects.differs(desired["spec"]["devices"], live["spec"].get("devices", [])):
             return
         # A new pool generation tells the scheduler the old devices are void.
         desired["spec"]["pool"]["generation"] = int(live["spec"]["pool"]["generation"]) + 1
         desired["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
-        c.rest.replace(SLICES, objects.slice_name(name), desired)
+        d.rest.replace(SLICES, objects.slice_name(name), desired)
 
     def _ensure_node_label(self, node: JSON, owner: str) -> None:
         """The node label drives the domain's DaemonSet and shows the holder in kubectl."""
         current = node["metadata"].get("labels", {}).get(cd.DOMAIN_LABEL)
         want = None if owner == cd.FREE_OWNER else owner
         if current != want:
-            self.c.rest.patch(
+            self.d.rest.patch(
                 NODES, node["metadata"]["name"], {"metadata": {"labels": {cd.DOMAIN_LABEL: want}}}
             )
 
@@ -277,7 +274,7 @@ class NodeReconciler:
             "status": {"devices": entries},
         }
         try:
-            self.c.rest.apply(
+            self.d.rest.apply(
                 CLAIMS,
                 meta["name"],
                 body,
@@ -287,16 +284,16 @@ class NodeReconciler:
             )
         except ApiError as e:
             if e.conflict or e.not_found:  # the claim changed meanwhile; its event requeues
-                self.c.node_queue.add_after(node, 0.1)
+                self.d.enqueue_node_after(node, 0.1)
                 return
             raise
 
     def _conflict_event(self, claim: JSON, why: str) -> None:
-        key = self.c.ownership.key_of(domain_uid(claim))
-        obj = self.c.domains.get(key) if key else None
+        key = self.d.ownership.key_of(domain_uid(claim))
+        obj = self.d.domains.get(key) if key else None
         if obj is not None:
             domain = ComputeDomain.model_validate(obj)
-            self.c.writer.event(
+            self.d.writer.event(
                 domain,
                 Event("Warning", "NodeConflict", f"claim {claim['metadata']['name']}: {why}"),
             )

@@ -42,7 +42,7 @@ from .indexes import BY_FABRIC, BY_NODE
 __all__ = ["FINISHED", "Gang", "Placed", "Placement", "finished", "first_fit", "free_nodes"]
 
 if TYPE_CHECKING:
-    from .manager import Controller
+    from .deps import Cache, PlacementDeps
 
 log = logging.getLogger("fabricdra.controller")
 
@@ -100,8 +100,8 @@ class GpuRoom(Mapping[str, int]):
     (`changed`): a placement at 5,000 nodes would otherwise parse every GPU slice and claim
     each time an allocation anywhere changed. Nodes that publish no GPU are absent."""
 
-    def __init__(self, controller: Controller) -> None:
-        self.c = controller
+    def __init__(self, device_slices: Cache, allocations: Cache) -> None:
+        self.device_slices, self.allocations = device_slices, allocations
         self._lock = threading.Lock()
         self._cache: dict[str, int | None] = {}
         self._version: dict[str, int] = {}  # bumped by `changed`: a read older than it is void
@@ -120,9 +120,8 @@ class GpuRoom(Mapping[str, int]):
                     raise KeyError(node)
                 return cached
             version = self._version.get(node, 0)
-        c = self.c
         room = capacity.gpu_room(
-            c.device_slices.by_index(BY_NODE, node), c.allocations.by_index(BY_NODE, node)
+            self.device_slices.by_index(BY_NODE, node), self.allocations.by_index(BY_NODE, node)
         ).get(node)
         with self._lock:
             if self._version.get(node, 0) == version:  # nothing changed while we read
@@ -132,7 +131,7 @@ class GpuRoom(Mapping[str, int]):
         return room
 
     def __iter__(self) -> Iterator[str]:
-        return iter([n for n in self.c.device_slices.index_values(BY_NODE) if n in self])
+        return iter([n for n in self.device_slices.index_values(BY_NODE) if n in self])
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
@@ -141,8 +140,8 @@ class GpuRoom(Mapping[str, int]):
 class Placement:
     """The placement decisions, one at a time (domain workers run in parallel)."""
 
-    def __init__(self, controller: Controller) -> None:
-        self.c = controller
+    def __init__(self, deps: PlacementDeps) -> None:
+        self.d = deps
         self._lock = threading.Lock()
         self._waiting: set[str] = set()  # domain keys that fit nowhere yet
         self._excluded: dict[str, set[str]] = {}  # domain UID -> nodes that failed its gang
@@ -150,12 +149,12 @@ class Placement:
         self._ran: set[str] = set()  # UIDs of gangs seen holding all their nodes (or Ready)
         # capacity.gpu_room per node, recomputed only for nodes whose slices or claims
         # changed (devices_changed).
-        self._room = GpuRoom(controller)
+        self._room = GpuRoom(deps.device_slices, deps.allocations)
 
     def _current(self, uid: str, recorded: str) -> str | None:
         if uid in self._again:
             return None
-        pinned = self.c.ownership.pin_of(uid)
+        pinned = self.d.ownership.pin_of(uid)
         if pinned is not None:
             return pinned
         return recorded or None
@@ -166,17 +165,17 @@ class Placement:
         """The nodes that count (capacity.py: Ready, schedulable, verified where required, a
         free healthy GPU unless the gang holds it already; without those that failed this gang
         before, if `exclude`), who holds them, and the other gangs' placements."""
-        c = self.c
+        d = self.d
         fabrics = capacity.usable_by_fabric(
-            c.nodes.items(),
-            require_verified=c.config.require_verified_nodes,
+            d.nodes.items(),
+            require_verified=d.require_verified_nodes,
             exclude=self._excluded.get(for_uid, set()) if exclude else frozenset(),
             gpu_room=self._room,
-            keep=set(c.ownership.nodes_of(for_uid)),
+            keep=set(d.ownership.nodes_of(for_uid)),
         )
-        owners = {n: c.ownership.owner(n) for nodes in fabrics.values() for n in nodes}
+        owners = {n: d.ownership.owner(n) for nodes in fabrics.values() for n in nodes}
         gangs = []
-        for obj in c.domains.items():
+        for obj in d.domains.items():
             meta = obj["metadata"]
             want = int((obj.get("spec") or {}).get("numNodes") or 1)
             if meta.get("deletionTimestamp") or want <= 1 or meta["uid"] == for_uid:
@@ -204,7 +203,7 @@ class Placement:
                 if not finished(domain.model_dump(mode="json")):
                     current = self._still_fits(domain.uid, key, want, current)
                 self._waiting.discard(key)
-                self.c.ownership.pin(domain.uid, current)
+                self.d.ownership.pin(domain.uid, current)
                 return Placed(current)
             fabrics, owners, gangs = self._view(domain.uid)
             if not fabrics:  # no NVLink fabric domain known: nothing to place in
@@ -231,7 +230,7 @@ class Placement:
                 )
             self._waiting.discard(key)
             self._again.discard(domain.uid)
-            self.c.ownership.pin(domain.uid, fabric)
+            self.d.ownership.pin(domain.uid, fabric)
             log.info("placed ComputeDomain %s (numNodes %d) in fabric domain %s", key, want, fabric)
             return Placed(fabric)
 
@@ -243,13 +242,13 @@ class Placement:
         nowhere else to go it stays: the node may come back. A gang that holds all its nodes
         (all its pods were admitted) never moves. Node state and other gangs only: a node or
         GPUs an elastic domain takes are the gang timeout's business, as before."""
-        c = self.c
-        if len(c.ownership.nodes_of(uid)) >= want:
+        d = self.d
+        if len(d.ownership.nodes_of(uid)) >= want:
             return current
         # Only `current`'s nodes for the check (its fabric index): the whole fleet is read
         # only when the gang has to move.
         fabrics = capacity.usable_by_fabric(
-            c.nodes.by_index(BY_FABRIC, current), require_verified=c.config.require_verified_nodes
+            d.nodes.by_index(BY_FABRIC, current), require_verified=d.require_verified_nodes
         )
         _, _, gangs = self._view(uid)
         # Holds of other gangs count (placement orders gangs); an elastic domain's hold does
@@ -259,7 +258,7 @@ class Placement:
             n: owner
             for nodes in fabrics.values()
             for n in nodes
-            if (owner := c.ownership.owner(n)) in gang_uids
+            if (owner := d.ownership.owner(n)) in gang_uids
         }
         if free_nodes(fabrics, owners, gangs, uid).get(current, 0) >= want:
             return current
@@ -281,18 +280,18 @@ class Placement:
 
     def room_may_have_gone(self) -> None:
         """A node changed: placed gangs that have not got all their nodes may have to move."""
-        c = self.c
+        d = self.d
         keys = []
-        for obj in c.domains.items():
+        for obj in d.domains.items():
             meta, spec = obj["metadata"], obj.get("spec") or {}
             want = int(spec.get("numNodes") or 1)
             if meta.get("deletionTimestamp") or want <= 1 or spec.get("allowMultipleCliques"):
                 continue
             placed = (obj.get("status") or {}).get("fabricDomain")
-            if placed and not finished(obj) and len(c.ownership.nodes_of(meta["uid"])) < want:
+            if placed and not finished(obj) and len(d.ownership.nodes_of(meta["uid"])) < want:
                 keys.append(f"{meta['namespace']}/{meta['name']}")
         for key in keys:
-            c.domain_queue.add(key)
+            d.enqueue_domain(key)
 
     def failed(self, uid: str, fabric: str, held: Iterable[str]) -> None:
         """Gang `uid` timed out in `fabric` holding only `held`: the other nodes of `fabric`
@@ -301,9 +300,9 @@ class Placement:
         them, so it does not land in the same place for ever while another fabric domain
         has room. Pods made from the old template keep its selector: the job's pods must
         be made again (Kueue's waitForPodsReady requeue, or the job's owner) to follow."""
-        c = self.c
-        key = c.ownership.key_of(uid)
-        obj = c.domains.get(key) if key else None
+        d = self.d
+        key = d.ownership.key_of(uid)
+        obj = d.domains.get(key) if key else None
         if obj is None or not fabric:
             return
         with self._lock:
@@ -311,13 +310,13 @@ class Placement:
             if self._current(uid, recorded) != fabric:
                 return  # placed elsewhere already (another claim of the gang said so)
             nodes = capacity.usable_by_fabric(
-                c.nodes.by_index(BY_FABRIC, fabric),
-                require_verified=c.config.require_verified_nodes,
+                d.nodes.by_index(BY_FABRIC, fabric),
+                require_verified=d.require_verified_nodes,
             ).get(fabric, [])
             failing = set(nodes) - set(held)
             self._excluded.setdefault(uid, set()).update(failing)
             self._again.add(uid)
-            c.ownership.unpin(uid)
+            d.ownership.unpin(uid)
         log.info(
             "ComputeDomain %s timed out in fabric domain %s; placing it again without %s",
             key,
@@ -325,15 +324,15 @@ class Placement:
             sorted(failing),
         )
         assert key is not None
-        c.domain_queue.add(key)
+        d.enqueue_domain(key)
 
     def follow(self, uid: str, fabric: str) -> bool:
         """A claim of gang `uid` was allocated on a node of `fabric` although the gang is
         placed elsewhere (the claim was made before the placement): move the placement there
         if the gang holds no node yet and `fabric` has room for all of it. True if moved."""
-        c = self.c
-        key = c.ownership.key_of(uid)
-        obj = c.domains.get(key) if key else None
+        d = self.d
+        key = d.ownership.key_of(uid)
+        obj = d.domains.get(key) if key else None
         if obj is None or not fabric:
             return False
         spec = obj.get("spec") or {}
@@ -342,18 +341,18 @@ class Placement:
             return False
         with self._lock:
             current = self._current(uid, (obj.get("status") or {}).get("fabricDomain", ""))
-            if current == fabric or c.ownership.nodes_of(uid):
+            if current == fabric or d.ownership.nodes_of(uid):
                 return False
             fabrics, owners, gangs = self._view(uid)
             if free_nodes(fabrics, owners, gangs, uid).get(fabric, 0) < want:
                 return False
             # Recorded before the claim is admitted under it (records.py); raises if not.
-            records.record_fabric(c, uid, fabric, replace=True)
+            records.record_fabric(d.rest, d.ownership, uid, fabric, replace=True)
             self._again.discard(uid)  # placed: by its claim, not by first fit
-            c.ownership.pin(uid, fabric)
+            d.ownership.pin(uid, fabric)
         log.info("ComputeDomain %s follows its first claim to fabric domain %s", key, fabric)
         assert key is not None
-        c.domain_queue.add(key)  # re-pin the template, record the placement
+        d.enqueue_domain(key)  # re-pin the template, record the placement
         return True
 
     def room_may_have_freed(self) -> None:
@@ -361,7 +360,7 @@ class Placement:
         with self._lock:
             waiting = sorted(self._waiting)
         for key in waiting:
-            self.c.domain_queue.add(key)
+            self.d.enqueue_domain(key)
 
     def ran(self, uid: str) -> None:
         with self._lock:

@@ -16,7 +16,8 @@ from fabricdra.api.jsontypes import JSON
 from fabricdra.api.rest import COMPUTE_DOMAINS
 
 if TYPE_CHECKING:
-    from .manager import Controller
+    from .deps import Api
+    from .ownership import Ownership
 
 
 class NotRecorded(Exception):
@@ -24,17 +25,19 @@ class NotRecorded(Exception):
     depends on it must not happen now; the caller's key is retried."""
 
 
-def record_fabric(c: Controller, uid: str, fabric: str, *, replace: bool = False) -> None:
+def record_fabric(
+    rest: Api, ownership: Ownership, uid: str, fabric: str, *, replace: bool = False
+) -> None:
     """Write `fabric` into the domain's `status.fabricDomain`, read fresh from the API and
     written conditionally on that read (a concurrent status write makes this one fail with
     409 instead of being overwritten). `replace`: a recorded other fabric domain may be
     replaced (a gang's placement moving); else a different record is refused. Raises
     ApiError or NotRecorded when the record is not there on return."""
-    key = c.ownership.key_of(uid)
+    key = ownership.key_of(uid)
     if not key:
         raise NotRecorded(f"ComputeDomain {uid} is not known (yet)")
     namespace, name = key.split("/", 1)
-    obj = c.rest.get(COMPUTE_DOMAINS, name, namespace)
+    obj = rest.get(COMPUTE_DOMAINS, name, namespace)
     meta = obj["metadata"]
     if meta.get("uid") != uid or meta.get("deletionTimestamp"):
         raise NotRecorded(f"ComputeDomain {key} ({uid}) is gone or being deleted")
@@ -49,7 +52,7 @@ def record_fabric(c: Controller, uid: str, fabric: str, *, replace: bool = False
         "metadata": {"resourceVersion": meta["resourceVersion"]},
         "status": {"fabricDomain": fabric},
     }
-    c.rest.patch(COMPUTE_DOMAINS, name, patch, namespace, sub="status")
+    rest.patch(COMPUTE_DOMAINS, name, patch, namespace, sub="status")
 
 
 def decisions_patch(

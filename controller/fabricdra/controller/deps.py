@@ -1,0 +1,139 @@
+"""What the reconcilers (domains.py, nodes.py) and gang placement (placement.py) are given,
+instead of the whole Controller (issue 21): the caches they read, as a read-only view, the
+API calls they make, the in-memory ownership state, the few settings they use, and callables
+that put a key back on a queue. manager.py wires them; a test can hand in-memory ones."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from fabricdra.api.jsontypes import JSON
+from fabricdra.api.rest import Kind
+
+from .liveness import Heartbeats
+from .objects import DaemonSettings
+from .ownership import Ownership
+from .status import Event
+
+if TYPE_CHECKING:
+    from fabricdra.api.computedomain import ComputeDomain
+
+    from .placement import Placement
+
+# A queue's `add` (run the key soon) and `add_after` (run it once `delay` seconds passed).
+Enqueue = Callable[[str], None]
+EnqueueAfter = Callable[[str, float], None]
+
+
+class Cache(Protocol):
+    """The read side of an informer (api/informer.py): reconcilers never write a cache."""
+
+    def get(self, key: str) -> JSON | None: ...
+
+    def items(self) -> list[JSON]: ...
+
+    def by_index(self, name: str, value: str) -> list[JSON]: ...
+
+    def index_values(self, name: str) -> dict[str, int]: ...
+
+
+class Api(Protocol):
+    """The REST calls the reconcilers make (api/rest.py's Rest; writes.py counts them)."""
+
+    def get(self, kind: Kind, name: str, namespace: str | None = None) -> JSON: ...
+
+    def list(
+        self, kind: Kind, namespace: str | None = None, *, label_selector: str | None = None
+    ) -> JSON: ...
+
+    def patch(
+        self,
+        kind: Kind,
+        name: str,
+        patch: Any,
+        namespace: str | None = None,
+        *,
+        sub: str = "",
+        content_type: str = ...,
+    ) -> JSON: ...
+
+    def apply(
+        self,
+        kind: Kind,
+        name: str,
+        body: JSON,
+        namespace: str | None = None,
+        *,
+        field_manager: str,
+        sub: str = "",
+    ) -> JSON: ...
+
+    def replace(self, kind: Kind, name: str, body: JSON, namespace: str | None = None) -> JSON: ...
+
+    def delete(self, kind: Kind, name: str, namespace: str | None = None) -> bool: ...
+
+
+class Writes(Protocol):
+    """writes.py's Writer: create-if-absent, get-or-None, and best-effort Events."""
+
+    def create(self, kind: Kind, body: JSON, namespace: str | None = None) -> JSON | None: ...
+
+    def get(self, kind: Kind, name: str, namespace: str | None) -> JSON | None: ...
+
+    def event(self, domain: ComputeDomain, ev: Event) -> None: ...
+
+
+@dataclass(frozen=True)
+class DomainDeps:
+    """What the domain reconciler reads and writes."""
+
+    rest: Api
+    writer: Writes
+    domains: Cache
+    claims: Cache
+    nodes: Cache
+    leases: Cache
+    templates: Cache
+    daemonsets: Cache
+    ownership: Ownership
+    placement: Placement
+    heartbeats: Heartbeats
+    namespace: str  # the driver's namespace (the managed daemons' objects)
+    daemon: DaemonSettings
+    channel_count: int
+    requeue_after: EnqueueAfter  # the domain queue's add_after
+
+
+@dataclass(frozen=True)
+class NodeDeps:
+    """What the node reconciler reads and writes."""
+
+    rest: Api
+    writer: Writes
+    domains: Cache
+    claims: Cache
+    nodes: Cache
+    slices: Cache
+    ownership: Ownership
+    placement: Placement
+    gang_timeout_seconds: float
+    require_synced: Callable[[], None]
+    enqueue_domain: Enqueue
+    enqueue_node: Enqueue
+    enqueue_node_after: EnqueueAfter
+
+
+@dataclass(frozen=True)
+class PlacementDeps:
+    """What gang placement reads (and records: records.record_fabric)."""
+
+    rest: Api
+    domains: Cache
+    nodes: Cache
+    device_slices: Cache  # the devices plugin's GPU slices, by node
+    allocations: Cache  # every claim's allocation, by node
+    ownership: Ownership
+    require_verified_nodes: bool
+    enqueue_domain: Enqueue
