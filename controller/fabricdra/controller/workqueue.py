@@ -91,14 +91,14 @@ class WorkQueue:
             while True:
                 now = time.monotonic()
                 while self._delayed and self._delayed[0][0] <= now:
-                    _, key = heapq.heappop(self._delayed)
-                    self._enqueue(key, False, now)  # a retry or a planned re-check
+                    _, due = heapq.heappop(self._delayed)
+                    self._enqueue(due, False, now)  # a retry or a planned re-check
                 if self._closed:
                     return None
-                key = self._pop(now)
-                if key is not None:
-                    self._active.add(key)
-                    return key
+                nxt = self._pop(now)
+                if nxt is not None:
+                    self._active.add(nxt)
+                    return nxt
                 wait = None if deadline is None else deadline - now
                 if self._delayed:
                     until = self._delayed[0][0] - now
