@@ -5,8 +5,8 @@ at a time, and a failed key comes back after an exponential backoff.
 Two priorities: keys added on an event (`add`) are processed before keys added by a periodic
 resync (`add(key, resync=True)`), so that a claim's admission does not wait behind a sweep
 over every node (at 5,000 nodes, 5,000 keys). A resync key that an event adds again is
-promoted. Resync keys are not starved: one that has waited `resync_max_wait` seconds goes
-before event keys (resync keys are served oldest first)."""
+promoted. Resync keys are not starved: once the oldest has waited `resync_max_wait` seconds,
+resync keys (oldest first) alternate with event keys until none is overdue."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ class WorkQueue:
         self._failures: dict[str, int] = {}
         self._base, self._max = base_delay, max_delay
         self._resync_max_wait = resync_max_wait
+        self._took_overdue = False  # the last key taken was an overdue resync key
         self._closed = False
 
     def _enqueue(self, key: str, resync: bool, now: float) -> None:
@@ -76,9 +77,14 @@ class WorkQueue:
         else a resync key."""
         if self._resyncs:
             key, since = next(iter(self._resyncs.items()))
-            if not self._events or now - since >= self._resync_max_wait:
+            overdue = now - since >= self._resync_max_wait and not self._took_overdue
+            if not self._events or overdue:
+                # Overdue resync keys alternate with event keys: the sweep advances, and an
+                # event waits behind one resync key at most, not behind the whole sweep.
+                self._took_overdue = bool(self._events)
                 del self._resyncs[key]
                 return key
+        self._took_overdue = False
         if self._events:
             key, _ = self._events.popitem(last=False)
             return key
