@@ -171,8 +171,10 @@ class Controller:
             self.templates,
             self.daemonsets,
         ]
-        self.domain_queue = WorkQueue()
-        self.node_queue = WorkQueue()
+        # A resync's keys go after events' but none waits past a quarter of the period, so a
+        # sweep still ends within it (workqueue.py).
+        self.domain_queue = WorkQueue(resync_max_wait=self.config.resync_seconds / 4)
+        self.node_queue = WorkQueue(resync_max_wait=self.config.resync_seconds / 4)
         self.ownership = Ownership()
         self.heartbeats = Heartbeats()
         # Each gets what it uses, not the Controller (deps.py).
@@ -256,7 +258,7 @@ class Controller:
                 self._channel_may_be_free()
             else:
                 own.set_key(uid, key_of(obj))
-            self.domain_queue.add(key_of(obj))
+            self.domain_queue.add(key_of(obj), resync=event == "SYNC")
             if old is not None and new is not None and finished(new) and not finished(old):
                 # A gang finished: the room its placement kept may go to waiting gangs.
                 self.placement.room_may_have_freed()
@@ -276,7 +278,7 @@ class Controller:
                 uid = own.owner(node)
             key = own.key_of(uid)
             if key:
-                self.domain_queue.add(key)
+                self.domain_queue.add(key, resync=event == "SYNC")
 
         def on_lease(event: str, old: JSON | None, new: JSON | None) -> None:
             obj = new or old
@@ -293,21 +295,24 @@ class Controller:
             by_domain_label(event, old, new)
 
         def on_claim(event: str, old: JSON | None, new: JSON | None) -> None:
+            # A claim's allocation is an event: its node's admission goes before a resync's
+            # sweep over every node (thousands of keys at fleet scale).
+            resync = event == "SYNC"
             for obj in (old, new):
                 if obj is not None:
                     for node in claim_nodes(obj):
-                        self.node_queue.add(node)
+                        self.node_queue.add(node, resync=resync)
                     # Its domain's status shows claims allocated outside its fabric.
                     key = own.key_of(domain_uid(obj))
                     if key:
-                        self.domain_queue.add(key)
+                        self.domain_queue.add(key, resync=resync)
             if new is None or not claim_nodes(new):
                 self._channel_may_be_free()
 
         def on_node(event: str, old: JSON | None, new: JSON | None) -> None:
             obj = new or old
             assert obj is not None
-            self.node_queue.add(obj["metadata"]["name"])
+            self.node_queue.add(obj["metadata"]["name"], resync=event == "SYNC")
             if event != "SYNC" and placement_facts(old) != placement_facts(new):
                 self.placement.room_may_have_freed()
                 # A node gone NotReady, cordoned or deleted may break a placed gang that has
@@ -319,7 +324,7 @@ class Controller:
             assert obj is not None
             node = obj.get("spec", {}).get("nodeName")
             if node and event in ("DELETED", "SYNC"):
-                self.node_queue.add(node)
+                self.node_queue.add(node, resync=event == "SYNC")
 
         def on_devices(event: str, old: JSON | None, new: JSON | None) -> None:
             # GPUs freed, failed or recovered: waiting gangs may fit now (placement.py).
