@@ -396,9 +396,13 @@ class MultiNodeCluster:
         for node in self.nodes:
             node.wait_containerd(bin_dir)
             node.import_images(bin_dir, tarballs)
+        # Kubelets start one at a time: each binds the device-plugin registration socket at
+        # a fixed path (/var/lib/kubelet/device-plugins/kubelet.sock, whatever --root-dir
+        # says) after clearing that folder, so two starting together raced and one exited
+        # with "bind: address already in use" (seen in a full e2e run). Once a node is Ready
+        # its kubelet is past that point; the next one clears the socket and binds its own.
         for node in self.nodes:
             node.start_kubelet(bin_dir)
-        for node in self.nodes:
             node.wait_ready()
 
 
