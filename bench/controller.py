@@ -30,7 +30,9 @@ from typing import Any
 
 from e2e.harness.controlplane import ControlPlane
 from fabricdra.api import computedomain as cd
-from fabricdra.api.rest import (
+from fabricdra.controller.manager import USER_AGENT, Controller, ControllerConfig
+from fabricdra.controller.objects import DaemonSettings
+from fabricdra.kube.rest import (
     CLAIM_TEMPLATES,
     CLAIMS,
     COMPUTE_DOMAINS,
@@ -38,8 +40,6 @@ from fabricdra.api.rest import (
     STRATEGIC_PATCH,
     Rest,
 )
-from fabricdra.controller.manager import USER_AGENT, Controller, ControllerConfig
-from fabricdra.controller.objects import DaemonSettings
 from fabricdra.kubeletplugin.computedomain.report import write_report
 from tests.integration.computedomain_helpers import (
     condition,

@@ -32,10 +32,10 @@ from typing import Any
 
 from e2e.harness.controlplane import ControlPlane
 from fabricdra.api.nodedevices import CRD as ND_CRD
-from fabricdra.api.rest import CLAIMS, COMPUTE_DOMAINS, NODE_DEVICES, NODES, SLICES, Kind, Rest
 from fabricdra.cli.fleet import render
 from fabricdra.controller.fleet import fleet
 from fabricdra.controller.fleetmetrics import read_fleet
+from fabricdra.kube.rest import CLAIMS, COMPUTE_DOMAINS, NODE_DEVICES, NODES, SLICES, Kind, Rest
 
 CRDS = Kind("apiextensions.k8s.io", "v1", "customresourcedefinitions", False)
 DRIVER = "devices.fabricdra.io"

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from e2e.harness.controlplane import ControlPlane
-from fabricdra.api.rest import COMPUTE_DOMAINS, Rest
+from fabricdra.kube.rest import COMPUTE_DOMAINS, Rest
 from fabricdra.kubeletplugin.computedomain.imex import peer_name
 from tests.integration.computedomain_helpers import domain_body, install_crd
 

@@ -63,7 +63,8 @@ import yaml
 from e2e.harness.controlplane import ControlPlane, KubeControllerManager, KubeScheduler
 from fabricdra.api import computedomain as cd
 from fabricdra.api import labels as node_labels
-from fabricdra.api.rest import (
+from fabricdra.controller.manager import USER_AGENT
+from fabricdra.kube.rest import (
     CLAIM_TEMPLATES,
     CLAIMS,
     COMPUTE_DOMAINS,
@@ -75,7 +76,6 @@ from fabricdra.api.rest import (
     Kind,
     Rest,
 )
-from fabricdra.controller.manager import USER_AGENT
 from fabricdra.kubeletplugin.computedomain.report import write_report
 from tests.integration.computedomain_helpers import (
     condition,
@@ -249,7 +249,7 @@ class AdmissionClock:
     latency, for every claim, without polling."""
 
     def __init__(self, rest: Rest, namespace: str) -> None:
-        from fabricdra.api.informer import Informer
+        from fabricdra.kube.informer import Informer
 
         self.allocated: dict[str, float] = {}
         self.admitted: dict[str, float] = {}

@@ -17,7 +17,7 @@ from kubernetes import client
 from e2e.harness.controlplane import wait_for
 from e2e.harness.images import TEST_IMAGE
 from fabricdra.api import computedomain as cd
-from fabricdra.api.rest import CLAIM_TEMPLATES, COMPUTE_DOMAINS, SLICES, Rest
+from fabricdra.kube.rest import CLAIM_TEMPLATES, COMPUTE_DOMAINS, SLICES, Rest
 from tests.e2e.imexnode import IMEX_CHANNELS_MAJOR
 from tests.e2e.installkit import NAMESPACE, Installed, wait_running
 

@@ -37,7 +37,7 @@ import pytest
 from e2e.harness.controlplane import wait_for
 from e2e.harness.multinode import MultiNodeCluster, WorkerNode
 from fabricdra.api import computedomain as cd
-from fabricdra.api.rest import CLAIM_TEMPLATES, COMPUTE_DOMAINS, PODS
+from fabricdra.kube.rest import CLAIM_TEMPLATES, COMPUTE_DOMAINS, PODS
 from fabricdra.kubeletplugin.computedomain.imex import HOSTS_BEGIN, HOSTS_END, peer_name
 from tests.e2e.test_multinode_computedomain import (
     DRIVER_NS,

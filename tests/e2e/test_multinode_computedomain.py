@@ -34,7 +34,8 @@ from e2e.harness.controlplane import wait_for
 from e2e.harness.images import TEST_IMAGE
 from e2e.harness.multinode import MultiNodeCluster, WorkerNode
 from fabricdra.api import computedomain as cd
-from fabricdra.api.rest import (
+from fabricdra.controller.objects import slice_name
+from fabricdra.kube.rest import (
     CLAIM_TEMPLATES,
     CLAIMS,
     COMPUTE_DOMAINS,
@@ -45,7 +46,6 @@ from fabricdra.api.rest import (
     SLICES,
     Rest,
 )
-from fabricdra.controller.objects import slice_name
 from tests.integration.computedomain_helpers import condition, domain_body, install_crd, unique
 
 pytestmark = [pytest.mark.e2e, pytest.mark.multinode]

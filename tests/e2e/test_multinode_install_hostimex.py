@@ -38,7 +38,7 @@ from e2e.harness.helm import Chart
 from e2e.harness.images import fabricdra_image
 from e2e.harness.multinode import MultiNodeCluster, WorkerNode
 from fabricdra.api import computedomain as cd
-from fabricdra.api.rest import COMPUTE_DOMAINS, LEASES, NODES, PODS, Rest
+from fabricdra.kube.rest import COMPUTE_DOMAINS, LEASES, NODES, PODS, Rest
 from fabricdra.kubeletplugin.computedomain.report import host_lease_name
 from tests.e2e.test_multinode_computedomain import FABRIC, IMEX_MAJOR, Env, _domain, _pod
 from tests.integration.computedomain_helpers import condition

@@ -16,7 +16,7 @@ from kubernetes import client
 
 from e2e.harness.controlplane import wait_for
 from fabricdra.api import computedomain as cd
-from fabricdra.api.rest import (
+from fabricdra.kube.rest import (
     CLAIM_TEMPLATES,
     COMPUTE_DOMAINS,
     DAEMON_SETS,

@@ -13,7 +13,9 @@ import yaml
 
 from e2e.harness.controlplane import ControlPlane, wait_for
 from fabricdra.api import computedomain as cd
-from fabricdra.api.rest import (
+from fabricdra.controller.manager import Controller, ControllerConfig
+from fabricdra.controller.objects import DaemonSettings
+from fabricdra.kube.rest import (
     CLAIMS,
     COMPUTE_DOMAINS,
     NODES,
@@ -22,8 +24,6 @@ from fabricdra.api.rest import (
     Kind,
     Rest,
 )
-from fabricdra.controller.manager import Controller, ControllerConfig
-from fabricdra.controller.objects import DaemonSettings
 from fabricdra.kubeletplugin.kubelet import ClaimRef
 
 CRD_FILE = Path(__file__).resolve().parents[2] / "api" / "crds" / "computedomains.fabricdra.io.yaml"

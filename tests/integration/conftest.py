@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from e2e.harness.controlplane import ControlPlane
-from fabricdra.api.rest import Rest
+from fabricdra.kube.rest import Rest
 
 from .computedomain_helpers import install_crd, remove_new_objects, snapshot_objects
 

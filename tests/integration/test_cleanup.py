@@ -24,7 +24,9 @@ from e2e.harness.controlplane import ControlPlane
 from e2e.harness.errors import HarnessError
 from fabricdra.api import computedomain as cd
 from fabricdra.api.nodedevices import API_VERSION as ND_API_VERSION
-from fabricdra.api.rest import (
+from fabricdra.controller import rbac
+from fabricdra.controller.cleanup import DEPLOYMENTS
+from fabricdra.kube.rest import (
     CLAIM_TEMPLATES,
     COMPUTE_DOMAINS,
     DAEMON_SETS,
@@ -37,8 +39,6 @@ from fabricdra.api.rest import (
     Kind,
     Rest,
 )
-from fabricdra.controller import rbac
-from fabricdra.controller.cleanup import DEPLOYMENTS
 from tests.integration.computedomain_helpers import CRDS, install_crd
 
 pytestmark = pytest.mark.integration

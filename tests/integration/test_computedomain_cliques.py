@@ -18,7 +18,8 @@ from e2e.harness.controlplane import ControlPlane, wait_for
 from fabricdra.api import computedomain as cd
 from fabricdra.api.computedomain import ComputeDomain
 from fabricdra.api.labels import FABRIC_DOMAIN
-from fabricdra.api.rest import (
+from fabricdra.controller import objects
+from fabricdra.kube.rest import (
     CLAIM_TEMPLATES,
     CLAIMS,
     COMPUTE_DOMAINS,
@@ -27,7 +28,6 @@ from fabricdra.api.rest import (
     SLICES,
     Rest,
 )
-from fabricdra.controller import objects
 from fabricdra.kubeletplugin.computedomain.daemon import DaemonIdentity, ImexDaemon
 from fabricdra.kubeletplugin.computedomain.imex import HOSTS_BEGIN, ImexSettings, ImexSupervisor
 from fabricdra.kubeletplugin.computedomain.report import write_host_report

@@ -13,7 +13,10 @@ import pytest
 
 from e2e.harness.controlplane import ControlPlane, wait_for
 from fabricdra.api import computedomain as cd
-from fabricdra.api.rest import (
+from fabricdra.controller import rbac
+from fabricdra.controller.manager import Controller, ControllerConfig
+from fabricdra.controller.objects import DaemonSettings, slice_name
+from fabricdra.kube.rest import (
     CLAIM_TEMPLATES,
     CLAIMS,
     COMPUTE_DOMAINS,
@@ -25,9 +28,6 @@ from fabricdra.api.rest import (
     Kind,
     Rest,
 )
-from fabricdra.controller import rbac
-from fabricdra.controller.manager import Controller, ControllerConfig
-from fabricdra.controller.objects import DaemonSettings, slice_name
 
 from .computedomain_helpers import (
     allocate_claim,

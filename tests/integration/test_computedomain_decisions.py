@@ -17,7 +17,12 @@ import pytest
 from e2e.harness.controlplane import ControlPlane, wait_for
 from fabricdra.api import computedomain as cd
 from fabricdra.api.computedomain import ComputeDomain
-from fabricdra.api.rest import (
+from fabricdra.controller import objects
+from fabricdra.controller.claims import channel_of
+from fabricdra.controller.leader import LeaderElector
+from fabricdra.controller.manager import Controller, ControllerConfig
+from fabricdra.controller.objects import DaemonSettings
+from fabricdra.kube.rest import (
     CLAIM_TEMPLATES,
     CLAIMS,
     COMPUTE_DOMAINS,
@@ -27,11 +32,6 @@ from fabricdra.api.rest import (
     STRATEGIC_PATCH,
     Rest,
 )
-from fabricdra.controller import objects
-from fabricdra.controller.claims import channel_of
-from fabricdra.controller.leader import LeaderElector
-from fabricdra.controller.manager import Controller, ControllerConfig
-from fabricdra.controller.objects import DaemonSettings
 
 from .computedomain_helpers import (
     allocate_claim,

@@ -16,11 +16,11 @@ from e2e.harness.controlplane import ControlPlane, wait_for
 from fabricdra.api import computedomain as cd
 from fabricdra.api.computedomain import ComputeDomain
 from fabricdra.api.labels import FABRIC_DOMAIN
-from fabricdra.api.rest import CLAIM_TEMPLATES, CLAIMS, COMPUTE_DOMAINS, NODES, SLICES, Rest
 from fabricdra.controller import objects
 from fabricdra.controller.claims import channel_of
 from fabricdra.controller.manager import Controller, ControllerConfig
 from fabricdra.controller.objects import DaemonSettings
+from fabricdra.kube.rest import CLAIM_TEMPLATES, CLAIMS, COMPUTE_DOMAINS, NODES, SLICES, Rest
 from fabricdra.kubeletplugin.computedomain.report import write_host_report
 
 from .computedomain_helpers import (

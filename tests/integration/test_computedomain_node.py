@@ -17,7 +17,7 @@ import pytest
 from e2e.harness.controlplane import ControlPlane, wait_for
 from fabricdra.api import computedomain as cd
 from fabricdra.api import labels
-from fabricdra.api.rest import (
+from fabricdra.kube.rest import (
     CLAIM_TEMPLATES,
     CLAIMS,
     COMPUTE_DOMAINS,

@@ -12,7 +12,8 @@ from e2e.harness.controlplane import ControlPlane, wait_for
 from fabricdra.api import computedomain as cd
 from fabricdra.api import labels
 from fabricdra.api.computedomain import ComputeDomain
-from fabricdra.api.rest import (
+from fabricdra.controller import objects
+from fabricdra.kube.rest import (
     CLAIM_TEMPLATES,
     CLAIMS,
     COMPUTE_DOMAINS,
@@ -21,7 +22,6 @@ from fabricdra.api.rest import (
     STRATEGIC_PATCH,
     Rest,
 )
-from fabricdra.controller import objects
 
 from .computedomain_helpers import (
     allocate_claim,

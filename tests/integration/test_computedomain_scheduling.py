@@ -11,7 +11,8 @@ import pytest
 
 from e2e.harness.controlplane import ControlPlane, wait_for
 from fabricdra.api import computedomain as cd
-from fabricdra.api.rest import (
+from fabricdra.controller.objects import slice_name
+from fabricdra.kube.rest import (
     CLAIM_TEMPLATES,
     COMPUTE_DOMAINS,
     EVENTS,
@@ -20,7 +21,6 @@ from fabricdra.api.rest import (
     SLICES,
     Rest,
 )
-from fabricdra.controller.objects import slice_name
 
 from .computedomain_helpers import (
     condition,

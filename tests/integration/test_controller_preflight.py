@@ -13,8 +13,8 @@ import pytest
 
 from e2e.harness.controlplane import ControlPlane
 from e2e.harness.errors import HarnessError
-from fabricdra.api.rest import Rest
 from fabricdra.controller import preflight
+from fabricdra.kube.rest import Rest
 
 pytestmark = pytest.mark.integration
 

@@ -16,10 +16,10 @@ import pytest
 from e2e.harness.controlplane import ControlPlane, wait_for
 from e2e.harness.process import free_port
 from fabricdra.api import computedomain as cd
-from fabricdra.api.rest import CLAIM_TEMPLATES, COMPUTE_DOMAINS, LEASES, Rest
 from fabricdra.controller import metrics
 from fabricdra.controller.manager import USER_AGENT, Controller, ControllerConfig
 from fabricdra.controller.objects import DaemonSettings
+from fabricdra.kube.rest import CLAIM_TEMPLATES, COMPUTE_DOMAINS, LEASES, Rest
 from fabricdra.kubeletplugin.computedomain.report import lease_name, write_report
 
 from .computedomain_helpers import (

@@ -16,9 +16,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.harness.controlplane import ControlPlane, wait_for
-from fabricdra.api.rest import CLAIMS, COMPUTE_DOMAINS, NODES, SLICES, Rest
 from fabricdra.controller import fleetmetrics
 from fabricdra.controller.manager import Controller, ControllerConfig
+from fabricdra.kube.rest import CLAIMS, COMPUTE_DOMAINS, NODES, SLICES, Rest
 from tests.fleetdata import GB200, _gpu, _slice, scenario
 from tests.integration.computedomain_helpers import install_crd
 from tests.integration.dra_setup import installed  # noqa: F401 - a fixture

@@ -18,7 +18,7 @@ import pytest
 
 from e2e.harness.controlplane import ControlPlane, wait_for
 from fabricdra.api import computedomain as cd
-from fabricdra.api.rest import LEASES, NODES, Rest
+from fabricdra.kube.rest import LEASES, NODES, Rest
 
 from .computedomain_helpers import create_plugin_node, unique
 

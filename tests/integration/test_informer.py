@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from e2e.harness.controlplane import ControlPlane
-from fabricdra.api.informer import Informer
-from fabricdra.api.rest import LEASES, Rest
+from fabricdra.kube.informer import Informer
+from fabricdra.kube.rest import LEASES, Rest
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ import pytest
 from kubernetes import client
 
 from e2e.harness.controlplane import ControlPlane
-from fabricdra.api.rest import CLAIMS, Rest
+from fabricdra.kube.rest import CLAIMS, Rest
 from fabricdra.kubeletplugin import metrics
 from fabricdra.kubeletplugin.kubelet import PluginPaths, PluginServer
 from fabricdra.kubeletplugin.kubelet.cdi import CdiWriter

@@ -13,7 +13,7 @@ import pytest
 from kubernetes import client
 
 from e2e.harness.controlplane import ControlPlane
-from fabricdra.api.rest import CLAIMS, ApiError, Rest
+from fabricdra.kube.rest import CLAIMS, ApiError, Rest
 from fabricdra.kubeletplugin.networkstatus import DRIVER
 from tests.integration.test_chart_apiserver import Installed, _agent_on, installed  # noqa: F401
 

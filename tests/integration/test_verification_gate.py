@@ -21,7 +21,7 @@ from kubernetes import client
 from prometheus_client import generate_latest
 
 from e2e.harness.controlplane import ControlPlane, wait_for
-from fabricdra.api.rest import NODES, Rest
+from fabricdra.kube.rest import NODES, Rest
 from fabricdra.kubeletplugin import metrics as agent_metrics
 from fabricdra.kubeletplugin.agent import Agent, AgentConfig
 from fabricdra.kubeletplugin.kubelet.checkpoint import ClaimEntry
@@ -577,7 +577,7 @@ def test_the_basic_model_keeps_an_unhealthy_device_out_through_the_deviceclasses
 ) -> None:
     """1.34/1.35: no device taints; the `health` attribute the basic publisher writes and the
     DeviceClasses' selector keep an Unhealthy GPU from being allocated (issue 18)."""
-    from fabricdra.api.rest import SLICES
+    from fabricdra.kube.rest import SLICES
 
     name = f"health-basic-{uuid.uuid4().hex[:6]}"
     control_plane.create_node(name, labels={"kubernetes.io/hostname": name})

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from e2e.harness.controlplane import ControlPlane
-from fabricdra.api.rest import PODS, Rest
 from fabricdra.api.verification import load_expectations
+from fabricdra.kube.rest import PODS, Rest
 from fabricdra.kubeletplugin.verification.active import Judge, Plan, Step, execute
 from fabricdra.kubeletplugin.verification.podrun import PodExecutor, pod_manifest
 from tests.integration.computedomain_helpers import new_namespace, unique

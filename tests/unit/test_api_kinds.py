@@ -9,10 +9,11 @@ from types import ModuleType
 
 import pytest
 
-from fabricdra.api import computedomain, nodedevices, rest
+from fabricdra.api import computedomain, nodedevices
+from fabricdra.kube import rest
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("api", "cli", "controller", "kubeletplugin", "proto")
+PACKAGES = ("api", "kube", "cli", "controller", "kubeletplugin", "proto")
 
 
 def _defining(pattern: re.Pattern[str]) -> list[str]:
@@ -42,4 +43,4 @@ def test_each_custom_kinds_rest_address_is_its_models(kind: rest.Kind, model: Mo
 def test_a_custom_kinds_rest_address_is_defined_once() -> None:
     # Anywhere else, a version bump in api/ would leave a caller talking to the old version.
     ours = re.compile(r"\bKind\([^)]*(fabricdra\.io|ND_|nodedevices|computedomain|\bcd\.)")
-    assert _defining(ours) == ["api/fabricdra/api/rest.py"]
+    assert _defining(ours) == ["kube/fabricdra/kube/rest.py"]

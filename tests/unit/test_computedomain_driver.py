@@ -21,7 +21,7 @@ import pytest
 from kubernetes import client
 
 from fabricdra.api import computedomain as cd
-from fabricdra.api.rest import CLAIMS, COMPUTE_DOMAINS, Rest
+from fabricdra.kube.rest import CLAIMS, COMPUTE_DOMAINS, Rest
 from fabricdra.kubeletplugin.computedomain.driver import ComputeDomainDriver, NodeConfig
 from fabricdra.kubeletplugin.kubelet import (
     Call,

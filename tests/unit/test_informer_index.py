@@ -1,12 +1,12 @@
-"""The informer's indexes (api/informer.py): an object filed under the values its index
+"""The informer's indexes (kube/informer.py): an object filed under the values its index
 function gives, refiled on every update, unfiled on delete, rebuilt on a re-list. Driven
 through the store's own entry points (a LIST's items, a WATCH's events): no server needed."""
 
 from __future__ import annotations
 
-from fabricdra.api.informer import Informer, without_managed_fields
 from fabricdra.api.jsontypes import JSON
-from fabricdra.api.rest import CLAIMS, Rest
+from fabricdra.kube.informer import Informer, without_managed_fields
+from fabricdra.kube.rest import CLAIMS, Rest
 
 
 def _claim(name: str, *nodes: str, domain: str = "", rv: str = "1") -> JSON:

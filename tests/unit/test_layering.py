@@ -84,3 +84,21 @@ def test_server_records_claims_into_the_metrics_it_is_given(tmp_path: Path) -> N
     assert registry.get_sample_value("p_errors_total", label) == 1
     assert registry.get_sample_value("u_seconds_count", label) == 1
     assert registry.get_sample_value("u_errors_total", label) is None  # never failed
+
+
+def test_api_is_schemas_and_talks_to_no_server() -> None:
+    """`api/` holds the schemas; the REST client, its typed errors and the informer live in
+    `kube/` (issue 21.4). Importing every api module loads no HTTP client and nothing of kube/."""
+    modules = sorted(
+        f"fabricdra.api.{p.stem}"
+        for p in (ROOT / "api" / "fabricdra" / "api").glob("*.py")
+        if p.stem != "__init__"
+    )
+    loaded = _modules_after_import(*modules)
+    talking = sorted(
+        m
+        for m in loaded
+        if m.split(".")[0] in {"urllib3", "kubernetes"} or m.startswith("fabricdra.kube")
+    )
+    assert talking == []
+    assert not (ROOT / "api" / "fabricdra" / "api" / "rest.py").exists()

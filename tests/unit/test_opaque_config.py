@@ -18,9 +18,9 @@ from fabricdra.api.opaque import (
     OpaqueConfigError,
     parse_opaque,
 )
-from fabricdra.api.rest import CLAIMS
 from fabricdra.controller import objects
 from fabricdra.controller.claims import channel_of
+from fabricdra.kube.rest import CLAIMS
 from fabricdra.kubeletplugin.kubelet import ClaimRef, PrepareError
 from tests.unit.test_computedomain_driver import NODE, NS, FakeApi, make_driver
 

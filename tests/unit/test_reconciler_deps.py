@@ -14,7 +14,6 @@ import pytest
 
 from fabricdra.api import computedomain as cd
 from fabricdra.api.jsontypes import JSON
-from fabricdra.api.rest import CLAIM_TEMPLATES, COMPUTE_DOMAINS, DAEMON_SETS, SLICES, Kind
 from fabricdra.controller import objects
 from fabricdra.controller.deps import DomainDeps, NodeDeps, PlacementDeps
 from fabricdra.controller.domains import DomainReconciler
@@ -24,6 +23,7 @@ from fabricdra.controller.nodes import NodeReconciler
 from fabricdra.controller.ownership import Ownership
 from fabricdra.controller.placement import Placement
 from fabricdra.controller.writes import Writer
+from fabricdra.kube.rest import CLAIM_TEMPLATES, COMPUTE_DOMAINS, DAEMON_SETS, SLICES, Kind
 
 PACKAGE = Path(__file__).resolve().parents[2] / "controller" / "fabricdra" / "controller"
 

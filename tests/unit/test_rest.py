@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client
 
-from fabricdra.api.rest import CLAIMS, NODES, ApiError, Rest
+from fabricdra.kube.rest import CLAIMS, NODES, ApiError, Rest
 
 SENTINEL = b"SENTINEL"
 

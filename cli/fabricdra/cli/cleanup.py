@@ -61,8 +61,8 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fabricdra.api.rest import ApiError, Rest
     from fabricdra.controller.cleanup import Cleanup, CleanupConfig, CleanupError
+    from fabricdra.kube.rest import ApiError, Rest
 
     for flag in ("domain_timeout", "stop_timeout"):
         if getattr(args, flag) < 0:

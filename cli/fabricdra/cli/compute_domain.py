@@ -183,7 +183,7 @@ def run_plugin(args: argparse.Namespace) -> int:
 
 
 def run_daemon(args: argparse.Namespace) -> int:
-    from fabricdra.api.rest import Rest
+    from fabricdra.kube.rest import Rest
     from fabricdra.kubeletplugin.computedomain.daemon import DaemonIdentity, ImexDaemon
     from fabricdra.kubeletplugin.computedomain.imex import ImexSettings, ImexSupervisor
 

@@ -224,8 +224,8 @@ def _preflight(api: Any) -> bool:
     way; False (the controller exits 1) when any is off or the server cannot be asked."""
     import logging
 
-    from fabricdra.api.rest import ApiError, Rest
     from fabricdra.controller import preflight
+    from fabricdra.kube.rest import ApiError, Rest
 
     log = logging.getLogger("fabricdra.controller")
     try:

@@ -11,9 +11,9 @@ import sys
 import time
 from typing import Any
 
-from fabricdra.api.rest import ApiError, Rest
 from fabricdra.controller.fleet import STRANDED_REASONS, Fleet
 from fabricdra.controller.fleetmetrics import read_fleet
+from fabricdra.kube.rest import ApiError, Rest
 
 from .common import UsageError, api_client, env_choice, print_json, stop_event
 from .common import env as _env

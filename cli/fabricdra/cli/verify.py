@@ -25,8 +25,8 @@ from contextlib import ExitStack, closing
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from fabricdra.api.rest import NODE_DEVICES, NODES, ApiError, Rest
 from fabricdra.api.verification import ProbeResult, load_expectations, parse_profile
+from fabricdra.kube.rest import NODE_DEVICES, NODES, ApiError, Rest
 from fabricdra.kubeletplugin.discovery.node import NvmlSource, discover
 from fabricdra.kubeletplugin.discovery.nvml import SnapshotError, load_snapshot, read_live
 from fabricdra.kubeletplugin.discovery.sysfs import RootError, SysfsTree

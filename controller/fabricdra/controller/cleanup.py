@@ -29,7 +29,7 @@ from typing import Any
 
 from fabricdra.api import computedomain as cd
 from fabricdra.api import labels
-from fabricdra.api.rest import (
+from fabricdra.kube.rest import (
     CLAIM_TEMPLATES,
     COMPUTE_DOMAINS,
     DAEMON_SETS,

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fabricdra.api.jsontypes import JSON
-from fabricdra.api.rest import Kind
+from fabricdra.kube.rest import Kind
 
 from .liveness import Heartbeats
 from .objects import DaemonSettings
@@ -28,7 +28,7 @@ EnqueueAfter = Callable[[str, float], None]
 
 
 class Cache(Protocol):
-    """The read side of an informer (api/informer.py): reconcilers never write a cache."""
+    """The read side of an informer (kube/informer.py): reconcilers never write a cache."""
 
     def get(self, key: str) -> JSON | None: ...
 
@@ -40,7 +40,7 @@ class Cache(Protocol):
 
 
 class Api(Protocol):
-    """The REST calls the reconcilers make (api/rest.py's Rest; writes.py counts them)."""
+    """The REST calls the reconcilers make (kube/rest.py's Rest; writes.py counts them)."""
 
     def get(self, kind: Kind, name: str, namespace: str | None = None) -> JSON: ...
 

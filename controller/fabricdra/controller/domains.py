@@ -13,9 +13,9 @@ from pydantic import ValidationError
 
 from fabricdra.api import computedomain as cd
 from fabricdra.api.computedomain import ComputeDomain
-from fabricdra.api.informer import key_of
 from fabricdra.api.jsontypes import JSON
-from fabricdra.api.rest import (
+from fabricdra.kube.informer import key_of
+from fabricdra.kube.rest import (
     CLAIM_TEMPLATES,
     COMPUTE_DOMAINS,
     DAEMON_SETS,

@@ -23,8 +23,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from fabricdra.api.informer import Informer
-from fabricdra.api.rest import (
+from fabricdra.kube.informer import Informer
+from fabricdra.kube.rest import (
     CLAIMS,
     COMPUTE_DOMAINS,
     NODE_DEVICES,

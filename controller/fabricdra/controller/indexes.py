@@ -1,4 +1,4 @@
-"""The names of the controller informers' indexes (api/informer.py `add_index`; wired in
+"""The names of the controller informers' indexes (kube/informer.py `add_index`; wired in
 manager.py). A reconcile reads the objects of its own node or domain through them, never the
 whole cache: at 5,000 nodes a node reconcile that scanned every claim and Lease, run for every
 node on each resync, outlasted the resync period (docs/compute-domains.md, "Caches and

@@ -25,7 +25,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from fabricdra.api.rest import LEASES, ApiError, Rest
+from fabricdra.kube.rest import LEASES, ApiError, Rest
 
 log = logging.getLogger("fabricdra.controller.leader")
 

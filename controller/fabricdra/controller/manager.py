@@ -29,9 +29,9 @@ from typing import Any
 
 from fabricdra.api import computedomain as cd
 from fabricdra.api import labels as node_labels
-from fabricdra.api.informer import Informer, key_of, without_managed_fields
 from fabricdra.api.jsontypes import JSON
-from fabricdra.api.rest import (
+from fabricdra.kube.informer import Informer, key_of, without_managed_fields
+from fabricdra.kube.rest import (
     CLAIM_TEMPLATES,
     CLAIMS,
     COMPUTE_DOMAINS,

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from fabricdra.api import computedomain as cd
 from fabricdra.api.computedomain import ComputeDomain
 from fabricdra.api.jsontypes import JSON
-from fabricdra.api.rest import CLAIMS, NODES, SLICES, ApiError
+from fabricdra.kube.rest import CLAIMS, NODES, SLICES, ApiError
 
 from . import admission, metrics, objects, records
 from .claims import claim_views, dev_key, domain_uid, node_fabric

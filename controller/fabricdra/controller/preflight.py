@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fabricdra.api.rest import SLICES, ApiError
+from fabricdra.kube.rest import SLICES, ApiError
 
 from . import objects
 
@@ -77,7 +77,7 @@ def below_floor(major: str, minor: str) -> bool:
 
 
 def check(rest: Any) -> Preflight:
-    """Ask the server (`rest`: fabricdra.api.rest.Rest). API errors other than the answers
+    """Ask the server (`rest`: fabricdra.kube.rest.Rest). API errors other than the answers
     judged here propagate: a server that cannot be asked cannot be trusted either."""
     v = rest.call("GET", "/version")
     version = str(v.get("gitVersion") or f"{v.get('major')}.{v.get('minor')}")

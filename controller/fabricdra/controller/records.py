@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from fabricdra.api.jsontypes import JSON
-from fabricdra.api.rest import COMPUTE_DOMAINS
+from fabricdra.kube.rest import COMPUTE_DOMAINS
 
 if TYPE_CHECKING:
     from .deps import Api

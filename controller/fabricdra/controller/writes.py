@@ -1,5 +1,5 @@
 """The controller's writes to the API server, in one place: every one goes through a
-CountingRest (api/rest.py), whose hook feeds the `fabricdra_controller_api_writes_total`
+CountingRest (kube/rest.py), whose hook feeds the `fabricdra_controller_api_writes_total`
 counter, so the metric, the bench and the tests count the same thing."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 from fabricdra.api import computedomain as cd
 from fabricdra.api.computedomain import ComputeDomain
 from fabricdra.api.jsontypes import JSON
-from fabricdra.api.rest import (
+from fabricdra.kube.rest import (
     DEVICE_CLASSES,
     EVENTS,
     NAMESPACES,

@@ -62,8 +62,8 @@ from prometheus_client import start_http_server
 
 from fabricdra.api import labels as label_keys
 from fabricdra.api.inventory import Accelerator
-from fabricdra.api.rest import EVENTS, NODE_DEVICES, NODES
 from fabricdra.api.verification import SystemProfile
+from fabricdra.kube.rest import EVENTS, NODE_DEVICES, NODES
 
 from . import metrics
 from .devices import (
@@ -204,7 +204,7 @@ class Agent:
         self.verification = Schedule(interval=config.verify_interval)
         self.verify_tools = config.verify_tools
         if config.verify_image:
-            from fabricdra.api.rest import Rest
+            from fabricdra.kube.rest import Rest
 
             from .verification.podrun import PodExecutor
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import structlog
 
-from fabricdra.api.rest import EVENTS, SLICES
+from fabricdra.kube.rest import EVENTS, SLICES
 
 from .devices import Device, DeviceInventory, Health, holder_name
 from .resourceslices import TAINT_KEY, taint_value

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from fabricdra.api.rest import CountingRest, Kind
+from fabricdra.kube.rest import CountingRest, Kind
 
 if TYPE_CHECKING:
     from fabricdra.kubeletplugin.kubelet.server import ClaimMetrics
@@ -78,7 +78,7 @@ def _count_write(kind: Kind, verb: str) -> None:
 
 def counting_rest(api_client: Any) -> CountingRest:
     """The node agent's REST layer: every write the server accepted is counted here, once
-    (api/rest.py `CountingRest`, as the controller does), into `fabricdra_api_writes_total`."""
+    (kube/rest.py `CountingRest`, as the controller does), into `fabricdra_api_writes_total`."""
     return CountingRest(api_client, on_write=_count_write)
 
 

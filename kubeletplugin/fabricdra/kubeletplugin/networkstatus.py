@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from fabricdra.api.rest import CLAIMS, ApiError
+from fabricdra.kube.rest import CLAIMS, ApiError
 
 from .devices import Device
 from .kinds import kind_of

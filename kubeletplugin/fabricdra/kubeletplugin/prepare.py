@@ -55,7 +55,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from fabricdra.api.rest import CLAIMS, EVENTS, ApiError
+from fabricdra.kube.rest import CLAIMS, EVENTS, ApiError
 
 from . import exclusivity, kinds, metrics, ncclenv
 from .devices import Device, DeviceConfig, DeviceInventory

@@ -50,8 +50,8 @@ from fabricdra.api.inventory import Interface, group_accelerators
 from fabricdra.api.nodedevices import API_VERSION as ND_API_VERSION
 from fabricdra.api.nodedevices import KIND as ND_KIND
 from fabricdra.api.nodedevices import NodeDevicesSpec
-from fabricdra.api.rest import JSON_PATCH, NODE_DEVICES, NODES, SLICES, ApiError, Kind
 from fabricdra.api.verification import Verification
+from fabricdra.kube.rest import JSON_PATCH, NODE_DEVICES, NODES, SLICES, ApiError, Kind
 
 from . import metrics
 from .devices import DeviceInventory

@@ -14,8 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from fabricdra.api.informer import Informer
-from fabricdra.api.rest import COMPUTE_DOMAINS, ApiError, Rest
+from fabricdra.kube.informer import Informer
+from fabricdra.kube.rest import COMPUTE_DOMAINS, ApiError, Rest
 
 from .imex import ImexSupervisor, State
 from .report import delete_report, write_report

@@ -34,7 +34,7 @@ from fabricdra.api import computedomain as cd
 from fabricdra.api import labels
 from fabricdra.api.jsontypes import JSON
 from fabricdra.api.opaque import OpaqueConfigError, parse_opaque
-from fabricdra.api.rest import COMPUTE_DOMAINS, NODES, ApiError, Rest
+from fabricdra.kube.rest import COMPUTE_DOMAINS, NODES, ApiError, Rest
 from fabricdra.kubeletplugin.kubelet import ClaimRef, PreparedDevice, PrepareError
 from fabricdra.kubeletplugin.kubelet.cdi import (
     CdiDevice,

@@ -22,7 +22,7 @@ import structlog
 
 from fabricdra.api import computedomain as cd
 from fabricdra.api import labels
-from fabricdra.api.rest import NODES, ApiError, Rest
+from fabricdra.kube.rest import NODES, ApiError, Rest
 from fabricdra.kubeletplugin.kubelet import ClaimSweeper, PluginPaths, PluginServer
 from fabricdra.kubeletplugin.kubelet.checkpoint import BOOT_ID_PATH, current_boot_id
 

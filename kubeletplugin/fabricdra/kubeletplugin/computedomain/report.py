@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fabricdra.api import computedomain as cd
-from fabricdra.api.rest import LEASES, ApiError, Rest
+from fabricdra.kube.rest import LEASES, ApiError, Rest
 
 
 def lease_name(domain_uid: str, node: str) -> str:

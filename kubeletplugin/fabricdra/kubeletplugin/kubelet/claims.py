@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from fabricdra.api.rest import CLAIMS, ApiError, Rest
+from fabricdra.kube.rest import CLAIMS, ApiError, Rest
 
 from .cdi import CdiWriter
 from .checkpoint import Checkpoint, ClaimEntry

@@ -24,7 +24,7 @@ from typing import Any
 
 import structlog
 
-from fabricdra.api.rest import PODS, ApiError, Rest
+from fabricdra.kube.rest import PODS, ApiError, Rest
 
 log = structlog.get_logger("fabricdra.verification")
 

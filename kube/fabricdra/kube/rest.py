@@ -23,7 +23,7 @@ from urllib.parse import quote
 
 import urllib3
 
-from .jsontypes import JSON
+from fabricdra.api.jsontypes import JSON
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"

@@ -17,9 +17,8 @@ from collections.abc import Callable, Iterable
 
 import urllib3
 
-from fabricdra.api.rest import ApiError, Kind, Rest
-
-from .jsontypes import JSON
+from fabricdra.api.jsontypes import JSON
+from fabricdra.kube.rest import ApiError, Kind, Rest
 
 log = logging.getLogger("fabricdra.informer")
 Handler = Callable[[str, JSON | None, JSON | None], None]  # (event, old, new)
