@@ -26,7 +26,16 @@ from ..devices import (
 )
 from ..kubelet.cdi import ContainerEdits
 from ..migprofiles import Placement
-from .base import BuildInputs, CounterUse, PrepareContext, Value, Version, causes_value, pci_values
+from .base import (
+    BuildInputs,
+    CounterUse,
+    DeviceKind,
+    PrepareContext,
+    Value,
+    Version,
+    causes_value,
+    pci_values,
+)
 
 NVIDIA, AMD = "0x10de", "0x1002"  # PCI vendor ids
 VOID_GPUS = "NVIDIA_VISIBLE_DEVICES=void"
@@ -47,6 +56,35 @@ class GpusGroup:
 
 
 GPUS = GpusGroup()
+
+
+class NvidiaAcceleratorKind(DeviceKind):
+    """What NVIDIA's two accelerator kinds share (whole GPU, MIG instance): built from NVML's
+    accelerator records of their `device_type`, published with the accelerator attributes,
+    tainted by the GPU's causes, and on dynamic MIG drawing on the GPU's counter set."""
+
+    device_type: str
+
+    def build(self, inputs: BuildInputs) -> list[Device]:
+        return [d for d in vendor_devices(inputs, NVIDIA) if d.type == self.device_type]
+
+    def owns(self, device: Device) -> bool:
+        acc = device.accelerator
+        return device.type == self.device_type and acc is not None and acc.vendorId == NVIDIA
+
+    def attributes(self, device: Device) -> list[tuple[str, Value]]:
+        return accelerator_values(device)
+
+    def taint_value(self, device: Device) -> str:
+        return gpu_taint_value(device)
+
+    def counters(self, device: Device) -> CounterUse | None:
+        return dynamic_mig_counters(device)
+
+    def needs_partitionable(self, device: Device) -> bool:
+        # Dynamic MIG's whole GPU and the placements not created yet only exist on a
+        # counter set; an adopted or created instance is plain static MIG without one.
+        return device.dynamic_mig and device.mig is None
 
 
 def vendor_devices(inputs: BuildInputs, vendor_id: str) -> list[Device]:

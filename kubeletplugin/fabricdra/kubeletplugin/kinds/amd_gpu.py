@@ -1,6 +1,6 @@
 """AMD GPU, whole (`type: gpu`): built from discovery's accelerator records of vendor 0x1002
-bound to `amdgpu`; no health source yet (Unknown). Served as `/dev/kfd` and the GPU's own
-`/dev/dri/renderDN`."""
+bound to `amdgpu`; health from its RAS error counts (health.py `amd_health`). Served as
+`/dev/kfd` and the GPU's own `/dev/dri/renderDN`."""
 
 from __future__ import annotations
 

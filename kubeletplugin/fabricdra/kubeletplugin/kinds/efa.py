@@ -40,7 +40,7 @@ from .base import (
     device_nodes,
     pci_values,
 )
-from .rdma import link_health
+from .rdma import link_device
 
 AMAZON = "0x1d0f"
 EFA_DEVICE_IDS = frozenset({"0xefa0", "0xefa1", "0xefa2", "0xefa3"})
@@ -124,21 +124,7 @@ def read_efa(tree: SysfsTree) -> list[Device]:
             link=link,
             topology=fn.topology,
         )
-        health, reason = link_health(ep)
-        out.append(
-            Device(
-                name=dns_label("efa", fn.bus_id),
-                type="efa",
-                accelerator=None,
-                mig=None,
-                endpoint=ep,
-                interface=None,
-                mode=None,
-                health=health,
-                health_reason=reason,
-                health_causes=("link-down",) if health == "Unhealthy" else (),
-            )
-        )
+        out.append(link_device(dns_label("efa", fn.bus_id), "efa", ep))
     return out
 
 

@@ -7,44 +7,16 @@ from __future__ import annotations
 
 from ..devices import Device
 from ..kubelet import PrepareError
-from .accelerator import (
-    GPUS,
-    NVIDIA,
-    accelerator_values,
-    dynamic_mig_counters,
-    gpu_taint_value,
-    vendor_devices,
-)
-from .base import BuildInputs, CounterUse, DeviceKind, PrepareContext, Served, Value, device_nodes
+from .accelerator import GPUS, NvidiaAcceleratorKind
+from .base import PrepareContext, Served, device_nodes
 
 
-class NvidiaGpu(DeviceKind):
+class NvidiaGpu(NvidiaAcceleratorKind):
     name = "nvidia-gpu"
     device_type = "gpu"
 
-    def build(self, inputs: BuildInputs) -> list[Device]:
-        return [d for d in vendor_devices(inputs, NVIDIA) if d.type == "gpu"]
-
-    def owns(self, device: Device) -> bool:
-        acc = device.accelerator
-        return device.type == "gpu" and acc is not None and acc.vendorId == NVIDIA
-
-    def attributes(self, device: Device) -> list[tuple[str, Value]]:
-        return accelerator_values(device)
-
     def memory_mib(self, device: Device) -> int | None:
         return device.accelerator.memoryMiB if device.accelerator is not None else None
-
-    def taint_value(self, device: Device) -> str:
-        return gpu_taint_value(device)
-
-    def counters(self, device: Device) -> CounterUse | None:
-        return dynamic_mig_counters(device)
-
-    def needs_partitionable(self, device: Device) -> bool:
-        # Dynamic MIG's whole GPU and the placements not created yet only exist on a
-        # counter set; an adopted or created instance is plain static MIG without one.
-        return device.dynamic_mig and device.mig is None
 
     def serve(self, device: Device, ctx: PrepareContext) -> Served:
         acc = device.accelerator

@@ -16,13 +16,9 @@ from ..kubelet.claims import ensure_wanted
 from ..kubelet.driver import current_call
 from .accelerator import (
     GPUS,
-    NVIDIA,
-    accelerator_values,
-    dynamic_mig_counters,
-    gpu_taint_value,
-    vendor_devices,
+    NvidiaAcceleratorKind,
 )
-from .base import BuildInputs, CounterUse, DeviceKind, PrepareContext, Served, Value, device_nodes
+from .base import PrepareContext, Served, device_nodes
 
 # Seconds of kubelet's deadline (45 s) a MIG instance's creation is started with at least:
 # NVML creates a GPU and compute instance in a few seconds (not measured here: see
@@ -30,19 +26,9 @@ from .base import BuildInputs, CounterUse, DeviceKind, PrepareContext, Served, V
 MIG_CREATE_BUDGET = 15.0
 
 
-class NvidiaMig(DeviceKind):
+class NvidiaMig(NvidiaAcceleratorKind):
     name = "nvidia-mig"
     device_type = "mig"
-
-    def build(self, inputs: BuildInputs) -> list[Device]:
-        return [d for d in vendor_devices(inputs, NVIDIA) if d.type == "mig"]
-
-    def owns(self, device: Device) -> bool:
-        acc = device.accelerator
-        return device.type == "mig" and acc is not None and acc.vendorId == NVIDIA
-
-    def attributes(self, device: Device) -> list[tuple[str, Value]]:
-        return accelerator_values(device)
 
     def memory_mib(self, device: Device) -> int | None:
         return device.mig.memoryMiB if device.mig is not None else None
@@ -53,17 +39,6 @@ class NvidiaMig(DeviceKind):
         if device.mig is None or device.info is None:
             return {}
         return dict(device.info.mig_capacity.get(device.mig.uuid, {}))
-
-    def taint_value(self, device: Device) -> str:
-        return gpu_taint_value(device)
-
-    def counters(self, device: Device) -> CounterUse | None:
-        return dynamic_mig_counters(device)
-
-    def needs_partitionable(self, device: Device) -> bool:
-        # Dynamic MIG's whole GPU and the placements not created yet only exist on a
-        # counter set; an adopted or created instance is plain static MIG without one.
-        return device.dynamic_mig and device.mig is None
 
     def within(self, device: Device) -> str | None:
         return gpu_name(device.accelerator) if device.accelerator is not None else None

@@ -16,6 +16,7 @@ from .. import ncclenv
 from ..devices import (
     Device,
     DeviceConfig,
+    DeviceType,
     EndpointMode,
     Health,
     HeldAs,
@@ -148,10 +149,21 @@ def _mode_of(ep: Endpoint, config: DeviceConfig, default: RdmaMode) -> RdmaMode:
 
 
 def _rdma_device(ep: Endpoint, iface: Interface, mode: EndpointMode) -> Device:
+    return link_device(endpoint_name(ep), "rdma", ep, iface, mode)
+
+
+def link_device(
+    name: str,
+    type_: DeviceType,
+    ep: Endpoint,
+    iface: Interface | None = None,
+    mode: EndpointMode | None = None,
+) -> Device:
+    """A NIC's device (RDMA endpoint, EFA function), healthy as its link's verdict says."""
     health, reason = link_health(ep)
     return Device(
-        name=endpoint_name(ep),
-        type="rdma",
+        name=name,
+        type=type_,
         accelerator=None,
         mig=None,
         endpoint=ep,
