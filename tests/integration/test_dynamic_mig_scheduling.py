@@ -146,18 +146,23 @@ def mig_node(control_plane: ControlPlane, tmp_path: Path) -> tuple[str, str]:
     return name, hgx.gpus[1].replace(":", "-").replace(".", "-")
 
 
+def _whole_gpu_claim(g: str) -> dict[str, Any]:
+    """A claim for GPU `g` (its device-name form, 0000-18-00-0) whole, by its PCI bus id."""
+    return _claim(
+        "whole",
+        "gpu.fabricdra.io",
+        f'device.attributes["resource.kubernetes.io"].pciBusID == '
+        f'"{g[:4]}:{g[5:7]}:{g[8:10]}.{g[11]}"',
+    )
+
+
 def test_3g_and_4g_fit_a_third_does_not_and_the_whole_gpu_waits(
     control_plane: ControlPlane, kube_scheduler: KubeScheduler, mig_node: tuple[str, str]
 ) -> None:
     node, g = mig_node
     ns = f"dynmig-{_suffix()}"
     control_plane.create_namespace(ns)
-    whole = _claim(
-        "whole",
-        "gpu.fabricdra.io",
-        f'device.attributes["resource.kubernetes.io"].pciBusID == '
-        f'"{g[:4]}:{g[5:7]}:{g[8:10]}.{g[11]}"',
-    )
+    whole = _whole_gpu_claim(g)
 
     three = _submit(control_plane, ns, node, _mig("three", "3g.40gb"))
     assert _allocated(control_plane, ns, three, "three") == f"mig-{g}-3g-40gb-m4"
@@ -178,12 +183,7 @@ def test_whole_gpu_does_not_fit_beside_one_instance(
     control_plane.create_namespace(ns)
     one = _submit(control_plane, ns, node, _mig("one", "1g.10gb"))
     assert _allocated(control_plane, ns, one, "one") == f"mig-{g}-1g-10gb-m6"
-    whole = _claim(
-        "whole",
-        "gpu.fabricdra.io",
-        f'device.attributes["resource.kubernetes.io"].pciBusID == '
-        f'"{g[:4]}:{g[5:7]}:{g[8:10]}.{g[11]}"',
-    )
+    whole = _whole_gpu_claim(g)
     gpu = _submit(control_plane, ns, node, whole)
     _unschedulable(control_plane, ns, gpu, "whole")
 
@@ -194,12 +194,7 @@ def test_whole_gpu_allocates_alone_and_then_no_instance_fits(
     node, g = mig_node
     ns = f"dynmig-{_suffix()}"
     control_plane.create_namespace(ns)
-    whole = _claim(
-        "whole",
-        "gpu.fabricdra.io",
-        f'device.attributes["resource.kubernetes.io"].pciBusID == '
-        f'"{g[:4]}:{g[5:7]}:{g[8:10]}.{g[11]}"',
-    )
+    whole = _whole_gpu_claim(g)
     gpu = _submit(control_plane, ns, node, whole)
     assert _allocated(control_plane, ns, gpu, "whole") == f"gpu-{g}"
     one = _submit(control_plane, ns, node, _mig("one", "1g.10gb"))
