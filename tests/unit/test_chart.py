@@ -340,7 +340,14 @@ def test_nvml_comes_from_the_driver_root_without_shadowing_the_images_libraries(
     env = {e["name"]: e.get("value") for e in devices["env"]}
     folders = env["LD_LIBRARY_PATH"].split(":")
     first_host = next(i for i, f in enumerate(folders) if f.startswith("/driver-root"))
-    assert "/usr/lib/x86_64-linux-gnu" in folders[:first_host]
+    # One image index serves x86_64 nodes and Grace (aarch64) GB200/GB300 trays, so the
+    # folders of both Debian/Ubuntu multiarch triplets are listed: the image's own before any
+    # of the host's, and the host's NVML folder of each (the loader skips a library built for
+    # the other machine, so a folder of the other triplet is harmless).
+    for triplet in ("x86_64-linux-gnu", "aarch64-linux-gnu"):
+        assert f"/usr/lib/{triplet}" in folders[:first_host], triplet
+        assert f"/driver-root/usr/lib/{triplet}" in folders[first_host:], triplet
+    assert "/driver-root/usr/lib64" in folders  # RHEL-family hosts, either machine
 
 
 def test_node_plugins_run_as_root_and_the_controller_does_not(chart: Chart) -> None:
