@@ -33,6 +33,8 @@ repo=$(cd "$here/../.." && pwd)
 SUITE=bookworm
 MIRROR=${FABRICDRA_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 IMAGE_NAME=${FABRICDRA_IMAGE_NAME:-ghcr.io/fabricdra/fabricdra}
+# shellcheck source=../lib/platforms.sh
+. "$here/../lib/platforms.sh"
 # What the node agent, the plugins, the controller and the IMEX daemon need at run time (grpcio
 # links libstdc++); the `essential` variant brings the rest (dpkg, coreutils, bash).
 PACKAGES=python3,libstdc++6,ca-certificates,kmod
@@ -48,18 +50,9 @@ while [ $# -gt 0 ]; do
        exit 2 ;;
   esac
 done
-# Debian's and OCI's name for each platform, and the wheels' platform tag (pip --platform).
-arches=()
-IFS=, read -ra wanted <<< "$platforms"
-for p in "${wanted[@]}"; do
-  case "$p" in
-    linux/amd64) arches+=(amd64) ;;
-    linux/arm64) arches+=(arm64) ;;
-    *) echo "build.sh: unsupported platform '$p' (expected linux/amd64, linux/arm64)" >&2; exit 2 ;;
-  esac
-done
-wheel_arch() { case "$1" in amd64) echo x86_64 ;; arm64) echo aarch64 ;; esac; }
-host_arch=$(dpkg --print-architecture 2>/dev/null || true)
+# Debian's name for each platform (the wheels' platform tag is its machine_of, pip --platform).
+arch_list=$(arches_of "$platforms") || exit 2
+mapfile -t arches <<< "$arch_list"
 for tool in mmdebstrap umoci; do
   command -v "$tool" >/dev/null || {
     echo "build.sh: '$tool' is missing: apt-get install $tool" >&2; exit 1; }
@@ -68,14 +61,7 @@ version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$repo/pyproject.toml" | head -1)
 tag=${tag:-$version}
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git -C "$repo" log -1 --format=%ct 2>/dev/null || date +%s)}
 log() { printf '[image %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-for arch in "${arches[@]}"; do
-  if [ "$arch" != "$host_arch" ] && [ ! -e "/proc/sys/fs/binfmt_misc/qemu-$(wheel_arch "$arch")" ]; then
-    echo "build.sh: building linux/$arch on $host_arch needs qemu-$(wheel_arch "$arch") registered" \
-      "in binfmt_misc: apt-get install qemu-user-static (and mount binfmt_misc on" \
-      "/proc/sys/fs/binfmt_misc if it is not)" >&2
-    exit 1
-  fi
-done
+require_emulation "${arches[@]}"
 
 mkdir -p "$out"
 work=$(mktemp -d "${TMPDIR:-/tmp}/fabricdra-image.XXXXXX")
@@ -91,7 +77,7 @@ wheel=$(ls "$work"/wheel/fabricdra-*.whl)
 # wheels of the image's architecture, so the image carries no pip and no compiler.
 write_hook() {
   local arch=$1 dir=$2 wa
-  wa=$(wheel_arch "$arch")
+  wa=$(machine_of "$arch")
   cat > "$dir/customize.sh" <<HOOK
 #!/bin/sh
 set -eu
@@ -173,46 +159,7 @@ for arch in "${arches[@]}"; do
   log "linux/$arch: layer $layer_size uncompressed"
 done
 umoci gc --layout "$oci"
-# Each manifest's descriptor gets its platform (what a reader picks by); containerd names an
-# imported image after io.containerd.image.name (ctr images import). With two platforms the
-# manifests go into one image index blob, and index.json lists that index under the name.
-python3 - "$oci" "$IMAGE_NAME:$tag" "$tag" <<'PY'
-import hashlib, json, os, sys
-root, name, tag = sys.argv[1:]
-path = os.path.join(root, "index.json")
-index = json.load(open(path))
-for m in index["manifests"]:
-    algo, hexd = m["digest"].split(":")
-    manifest = json.load(open(os.path.join(root, "blobs", algo, hexd)))
-    algo, hexd = manifest["config"]["digest"].split(":")
-    config = json.load(open(os.path.join(root, "blobs", algo, hexd)))
-    m["platform"] = {"architecture": config["architecture"], "os": config["os"]}
-if len(index["manifests"]) > 1:
-    # amd64 first, whatever order umoci listed the tags in
-    manifests = sorted(index["manifests"], key=lambda m: m["platform"]["architecture"])
-    for m in manifests:
-        m.pop("annotations", None)  # the per-platform umoci tags
-    image_index = {
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.index.v1+json",
-        "manifests": manifests,
-    }
-    blob = json.dumps(image_index, separators=(",", ":")).encode()
-    digest = hashlib.sha256(blob).hexdigest()
-    with open(os.path.join(root, "blobs", "sha256", digest), "wb") as f:
-        f.write(blob)
-    index["manifests"] = [
-        {
-            "mediaType": "application/vnd.oci.image.index.v1+json",
-            "digest": f"sha256:{digest}",
-            "size": len(blob),
-            "annotations": {"org.opencontainers.image.ref.name": tag},
-        }
-    ]
-for m in index["manifests"]:
-    m.setdefault("annotations", {})["io.containerd.image.name"] = name
-json.dump(index, open(path, "w"), separators=(",", ":"))
-PY
+name_oci_layout "$oci" "$IMAGE_NAME:$tag" "$tag"
 archive="$out/fabricdra-image.tar"
 tar --sort=name --mtime="@$SOURCE_DATE_EPOCH" --owner=0 --group=0 --numeric-owner \
   -C "$oci" -cf "$archive.tmp" .
