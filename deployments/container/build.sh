@@ -138,13 +138,8 @@ for arch in "${arches[@]}"; do
     "$SUITE" "$work/$arch/rootfs.tar" "$MIRROR" >&2
 
   log "packing the OCI image $IMAGE_NAME:$tag (linux/$arch)"
-  # One umoci tag per platform; with two platforms the index written below replaces them.
-  ref="$tag"
-  [ "${#arches[@]}" -gt 1 ] && ref="$tag-$arch"
-  umoci new --image "$oci:$ref"
-  umoci raw add-layer --image "$oci:$ref" --history.created "$created" \
-    --history.created_by "deployments/container/build.sh: mmdebstrap $SUITE + fabricdra $version" \
-    "$work/$arch/rootfs.tar"
+  ref=$(new_platform_image "$oci" "$tag" "$arch" "${#arches[@]}" "$work/$arch/rootfs.tar" \
+    "$created" "deployments/container/build.sh: mmdebstrap $SUITE + fabricdra $version")
   layer_size=$(du -h "$work/$arch/rootfs.tar" | cut -f1)
   rm -f "$work/$arch/rootfs.tar"
   umoci config --image "$oci:$ref" --created "$created" --history.created "$created" \

@@ -36,6 +36,20 @@ require_emulation() {
   done
 }
 
+# new_platform_image OCI TAG ARCH COUNT ROOTFS CREATED BY: start the image of one platform in the
+# OCI layout from its root file system tarball (one layer) and print its umoci tag: TAG itself,
+# or TAG-ARCH when COUNT platforms are built (name_oci_layout then replaces the per-platform tags
+# with one image index under TAG).
+new_platform_image() {
+  local oci=$1 tag=$2 arch=$3 count=$4 rootfs=$5 created=$6 by=$7 ref
+  ref=$tag
+  [ "$count" -gt 1 ] && ref="$tag-$arch"
+  umoci new --image "$oci:$ref" >&2
+  umoci raw add-layer --image "$oci:$ref" --history.created "$created" \
+    --history.created_by "$by" "$rootfs" >&2
+  echo "$ref"
+}
+
 # name_oci_layout DIR NAME TAG: give each manifest's descriptor its platform (what a reader picks
 # by) and name the image for containerd (io.containerd.image.name, ctr images import). With two
 # platforms the manifests go into one image index blob, and index.json lists that index under

@@ -139,13 +139,8 @@ for arch in "${arches[@]}"; do
     --dpkgopt='path-include=/usr/share/doc/*/copyright' --dpkgopt='path-exclude=/usr/share/locale/*' \
     --customize-hook="$work/$arch/customize.sh \"\$1\"" \
     "$SUITE" "$work/$arch/rootfs.tar" "$MIRROR" >&2
-  # One umoci tag per platform; with two platforms the index written below replaces them.
-  ref="$tag"
-  [ "${#arches[@]}" -gt 1 ] && ref="$tag-$arch"
-  umoci new --image "$oci:$ref"
-  umoci raw add-layer --image "$oci:$ref" --history.created "$created" \
-    --history.created_by "deployments/verification/build.sh: mmdebstrap $SUITE ($PACKAGES)" \
-    "$work/$arch/rootfs.tar"
+  ref=$(new_platform_image "$oci" "$tag" "$arch" "${#arches[@]}" "$work/$arch/rootfs.tar" \
+    "$created" "deployments/verification/build.sh: mmdebstrap $SUITE ($PACKAGES)")
   rm -f "$work/$arch/rootfs.tar"
   umoci config --image "$oci:$ref" --created "$created" --history.created "$created" \
     --history.created_by "deployments/verification/build.sh: config" \
