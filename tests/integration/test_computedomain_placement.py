@@ -100,6 +100,35 @@ def test_with_the_verification_gate_required_only_verified_nodes_count(
         assert placed == racks[1]
 
 
+def test_under_the_fabric_check_a_verified_node_of_an_unchecked_fabric_domain_is_not_placed(
+    control_plane: ControlPlane, rest: Rest
+) -> None:
+    """`--fabric-check` (issue 18 point 4): both fabric domains' nodes passed the per-node
+    gate, but only the second domain's multi-node NVLink check passed
+    (`fabricdra.io/fabric-verified=true`). First fit used to take the first, whose trunk
+    between the trays nobody measured; the gang goes to the checked one."""
+    ns, driver_ns = new_namespace(control_plane, "cd-fab"), unique("cd-system")
+    racks = [unique("0000faba"), unique("0000fabb")]  # sort first
+    for rack in racks:
+        for _ in range(2):
+            name = unique("fab")
+            create_plugin_node(control_plane, name, rack)
+            node_labels = {labels.VERIFIED: "true"}
+            if rack == racks[1]:
+                node_labels[labels.FABRIC_VERIFIED] = "true"
+            rest.patch(NODES, name, {"metadata": {"labels": node_labels}})
+    with running_controller(
+        control_plane,
+        driver_ns,
+        leader_election=False,
+        require_verified_nodes=True,
+        fabric_check=True,
+    ):
+        rest.create(COMPUTE_DOMAINS, domain_body("gang", mode="host", num_nodes=2), ns)
+        placed = wait_for(lambda: _placed(rest, ns, "gang"), what="gang placed")
+        assert placed == racks[1]
+
+
 def _answer(rest: Rest, ns: str, claim: str) -> dict[str, str]:
     devices = rest.get(CLAIMS, claim, ns)["status"].get("devices", []) or []
     return {c["type"]: c["reason"] for d in devices for c in d.get("conditions", []) or []}

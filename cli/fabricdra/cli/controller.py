@@ -135,6 +135,14 @@ def register(sub: Any) -> None:
         "[FABRICDRA_REQUIRE_VERIFIED_NODES]",
     )
     a(
+        "--fabric-check",
+        default=env_choice("FABRIC_CHECK", "false", ["true", "false"]),
+        choices=["true", "false"],
+        help="run the multi-node NVLink check in each fabric domain and count a node of one "
+        "for gangs only once it passed there (label fabricdra.io/fabric-verified=true; "
+        "default false) [FABRICDRA_FABRIC_CHECK]",
+    )
+    a(
         "--metrics-port",
         type=int,
         default=env_int("METRICS_PORT", 8080, empty=0),
@@ -197,6 +205,7 @@ def run(args: argparse.Namespace) -> int:
         channel_count=args.imex_channel_count,
         gang_timeout_seconds=args.gang_timeout_seconds,
         require_verified_nodes=args.require_verified_nodes == "true",
+        fabric_check=args.fabric_check == "true",
         **({"identity": args.identity} if args.identity else {}),
     )
     controller = Controller(api, cfg)
@@ -206,7 +215,10 @@ def run(args: argparse.Namespace) -> int:
         # The fleet view (docs/fleet.md), counting nodes as gang placement does, served from
         # the controller's caches (no LIST per scrape).
         fleetmetrics.register(
-            controller, metrics.REGISTRY, require_verified_nodes=cfg.require_verified_nodes
+            controller,
+            metrics.REGISTRY,
+            require_verified_nodes=cfg.require_verified_nodes,
+            require_fabric_verified=cfg.fabric_check,
         )
         start_http_server(args.metrics_port, registry=metrics.REGISTRY)
     stop = stop_event()

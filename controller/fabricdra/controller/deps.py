@@ -137,3 +137,6 @@ class PlacementDeps:
     ownership: Ownership
     require_verified_nodes: bool
     enqueue_domain: Enqueue
+    # Nodes of a fabric domain count only once its multi-node NVLink check passed with them
+    # (the controller's --fabric-check; capacity.fabric_unchecked).
+    require_fabric_verified: bool = False

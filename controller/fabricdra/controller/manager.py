@@ -80,15 +80,20 @@ def only_renewed(old: JSON | None, new: JSON | None) -> bool:
     return rest_of(old) == rest_of(new)
 
 
-def placement_facts(node: JSON | None) -> tuple[str, str, str] | None:
+def placement_facts(node: JSON | None) -> tuple[str, str, str, str] | None:
     """What gang placement reads of a Node (capacity.unusable, its fabric label, its
-    verification label): a Node event that changes none of it (our own holder label, a status
-    heartbeat) cannot make room or take it away."""
+    verification and fabric-check labels): a Node event that changes none of it (our own
+    holder label, a status heartbeat) cannot make room or take it away."""
     if node is None:
         return None
     labels_ = node["metadata"].get("labels", {})
     why = capacity.unusable(node) or "usable"
-    return why, node_fabric(node), str(labels_.get(node_labels.VERIFIED, ""))
+    return (
+        why,
+        node_fabric(node),
+        str(labels_.get(node_labels.VERIFIED, "")),
+        str(labels_.get(node_labels.FABRIC_VERIFIED, "")),
+    )
 
 
 class NotSynced(Exception):
@@ -110,6 +115,9 @@ class ControllerConfig:
     gang_timeout_seconds: float = 300.0  # numNodes domains: how long a partial gang is held
     # Gang placement counts only nodes the verification gate passed (capacity.py).
     require_verified_nodes: bool = False
+    # The multi-node NVLink check per fabric domain (fabriccheck.py), and gang placement
+    # counting a fabric domain's nodes only once it passed with them.
+    fabric_check: bool = False
 
 
 class Controller:
@@ -188,6 +196,7 @@ class Controller:
                 ownership=self.ownership,
                 require_verified_nodes=self.config.require_verified_nodes,
                 enqueue_domain=self.domain_queue.add,
+                require_fabric_verified=self.config.fabric_check,
             )
         )
         self.domain_reconciler = DomainReconciler(
