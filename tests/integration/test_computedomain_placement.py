@@ -32,6 +32,7 @@ from .computedomain_helpers import (
     running_controller,
     unique,
 )
+from .dra_setup import installed  # noqa: F401 - a fixture
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("leaves_nothing_behind")]
 
@@ -100,6 +101,8 @@ def test_with_the_verification_gate_required_only_verified_nodes_count(
         assert placed == racks[1]
 
 
+# The NodeDevices CRD: under --fabric-check the controller watches NodeDevices.
+@pytest.mark.usefixtures("installed")
 def test_under_the_fabric_check_a_verified_node_of_an_unchecked_fabric_domain_is_not_placed(
     control_plane: ControlPlane, rest: Rest
 ) -> None:

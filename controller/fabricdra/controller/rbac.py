@@ -19,8 +19,9 @@ CONTROLLER: list[Rule] = [
         "verbs": ["get", "list", "watch", "patch"],
     },
     {"apiGroups": [cd.GROUP], "resources": ["computedomains/status"], "verbs": ["get", "patch"]},
-    # The fleet metrics (fleetmetrics.py) read every node's verification record.
-    {"apiGroups": [cd.GROUP], "resources": ["nodedevices"], "verbs": ["list"]},
+    # The fleet metrics (fleetmetrics.py) read every node's verification record; the fabric
+    # check (--fabric-check) watches them for the nodes' hardware fingerprints.
+    {"apiGroups": [cd.GROUP], "resources": ["nodedevices"], "verbs": ["list", "watch"]},
     {
         "apiGroups": ["resource.k8s.io"],
         "resources": ["resourceclaimtemplates"],
