@@ -6,7 +6,7 @@ the Nodes — the label gang placement waits for, the record, an Event on a fail
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -41,8 +41,9 @@ class _Answers:
         self.answers = list(answers)
         self.calls: list[tuple[str, tuple[str, ...], float]] = []
 
-    def run(self, fabric: str, nodes: Sequence[str], threshold_gbs: float) -> CheckResult:
-        self.calls.append((fabric, tuple(nodes), threshold_gbs))
+    def run(self, fabric: str, gpus: Mapping[str, int], threshold_gbs: float) -> CheckResult:
+        assert all(n == 4 for n in gpus.values())  # every node publishes 4 GPUs
+        self.calls.append((fabric, tuple(gpus), threshold_gbs))
         return self.answers.pop(0) if self.answers else CheckResult("NotRun", "no more")
 
     def cleanup(self) -> None:

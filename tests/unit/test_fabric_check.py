@@ -6,7 +6,7 @@ with in-memory caches and a runner that answers what a real run would have found
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -206,8 +206,9 @@ class _Runner:
         self.answers = list(answers)
         self.calls: list[tuple[str, tuple[str, ...], float]] = []
 
-    def run(self, fabric: str, nodes: Sequence[str], threshold_gbs: float) -> CheckResult:
-        self.calls.append((fabric, tuple(nodes), threshold_gbs))
+    def run(self, fabric: str, gpus: Mapping[str, int], threshold_gbs: float) -> CheckResult:
+        assert all(n == 4 for n in gpus.values())  # every node publishes 4 GPUs
+        self.calls.append((fabric, tuple(gpus), threshold_gbs))
         return self.answers.pop(0)
 
     def cleanup(self) -> None:
@@ -226,7 +227,10 @@ class _Cluster:
         )
         self.node_devices = _Cache(
             [
-                {"metadata": {"name": n}, "status": {"verification": {"currentFingerprint": n}}}
+                {
+                    "metadata": {"name": n},
+                    "status": {"verification": {"state": "Verified", "currentFingerprint": n}},
+                }
                 for n in names
             ],
             "none",
@@ -356,3 +360,17 @@ def test_a_check_is_not_run_again_while_the_node_cache_lags_its_own_writes() -> 
     assert len(runner.calls) == 1
     assert writes == ["t1", "t2"]
     assert cluster.requeued == [(RACK, 1.0)]
+
+
+def test_only_nodes_whose_per_node_gate_is_open_are_checked() -> None:
+    """Whether or not gang placement requires the per-node label, the check measures only
+    nodes their agent verified (NodeDevices status.verification.state)."""
+    record = {"currentFingerprint": "h", "fingerprint": "old"}
+    for state, fp in (("Verified", "h"), ("Overridden", "h"), ("Failed", ""), ("Unverified", "")):
+        nd = {"metadata": {"name": "n"}, "status": {"verification": {**record, "state": state}}}
+        assert fc.hardware_fingerprint(fc.node_devices_view(nd)) == fp
+    cluster = _Cluster(["t1", "t2", "t3"])
+    cluster.node_devices.objs["t3"]["status"]["verification"]["state"] = "Failed"
+    runner = _Runner(CheckResult("Passed", "ok", 797.7))
+    FabricCheck(cluster.deps(runner)).reconcile(RACK)
+    assert runner.calls == [(RACK, ("t1", "t2"), 335.0)]

@@ -72,9 +72,10 @@ class CheckResult:
 
 
 class Runner(Protocol):
-    """Runs the check across `nodes` (fabriccheckrun.py; a test hands in its own)."""
+    """Runs the check (fabriccheckrun.py; a test hands in its own): across `gpus`' nodes, in
+    that order, with that many GPUs each; every cross-node GPU pair held to `threshold_gbs`."""
 
-    def run(self, fabric: str, nodes: Sequence[str], threshold_gbs: float) -> CheckResult: ...
+    def run(self, fabric: str, gpus: Mapping[str, int], threshold_gbs: float) -> CheckResult: ...
 
     def cleanup(self) -> None:
         """Delete what an earlier run left behind (a controller that stopped mid-check)."""
@@ -92,8 +93,8 @@ def members(
     require_verified: bool,
 ) -> dict[str, str]:
     """Node -> hardware fingerprint, for the domain's nodes the check may use now: they can take
-    a pod (capacity.unusable, with the per-node gate where required), hold no ComputeDomain,
-    and publish a hardware fingerprint (their node agent has reported)."""
+    a pod (capacity.unusable, with the per-node label where required), hold no ComputeDomain,
+    and their per-node gate is open (`hardware`: hardware_fingerprint, "" otherwise)."""
     out: dict[str, str] = {}
     for node in nodes:
         name = node["metadata"]["name"]
@@ -249,10 +250,17 @@ def retry_delay(failures: int) -> float:
     return float(min(RETRY_FIRST * 2.0 ** max(failures - 1, 0), RETRY_MAX))
 
 
+OFFERED = ("Verified", "Overridden")  # the per-node gate states that offer the devices
+
+
 def hardware_fingerprint(node_devices: JSON | None) -> str:
     """A node's hardware fingerprint as its agent publishes it (NodeDevices
-    status.verification: `currentFingerprint`, else the last run's `fingerprint`)."""
+    status.verification: `currentFingerprint`, else the last run's `fingerprint`), "" unless
+    its per-node gate is open (Verified or Overridden): only verified nodes are checked,
+    whether or not gang placement requires the per-node label."""
     v = ((node_devices or {}).get("status") or {}).get("verification") or {}
+    if v.get("state") not in OFFERED:
+        return ""
     return str(v.get("currentFingerprint") or v.get("fingerprint") or "")
 
 
@@ -261,7 +269,7 @@ def node_devices_view(obj: JSON) -> JSON:
     inventory itself is large and not read here."""
     meta = obj.get("metadata") or {}
     v = (obj.get("status") or {}).get("verification") or {}
-    kept = {k: v[k] for k in ("fingerprint", "currentFingerprint") if k in v}
+    kept = {k: v[k] for k in ("state", "fingerprint", "currentFingerprint") if k in v}
     return {
         "metadata": {k: meta[k] for k in ("name", "uid", "resourceVersion") if k in meta},
         "status": {"verification": kept},
@@ -323,14 +331,15 @@ class FabricCheck:
         self._backoff: dict[str, _Backoff] = {}
         self._pending: dict[str, _Pending] = {}
 
-    def classes(self, nodes: Iterable[str]) -> list[str]:
-        """The GPU device classes the nodes publish (capacity.devices)."""
-        found: set[str] = set()
+    def gpus(self, nodes: Iterable[str]) -> dict[str, list[str]]:
+        """Node -> the device classes of the GPUs it publishes (capacity.devices), one entry
+        per GPU; nodes that publish none are absent."""
+        out: dict[str, list[str]] = {}
         for node in nodes:
             for dev in capacity.devices(self.d.device_slices.by_index(BY_NODE, node)).values():
                 if dev.type == "gpu":
-                    found.add(dev.device_class)
-        return sorted(found)
+                    out.setdefault(node, []).append(dev.device_class)
+        return out
 
     def _cache_behind(self, fabric: str) -> bool:
         """Whether the Node cache does not show this domain's last written records yet."""
@@ -364,7 +373,8 @@ class FabricCheck:
         member_fps = members(
             domain_nodes, hardware, d.held, require_verified=d.require_verified_nodes
         )
-        classes = self.classes(member_fps)
+        gpus = self.gpus(member_fps)
+        classes = sorted({c for found in gpus.values() for c in found})
         floor = threshold(classes)
         p = plan(fabric, domain_nodes, member_fps, floor, classes)
         if p.action == "none":
@@ -386,7 +396,7 @@ class FabricCheck:
                     return
             assert floor is not None
             log.info("fabric check of %s over %s", fabric, ", ".join(p.nodes))
-            result = d.runner.run(fabric, p.nodes, floor)
+            result = d.runner.run(fabric, {n: len(gpus.get(n, [])) for n in p.nodes}, floor)
         writes = outcome(fabric, p, result, domain_nodes, member_fps, floor, d.now())
         written: dict[str, str] = {}
         for w in writes.nodes:

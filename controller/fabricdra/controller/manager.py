@@ -24,7 +24,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fabricdra.api import computedomain as cd
@@ -130,7 +130,7 @@ class ControllerConfig:
     # The multi-node NVLink check per fabric domain (fabriccheck.py), and gang placement
     # counting a fabric domain's nodes only once it passed with them.
     fabric_check: bool = False
-    fabric_run: RunSettings = field(default_factory=RunSettings)
+    fabric_run: RunSettings = field(default_factory=RunSettings)  # its namespace: `namespace`
 
 
 class Controller:
@@ -276,7 +276,10 @@ class Controller:
                     node_devices=self.node_devices,
                     device_slices=self.device_slices,
                     held=lambda n: own.owner(n) != cd.FREE_OWNER,
-                    runner=fabric_runner or KubeRunner(self.config.fabric_run),
+                    runner=fabric_runner
+                    or KubeRunner(
+                        self.rest, replace(self.config.fabric_run, namespace=self.config.namespace)
+                    ),
                     require_verified_nodes=self.config.require_verified_nodes,
                     require_synced=self.require_synced,
                     requeue_after=self.fabric_queue.add_after,
