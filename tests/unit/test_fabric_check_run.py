@@ -142,6 +142,7 @@ def test_one_run_s_objects() -> None:
     launcher = pods[f"{name}-launcher"]["spec"]["containers"][0]["command"][2]
     assert f"-np 8 --host w0.{name}:4,w1.{name}:4 --map-by ppr:4:node" in launcher
     assert launcher.splitlines()[-1].startswith("exec timeout 600 mpirun")
+    assert launcher.endswith(f"nvbandwidth-multinode -t {TESTCASE}")
     owned = own(bodies["secrets"][0], {"metadata": {"name": name, "uid": "u-1"}})
     assert owned["metadata"]["ownerReferences"] == [
         {"apiVersion": "fabricdra.io/v1beta1", "kind": "ComputeDomain", "name": name, "uid": "u-1"}

@@ -145,8 +145,9 @@ def register(sub: Any) -> None:
     a(
         "--fabric-check-image",
         default=_env("FABRIC_CHECK_IMAGE") or "",
-        help="the verification image the fabric check's pods run: nvbandwidth built with "
-        "-DMULTINODE=1, Open MPI's mpirun, OpenSSH's sshd; empty: the check is NotRun "
+        help="the verification image the fabric check's pods run: nvbandwidth-multinode "
+        "(nvbandwidth built with -DMULTINODE=1), Open MPI's mpirun, OpenSSH's sshd; empty: the "
+        "check is NotRun "
         "[FABRICDRA_FABRIC_CHECK_IMAGE]",
     )
     a(

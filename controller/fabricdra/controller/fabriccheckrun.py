@@ -20,8 +20,9 @@ all named `fabricdra-fabric-check-<hash of the fabric domain>` (`<run>`):
    scheduler must place it: it allocates the domain's channel claim), privileged with every
    GPU (as the per-node verification pod), running sshd on port 2222 with the public key;
 5. a launcher pod that waits for every worker's sshd and runs `mpirun` over them, one rank
-   per GPU (`--map-by ppr:<GPUs>:node`), with `nvbandwidth -t
-   multinode_device_to_device_memcpy_read_ce`; its log is the result.
+   per GPU (`--map-by ppr:<GPUs>:node`), with `nvbandwidth-multinode -t
+   multinode_device_to_device_memcpy_read_ce` (nvbandwidth built with -DMULTINODE=1, beside
+   the single-node build the per-node probes run); its log is the result.
 
 The pods, Service and Secret are owned by the ComputeDomain (ownerReferences): the check
 deletes the pods, then the ComputeDomain, and the garbage collector takes the rest. A
@@ -65,6 +66,9 @@ from .fabriccheck import CheckResult
 log = logging.getLogger("fabricdra.controller")
 
 TESTCASE = "multinode_device_to_device_memcpy_read_ce"
+# nvbandwidth built with -DMULTINODE=1, installed beside the single-node build the per-node
+# probes run (deployments/verification/Containerfile.nvidia).
+PROGRAM = "nvbandwidth-multinode"
 RUN_LABEL = "fabricdra.io/fabric-check-run"  # on everything a check creates
 SSH_PORT = 2222
 KEY_DIR = "/etc/fabric-check"
@@ -75,7 +79,7 @@ START_SECONDS = 300.0  # pulling the image and setting up IMEX, on top of the ru
 class RunSettings:
     """The controller's settings for the check's pods (the chart's `verification.*`)."""
 
-    image: str = ""  # the verification image: nvbandwidth (-DMULTINODE=1), mpirun, sshd
+    image: str = ""  # the verification image: nvbandwidth-multinode, mpirun, sshd
     namespace: str = "fabricdra-system"  # the release namespace
     timeout_seconds: float = 600.0  # the whole MPI run, once the pods are up
     imex_mode: str = "managed"  # the check's ComputeDomain's imexMode
@@ -130,7 +134,7 @@ def launcher_script(hosts: Sequence[str], gpus: int, timeout: float, port: int =
         "--mca",
         "plm_rsh_args",
         ssh,
-        "nvbandwidth",
+        PROGRAM,
         "-t",
         TESTCASE,
     ]
