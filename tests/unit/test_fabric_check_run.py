@@ -14,9 +14,11 @@ import pytest
 
 from fabricdra.controller import sshkey
 from fabricdra.controller.fabriccheckrun import (
+    DOMAIN_LABEL,
     RUN_LABEL,
     TESTCASE,
     RunSettings,
+    domain_hash,
     judge,
     launcher_script,
     objects,
@@ -113,7 +115,7 @@ def test_one_run_s_objects() -> None:
     settings = RunSettings(image="registry/verify:1", namespace="fabricdra-system",
                            runtime_class="nvidia")  # fmt: skip
     bodies = objects("nvlink-abc-1", ["tray-1", "tray-2"], 4, settings, ("PRIVATE", "PUBLIC"))
-    name = run_name("nvlink-abc-1")
+    name = run_name("nvlink-abc-1", "0")
     domain = bodies["computedomains"][0]
     assert domain["metadata"]["name"] == name
     assert "numNodes" not in domain["spec"]  # not a gang: placement waits for our own label
@@ -138,6 +140,7 @@ def test_one_run_s_objects() -> None:
     for objs in bodies.values():
         for obj in objs:
             assert obj["metadata"]["labels"][RUN_LABEL] == name
+            assert obj["metadata"]["labels"][DOMAIN_LABEL] == domain_hash("nvlink-abc-1")
             assert obj["metadata"]["namespace"] == "fabricdra-system"
     launcher = pods[f"{name}-launcher"]["spec"]["containers"][0]["command"][2]
     assert f"-np 8 --host w0.{name}:4,w1.{name}:4 --map-by ppr:4:node" in launcher

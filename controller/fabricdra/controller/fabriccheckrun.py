@@ -52,6 +52,7 @@ import logging
 import re
 import shlex
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -69,7 +70,8 @@ TESTCASE = "multinode_device_to_device_memcpy_read_ce"
 # nvbandwidth built with -DMULTINODE=1, installed beside the single-node build the per-node
 # probes run (deployments/verification/Containerfile.nvidia).
 PROGRAM = "nvbandwidth-multinode"
-RUN_LABEL = "fabricdra.io/fabric-check-run"  # on everything a check creates
+RUN_LABEL = "fabricdra.io/fabric-check-run"  # on everything a check creates: the run's name
+DOMAIN_LABEL = "fabricdra.io/fabric-check-domain"  # and its fabric domain's hash
 SSH_PORT = 2222
 KEY_DIR = "/etc/fabric-check"
 START_SECONDS = 300.0  # pulling the image and setting up IMEX, on top of the run's timeout
@@ -86,8 +88,14 @@ class RunSettings:
     runtime_class: str = ""  # e.g. `nvidia` (injects the driver's libraries)
 
 
-def run_name(fabric: str) -> str:
-    return "fabricdra-fabric-check-" + hashlib.sha256(fabric.encode()).hexdigest()[:10]
+def domain_hash(fabric: str) -> str:
+    return hashlib.sha256(fabric.encode()).hexdigest()[:10]
+
+
+def run_name(fabric: str, run_id: str) -> str:
+    """One run's name: its domain's hash and the run's own id (a controller that lost the
+    lead mid-run deletes its own run's objects, never a newer leader's run of that domain)."""
+    return f"fabricdra-fabric-check-{domain_hash(fabric)}-{run_id}"
 
 
 # --- the objects (pure) ------------------------------------------------------------------
@@ -155,14 +163,16 @@ def objects(
     gpus: int,
     settings: RunSettings,
     key: tuple[str, str],
+    run_id: str = "0",
 ) -> dict[str, list[JSON]]:
     """Kind plural -> the bodies of one check, the ComputeDomain first (the others are owned
     by it: their ownerReferences get its UID once it exists, `own`)."""
-    name, ns = run_name(fabric), settings.namespace
+    name, ns = run_name(fabric, run_id), settings.namespace
     meta_labels = {
         "app.kubernetes.io/name": "fabricdra",
         "app.kubernetes.io/component": "fabric-check",
         RUN_LABEL: name,
+        DOMAIN_LABEL: domain_hash(fabric),
     }
 
     def meta(obj_name: str, **extra: str) -> JSON:
@@ -414,10 +424,13 @@ class KubeRunner:
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
         new_key: Callable[[], tuple[str, str]] = sshkey.new_pair,
+        stopped: Callable[[], bool] = lambda: False,
     ) -> None:
+        """`stopped`: the controller is stopping (it lost the lead): stop waiting."""
         self.rest, self.settings = rest, settings
         self.poll_seconds, self.start_seconds = poll_seconds, start_seconds
         self.sleep, self.clock, self.new_key = sleep, clock, new_key
+        self.stopped = stopped
 
     def run(self, fabric: str, gpus: Mapping[str, int], threshold_gbs: float) -> CheckResult:
         if not self.settings.image:
@@ -430,10 +443,14 @@ class KubeRunner:
         per_node = min(gpus.values()) if gpus else 0
         if per_node < 1:
             return CheckResult("NotRun", "a node of the check publishes no GPU")
-        name = run_name(fabric)
-        self._delete_run(name)  # an earlier try of this domain's check
-        bodies = objects(fabric, nodes, per_node, self.settings, self.new_key())
         ns = self.settings.namespace
+        # An earlier try of this domain's check that was not deleted (an API error then).
+        selector = f"{DOMAIN_LABEL}={domain_hash(fabric)}"
+        for old in self.rest.list(COMPUTE_DOMAINS, ns, label_selector=selector)["items"]:
+            self._delete_run(old["metadata"]["name"])
+        run_id = uuid.uuid4().hex[:5]
+        name = run_name(fabric, run_id)
+        bodies = objects(fabric, nodes, per_node, self.settings, self.new_key(), run_id)
         try:
             domain = self.rest.create(COMPUTE_DOMAINS, bodies[COMPUTE_DOMAINS.plural][0], ns)
             for plural in (SECRETS.plural, SERVICES.plural, PODS.plural):
@@ -513,6 +530,8 @@ class KubeRunner:
                 return phase, status.get("reason") or phase
             if self.clock() >= deadline:
                 return phase, f"the launcher still {phase} after {timeout + self.start_seconds:g} s"
+            if self.stopped():
+                return phase, "the controller is stopping"
             self.sleep(self.poll_seconds)
 
     def _workers_waiting(self, name: str) -> str:

@@ -278,7 +278,9 @@ class Controller:
                     held=lambda n: own.owner(n) != cd.FREE_OWNER,
                     runner=fabric_runner
                     or KubeRunner(
-                        self.rest, replace(self.config.fabric_run, namespace=self.config.namespace)
+                        self.rest,
+                        replace(self.config.fabric_run, namespace=self.config.namespace),
+                        stopped=lambda: self._stop.is_set(),
                     ),
                     require_verified_nodes=self.config.require_verified_nodes,
                     require_synced=self.require_synced,
