@@ -6,6 +6,7 @@ the Nodes — the label gang placement waits for, the record, an Event on a fail
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,15 +36,19 @@ pytestmark = [
 
 
 class _Answers:
-    """A runner that answers as a run of the check would have; records what it was asked."""
+    """A runner that answers as a run of the check would have; records what it was asked.
+    `hold`: each run waits until it is set (a run takes minutes in a cluster)."""
 
-    def __init__(self, *answers: CheckResult) -> None:
+    def __init__(self, *answers: CheckResult, hold: threading.Event | None = None) -> None:
         self.answers = list(answers)
         self.calls: list[tuple[str, tuple[str, ...], float]] = []
+        self.hold = hold
 
     def run(self, fabric: str, gpus: Mapping[str, int], threshold_gbs: float) -> CheckResult:
         assert all(n == 4 for n in gpus.values())  # every node publishes 4 GPUs
         self.calls.append((fabric, tuple(gpus), threshold_gbs))
+        if self.hold is not None:
+            assert self.hold.wait(60), "the test never let the check finish"
         return self.answers.pop(0) if self.answers else CheckResult("NotRun", "no more")
 
     def cleanup(self) -> None:
@@ -171,3 +176,41 @@ def test_a_failed_check_keeps_the_domain_closed_and_says_why_on_the_node(
         )
         assert ready is not None
         assert not rest.get(COMPUTE_DOMAINS, "gang", ns).get("status", {}).get("fabricDomain")
+
+
+def test_a_gang_waiting_for_its_fabric_domain_is_placed_when_the_check_passes(
+    control_plane: ControlPlane, rest: Rest
+) -> None:
+    """The gang comes first: it waits (no fabric-checked node anywhere) while the check runs;
+    the check's label on the Nodes is a placement fact, so the gang is placed then, not at the
+    next resync."""
+    ns, driver_ns = new_namespace(control_plane, "fc-wake"), unique("cd-system")
+    rack = unique("00000fcwake")
+    nodes = _rack(control_plane, rest, rack, 2)
+    hold = threading.Event()
+    runner = _Answers(CheckResult("Passed", "ok", 797.73), hold=hold)
+    with running_controller(
+        control_plane,
+        driver_ns,
+        leader_election=False,
+        require_verified_nodes=True,
+        fabric_check=True,
+        fabric_runner=runner,
+        resync_seconds=600.0,  # no resync comes to the rescue within the test
+    ):
+        rest.create(COMPUTE_DOMAINS, domain_body("gang", mode="host", num_nodes=2), ns)
+        wait_for(
+            lambda: (
+                (condition(rest.get(COMPUTE_DOMAINS, "gang", ns), "Ready") or {}).get("reason")
+                == "WaitingForFabric"
+            ),
+            what="the gang waits for a fabric domain",
+        )
+        wait_for(lambda: runner.calls, what="the check running")
+        hold.set()
+        wait_for(lambda: all(_label(rest, n) == "true" for n in nodes), what="labelled")
+        placed = wait_for(
+            lambda: rest.get(COMPUTE_DOMAINS, "gang", ns).get("status", {}).get("fabricDomain"),
+            what="gang placed once the check passed",
+        )
+        assert placed == rack
