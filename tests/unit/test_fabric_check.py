@@ -14,11 +14,11 @@ from fabricdra.api import labels
 from fabricdra.api.fabriccheck import record_of
 from fabricdra.controller import fabriccheck as fc
 from fabricdra.controller.capacity import unusable
+from fabricdra.controller.deps import FabricCheckDeps
 from fabricdra.controller.fabriccheck import (
     ONE_NODE,
     CheckResult,
     FabricCheck,
-    FabricCheckDeps,
     members,
     outcome,
     plan,

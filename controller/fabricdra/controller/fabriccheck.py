@@ -37,11 +37,10 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Literal, Protocol
+from datetime import datetime
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from fabricdra.api import labels
 from fabricdra.api.fabriccheck import FabricCheckRecord, dump, record_of
@@ -51,6 +50,9 @@ from fabricdra.api.verification import load_expectations
 from . import capacity
 from .indexes import BY_FABRIC, BY_NODE
 from .status import Event
+
+if TYPE_CHECKING:
+    from .deps import FabricCheckDeps
 
 log = logging.getLogger("fabricdra.controller")
 
@@ -277,30 +279,6 @@ def node_devices_view(obj: JSON) -> JSON:
 
 
 # --- the reconciler (I/O) ----------------------------------------------------------------
-
-
-class _Cache(Protocol):
-    def get(self, key: str) -> JSON | None: ...
-
-    def by_index(self, name: str, value: str) -> list[JSON]: ...
-
-
-@dataclass(frozen=True)
-class FabricCheckDeps:
-    """What the fabric check reads and writes (manager.py wires them; deps.py style)."""
-
-    patch_node: Callable[[str, JSON], object]  # a merge patch of a Node
-    node_event: Callable[[str, Event], None]  # a best-effort Event on a Node
-    nodes: _Cache  # the compute-domain plugin's Nodes, indexed BY_FABRIC
-    node_devices: _Cache  # NodeDevices (node_devices_view), by node name
-    device_slices: _Cache  # the devices plugin's slices, indexed BY_NODE
-    held: Callable[[str], bool]  # whether a ComputeDomain holds the node
-    runner: Runner
-    require_verified_nodes: bool
-    require_synced: Callable[[], None]
-    requeue_after: Callable[[str, float], None]
-    clock: Callable[[], float] = time.monotonic
-    now: Callable[[], datetime] = lambda: datetime.now(UTC)
 
 
 @dataclass

@@ -45,9 +45,9 @@ from fabricdra.kube.rest import (
 
 from . import capacity, channels, metrics, objects
 from .claims import claim_nodes, device_nodes, domain_uid, node_fabric, report_node
-from .deps import DomainDeps, NodeDeps, PlacementDeps
+from .deps import DomainDeps, FabricCheckDeps, NodeDeps, PlacementDeps
 from .domains import DomainReconciler, NotOurs
-from .fabriccheck import FabricCheck, FabricCheckDeps, Runner, node_devices_view
+from .fabriccheck import FabricCheck, Runner, node_devices_view
 from .fabriccheckrun import KubeRunner, RunSettings
 from .indexes import BY_DOMAIN, BY_FABRIC, BY_NODE, BY_UID
 from .leader import LeaderElector
