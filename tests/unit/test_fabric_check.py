@@ -374,3 +374,22 @@ def test_only_nodes_whose_per_node_gate_is_open_are_checked() -> None:
     runner = _Runner(CheckResult("Passed", "ok", 797.7))
     FabricCheck(cluster.deps(runner)).reconcile(RACK)
     assert runner.calls == [(RACK, ("t1", "t2"), 335.0)]
+
+
+def test_a_subset_of_the_failed_nodes_waits_out_the_backoff() -> None:
+    """After a failure, the check's own ComputeDomain still holds some nodes while it is
+    deleted (or a workload took one): the idle set shrinks, but nothing new is there to
+    measure, so the check is not run again before its backoff ends."""
+    cluster = _Cluster(["t1", "t2", "t3"])
+    bad = CheckResult("Failed", "t1/GPU 0 <- t2/GPU 3: 12.50 GB/s, below 335 GB/s", 12.5)
+    runner = _Runner(bad, bad)
+    deps = cluster.deps(runner)
+    check = FabricCheck(deps)
+    check.reconcile(RACK)
+    assert cluster.requeued == [(RACK, 60.0)]
+    cluster.clock += 10
+    busy = FabricCheck(FabricCheckDeps(**{**deps.__dict__, "held": lambda n: n == "t3"}))
+    busy._backoff = check._backoff  # the same controller, t3 held now
+    busy.reconcile(RACK)
+    assert len(runner.calls) == 1
+    assert cluster.requeued[-1] == (RACK, 50.0)

@@ -20,12 +20,13 @@ Outcome: passed -> every checked node labelled, with its record; failed -> the l
 from every node of the domain, a record on each checked node, and a Warning Event naming the
 GPU pair, its figure and the floor; not run (no verification image, a launch that failed) ->
 nothing changes but a Warning Event. A failed or not-run check is tried again after 60 s, then
-120 s, ... up to an hour (as the per-node verification retries), sooner when the membership
-changes. A domain with a single node has no trunk to check: that node is labelled with the
-reason "one node, no trunk to check" (a ComputeDomain of one never crosses the trunk). A
-domain whose GPU classes have no GPU-to-GPU figure (`gpuBandwidthGBs`, verification.json)
-holds nothing: its members are labelled, saying so. With two nodes or more but one member
-only, the check waits for a second idle verified node to measure against.
+120 s, ... up to an hour (as the per-node verification retries), at once when a node joins or
+its hardware changes (a subset of the nodes, some of them busy, waits out the backoff). A
+domain with a single node has no trunk to check: that node is labelled with the reason "one
+node, no trunk to check" (a ComputeDomain of one never crosses the trunk). A domain whose GPU
+classes have no GPU-to-GPU figure (`gpuBandwidthGBs`, verification.json) holds nothing: its
+members are labelled, saying so. With two nodes or more but one member only, the check waits
+for a second idle verified node to measure against.
 
 The decisions (`members`, `plan`, `outcome`) are pure; `FabricCheck` reads the caches, runs
 the check (a Runner) and writes. Leader-only: it runs in a worker the controller starts once
@@ -295,9 +296,15 @@ PENDING_WAIT = 30.0
 
 @dataclass
 class _Backoff:
-    fingerprint: str
+    members: dict[str, str]  # node -> hardware fingerprint, of the run that failed
     failures: int
     not_before: float
+
+    def holds(self, member_fps: Mapping[str, str]) -> bool:
+        """Whether the backoff still applies: no node is new or has new hardware since (a
+        subset does not end it: the nodes the check's own ComputeDomain still holds while it
+        is deleted, or a node a workload took meanwhile)."""
+        return all(self.members.get(n) == fp for n, fp in member_fps.items())
 
 
 class FabricCheck:
@@ -356,8 +363,6 @@ class FabricCheck:
         floor = threshold(classes)
         p = plan(fabric, domain_nodes, member_fps, floor, classes)
         if p.action == "none":
-            with self._lock:
-                self._backoff.pop(fabric, None)
             return
         if p.action == "wait":
             log.info("fabric check of %s waits: %s (%s)", fabric, p.reason, ", ".join(p.nodes))
@@ -367,7 +372,7 @@ class FabricCheck:
         else:
             with self._lock:
                 b = self._backoff.get(fabric)
-            if b is not None and b.fingerprint == p.fingerprint:
+            if b is not None and b.holds(member_fps):
                 left = b.not_before - d.clock()
                 if left > 0:
                     d.requeue_after(fabric, left)
@@ -393,9 +398,9 @@ class FabricCheck:
             return
         with self._lock:
             b = self._backoff.get(fabric)
-            failures = b.failures + 1 if b is not None and b.fingerprint == p.fingerprint else 1
+            failures = b.failures + 1 if b is not None and b.holds(member_fps) else 1
             delay = retry_delay(failures)
-            self._backoff[fabric] = _Backoff(p.fingerprint, failures, d.clock() + delay)
+            self._backoff[fabric] = _Backoff(dict(member_fps), failures, d.clock() + delay)
         log.warning(
             "fabric check of %s %s: %s (again in %.0fs)",
             fabric,
