@@ -102,3 +102,19 @@ def test_a_new_controller_deletes_the_checks_an_earlier_one_left(
     assert len(_left(rest, ns)) == 4  # the ComputeDomain and its three pods
     KubeRunner(as_controller, settings).cleanup()
     assert _left(rest, ns) == []
+
+
+def test_a_controller_that_stops_mid_run_stops_waiting_and_deletes_its_run(
+    control_plane: ControlPlane, rest: Rest
+) -> None:
+    """It lost the lead: a new leader may start its own run of the domain; this one ends its
+    own (a run of its own id) instead of waiting out the timeout."""
+    ns = new_namespace(control_plane, "fc-stop")
+    as_controller = _as_controller(control_plane, rest, ns)
+    settings = RunSettings(image="registry.invalid/fabricdra-verify:test", namespace=ns,
+                           timeout_seconds=3600.0)  # fmt: skip
+    runner = KubeRunner(as_controller, settings, poll_seconds=0.1, stopped=lambda: True)
+    result = runner.run("nvlink-stop-1", {"tray-1": 4, "tray-2": 4}, 335.0)
+    assert result.outcome == "NotRun"
+    assert result.reason.startswith("the check did not finish: the controller is stopping")
+    assert _left(rest, ns) == []
