@@ -35,8 +35,10 @@ SUITE=bookworm
 MIRROR=${FABRICDRA_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 IMAGE_NAME=${FABRICDRA_VERIFY_IMAGE_NAME:-ghcr.io/fabricdra/fabricdra-verify}
 # perftest: ib_write_bw; ibverbs-providers: the mlx5 (and other) user-space drivers libibverbs
-# loads; rdma-core's ibv_devinfo helps an operator look inside the pod.
-PACKAGES=perftest,ibverbs-providers,ibverbs-utils,ca-certificates
+# loads; rdma-core's ibv_devinfo helps an operator look inside the pod. openmpi-bin and
+# openssh-server/-client: the controller's multi-node NVLink check launches
+# nvbandwidth-multinode with mpirun over sshd in its worker pods (docs/verification.md).
+PACKAGES=perftest,ibverbs-providers,ibverbs-utils,openmpi-bin,openssh-server,openssh-client,ca-certificates
 out=$repo/build/verification
 tag=
 platforms=

@@ -120,6 +120,7 @@ def domain_body(
 
 @contextmanager
 def running_controller(cp: ControlPlane, namespace: str, **kw: Any) -> Iterator[Controller]:
+    fabric_runner = kw.pop("fabric_runner", None)  # how the fabric check runs (--fabric-check)
     cfg = ControllerConfig(
         namespace=namespace,
         daemon=DaemonSettings(namespace=namespace),
@@ -127,7 +128,7 @@ def running_controller(cp: ControlPlane, namespace: str, **kw: Any) -> Iterator[
         lease_name=unique("cd-controller"),
         **kw,
     )
-    controller = Controller(cp.api_client(), cfg)
+    controller = Controller(cp.api_client(), cfg, fabric_runner=fabric_runner)
     controller.start()
     try:
         if controller.elector is not None:

@@ -32,6 +32,7 @@ from .computedomain_helpers import (
     running_controller,
     unique,
 )
+from .dra_setup import installed  # noqa: F401 - a fixture
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("leaves_nothing_behind")]
 
@@ -94,6 +95,37 @@ def test_with_the_verification_gate_required_only_verified_nodes_count(
                 rest.patch(NODES, name, {"metadata": {"labels": {labels.VERIFIED: "true"}}})
     with running_controller(
         control_plane, driver_ns, leader_election=False, require_verified_nodes=True
+    ):
+        rest.create(COMPUTE_DOMAINS, domain_body("gang", mode="host", num_nodes=2), ns)
+        placed = wait_for(lambda: _placed(rest, ns, "gang"), what="gang placed")
+        assert placed == racks[1]
+
+
+# The NodeDevices CRD: under --fabric-check the controller watches NodeDevices.
+@pytest.mark.usefixtures("installed")
+def test_under_the_fabric_check_a_verified_node_of_an_unchecked_fabric_domain_is_not_placed(
+    control_plane: ControlPlane, rest: Rest
+) -> None:
+    """`--fabric-check` (issue 18 point 4): both fabric domains' nodes passed the per-node
+    gate, but only the second domain's multi-node NVLink check passed
+    (`fabricdra.io/fabric-verified=true`). First fit used to take the first, whose trunk
+    between the trays nobody measured; the gang goes to the checked one."""
+    ns, driver_ns = new_namespace(control_plane, "cd-fab"), unique("cd-system")
+    racks = [unique("0000faba"), unique("0000fabb")]  # sort first
+    for rack in racks:
+        for _ in range(2):
+            name = unique("fab")
+            create_plugin_node(control_plane, name, rack)
+            node_labels = {labels.VERIFIED: "true"}
+            if rack == racks[1]:
+                node_labels[labels.FABRIC_VERIFIED] = "true"
+            rest.patch(NODES, name, {"metadata": {"labels": node_labels}})
+    with running_controller(
+        control_plane,
+        driver_ns,
+        leader_election=False,
+        require_verified_nodes=True,
+        fabric_check=True,
     ):
         rest.create(COMPUTE_DOMAINS, domain_body("gang", mode="host", num_nodes=2), ns)
         placed = wait_for(lambda: _placed(rest, ns, "gang"), what="gang placed")

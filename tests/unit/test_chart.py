@@ -598,3 +598,30 @@ def test_gang_timeout_is_passed_and_stays_below_the_schedulers_binding_wait(char
     for bad in (600, 900, 0):
         with pytest.raises(HarnessError, match="gangTimeoutSeconds"):
             chart.template({"controller": {"gangTimeoutSeconds": bad}})
+
+
+def test_the_fabric_check_is_on_exactly_with_the_active_probes(chart: Chart) -> None:
+    """Issue 18 point 4: the multi-node NVLink check is required when the per-node active
+    probes are, with the same opt-out; it runs from the verification image."""
+
+    def args(values: dict[str, Any]) -> list[str]:
+        deploy = _one(chart.template(values), "Deployment", "fabricdra-controller")
+        return list(deploy["spec"]["template"]["spec"]["containers"][0]["args"])
+
+    plain = args({})
+    assert "--fabric-check=true" in plain
+    assert "--fabric-check-timeout-seconds=600" in plain
+    assert "--fabric-check-imex-mode=managed" in plain
+    assert not [a for a in plain if a.startswith(("--fabric-check-image", "--fabric-check-runt"))]
+    given = args(
+        {
+            "verification": {"image": "reg/verify:1", "runtimeClassName": "nvidia",
+                             "fabricCheck": {"timeoutSeconds": 900}},
+            "computeDomains": {"hostImex": {"enabled": True}},
+        }
+    )  # fmt: skip
+    for arg in ("--fabric-check-image=reg/verify:1", "--fabric-check-runtime-class=nvidia",
+                "--fabric-check-timeout-seconds=900", "--fabric-check-imex-mode=host"):  # fmt: skip
+        assert arg in given
+    off = args({"verification": {"activeProbes": False, "image": "reg/verify:1"}})
+    assert [a for a in off if a.startswith("--fabric-check")] == ["--fabric-check=false"]

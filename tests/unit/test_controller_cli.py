@@ -24,3 +24,30 @@ def test_a_gang_timeout_at_or_past_the_binding_wait_is_refused(
     assert code == 2
     err = capsys.readouterr().err
     assert "--gang-timeout-seconds must be more than 0 and less than 600" in err
+
+
+def test_the_fabric_check_is_off_unless_asked_and_takes_its_settings_from_flags_or_env(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    args = build_parser().parse_args(["controller"])
+    assert args.fabric_check == "false"
+    assert (args.fabric_check_image, args.fabric_check_timeout_seconds) == ("", 600)
+    assert (args.fabric_check_imex_mode, args.fabric_check_runtime_class) == ("managed", "")
+    monkeypatch.setenv("FABRICDRA_FABRIC_CHECK", "true")
+    monkeypatch.setenv("FABRICDRA_FABRIC_CHECK_IMAGE", "reg/verify:1")
+    args = build_parser().parse_args(
+        ["controller", "--fabric-check-imex-mode", "host", "--fabric-check-runtime-class", "nvidia"]
+    )
+    assert (args.fabric_check, args.fabric_check_image) == ("true", "reg/verify:1")
+    assert (args.fabric_check_imex_mode, args.fabric_check_runtime_class) == ("host", "nvidia")
+
+
+@pytest.mark.parametrize("value", ["0", "-5"])
+def test_a_fabric_check_timeout_that_is_not_positive_is_refused(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(
+        ["controller", "--kubeconfig", "/nonexistent", "--fabric-check-timeout-seconds", value]
+    )
+    assert code == 2
+    assert "--fabric-check-timeout-seconds must be positive" in capsys.readouterr().err

@@ -77,6 +77,8 @@ def test_what_placement_reads_is_seen() -> None:
         not_ready,
         _node(**{labels.FABRIC_DOMAIN: "rack-b"}),
         _node(**{labels.VERIFIED: "true"}),
+        # A fabric domain's check passed: gangs waiting for room may fit now (--fabric-check).
+        _node(**{labels.FABRIC_VERIFIED: "true"}),
     ):
         assert placement_facts(other) != base
     assert placement_facts(None) != base  # added or deleted

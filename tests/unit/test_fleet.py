@@ -262,3 +262,17 @@ def test_the_controllers_cut_down_caches_count_the_same() -> None:
     assert "images" not in node_view(nodes[0])["status"]
     assert "managedFields" not in node_view(nodes[0])["metadata"]
     assert node_view(nodes[0])["status"]["conditions"] == nodes[0]["status"]["conditions"]
+
+
+def test_largest_fit_follows_the_controllers_fabric_check() -> None:
+    # Under the controller's --fabric-check a node of a fabric domain counts for gangs only
+    # once its domain's multi-node NVLink check passed with it (capacity.py): so here.
+    slices = [_slice("n1", _gpus(2)), _slice("n2", _gpus(2))]
+    fabric = {"fabricdra.io/fabric.domain": "nvlink-z-1", "fabricdra.io/verified": "true"}
+    nodes = [
+        node_object("n1", labels={**fabric, "fabricdra.io/fabric-verified": "true"}),
+        node_object("n2", labels=fabric),
+    ]
+    assert fleet(slices, [], [], [], nodes).domains["nvlink-z-1"].largestFit == 2
+    required = fleet(slices, [], [], [], nodes, require_fabric_verified=True)
+    assert required.domains["nvlink-z-1"].largestFit == 1

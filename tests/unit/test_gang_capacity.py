@@ -114,3 +114,73 @@ def test_a_finished_gang_says_so_in_ready() -> None:
     assert "rack-a" in ready.message
     assert finished({"status": new.model_dump(mode="json")})
     assert not finished({"status": {"conditions": [{"type": "Ready", "reason": "Ready"}]}})
+
+
+def _fabric_checked(node: dict[str, Any]) -> dict[str, Any]:
+    node["metadata"]["labels"][labels.FABRIC_VERIFIED] = "true"
+    return node
+
+
+def test_a_verified_node_of_an_unchecked_fabric_domain_is_not_offered_under_the_fabric_check() -> (
+    None
+):
+    """Issue 18 point 4: the per-node probes never see the NVLink trunk between trays, so
+    under `--fabric-check` a node of a fabric domain counts only once its domain's multi-node
+    check passed with it; the unusable reason says which domain is waiting for it."""
+    fresh = _node("tray", "nvlink-abc-1", verified=True)
+    assert unusable(fresh, require_verified=True) == ""  # the fabric check not required
+    why = unusable(fresh, require_verified=True, require_fabric_verified=True)
+    assert why == (
+        "fabric domain nvlink-abc-1 not checked yet (fabricdra.io/fabric-verified is not 'true')"
+    )
+    checked = _fabric_checked(_node("tray", "nvlink-abc-1", verified=True))
+    assert unusable(checked, require_verified=True, require_fabric_verified=True) == ""
+    # Verified still comes first: the fabric label does not open the per-node gate.
+    assert "not verified" in unusable(
+        _fabric_checked(_node("t")), require_verified=True, require_fabric_verified=True
+    )
+
+
+def test_a_failed_fabric_check_is_the_reason_given() -> None:
+    import json
+
+    node = _node("tray", "nvlink-abc-1", verified=True)
+    node["metadata"]["annotations"] = {
+        labels.FABRIC_CHECK: json.dumps(
+            {
+                "fabric": "nvlink-abc-1",
+                "passed": False,
+                "reason": "t1 GPU 0 <- t2 GPU 3: 12.5 GB/s, below 600 GB/s",
+                "time": "2026-01-01T00:00:00Z",
+                "fingerprint": "f",
+            }
+        )
+    }
+    why = unusable(node, require_fabric_verified=True)
+    assert why == (
+        "fabric domain nvlink-abc-1 failed its multi-node NVLink check: "
+        "t1 GPU 0 <- t2 GPU 3: 12.5 GB/s, below 600 GB/s"
+    )
+
+
+def test_nodes_in_no_multi_node_fabric_are_not_held_to_the_fabric_check() -> None:
+    for fabric in ("", labels.NO_FABRIC):
+        node = _node("box", fabric, verified=True)
+        assert unusable(node, require_verified=True, require_fabric_verified=True) == ""
+
+
+def test_usable_by_fabric_counts_only_fabric_checked_nodes_under_the_fabric_check() -> None:
+    nodes = [
+        _node("a1", "rack-a", verified=True),
+        _node("a2", "rack-a", verified=True),
+        _fabric_checked(_node("b1", "rack-b", verified=True)),
+        _fabric_checked(_node("b2", "rack-b", verified=True)),
+    ]
+    assert usable_by_fabric(nodes, require_verified=True) == {
+        "rack-a": ["a1", "a2"],
+        "rack-b": ["b1", "b2"],
+    }
+    assert usable_by_fabric(nodes, require_verified=True, require_fabric_verified=True) == {
+        "rack-a": [],
+        "rack-b": ["b1", "b2"],
+    }

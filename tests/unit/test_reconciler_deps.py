@@ -28,7 +28,10 @@ from fabricdra.kube.rest import CLAIM_TEMPLATES, COMPUTE_DOMAINS, DAEMON_SETS, S
 PACKAGE = Path(__file__).resolve().parents[2] / "controller" / "fabricdra" / "controller"
 
 
-@pytest.mark.parametrize("module", ["domains.py", "nodes.py", "placement.py", "records.py"])
+@pytest.mark.parametrize(
+    "module",
+    ["domains.py", "nodes.py", "placement.py", "records.py", "fabriccheck.py", "fabriccheckrun.py"],
+)
 def test_reconciler_modules_do_not_know_the_controller(module: str) -> None:
     tree = ast.parse((PACKAGE / module).read_text())
     imported = {

@@ -31,6 +31,8 @@ def test_the_recipe_takes_perftest_from_debian_and_adds_the_tools_given() -> Non
     assert "perftest" in packages  # ib_write_bw
     assert "ibverbs-providers" in packages  # libibverbs' mlx5 driver
     assert "python3" not in packages
+    # The controller's multi-node NVLink check: mpirun over sshd in its worker pods.
+    assert {"openmpi-bin", "openssh-server", "openssh-client"} <= set(packages)
     assert "add" not in plain
     assert plain["entrypoint"] == ["sh"]
     standins = REPO / "tests" / "standins"
@@ -42,6 +44,8 @@ def test_the_recipe_takes_perftest_from_debian_and_adds_the_tools_given() -> Non
         "/usr/local/bin/ib_write_bw",
         "/usr/local/bin/all_reduce_perf",
         "/usr/local/bin/_standin.py",
+        "/usr/local/bin/mpirun",
+        "/usr/local/bin/nvbandwidth-multinode",
     } <= added
 
 

@@ -10,6 +10,15 @@ FABRIC_DOMAIN = PREFIX + "fabric.domain"
 FABRIC_MEMBERS = PREFIX + "fabric.members"
 # "true" while the node's verification gate is open (docs/verification.md); absent otherwise.
 VERIFIED = PREFIX + "verified"
+# "true" on every node of a fabric domain whose multi-node NVLink check passed, written by the
+# ComputeDomain controller (docs/verification.md, "Multi-node NVLink"); absent otherwise. Not
+# under a managed prefix (`fabric.` is the node agent's): the agent never removes it.
+FABRIC_VERIFIED = PREFIX + "fabric-verified"
+# Node annotation, JSON: the fabric check's record for the node (FabricCheckRecord in
+# fabricdra.api.fabriccheck): what was checked, when, with which figures, and why.
+FABRIC_CHECK = PREFIX + "fabric-check"
+# The fabric domain value of nodes in no multi-node fabric (the fleet view's name for them).
+NO_FABRIC = "none"
 
 # Set by the operator, read by the node agent (never written by it): the node's RDMA mode,
 # exclusive | shared | off (docs/labels.md). Not under a managed prefix, so never removed.

@@ -135,6 +135,42 @@ def register(sub: Any) -> None:
         "[FABRICDRA_REQUIRE_VERIFIED_NODES]",
     )
     a(
+        "--fabric-check",
+        default=env_choice("FABRIC_CHECK", "false", ["true", "false"]),
+        choices=["true", "false"],
+        help="run the multi-node NVLink check in each fabric domain and count a node of one "
+        "for gangs only once it passed there (label fabricdra.io/fabric-verified=true; "
+        "default false) [FABRICDRA_FABRIC_CHECK]",
+    )
+    a(
+        "--fabric-check-image",
+        default=_env("FABRIC_CHECK_IMAGE") or "",
+        help="the verification image the fabric check's pods run: nvbandwidth-multinode "
+        "(nvbandwidth built with -DMULTINODE=1), Open MPI's mpirun, OpenSSH's sshd; empty: the "
+        "check is NotRun "
+        "[FABRICDRA_FABRIC_CHECK_IMAGE]",
+    )
+    a(
+        "--fabric-check-timeout-seconds",
+        type=float,
+        default=env_float("FABRIC_CHECK_TIMEOUT_SECONDS", 600),
+        help="how long one fabric check's MPI run may take once its pods are up (default 600) "
+        "[FABRICDRA_FABRIC_CHECK_TIMEOUT_SECONDS]",
+    )
+    a(
+        "--fabric-check-imex-mode",
+        default=env_choice("FABRIC_CHECK_IMEX_MODE", "managed", ["managed", "host"]),
+        choices=["managed", "host"],
+        help="imexMode of the fabric check's own ComputeDomain (default managed) "
+        "[FABRICDRA_FABRIC_CHECK_IMEX_MODE]",
+    )
+    a(
+        "--fabric-check-runtime-class",
+        default=_env("FABRIC_CHECK_RUNTIME_CLASS") or "",
+        help="runtimeClassName of the fabric check's worker pods, e.g. nvidia (default none) "
+        "[FABRICDRA_FABRIC_CHECK_RUNTIME_CLASS]",
+    )
+    a(
         "--metrics-port",
         type=int,
         default=env_int("METRICS_PORT", 8080, empty=0),
@@ -147,6 +183,7 @@ def run(args: argparse.Namespace) -> int:
     from prometheus_client import start_http_server
 
     from fabricdra.controller import metrics
+    from fabricdra.controller.fabriccheckrun import RunSettings
     from fabricdra.controller.manager import Controller, ControllerConfig
     from fabricdra.controller.objects import DaemonSettings
 
@@ -176,6 +213,11 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(
                 f"{flag} must be a Kubernetes quantity such as 100m or 128Mi, got {value!r}"
             )
+    if args.fabric_check_timeout_seconds <= 0:
+        raise UsageError(
+            "--fabric-check-timeout-seconds must be positive, "
+            f"got {args.fabric_check_timeout_seconds:g}"
+        )
     daemon_env = _daemon_env(args.daemon_env)
     api = api_client(args.kubeconfig)
     if not _preflight(api):
@@ -197,6 +239,13 @@ def run(args: argparse.Namespace) -> int:
         channel_count=args.imex_channel_count,
         gang_timeout_seconds=args.gang_timeout_seconds,
         require_verified_nodes=args.require_verified_nodes == "true",
+        fabric_check=args.fabric_check == "true",
+        fabric_run=RunSettings(
+            image=args.fabric_check_image,
+            timeout_seconds=args.fabric_check_timeout_seconds,
+            imex_mode=args.fabric_check_imex_mode,
+            runtime_class=args.fabric_check_runtime_class,
+        ),
         **({"identity": args.identity} if args.identity else {}),
     )
     controller = Controller(api, cfg)
@@ -206,7 +255,10 @@ def run(args: argparse.Namespace) -> int:
         # The fleet view (docs/fleet.md), counting nodes as gang placement does, served from
         # the controller's caches (no LIST per scrape).
         fleetmetrics.register(
-            controller, metrics.REGISTRY, require_verified_nodes=cfg.require_verified_nodes
+            controller,
+            metrics.REGISTRY,
+            require_verified_nodes=cfg.require_verified_nodes,
+            require_fabric_verified=cfg.fabric_check,
         )
         start_http_server(args.metrics_port, registry=metrics.REGISTRY)
     stop = stop_event()

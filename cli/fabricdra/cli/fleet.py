@@ -48,6 +48,14 @@ def register(sub: Any) -> None:
         "placement does under the controller's flag of the same name (default false) "
         "[FABRICDRA_REQUIRE_VERIFIED_NODES]",
     )
+    p.add_argument(
+        "--fabric-check",
+        default=env_choice("FABRIC_CHECK", "false", ["true", "false"]),
+        choices=["true", "false"],
+        help="count a node of a fabric domain towards LARGEST FIT only with "
+        "fabricdra.io/fabric-verified=true, as gang placement does under the controller's "
+        "flag of the same name (default false) [FABRICDRA_FABRIC_CHECK]",
+    )
     p.set_defaults(run=run)
 
 
@@ -61,7 +69,9 @@ def run(args: argparse.Namespace) -> int:
         while True:
             try:
                 view = read_fleet(
-                    rest, require_verified_nodes=args.require_verified_nodes == "true"
+                    rest,
+                    require_verified_nodes=args.require_verified_nodes == "true",
+                    require_fabric_verified=args.fabric_check == "true",
                 )
             except ApiError as e:
                 print(f"fabricdra fleet: cannot read the cluster: {e}", file=sys.stderr)

@@ -10,6 +10,9 @@ A node counts when it can take a pod of the gang now:
   off (other taints are the workload's to tolerate, so they do not count against a node);
 * where the verification gate is required (`--require-verified-nodes`), it carries
   `fabricdra.io/verified=true` (docs/verification.md);
+* where the multi-node NVLink check is required (`--fabric-check`), a node in a fabric domain
+  (any but `none`) carries `fabricdra.io/fabric-verified=true`: a gang crosses the trays'
+  NVLink trunk, which the per-node probes never see (fabriccheck.py);
 * it has a GPU the scheduler can still hand out: of the GPUs (and MIG devices) its
   `devices.fabricdra.io` pool publishes (newest generation), at least one is healthy, verified
   and not allocated (`gpu_room`; a node whose GPUs are all unhealthy, gated or taken is no
@@ -33,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fabricdra.api import labels
+from fabricdra.api.fabriccheck import record_of
 from fabricdra.api.jsontypes import JSON
 
 from .claims import node_fabric
@@ -81,7 +85,9 @@ BLOCKING_TAINTS = frozenset(
 )
 
 
-def unusable(node: JSON, *, require_verified: bool = False) -> str:
+def unusable(
+    node: JSON, *, require_verified: bool = False, require_fabric_verified: bool = False
+) -> str:
     """Why the node cannot take a gang's pod now ("" when it can)."""
     conds = (node.get("status") or {}).get("conditions") or []
     ready = next((c.get("status") for c in conds if c.get("type") == "Ready"), None)
@@ -97,13 +103,35 @@ def unusable(node: JSON, *, require_verified: bool = False) -> str:
         node_labels = (node.get("metadata") or {}).get("labels") or {}
         if node_labels.get(labels.VERIFIED) != "true":
             return f"not verified ({labels.VERIFIED} is not 'true')"
+    if require_fabric_verified:
+        return fabric_unchecked(node)
     return ""
+
+
+def in_fabric(node: JSON) -> str:
+    """The node's multi-node fabric domain ("" for none: no label, or the `none` domain)."""
+    fabric = node_fabric(node)
+    return "" if fabric == labels.NO_FABRIC else fabric
+
+
+def fabric_unchecked(node: JSON) -> str:
+    """Why the node is not offered for its fabric domain's NVLink trunk ("" when its domain's
+    check passed with it, or it is in no multi-node fabric domain)."""
+    fabric = in_fabric(node)
+    node_labels = (node.get("metadata") or {}).get("labels") or {}
+    if not fabric or node_labels.get(labels.FABRIC_VERIFIED) == "true":
+        return ""
+    record = record_of(node)
+    if record is not None and not record.passed and record.fabric == fabric:
+        return f"fabric domain {fabric} failed its multi-node NVLink check: {record.reason}"
+    return f"fabric domain {fabric} not checked yet ({labels.FABRIC_VERIFIED} is not 'true')"
 
 
 def usable_by_fabric(
     nodes: Iterable[JSON],
     *,
     require_verified: bool = False,
+    require_fabric_verified: bool = False,
     exclude: Set[str] = frozenset(),
     gpu_room: Mapping[str, int] | None = None,
     keep: Set[str] = frozenset(),
@@ -120,7 +148,10 @@ def usable_by_fabric(
             continue
         names = out.setdefault(fabric, [])
         name = node["metadata"]["name"]
-        if name in exclude or unusable(node, require_verified=require_verified):
+        why = unusable(
+            node, require_verified=require_verified, require_fabric_verified=require_fabric_verified
+        )
+        if name in exclude or why:
             continue
         if gpu_room is not None and name not in keep and gpu_room.get(name, 1) <= 0:
             continue

@@ -1,12 +1,14 @@
-"""What the reconcilers (domains.py, nodes.py) and gang placement (placement.py) are given,
-instead of the whole Controller (issue 21): the caches they read, as a read-only view, the
-API calls they make, the in-memory ownership state, the few settings they use, and callables
-that put a key back on a queue. manager.py wires them; a test can hand in-memory ones."""
+"""What the reconcilers (domains.py, nodes.py, fabriccheck.py) and gang placement (placement.py)
+are given, instead of the whole Controller (issue 21): the caches they read, as a read-only
+view, the API calls they make, the in-memory ownership state, the few settings they use, and
+callables that put a key back on a queue. manager.py wires them; a test can hand in-memory ones."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fabricdra.api.jsontypes import JSON
@@ -20,6 +22,7 @@ from .status import Event
 if TYPE_CHECKING:
     from fabricdra.api.computedomain import ComputeDomain
 
+    from .fabriccheck import Runner
     from .placement import Placement
 
 # A queue's `add` (run the key soon) and `add_after` (run it once `delay` seconds passed).
@@ -137,3 +140,24 @@ class PlacementDeps:
     ownership: Ownership
     require_verified_nodes: bool
     enqueue_domain: Enqueue
+    # Nodes of a fabric domain count only once its multi-node NVLink check passed with them
+    # (the controller's --fabric-check; capacity.fabric_unchecked).
+    require_fabric_verified: bool = False
+
+
+@dataclass(frozen=True)
+class FabricCheckDeps:
+    """What the multi-node NVLink check (fabriccheck.py) reads and writes."""
+
+    patch_node: Callable[[str, JSON], object]  # a merge patch of a Node
+    node_event: Callable[[str, Event], None]  # a best-effort Event on a Node
+    nodes: Cache  # the compute-domain plugin's Nodes, indexed BY_FABRIC
+    node_devices: Cache  # NodeDevices (fabriccheck.node_devices_view), by node name
+    device_slices: Cache  # the devices plugin's slices, indexed BY_NODE
+    held: Callable[[str], bool]  # whether a ComputeDomain holds the node
+    runner: Runner
+    require_verified_nodes: bool
+    require_synced: Callable[[], None]
+    requeue_after: EnqueueAfter  # the fabric queue's add_after
+    clock: Callable[[], float] = time.monotonic
+    now: Callable[[], datetime] = lambda: datetime.now(UTC)

@@ -156,6 +156,7 @@ def fleet(
     nodes: Iterable[Mapping[str, Any]] | None = None,
     *,
     require_verified_nodes: bool = False,
+    require_fabric_verified: bool = False,
 ) -> Fleet:
     """`nodes`: the Node objects (None: every node is taken as able to run pods). A node is
     verified when its published gate is open (no device unverified): what the scheduler sees;
@@ -168,12 +169,15 @@ def fleet(
     held, cd_views = _held_nodes(compute_domains)
     node_objs = None if nodes is None else {n["metadata"]["name"]: n for n in nodes}
 
-    def takes_pods(node: str, require_verified: bool = False) -> bool:
+    def takes_pods(node: str, strict: bool = False) -> bool:
+        """`strict`: also the gates gang placement is told to require."""
         if node_objs is None:
-            return not require_verified
+            return not strict
         obj = node_objs.get(node)
         return obj is not None and not capacity.unusable(
-            dict(obj), require_verified=require_verified
+            dict(obj),
+            require_verified=strict and require_verified_nodes,
+            require_fabric_verified=strict and require_fabric_verified,
         )
 
     by_node: dict[str, list[Device]] = {}
@@ -198,7 +202,10 @@ def fleet(
             and bool(gpus)
             and node not in held
             and all(g.free for g in gpus)
-            and (not require_verified_nodes or takes_pods(node, require_verified=True))
+            and (
+                not (require_verified_nodes or require_fabric_verified)
+                or takes_pods(node, strict=True)
+            )
         )
         if whole:
             domain.largestFit += 1

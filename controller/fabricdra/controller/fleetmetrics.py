@@ -53,9 +53,13 @@ def _items(rest: Rest, kind: Kind, *, optional: bool = False) -> list[dict[str, 
         raise
 
 
-def read_fleet(rest: Rest, *, require_verified_nodes: bool = False) -> Fleet:
+def read_fleet(
+    rest: Rest, *, require_verified_nodes: bool = False, require_fabric_verified: bool = False
+) -> Fleet:
     """`require_verified_nodes`: count a node towards `largestFit` only with the verified label,
-    as gang placement does under the controller's `--require-verified-nodes`."""
+    as gang placement does under the controller's `--require-verified-nodes`;
+    `require_fabric_verified`: a node of a fabric domain only with the fabric check's label, as
+    under the controller's `--fabric-check`."""
     return fleet(
         _items(rest, SLICES),
         _items(rest, CLAIMS),
@@ -63,6 +67,7 @@ def read_fleet(rest: Rest, *, require_verified_nodes: bool = False) -> Fleet:
         _items(rest, COMPUTE_DOMAINS, optional=True),
         _items(rest, NODES),
         require_verified_nodes=require_verified_nodes,
+        require_fabric_verified=require_fabric_verified,
     )
 
 
@@ -73,9 +78,16 @@ class FleetCaches:
     compute-domain plugin's nodes; the fleet counts every node that publishes devices).
     NodeDevices are not read: the fleet view does not use them (fleet.fleet)."""
 
-    def __init__(self, controller: Controller, *, require_verified_nodes: bool = False) -> None:
+    def __init__(
+        self,
+        controller: Controller,
+        *,
+        require_verified_nodes: bool = False,
+        require_fabric_verified: bool = False,
+    ) -> None:
         self.c = controller
         self.require_verified_nodes = require_verified_nodes
+        self.require_fabric_verified = require_fabric_verified
         self.nodes = Informer(
             controller.rest,
             NODES,
@@ -102,6 +114,7 @@ class FleetCaches:
             c.domains.items(),
             self.nodes.items(),
             require_verified_nodes=self.require_verified_nodes,
+            require_fabric_verified=self.require_fabric_verified,
         )
 
 
@@ -186,11 +199,16 @@ def register(
     min_interval: float = 15.0,
     *,
     require_verified_nodes: bool = False,
+    require_fabric_verified: bool = False,
 ) -> FleetCaches:
     """Serve the fleet view on `registry` from `controller`'s caches (started with it, leader
     or not: a standby serves the same numbers). Returns the caches (stop() ends the Node
     informer it adds)."""
-    caches = FleetCaches(controller, require_verified_nodes=require_verified_nodes)
+    caches = FleetCaches(
+        controller,
+        require_verified_nodes=require_verified_nodes,
+        require_fabric_verified=require_fabric_verified,
+    )
     caches.start()
     registry.register(FleetCollector(caches.read, min_interval))
     return caches

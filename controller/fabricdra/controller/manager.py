@@ -24,7 +24,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fabricdra.api import computedomain as cd
@@ -37,6 +37,7 @@ from fabricdra.kube.rest import (
     COMPUTE_DOMAINS,
     DAEMON_SETS,
     LEASES,
+    NODE_DEVICES,
     NODES,
     SLICES,
     ApiError,
@@ -44,8 +45,10 @@ from fabricdra.kube.rest import (
 
 from . import capacity, channels, metrics, objects
 from .claims import claim_nodes, device_nodes, domain_uid, node_fabric, report_node
-from .deps import DomainDeps, NodeDeps, PlacementDeps
+from .deps import DomainDeps, FabricCheckDeps, NodeDeps, PlacementDeps
 from .domains import DomainReconciler, NotOurs
+from .fabriccheck import FabricCheck, Runner, node_devices_view
+from .fabriccheckrun import KubeRunner, RunSettings
 from .indexes import BY_DOMAIN, BY_FABRIC, BY_NODE, BY_UID
 from .leader import LeaderElector
 from .liveness import Heartbeats
@@ -80,15 +83,29 @@ def only_renewed(old: JSON | None, new: JSON | None) -> bool:
     return rest_of(old) == rest_of(new)
 
 
-def placement_facts(node: JSON | None) -> tuple[str, str, str] | None:
+def placement_facts(node: JSON | None) -> tuple[str, str, str, str] | None:
     """What gang placement reads of a Node (capacity.unusable, its fabric label, its
-    verification label): a Node event that changes none of it (our own holder label, a status
-    heartbeat) cannot make room or take it away."""
+    verification and fabric-check labels): a Node event that changes none of it (our own
+    holder label, a status heartbeat) cannot make room or take it away."""
     if node is None:
         return None
     labels_ = node["metadata"].get("labels", {})
     why = capacity.unusable(node) or "usable"
-    return why, node_fabric(node), str(labels_.get(node_labels.VERIFIED, ""))
+    return (
+        why,
+        node_fabric(node),
+        str(labels_.get(node_labels.VERIFIED, "")),
+        str(labels_.get(node_labels.FABRIC_VERIFIED, "")),
+    )
+
+
+def fabric_facts(node: JSON | None) -> tuple[object, ...] | None:
+    """What the fabric check reads of a Node: what placement reads, and its check record."""
+    facts = placement_facts(node)
+    if node is None or facts is None:
+        return None
+    annotations = node["metadata"].get("annotations") or {}
+    return (*facts, annotations.get(node_labels.FABRIC_CHECK, ""))
 
 
 class NotSynced(Exception):
@@ -110,10 +127,22 @@ class ControllerConfig:
     gang_timeout_seconds: float = 300.0  # numNodes domains: how long a partial gang is held
     # Gang placement counts only nodes the verification gate passed (capacity.py).
     require_verified_nodes: bool = False
+    # The multi-node NVLink check per fabric domain (fabriccheck.py), and gang placement
+    # counting a fabric domain's nodes only once it passed with them.
+    fabric_check: bool = False
+    fabric_run: RunSettings = field(default_factory=RunSettings)  # its namespace: `namespace`
 
 
 class Controller:
-    def __init__(self, api_client: Any, config: ControllerConfig | None = None) -> None:
+    def __init__(
+        self,
+        api_client: Any,
+        config: ControllerConfig | None = None,
+        *,
+        fabric_runner: Runner | None = None,
+    ) -> None:
+        """`fabric_runner`: how the fabric check runs (default: in the cluster,
+        fabriccheckrun.KubeRunner); only with `config.fabric_check`."""
         self.config = config or ControllerConfig()
         api_client.user_agent = USER_AGENT
         self.rest = counting_rest(api_client)
@@ -171,10 +200,19 @@ class Controller:
             self.templates,
             self.daemonsets,
         ]
+        self.node_devices: Informer | None = None
+        if self.config.fabric_check:
+            # The nodes' hardware fingerprints, for the fabric check's membership.
+            self.node_devices = Informer(
+                self.rest, NODE_DEVICES, **{**opts, "transform": node_devices_view}
+            )
+            self._informers.append(self.node_devices)
         # A resync's keys go after events' but none waits past a quarter of the period, so a
         # sweep still ends within it (workqueue.py).
         self.domain_queue = WorkQueue(resync_max_wait=self.config.resync_seconds / 4)
         self.node_queue = WorkQueue(resync_max_wait=self.config.resync_seconds / 4)
+        # Fabric domains to check (fabriccheck.py): one worker, a check runs for minutes.
+        self.fabric_queue = WorkQueue(resync_max_wait=self.config.resync_seconds / 4)
         self.ownership = Ownership()
         self.heartbeats = Heartbeats()
         # Each gets what it uses, not the Controller (deps.py).
@@ -188,6 +226,7 @@ class Controller:
                 ownership=self.ownership,
                 require_verified_nodes=self.config.require_verified_nodes,
                 enqueue_domain=self.domain_queue.add,
+                require_fabric_verified=self.config.fabric_check,
             )
         )
         self.domain_reconciler = DomainReconciler(
@@ -226,6 +265,28 @@ class Controller:
                 enqueue_node_after=self.node_queue.add_after,
             )
         )
+        self.fabric_check: FabricCheck | None = None
+        if self.node_devices is not None:
+            own = self.ownership
+            self.fabric_check = FabricCheck(
+                FabricCheckDeps(
+                    patch_node=lambda name, patch: self.rest.patch(NODES, name, patch),
+                    node_event=self.writer.node_event,
+                    nodes=self.nodes,
+                    node_devices=self.node_devices,
+                    device_slices=self.device_slices,
+                    held=lambda n: own.owner(n) != cd.FREE_OWNER,
+                    runner=fabric_runner
+                    or KubeRunner(
+                        self.rest,
+                        replace(self.config.fabric_run, namespace=self.config.namespace),
+                        stopped=lambda: self._stop.is_set(),
+                    ),
+                    require_verified_nodes=self.config.require_verified_nodes,
+                    require_synced=self.require_synced,
+                    requeue_after=self.fabric_queue.add_after,
+                )
+            )
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.elector: LeaderElector | None = None
@@ -244,6 +305,10 @@ class Controller:
     def reconcile_node(self, name: str) -> None:
         self.require_synced()
         self.node_reconciler.reconcile(name)
+
+    def reconcile_fabric(self, fabric: str) -> None:
+        assert self.fabric_check is not None
+        self.fabric_check.reconcile(fabric)
 
     # -- wiring --------------------------------------------------------------------------
     def _wire(self) -> None:
@@ -313,6 +378,12 @@ class Controller:
             obj = new or old
             assert obj is not None
             self.node_queue.add(obj["metadata"]["name"], resync=event == "SYNC")
+            if self.fabric_check is not None and (
+                event == "SYNC" or fabric_facts(old) != fabric_facts(new)
+            ):
+                for o in (old, new):
+                    if o is not None and node_fabric(o):
+                        self.fabric_queue.add(node_fabric(o), resync=event == "SYNC")
             if event != "SYNC" and placement_facts(old) != placement_facts(new):
                 self.placement.room_may_have_freed()
                 # A node gone NotReady, cordoned or deleted may break a placed gang that has
@@ -342,6 +413,18 @@ class Controller:
             if event != "SYNC" and before != after:
                 self.placement.room_may_have_freed()
 
+        def on_node_devices(event: str, old: JSON | None, new: JSON | None) -> None:
+            # A node's hardware changed (a repair) or its agent first reported: its fabric
+            # domain's membership changed.
+            if event == "SYNC" or old == new:
+                return
+            name = (new or old or {}).get("metadata", {}).get("name", "")
+            node = self.nodes.get(name)
+            if node is not None and node_fabric(node):
+                self.fabric_queue.add(node_fabric(node))
+
+        if self.node_devices is not None:
+            self.node_devices.on_event(on_node_devices)
         self.device_slices.on_event(on_devices)
         self.allocations.on_event(on_allocation)
         self.domains.on_event(on_domain)
@@ -429,6 +512,21 @@ class Controller:
                 "domain",
             )
         self._spawn("node-worker", self._worker, self.node_queue, self.reconcile_node, "node")
+        if self.fabric_check is not None:
+            self._spawn("fabric-worker", self._fabric_worker)
+
+    def _fabric_worker(self) -> None:
+        assert self.fabric_check is not None
+        try:
+            # What a controller that stopped mid-check left behind: a new leader deletes it
+            # before its first check (fabriccheckrun.py).
+            self.fabric_check.d.runner.cleanup()
+        except Exception:
+            log.exception("fabric check: cleaning up an earlier run's objects failed")
+        for node in self.nodes.items():
+            if node_fabric(node):
+                self.fabric_queue.add(node_fabric(node))
+        self._worker(self.fabric_queue, self.reconcile_fabric, "fabric")
 
     def _spawn(self, name: str, target: Callable[..., None], *args: Any) -> None:
         t = threading.Thread(target=target, args=args, daemon=True, name=name)
@@ -439,6 +537,7 @@ class Controller:
         self._stop.set()
         self.domain_queue.close()
         self.node_queue.close()
+        self.fabric_queue.close()
         for informer in self._informers:
             informer.stop()
         if self.elector is not None:

@@ -162,13 +162,15 @@ class Placement:
     def _view(
         self, for_uid: str, exclude: bool = True
     ) -> tuple[dict[str, list[str]], dict[str, str], list[Gang]]:
-        """The nodes that count (capacity.py: Ready, schedulable, verified where required, a
-        free healthy GPU unless the gang holds it already; without those that failed this gang
-        before, if `exclude`), who holds them, and the other gangs' placements."""
+        """The nodes that count (capacity.py: Ready, schedulable, verified and fabric-checked
+        where required, a free healthy GPU unless the gang holds it already; without those
+        that failed this gang before, if `exclude`), who holds them, and the other gangs'
+        placements."""
         d = self.d
         fabrics = capacity.usable_by_fabric(
             d.nodes.items(),
             require_verified=d.require_verified_nodes,
+            require_fabric_verified=d.require_fabric_verified,
             exclude=self._excluded.get(for_uid, set()) if exclude else frozenset(),
             gpu_room=self._room,
             keep=set(d.ownership.nodes_of(for_uid)),
@@ -248,7 +250,9 @@ class Placement:
         # Only `current`'s nodes for the check (its fabric index): the whole fleet is read
         # only when the gang has to move.
         fabrics = capacity.usable_by_fabric(
-            d.nodes.by_index(BY_FABRIC, current), require_verified=d.require_verified_nodes
+            d.nodes.by_index(BY_FABRIC, current),
+            require_verified=d.require_verified_nodes,
+            require_fabric_verified=d.require_fabric_verified,
         )
         _, _, gangs = self._view(uid)
         # Holds of other gangs count (placement orders gangs); an elastic domain's hold does
@@ -312,6 +316,7 @@ class Placement:
             nodes = capacity.usable_by_fabric(
                 d.nodes.by_index(BY_FABRIC, fabric),
                 require_verified=d.require_verified_nodes,
+                require_fabric_verified=d.require_fabric_verified,
             ).get(fabric, [])
             failing = set(nodes) - set(held)
             self._excluded.setdefault(uid, set()).update(failing)

@@ -19,8 +19,9 @@ CONTROLLER: list[Rule] = [
         "verbs": ["get", "list", "watch", "patch"],
     },
     {"apiGroups": [cd.GROUP], "resources": ["computedomains/status"], "verbs": ["get", "patch"]},
-    # The fleet metrics (fleetmetrics.py) read every node's verification record.
-    {"apiGroups": [cd.GROUP], "resources": ["nodedevices"], "verbs": ["list"]},
+    # The fleet metrics (fleetmetrics.py) read every node's verification record; the fabric
+    # check (--fabric-check) watches them for the nodes' hardware fingerprints.
+    {"apiGroups": [cd.GROUP], "resources": ["nodedevices"], "verbs": ["list", "watch"]},
     {
         "apiGroups": ["resource.k8s.io"],
         "resources": ["resourceclaimtemplates"],
@@ -76,6 +77,14 @@ CONTROLLER_NAMESPACED: list[Rule] = [
         "verbs": ["get", "list", "watch", "create", "patch", "update", "delete"],
     },
     {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get"]},
+    # The multi-node NVLink check (--fabric-check, fabriccheckrun.py), only here: its own
+    # ComputeDomain, worker and launcher pods (and the launcher's log), the headless Service
+    # and the SSH key Secret. The Service and Secret are owned by the ComputeDomain, so the
+    # garbage collector deletes them: create only (no read of any Secret).
+    {"apiGroups": [cd.GROUP], "resources": ["computedomains"], "verbs": ["create", "delete"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "create", "delete"]},
+    {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+    {"apiGroups": [""], "resources": ["services", "secrets"], "verbs": ["create"]},
 ]
 
 NODE_PLUGIN: list[Rule] = [

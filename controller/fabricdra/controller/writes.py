@@ -85,6 +85,27 @@ class Writer:
         except ApiError as e:  # events are best effort
             log.info("event %s for %s: %s", ev.reason, domain.name, e)
 
+    def node_event(self, node: str, ev: Event) -> None:
+        """A best-effort Event on a Node (in `default`, where the kubelet's node Events go)."""
+        stamp = now()
+        body = {
+            "metadata": {"name": f"{node}.{uuid.uuid4().hex[:12]}", "namespace": "default"},
+            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
+            "type": ev.type,
+            "reason": ev.reason,
+            "message": ev.message[:1024],
+            "source": {"component": "fabricdra-controller"},
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+            "reportingComponent": "fabricdra.io/compute-domain-controller",
+            "reportingInstance": self.identity,
+        }
+        try:
+            self.create(EVENTS, body, "default")
+        except ApiError as e:
+            log.info("event %s for node %s: %s", ev.reason, node, e)
+
     def ensure_namespace(self, name: str) -> None:
         if self.rest.get_or_none(NAMESPACES, name) is None:
             self.create(NAMESPACES, {"metadata": {"name": name}})

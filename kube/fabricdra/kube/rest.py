@@ -69,6 +69,8 @@ LEASES = Kind("coordination.k8s.io", "v1", "leases", True)
 NODES = Kind("", "v1", "nodes", False)
 EVENTS = Kind("", "v1", "events", True)
 PODS = Kind("", "v1", "pods", True)
+SERVICES = Kind("", "v1", "services", True)
+SECRETS = Kind("", "v1", "secrets", True)
 NAMESPACES = Kind("", "v1", "namespaces", False)
 DEVICE_CLASSES = Kind("resource.k8s.io", "v1", "deviceclasses", False)
 
