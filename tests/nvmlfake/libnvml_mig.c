@@ -20,7 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "profiles.h" /* GPU_NAME, GPU_MEMORY_MIB, MEMORY_SLICES, COMPUTE_SLICES, PROFILES */
+#include "profiles.h" /* GPU_NAME, GPU_MEMORY_MIB, GPU_BUS, NVLINKS, MEMORY_SLICES,
+                          COMPUTE_SLICES, PROFILES */
 
 enum {
     SUCCESS = 0,
@@ -197,6 +198,17 @@ int nvmlDeviceGetPciInfo_v3(void *device, pci_info_t *pci) {
     memset(pci, 0, sizeof *pci);
     snprintf(pci->busId, sizeof pci->busId, "%s", GPU_BUS);
     sscanf(GPU_BUS, "%x:%x:%x", &pci->domain, &pci->bus, &pci->device);
+    return SUCCESS;
+}
+
+/* nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t, unsigned int link,
+ * nvmlEnableState_t *isActive): each of the model's links is up; a link number beyond them is
+ * an invalid argument, as NVML answers. (Other NVLink calls are absent: pynvml raises
+ * FunctionNotFound for them, as with a driver that lacks them.) */
+int nvmlDeviceGetNvLinkState(void *device, unsigned int link, unsigned int *isActive) {
+    if (!initialised) return ERROR_UNINITIALIZED;
+    if (!is_gpu(device) || !isActive || link >= NVLINKS) return ERROR_INVALID_ARGUMENT;
+    *isActive = 1; /* NVML_FEATURE_ENABLED */
     return SUCCESS;
 }
 

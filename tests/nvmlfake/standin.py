@@ -20,6 +20,11 @@ MODELS = {
     "h100": ("NVIDIA H100 80GB HBM3", 81559, mig.H100_80GB_PROFILES, mig.H100_80GB_LGIPP),
     "h200": ("NVIDIA H200", 143771, mig.H200_141GB_PROFILES, mig.H200_141GB_LGIPP),
 }
+# NVLink links of the SXM parts, all reported active: 18 fourth-generation links on the H100
+# SXM5 ("NVIDIA H100 Tensor Core GPU Architecture" whitepaper, "NVLink": 18 links, 900 GB/s)
+# and the H200 SXM (https://www.nvidia.com/en-us/data-center/h200/: NVLink 900 GB/s, the same
+# 18 x 50 GB/s), what the verification's nvlink probe expects of both.
+NVLINKS = {"h100": 18, "h200": 18}
 
 
 def header(model: str, bus: str) -> str:
@@ -38,6 +43,7 @@ def header(model: str, bus: str) -> str:
             f'#define GPU_NAME "{name}"',
             f"#define GPU_MEMORY_MIB {memory}",
             f'#define GPU_BUS "{bus}"',
+            f"#define NVLINKS {NVLINKS[model]}",
             "#define MEMORY_SLICES 8",
             "#define COMPUTE_SLICES 7",
             "struct profile { unsigned int constant, id, slices, size, nstarts, starts[8];",

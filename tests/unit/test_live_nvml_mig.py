@@ -34,6 +34,8 @@ from fabricdra.kubeletplugin.discovery.node import discover
 from fabricdra.kubeletplugin.discovery.nvml.live import read_live
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
 from fabricdra.kubeletplugin.resourceslices import ApiFeatures, build_slices
+from fabricdra.kubeletplugin.verification.probes import Tools, run_probes
+from fabricdra.api.verification import load_expectations
 readings = read_live()
 d = discover(SysfsTree(sys.argv[1]), nvml_source=lambda: readings)
 inv = build_devices(
@@ -49,7 +51,17 @@ devices = {
     for s in plan.slices
     for dev in s["spec"].get("devices", [])
 }
-print(json.dumps({"errors": readings.errors, "gpus": sorted(readings.gpus), "devices": devices}))
+probes = run_probes(
+    SysfsTree(sys.argv[1]), d.interfaces or [], d.accelerators or [], readings,
+    load_expectations(), Tools(run_bandwidth=False),
+)
+print(json.dumps({
+    "errors": readings.errors,
+    "gpus": sorted(readings.gpus),
+    "nvlinks": {b: [link.active for link in g.nvlinks or []] for b, g in readings.gpus.items()},
+    "probes": {p.probe: p.outcome for p in probes},
+    "devices": devices,
+}))
 """
 
 
@@ -85,6 +97,11 @@ def test_mig_gpu_without_instances_is_offered_whole_and_as_every_placement(
     out = published(lib, tmp_path / "gpu", sysfs)
     assert out["errors"] == {}
     assert out["gpus"] == [BUS]
+    # An H100 SXM's 18 NVLink links, read one by one: the nvlink probe its class requires
+    # passes, so the node verifies with the active probes off (as on the harness).
+    assert out["nvlinks"] == {BUS: [True] * 18}
+    assert out["probes"]["nvlink"] == "Passed"
+    assert out["probes"]["pcie-link"] == "Passed"
     devices = out["devices"]
     assert f"gpu-{STEM}" in devices
     placements = sorted(n for n in devices if n.startswith(f"mig-{STEM}-"))
