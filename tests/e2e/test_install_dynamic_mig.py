@@ -319,6 +319,8 @@ def test_pod_gets_a_dynamically_created_mig_instance_beside_a_static_one(
         with contextlib.suppress(Exception):
             if installation.present:
                 installation.uninstall()
+        for made_here in (nvml_state, nvml_log, mig_journal):
+            made_here.unlink(missing_ok=True)
 
     # pod a: the placement's instance made (GPU instance 2, beside the static 1) ...
     assert made == [static, standin.GpuInstance(2, "3g.40gb", 4, 0)]
