@@ -70,10 +70,10 @@ PROBE = (
 
 
 def cap_minor(gi: int, ci: int | None = None) -> int:
-    """The capability's device minor, numbered as the driver's
-    /proc/driver/nvidia-caps/mig-minors does for GPU 0: gi<N>/access is 3 + 9N, its
-    ci<M>/access the M+1-th after it (NVIDIA MIG user guide, "Device Nodes and Capabilities":
-    gpu0/mig/gi1/access has DeviceFileMinor 12)."""
+    """The capability's device minor on this made-up node: a block per GPU instance (its own
+    access, then one per compute instance), after the config and monitor capabilities, in the
+    manner of the driver's /proc/driver/nvidia-caps/mig-minors. The agent never assumes a
+    numbering: it reads each minor from the capability's `access` file (DeviceFileMinor)."""
     return 3 + 9 * gi + (0 if ci is None else 1 + ci)
 
 
@@ -206,6 +206,19 @@ def seen(api: client.ApiClient, ns: str, pod: str) -> tuple[set[str], set[str], 
     return env, dev, caps
 
 
+def agent_log(installation: Installed) -> str:
+    """The node agent's (devices container's) log."""
+    with installation.cluster.api_client() as api:
+        core = client.CoreV1Api(api)
+        pods = core.list_namespaced_pod(
+            NAMESPACE, label_selector="app.kubernetes.io/component=node"
+        ).items
+        return "".join(
+            str(core.read_namespaced_pod_log(p.metadata.name, NAMESPACE, container="devices"))
+            for p in pods
+        )
+
+
 def test_pod_gets_a_dynamically_created_mig_instance_beside_a_static_one(
     installation: Installed, tmp_path: Path
 ) -> None:
@@ -270,28 +283,37 @@ def test_pod_gets_a_dynamically_created_mig_instance_beside_a_static_one(
             b_before = allocated(api, ns, "b")
             b_node = core.read_namespaced_pod("b", ns).spec.node_name
 
-            core.delete_namespaced_pod("a", ns, grace_period_seconds=0)
-            wait_for(
-                lambda: "a" not in {p.metadata.name for p in core.list_namespaced_pod(ns).items},
-                timeout=120,
-                what="pod a gone",
-            )
-            resource.delete_namespaced_resource_claim("a", ns)
-            # (b may be prepared as soon as a's claim is gone: only a's record is waited for)
+            # Deleted gracefully (a forced delete removes the pod object before kubelet has
+            # unprepared it: b could be allocated first, its prepare refused while a still
+            # holds the device, and retried after kubelet's back-off).
+            core.delete_namespaced_pod("a", ns, grace_period_seconds=1)
+            # (b may be prepared as soon as a's claim is free: only a's record is waited for)
             wait_for(
                 lambda: all(r["claim"] != claim_a for r in journal(mig_journal)) or None,
                 timeout=120,
                 what="a's instance destroyed (its record dropped)",
             )
             after_a = nvml_log.read_text().splitlines()[:2]
+            wait_for(
+                lambda: "a" not in {p.metadata.name for p in core.list_namespaced_pod(ns).items},
+                timeout=120,
+                what="pod a gone",
+            )
+            resource.delete_namespaced_resource_claim("a", ns)
 
-            wait_running(core, ns, "b")
+            # (kubelet may have tried b's prepare while a still held the device: its retry
+            # comes after a back-off)
+            wait_for(
+                lambda: core.read_namespaced_pod("b", ns).status.phase == "Running" or None,
+                timeout=240,
+                what="pod b to run",
+            )
             assert allocated(api, ns, "b") == [PLACEMENT]
             claim_b = resource.read_namespaced_resource_claim("b", ns).metadata.uid
             b_env, b_dev, b_caps = seen(api, ns, "b")
             made_b = standin.instances(nvml_state, MODEL)
             records_b = journal(mig_journal)
-            core.delete_namespaced_pod("b", ns, grace_period_seconds=0)
+            core.delete_namespaced_pod("b", ns, grace_period_seconds=1)
             wait_for(
                 lambda: not core.list_namespaced_pod(ns).items or None,
                 timeout=120,
@@ -316,6 +338,8 @@ def test_pod_gets_a_dynamically_created_mig_instance_beside_a_static_one(
             )
         changes = nvml_log.read_text().splitlines()
     finally:
+        with contextlib.suppress(Exception):  # shown by pytest when the test fails
+            print(agent_log(installation))
         with contextlib.suppress(Exception):
             if installation.present:
                 installation.uninstall()
