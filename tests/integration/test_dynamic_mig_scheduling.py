@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 
 from e2e.harness.controlplane import ControlPlane, KubeScheduler, wait_for
@@ -23,6 +24,8 @@ from tests.sysfs.builder import SysfsBuilder
 from tests.sysfs.nodes import h100_snapshot, hgx_h100, write_json
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("installed")]
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
 
 
 def _suffix() -> str:
@@ -199,3 +202,26 @@ def test_whole_gpu_allocates_alone_and_then_no_instance_fits(
     assert _allocated(control_plane, ns, gpu, "whole") == f"gpu-{g}"
     one = _submit(control_plane, ns, node, _mig("one", "1g.10gb"))
     _unschedulable(control_plane, ns, one, "one")
+
+
+def test_docs_example_and_a_claim_by_mig_class_get_placements(
+    control_plane: ControlPlane, kube_scheduler: KubeScheduler, mig_node: tuple[str, str]
+) -> None:
+    """docs/examples/mig-3g-40gb.yaml gets the top 3g.40gb placement; a claim naming the MIG
+    class (`deviceClass == "h100-mig-3g-40gb"`, as for a static instance) gets the other one.
+    Before, a placement carried its GPU's class (`h100-80gb-sxm`): the class claim found
+    nothing."""
+    node, g = mig_node
+    ns = f"dynmig-{_suffix()}"
+    control_plane.create_namespace(ns)
+    example = yaml.safe_load((EXAMPLES / "mig-3g-40gb.yaml").read_text())
+    name = example["metadata"]["name"]
+    pod = _submit(control_plane, ns, node, example)
+    assert _allocated(control_plane, ns, pod, name) == f"mig-{g}-3g-40gb-m4"
+    by_class = _claim(
+        "by-class",
+        "mig.fabricdra.io",
+        'device.attributes["devices.fabricdra.io"].deviceClass == "h100-mig-3g-40gb"',
+    )
+    pod = _submit(control_plane, ns, node, by_class)
+    assert _allocated(control_plane, ns, pod, "by-class") == f"mig-{g}-3g-40gb-m0"

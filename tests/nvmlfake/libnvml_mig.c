@@ -20,7 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "profiles.h" /* GPU_NAME, GPU_MEMORY_MIB, MEMORY_SLICES, COMPUTE_SLICES, PROFILES */
+#include "profiles.h" /* GPU_NAME, GPU_MEMORY_MIB, GPU_BUS, NVLINKS, MEMORY_SLICES,
+                          COMPUTE_SLICES, PROFILES */
 
 enum {
     SUCCESS = 0,
@@ -200,6 +201,17 @@ int nvmlDeviceGetPciInfo_v3(void *device, pci_info_t *pci) {
     return SUCCESS;
 }
 
+/* nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t, unsigned int link,
+ * nvmlEnableState_t *isActive): each of the model's links is up; a link number beyond them is
+ * an invalid argument, as NVML answers. (Other NVLink calls are absent: pynvml raises
+ * FunctionNotFound for them, as with a driver that lacks them.) */
+int nvmlDeviceGetNvLinkState(void *device, unsigned int link, unsigned int *isActive) {
+    if (!initialised) return ERROR_UNINITIALIZED;
+    if (!is_gpu(device) || !isActive || link >= NVLINKS) return ERROR_INVALID_ARGUMENT;
+    *isActive = 1; /* NVML_FEATURE_ENABLED */
+    return SUCCESS;
+}
+
 int nvmlDeviceGetMigMode(void *device, unsigned int *current, unsigned int *pending) {
     if (!is_gpu(device) || !current || !pending) return ERROR_INVALID_ARGUMENT;
     *current = *pending = (unsigned int)mig_enabled();
@@ -230,19 +242,6 @@ int nvmlDeviceGetGpuInstancePossiblePlacements_v2(void *device, unsigned int pro
     return SUCCESS;
 }
 
-int nvmlDeviceGetName(void *device, char *name, unsigned int length) {
-    if (!is_gpu(device) || !name) return ERROR_INVALID_ARGUMENT;
-    snprintf(name, length, "%s", GPU_NAME);
-    return SUCCESS;
-}
-
-int nvmlDeviceGetMemoryInfo(void *device, memory_t *memory) {
-    if (!is_gpu(device) || !memory) return ERROR_INVALID_ARGUMENT;
-    memory->total = (unsigned long long)GPU_MEMORY_MIB * 1024ULL * 1024ULL;
-    memory->used = 0;
-    memory->free = memory->total;
-    return SUCCESS;
-}
 
 int nvmlDeviceGetGpuInstanceProfileInfoV(void *device, unsigned int profile,
                                           gi_profile_info_v2_t *info) {
@@ -423,6 +422,37 @@ static struct gi *mig_gi(void *mig) {
     for (int i = 0; i < MAX_GI; i++)
         if (mig == (void *)&MIGS[i] && GIS[i].used && GIS[i].ci_used) return &GIS[i];
     return NULL;
+}
+
+/* Name and memory answer for the GPU and for a MIG device handle, as NVML does: a MIG
+ * device is named "<GPU name> MIG <profile>" (what `nvidia-smi -L` prints) and has its GPU
+ * instance's share of the memory (memory slices of 8; a proportional stand-in, not a recorded
+ * figure). */
+int nvmlDeviceGetName(void *device, char *name, unsigned int length) {
+    if (!name) return ERROR_INVALID_ARGUMENT;
+    if (is_gpu(device)) {
+        snprintf(name, length, "%s", GPU_NAME);
+        return SUCCESS;
+    }
+    struct gi *g = mig_gi(device);
+    const struct profile *p = g ? by_id(g->profile_id) : NULL;
+    if (!p) return ERROR_INVALID_ARGUMENT;
+    snprintf(name, length, "%s MIG %s", GPU_NAME, p->name);
+    return SUCCESS;
+}
+
+int nvmlDeviceGetMemoryInfo(void *device, memory_t *memory) {
+    if (!memory) return ERROR_INVALID_ARGUMENT;
+    unsigned long long mib = GPU_MEMORY_MIB;
+    if (!is_gpu(device)) {
+        struct gi *g = mig_gi(device);
+        if (!g) return ERROR_INVALID_ARGUMENT;
+        mib = mib * g->size / MEMORY_SLICES;
+    }
+    memory->total = mib * 1024ULL * 1024ULL;
+    memory->used = 0;
+    memory->free = memory->total;
+    return SUCCESS;
 }
 
 int nvmlDeviceGetGpuInstanceId(void *mig, unsigned int *id) {

@@ -246,6 +246,34 @@ def test_existing_instances_are_adopted_and_block_their_slices(tmp_path: Path) -
     assert f"mig-{g}-4g-40gb-m0" in devices
 
 
+def test_placement_not_created_has_no_uuid_and_the_mig_class_of_its_profile(
+    tmp_path: Path,
+) -> None:
+    """A placement is not the GPU: it carries no UUID until its instance exists (the GPU's is
+    its `parentUuid`, as for an instance), the MIG class of its profile, the class the
+    instance will have, never the whole GPU's (a selector on the GPU's UUID or class would
+    otherwise match every placement too), and no NVLink group (an instance has no NVLink peer
+    access). Found through the NVML stand-in in the cluster: the placements published the
+    GPU's UUID, class and NVLink group."""
+    slices, bus, _ = _slices(tmp_path, dynamic=True, instances=[(1, 4)])
+    devices = _devices(slices, bus)
+    g = bus.replace(":", "-").replace(".", "-")
+    adopted = devices[f"mig-{g}-gi1-ci0"]["attributes"]
+    placement = devices[f"mig-{g}-3g-40gb-m0"]["attributes"]
+    assert "uuid" not in placement
+    assert placement["parentUuid"] == {"string": adopted["parentUuid"]["string"]}
+    assert placement["deviceClass"] == {"string": "h100-mig-3g-40gb"}
+    assert "nvlinkGroup" not in placement
+    assert adopted["deviceClass"] == placement["deviceClass"]  # the same profile's class
+    assert devices[f"mig-{g}-1g-10gb-m0"]["attributes"]["deviceClass"] == {
+        "string": "h100-mig-1g-10gb"
+    }
+    whole = _devices(_slices(tmp_path / "w", dynamic=True)[0], bus)[f"gpu-{g}"]["attributes"]
+    assert whole["uuid"] == adopted["parentUuid"]
+    assert whole["deviceClass"] == {"string": "h100-80gb-sxm"}
+    assert "parentUuid" not in whole
+
+
 def test_instance_dynamic_mig_created_keeps_its_placement_name(tmp_path: Path) -> None:
     """The instance prepare created for a claim is still the device the claim was allocated
     (`-3g-40gb-m4`), not re-adopted under a static name; it blocks its slices the same way."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+from fabricdra.api.deviceclasses import load_device_classes
 from fabricdra.api.inventory import Accelerator, MigDevice
 
 from .. import migprofiles
@@ -255,16 +256,32 @@ def accelerator_values(device: Device) -> list[tuple[str, Value]]:
         ("brand", info.brand if info else None),
         *pci_values(acc.topology, acc.pciBusId, acc.numaNode),
         ("vendor", acc.vendor),
-        ("deviceClass", mig.deviceClass if mig else acc.deviceClass),
+        ("deviceClass", _device_class(acc, mig, placement)),
         ("productName", (mig.name if mig else None) or _placement_product(acc, placement)),
-        ("uuid", mig.uuid if mig else acc.uuid),
-        ("parentUuid", acc.uuid if mig else None),
+        # A placement not created yet has no UUID of its own; the GPU's is its parent's.
+        ("uuid", mig.uuid if mig else None if placement else acc.uuid),
+        ("parentUuid", acc.uuid if mig or placement else None),
         ("migProfile", mig.profile if mig else placement.profile.name if placement else None),
         ("migPlacementStart", placement.start if placement else None),
         ("fabricDomain", acc.topology.fabric.domain if acc.topology.fabric else None),
-        # Whole GPUs only: a MIG instance has no GPU-to-GPU peer access over NVLink.
-        ("nvlinkGroup", info.nvlink_group if info and not mig else None),
+        # Whole GPUs only: a MIG instance (or placement) has no GPU-to-GPU peer access over
+        # NVLink.
+        ("nvlinkGroup", info.nvlink_group if info and not mig and not placement else None),
     ]
+
+
+def _device_class(
+    acc: Accelerator, mig: MigDevice | None, placement: Placement | None
+) -> str | None:
+    if mig is not None:
+        return mig.deviceClass
+    if placement is None:
+        return acc.deviceClass
+    # A placement has the MIG class its instance will have (`h100-mig-3g-40gb`), never the
+    # whole GPU's: a selector on the GPU's class must not match it.
+    classes = load_device_classes()
+    parent = next((c for c in classes.classes if c.name == acc.deviceClass), None)
+    return classes.mig_class(parent, _placement_product(acc, placement))
 
 
 def _placement_product(acc: Accelerator, placement: Placement | None) -> str | None:
