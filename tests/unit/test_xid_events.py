@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog.testing
 
 from fabricdra.kubeletplugin.agent import Agent, AgentConfig
 from fabricdra.kubeletplugin.devices import DeviceInventory
@@ -215,3 +216,34 @@ def _write(tmp: Path, support: dict[str, bool]) -> Path:
     path = tmp / "nvml.json"
     path.write_text(json.dumps(doc))
     return path
+
+
+def test_an_event_set_that_stays_unreadable_is_warned_of_once_not_every_pass(
+    tmp_path: Path,
+) -> None:
+    # A driver without event support (or a set that keeps failing) fails every 2 s pass: one
+    # warning when it starts (and when the cause changes), one line when it reads again, not a
+    # warning per pass drowning the agent's log. Health stays Unknown on every such pass.
+    readings = load_snapshot(_write(tmp_path, {"0000:1b:00.0": True}))
+    failures = ["nvmlEventSetCreate: Function Not Found"] * 3 + ["nvmlEventSetWait: Unknown"]
+
+    class Flaky(ReplayedXidEvents):
+        def drain(self) -> list[XidEvent]:
+            if failures:
+                raise XidEventsError(failures.pop(0))
+            return []
+
+    watch = XidWatch(Flaky(tmp_path / "nvml.json"))
+    with structlog.testing.capture_logs() as logs:
+        states = []
+        for _ in range(6):
+            out = watch.apply(readings)
+            assert out is not None
+            states.append(out.gpus["0000:1b:00.0"].xidEventsSupported)
+    assert states == [False, False, False, False, True, True]
+    said = [(e["log_level"], e["event"], e.get("error")) for e in logs if "Xid" in e["event"]]
+    assert said == [
+        ("warning", "Xid events unreadable", "nvmlEventSetCreate: Function Not Found"),
+        ("warning", "Xid events unreadable", "nvmlEventSetWait: Unknown"),
+        ("info", "Xid events readable again", None),
+    ]

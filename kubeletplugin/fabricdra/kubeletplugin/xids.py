@@ -65,6 +65,10 @@ class XidWatch:
         self.clock = clock
         self.registered: dict[str, str | None] = {}  # bus -> None (registered) or why not
         self.seen: dict[str, _Seen] = {}
+        # What the last pass could not read (None: it read): warned of when it starts or its
+        # cause changes, not on every pass while it lasts (a driver without event support
+        # fails every 2 s pass; health says Unknown on each, the log once).
+        self.unreadable: str | None = None
         self._load()
 
     # -- one pass ------------------------------------------------------------------------
@@ -72,7 +76,6 @@ class XidWatch:
     def apply(self, readings: NvmlReadings | None) -> NvmlReadings | None:
         if readings is None or not readings.available or self.source is None:
             return readings
-        broken: str | None = None
         try:
             missing = [bus for bus in readings.gpus if bus not in self.registered]
             if missing:
@@ -82,9 +85,14 @@ class XidWatch:
                         log.warning("GPU cannot report Xid events", pciBusId=bus, reason=why)
             self._take(self.source.drain())
         except XidEventsError as e:
-            broken = f"Xid events unreadable: {e}"
-            log.warning("Xid events unreadable this pass", error=str(e))
-        return self._merge(readings, broken)
+            if str(e) != self.unreadable:
+                log.warning("Xid events unreadable", error=str(e))
+            self.unreadable = str(e)
+            return self._merge(readings, f"Xid events unreadable: {e}")
+        if self.unreadable is not None:
+            log.info("Xid events readable again")
+            self.unreadable = None
+        return self._merge(readings, None)
 
     def poll(self) -> bool:
         """Between passes: drain the set; True when a new critical Xid was recorded (the
