@@ -475,6 +475,22 @@ def _stuck(rest: Rest, bound: int, total: int, ready: int) -> str:
         )
         for c in rest.list(CLAIMS, "jobs")["items"]
     }
+    # The controller's answer at binding on each claim not admitted (GangTimeout, NodeHeld,
+    # none yet) and whether a pod holds it: who is waiting for whom.
+    answers: dict[str, str] = {}
+    for c in rest.list(CLAIMS, "jobs")["items"]:
+        conds = [
+            f"{cond.get('reason', '')}: {str(cond.get('message', ''))[:100]}"
+            for d in (c.get("status") or {}).get("devices", []) or []
+            for cond in d.get("conditions", []) or []
+        ]
+        if not any(a.startswith("Admitted") for a in conds):
+            reserved = len((c.get("status") or {}).get("reservedFor") or [])
+            answers[c["metadata"]["name"]] = f"{'; '.join(conds) or 'none'} (reserved {reserved})"
+    placed = {
+        o["metadata"]["name"]: (o.get("status") or {}).get("fabricDomain", "")
+        for o in rest.list(COMPUTE_DOMAINS, "jobs")["items"]
+    }
     return json.dumps(
         {
             "bound": bound,
@@ -482,7 +498,9 @@ def _stuck(rest: Rest, bound: int, total: int, ready: int) -> str:
             "ready": ready,
             "pending": why,
             "domains": domains,
+            "placed": placed,
             "claims": claims,
+            "answers": answers,
         }
     )
 

@@ -22,6 +22,10 @@ controller or a new leader keeps it. A claim allocated before the
 placement existed (made from an older template) on a node of another fabric domain that has
 room for the whole gang moves the placement there, while the domain holds no node yet
 (recorded before that claim is admitted).
+A gang is never moved (gang timeout, lost room) away from claims its pods already have that
+were made from its template pinned to where it is: those can be allocated nowhere else, so
+a gang placed elsewhere refused them at binding (`NodeHeld`) for as long as their pods
+lived; it stays, and moves once those pods are gone (`_left_behind`).
 Clusters without any fabric-labelled node place nothing (gangs then rely on the gang timeout).
 """
 
