@@ -125,7 +125,7 @@ class NodeReconciler:
             why = (
                 f"the ComputeDomain's {self._want(by_key[key])} nodes were not all allocated in "
                 f"{where} within "
-                f"{d.gang_timeout_seconds:.0f}s; released so other jobs can use node {name}"
+                f"{d.gang_timeout_seconds:g}s; released so other jobs can use node {name}"
                 + (f"; {next_}" if next_ else "")
             )
             self._answer(by_key[key], name, cd.CONFLICT_CONDITION, "GangTimeout", why)
