@@ -103,7 +103,10 @@ class NodeReconciler:
             if view.state == "pending" and view.domain:
                 d.placement.follow(view.domain, fabric)
         live, multi = self.live_domains([*(v.domain for v in views), previous])
-        decision = admission.decide(name, fabric, views, live, previous, multi_clique=multi)
+        names = {uid: key for uid in live if (key := d.ownership.key_of(uid))}
+        decision = admission.decide(
+            name, fabric, views, live, previous, multi_clique=multi, names=names
+        )
         for uid, pinned in decision.fabric_pins.items():
             # The pin is written before the admission it comes with (records.py): a leader
             # that died after admitting but before recording would let its successor admit
