@@ -27,6 +27,7 @@ from fabricdra.kube.rest import (
 
 from .computedomain_helpers import (
     allocate_claim,
+    condition,
     create_plugin_node,
     domain_body,
     new_namespace,
@@ -317,6 +318,14 @@ def test_a_timed_out_gang_whose_pods_stay_is_retried_where_their_claims_can_go(
         # The release says what happens next (decided before it is written).
         message = _message(rest, ns, "j0", cd.CONFLICT_CONDITION)
         assert f"stays placed in fabric domain {racks[0]}" in message, message
+        # The domain says it too, where `kubectl describe` shows it.
+        wait_for(
+            lambda: (
+                "the gang timeout released it: the gang stays placed"
+                in str(condition(rest.get(COMPUTE_DOMAINS, "job", ns), cd.READY) or {})
+            ),
+            what="Ready says why the gang waits again",
+        )
         # The second pod's claim exists too (made with its pod), not allocated yet.
         body = {"metadata": {"name": "j1", "labels": template["spec"]["metadata"]["labels"]}}
         rest.create(CLAIMS, {**body, "spec": template["spec"]["spec"]}, ns)

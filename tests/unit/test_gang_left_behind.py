@@ -13,7 +13,7 @@ from fabricdra.api import computedomain as cd
 from fabricdra.api import labels
 from fabricdra.api.computedomain import ComputeDomain
 from fabricdra.api.jsontypes import JSON
-from fabricdra.controller import objects
+from fabricdra.controller import objects, status
 from fabricdra.controller.claims import domain_uid, node_fabric
 from fabricdra.controller.deps import PlacementDeps
 from fabricdra.controller.indexes import BY_DOMAIN, BY_FABRIC, BY_UID
@@ -106,6 +106,7 @@ def test_a_timed_out_gang_stays_while_its_pods_claims_can_only_go_there() -> Non
     world.own.set_owner("a1", UID)  # one pod's claim got there in time; a2 failed it
     note = world.placement.failed(UID, "rack-a", ["a1"])
     assert note.startswith("the gang stays placed in fabric domain rack-a: 2 claim(s)"), note
+    assert world.placement.timed_out(UID) == note  # its Ready message says so (status.py)
     world.own.set_owner("a1", cd.FREE_OWNER)  # released
     assert world.place() == "rack-a"
     # A second claim of the gang released on another node: the same answer, nothing more.
@@ -132,8 +133,18 @@ def test_a_gang_that_ran_where_it_was_kept_is_not_moved_when_its_pods_end() -> N
     assert world.place() == "rack-a"
     world.placement.failed(UID, "rack-a", [])
     world.placement.ran(UID)  # retried there, it held both nodes
+    assert world.placement.timed_out(UID) == ""  # nothing to say about it any more
     world.pods_gone()  # and completed
     assert world.place() == "rack-a"
+
+
+def test_a_gang_waiting_again_after_its_timeout_says_why_in_ready() -> None:
+    domain = ComputeDomain.model_validate(_domain("rack-a"))
+    note = "the gang stays placed in fabric domain rack-a: ..."
+    new, _ = status.compute(domain, status.Observed(True, "", [], {}, gang_timeout=note), "t0")
+    ready = next(c for c in new.conditions if c.type == cd.READY)
+    assert (ready.status, ready.reason) == ("False", "WaitingForNodes")
+    assert ready.message == f"0/2 nodes joined; the gang timeout released it: {note}"
 
 
 def test_a_gang_whose_node_fails_stays_while_its_pods_claims_can_only_go_there() -> None:

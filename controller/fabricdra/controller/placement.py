@@ -152,6 +152,9 @@ class Placement:
         self._excluded: dict[str, set[str]] = {}  # domain UID -> nodes that failed its gang
         self._again: set[str] = set()  # UIDs of gangs to place again (their recorded one failed)
         self._ran: set[str] = set()  # UIDs of gangs seen holding all their nodes (or Ready)
+        # UID -> what its last gang timeout did (failed), shown in its Ready message until it
+        # runs (memory only).
+        self._timed_out: dict[str, str] = {}
         # capacity.gpu_room per node, recomputed only for nodes whose slices or claims
         # changed (devices_changed).
         self._room = GpuRoom(deps.device_slices, deps.allocations)
@@ -362,19 +365,27 @@ class Placement:
                 )
             if not left:
                 d.ownership.unpin(uid)
-        if left:
-            return (
-                f"the gang stays placed in fabric domain {fabric}: {left} claim(s) of its pods "
-                "were made for it there and can be allocated nowhere else, so the scheduler "
-                "retries them there; once those pods are gone (deleted, or requeued by Kueue) "
-                "it is placed again without the nodes that failed it"
-            )
+            if left:
+                note = (
+                    f"the gang stays placed in fabric domain {fabric}: {left} claim(s) of its "
+                    "pods were made for it there and can be allocated nowhere else, so the "
+                    "scheduler retries them there; once those pods are gone (deleted, or "
+                    "requeued by Kueue) it is placed again without the nodes that failed it"
+                )
+            else:
+                note = (
+                    f"the gang is placed again without the nodes of fabric domain {fabric} "
+                    "that failed it; pods made from now on follow its claim template"
+                )
+            self._timed_out[uid] = note
         assert key is not None
-        d.enqueue_domain(key)
-        return (
-            f"the gang is placed again without the nodes of fabric domain {fabric} that "
-            "failed it; pods made from now on follow its claim template"
-        )
+        d.enqueue_domain(key)  # placed again, or its status says it timed out
+        return note
+
+    def timed_out(self, uid: str) -> str:
+        """What gang `uid`'s last gang timeout did ("" if none since it last ran)."""
+        with self._lock:
+            return self._timed_out.get(uid, "")
 
     def follow(self, uid: str, fabric: str) -> bool:
         """A claim of gang `uid` was allocated on a node of `fabric` although the gang is
@@ -418,6 +429,7 @@ class Placement:
         with self._lock:
             self._ran.add(uid)
             self._again.discard(uid)
+            self._timed_out.pop(uid, None)
 
     def has_run(self, uid: str) -> bool:
         with self._lock:
@@ -429,3 +441,4 @@ class Placement:
             self._waiting.discard(key)
             self._excluded.pop(uid, None)
             self._again.discard(uid)
+            self._timed_out.pop(uid, None)
