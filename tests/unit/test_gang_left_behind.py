@@ -114,6 +114,9 @@ def test_a_timed_out_gang_stays_while_its_pods_claims_can_only_go_there() -> Non
     # Its pods are made again (their claims go with the old pods): now it moves, without a2.
     world.pods_gone()
     assert world.place() == "rack-b"
+    assert world.placement.timed_out(UID).startswith(
+        "the gang is placed again, in fabric domain rack-b,"
+    )
 
 
 def test_a_timed_out_gang_without_pods_tied_to_its_fabric_domain_moves_at_once() -> None:

@@ -252,6 +252,12 @@ class Placement:
                     "for room; the claim template is created once the domain is placed",
                 )
             self._waiting.discard(key)
+            if domain.uid in self._again and domain.uid in self._timed_out:
+                # Its Ready message said where it stayed, or that it would move: now it has.
+                self._timed_out[domain.uid] = (
+                    f"the gang is placed again, in fabric domain {fabric}, without the nodes "
+                    "that failed it; pods made from now on follow its claim template"
+                )
             self._again.discard(domain.uid)
             self.d.ownership.pin(domain.uid, fabric)
             log.info("placed ComputeDomain %s (numNodes %d) in fabric domain %s", key, want, fabric)
