@@ -475,6 +475,22 @@ def _stuck(rest: Rest, bound: int, total: int, ready: int) -> str:
         )
         for c in rest.list(CLAIMS, "jobs")["items"]
     }
+    # The controller's answer at binding on each claim not admitted (GangTimeout, NodeHeld,
+    # none yet) and whether a pod holds it: who is waiting for whom.
+    answers: dict[str, str] = {}
+    for c in rest.list(CLAIMS, "jobs")["items"]:
+        conds = [
+            f"{cond.get('reason', '')}: {str(cond.get('message', ''))[:100]}"
+            for d in (c.get("status") or {}).get("devices", []) or []
+            for cond in d.get("conditions", []) or []
+        ]
+        if not any(a.startswith("Admitted") for a in conds):
+            reserved = len((c.get("status") or {}).get("reservedFor") or [])
+            answers[c["metadata"]["name"]] = f"{'; '.join(conds) or 'none'} (reserved {reserved})"
+    placed = {
+        o["metadata"]["name"]: (o.get("status") or {}).get("fabricDomain", "")
+        for o in rest.list(COMPUTE_DOMAINS, "jobs")["items"]
+    }
     return json.dumps(
         {
             "bound": bound,
@@ -482,7 +498,9 @@ def _stuck(rest: Rest, bound: int, total: int, ready: int) -> str:
             "ready": ready,
             "pending": why,
             "domains": domains,
+            "placed": placed,
             "claims": claims,
+            "answers": answers,
         }
     )
 
@@ -520,10 +538,17 @@ def _burst(
         lambda: len(rest.list(CLAIM_TEMPLATES, "jobs")["items"]) >= args.domains,
         timeout=600,
     )
-    for d in range(args.domains):
-        for p in range(args.per_domain):
-            body = _workload_pod(f"job{d:03d}-{p:02d}", f"job{d:03d}", f"job{d:03d}-imex")
-            rest.create(PODS, body, "jobs")
+    # With --stagger, each job's second half of pods comes that many seconds after its
+    # first: a stagger past the gang timeout makes every gang time out once, as a loaded
+    # scheduler does, and shows what a released gang does next.
+    half = args.per_domain // 2 if args.stagger > 0 else args.per_domain
+    for part in (range(half), range(half, args.per_domain)):
+        if part.start and part:
+            time.sleep(args.stagger)
+        for d in range(args.domains):
+            for p in part:
+                body = _workload_pod(f"job{d:03d}-{p:02d}", f"job{d:03d}", f"job{d:03d}-imex")
+                rest.create(PODS, body, "jobs")
     total = args.domains * args.per_domain
     bound_at: dict[str, float] = {}
     ready_at: dict[str, float] = {}
@@ -729,6 +754,13 @@ def main() -> None:
         type=float,
         default=300.0,
         help="the controller's --gang-timeout-seconds (default 300)",
+    )
+    parser.add_argument(
+        "--stagger",
+        type=float,
+        default=0.0,
+        help="create each job's second half of pods this many seconds after its first "
+        "(default 0: all at once); past --gang-timeout, every gang times out once",
     )
     parser.add_argument(
         "--timeout",

@@ -736,3 +736,27 @@ def test_a_gang_that_fits_nowhere_waits_without_a_template_until_room_appears(
         # The template exists: the placement it carries is recorded already.
         assert rest.get(COMPUTE_DOMAINS, "second", ns)["status"]["fabricDomain"] == rack
         assert f"fabricDomain == '{rack}'" in _selector(rest, ns, "second-channel")
+
+
+def test_a_node_held_refusal_names_the_holding_domain(
+    control_plane: ControlPlane, rest: Rest
+) -> None:
+    """A claim refused because another domain holds its node says which one by name (a user
+    stuck NodeHeld could only match a UID against every domain before)."""
+    ns, driver_ns = new_namespace(control_plane, "cd-who"), unique("cd-system")
+    node = unique("who-node")
+    create_plugin_node(control_plane, node, "fab-who")
+    with running_controller(control_plane, driver_ns, leader_election=False):
+        rest.create(COMPUTE_DOMAINS, domain_body("holder", mode="host"), ns)
+        rest.create(COMPUTE_DOMAINS, domain_body("late", mode="host"), ns)
+        holder = _workload_template(rest, _wait_channel(rest, ns, "holder"))
+        late = _workload_template(rest, _wait_channel(rest, ns, "late"))
+        allocate_claim(rest, ns, holder, node, "h", binding_conditions=True)
+        wait_for(lambda: _conds(rest, ns, "h").get(cd.ADMITTED_CONDITION), what="h admitted")
+        allocate_claim(rest, ns, late, node, "l", binding_conditions=True)
+        refused = wait_for(
+            lambda: _conds(rest, ns, "l").get(cd.CONFLICT_CONDITION), what="l refused"
+        )
+        uid = rest.get(COMPUTE_DOMAINS, "holder", ns)["metadata"]["uid"]
+        assert refused["reason"] == "NodeHeld"
+        assert f"held by another ComputeDomain, {ns}/holder (UID {uid})" in refused["message"]

@@ -4,6 +4,8 @@ placed again without the nodes that failed it."""
 
 from __future__ import annotations
 
+import time
+import uuid
 from typing import Any
 
 import pytest
@@ -25,6 +27,7 @@ from fabricdra.kube.rest import (
 
 from .computedomain_helpers import (
     allocate_claim,
+    condition,
     create_plugin_node,
     domain_body,
     new_namespace,
@@ -137,6 +140,12 @@ def _answer(rest: Rest, ns: str, claim: str) -> dict[str, str]:
     return {c["type"]: c["reason"] for d in devices for c in d.get("conditions", []) or []}
 
 
+def _message(rest: Rest, ns: str, claim: str, condition: str) -> str:
+    devices = rest.get(CLAIMS, claim, ns)["status"].get("devices", []) or []
+    conds = [c for d in devices for c in d.get("conditions", []) or [] if c["type"] == condition]
+    return str(conds[0]["message"]) if conds else ""
+
+
 def test_a_timed_out_gang_is_placed_again_without_the_nodes_that_failed_it(
     control_plane: ControlPlane, rest: Rest
 ) -> None:
@@ -145,7 +154,9 @@ def test_a_timed_out_gang_is_placed_again_without_the_nodes_that_failed_it(
     see) and the gang timeout releases it. Never revisited, the placement stayed there, and
     the job was placed in the same trap each time while the other fabric domain stood
     empty. Placed again without the node that failed it, it moves to the other one, and
-    the template (so every claim made from it from now on) follows."""
+    the template (so every claim made from it from now on) follows; but only once the pod
+    whose claim was made for the first fabric domain is gone (its claim can go nowhere
+    else: the next test), as Kueue's requeue or the job's owner makes the pods again."""
     ns, driver_ns = new_namespace(control_plane, "cd-again"), unique("cd-system")
     racks = [unique("0000agna"), unique("0000agnb")]  # sort first: first fit
     nodes = {rack: [unique("agn"), unique("agn")] for rack in racks}
@@ -164,6 +175,9 @@ def test_a_timed_out_gang_is_placed_again_without_the_nodes_that_failed_it(
             lambda: _answer(rest, ns, "j0").get(cd.CONFLICT_CONDITION), what="gang released"
         )
         assert released == "GangTimeout"
+        message = _message(rest, ns, "j0", cd.CONFLICT_CONDITION)
+        assert f"stays placed in fabric domain {racks[0]}" in message, message
+        rest.delete(CLAIMS, "j0", ns)  # its pod is gone (requeued), and its claim with it
         wait_for(lambda: _placed(rest, ns, "job") == racks[1], what="placed again elsewhere")
         wait_for(
             lambda: (
@@ -264,3 +278,94 @@ def test_a_finished_gang_no_longer_keeps_its_fabric_domain(
         wait_for(lambda: ready().get("reason") == "Finished", what="Ready=False, Finished")
         rest.create(COMPUTE_DOMAINS, domain_body("next", mode="host", num_nodes=2), ns)
         wait_for(lambda: _placed(rest, ns, "next") == rack, what="the next gang placed there")
+
+
+def _reallocate(rest: Rest, ns: str, claim: str, node: str) -> None:
+    """What kube-scheduler does with a claim whose binding failed: it drops the allocation
+    (and the driver's answer with it), and its pod, not made again, is scheduled anew: the
+    same claim is allocated again, here on `node`."""
+    rest.patch(CLAIMS, claim, {"status": {"allocation": None, "devices": None}}, ns, sub="status")
+    live = rest.get(CLAIMS, claim, ns)
+    result: dict[str, Any] = {
+        "request": "channel",
+        "driver": cd.DRIVER,
+        "pool": node,
+        "device": cd.CHANNEL_DEVICE,
+        "shareID": str(uuid.uuid4()),
+        "bindingConditions": [cd.ADMITTED_CONDITION],
+        "bindingFailureConditions": [cd.CONFLICT_CONDITION],
+    }
+    config = [{"source": "FromClaim", **c} for c in live["spec"]["devices"]["config"]]
+    allocation = {
+        "devices": {"results": [result], "config": config},
+        "nodeSelector": {
+            "nodeSelectorTerms": [
+                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+            ]
+        },
+        "allocationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    rest.patch(
+        CLAIMS,
+        claim,
+        {"status": {"allocation": allocation}},
+        ns,
+        sub="status",
+        content_type=STRATEGIC_PATCH,
+    )
+
+
+def test_a_timed_out_gang_whose_pods_stay_is_retried_where_their_claims_can_go(
+    control_plane: ControlPlane, rest: Rest
+) -> None:
+    """The 500-node bench with a 60 s gang timeout never finished: a gang of 18 placed in a
+    full fabric domain did not get all its pods through the loaded scheduler in time, the
+    timeout released it, and it was placed again in the empty fifth fabric domain. Its pods
+    were not made again (bare pods; nothing requeues them), so their claims, made from the
+    template pinned to the first fabric domain, could only be allocated there, and every
+    allocation was refused `NodeHeld` ("... the ComputeDomain's nodes are in <the other>")
+    for ever, while the gang's placement kept the room it never used. Here: a gang of 2 in
+    the first of two empty fabric domains, one claim allocated there, the timeout releases
+    it; the scheduler then allocates both pods' claims (the first again, and the second)
+    on the two nodes of the first fabric domain. The gang is admitted there."""
+    ns, driver_ns = new_namespace(control_plane, "cd-stay"), unique("cd-system")
+    racks = [unique("0000stya"), unique("0000styb")]  # sort first: first fit
+    nodes = {rack: [unique("sty"), unique("sty")] for rack in racks}
+    for rack, names in nodes.items():
+        for n in names:
+            create_plugin_node(control_plane, n, rack)
+    first = nodes[racks[0]]
+    with running_controller(
+        control_plane, driver_ns, leader_election=False, gang_timeout_seconds=2.0
+    ):
+        rest.create(COMPUTE_DOMAINS, domain_body("job", mode="host", num_nodes=2), ns)
+        wait_for(lambda: _placed(rest, ns, "job") == racks[0], what="placed in the first")
+        domain = ComputeDomain.model_validate(rest.get(COMPUTE_DOMAINS, "job", ns))
+        template = objects.workload_claim_template(domain, domain.status.channels[0], racks[0])
+        allocate_claim(rest, ns, template, first[0], "j0", binding_conditions=True)
+        released = wait_for(
+            lambda: _answer(rest, ns, "j0").get(cd.CONFLICT_CONDITION), what="gang released"
+        )
+        assert released == "GangTimeout"
+        # The release says what happens next (decided before it is written).
+        message = _message(rest, ns, "j0", cd.CONFLICT_CONDITION)
+        assert f"stays placed in fabric domain {racks[0]}" in message, message
+        # The domain says it too, where `kubectl describe` shows it.
+        wait_for(
+            lambda: (
+                "the gang timeout released it: the gang stays placed"
+                in str(condition(rest.get(COMPUTE_DOMAINS, "job", ns), cd.READY) or {})
+            ),
+            what="Ready says why the gang waits again",
+        )
+        # The second pod's claim exists too (made with its pod), not allocated yet.
+        body = {"metadata": {"name": "j1", "labels": template["spec"]["metadata"]["labels"]}}
+        rest.create(CLAIMS, {**body, "spec": template["spec"]["spec"]}, ns)
+        _reallocate(rest, ns, "j0", first[0])
+        _reallocate(rest, ns, "j1", first[1])
+        for claim in ("j0", "j1"):
+            answer = wait_for(
+                lambda claim=claim: _answer(rest, ns, claim) or None, what=f"{claim} answered"
+            )
+            assert answer == {cd.ADMITTED_CONDITION: "Admitted"}, answer
+        assert _placed(rest, ns, "job") == racks[0]

@@ -57,6 +57,18 @@ def test_first_pending_claim_wins_a_free_node_and_others_conflict() -> None:
     assert d.fabric_pins == {A: "rack"}
 
 
+def test_a_node_held_refusal_names_the_holder() -> None:
+    """`kubectl describe` on a refused claim (or the NodeConflict event) says which domain
+    holds the node by name, not only by UID: the first thing a user stuck NodeHeld needs."""
+    claims = [_claim("ns/a", A, "admitted"), _claim("ns/b", B, since="t0")]
+    d = admission.decide(
+        "n1", "rack", claims, {A: "rack", B: None}, current_owner=A, names={A: "team/train"}
+    )
+    assert d.conflicts == [
+        ("ns/b", f"node n1 is held by another ComputeDomain, team/train (UID {A})")
+    ]
+
+
 def test_admitted_owner_keeps_the_node() -> None:
     claims = [_claim("ns/a", A, "admitted", "t9"), _claim("ns/b", B, since="t0")]
     d = admission.decide("n1", "rack", claims, {A: "rack", B: None}, current_owner=A)

@@ -145,6 +145,7 @@ def _placement(api: MemApi, domains: MemCache, nodes: MemCache, own: Ownership) 
             rest=api,
             domains=domains,
             nodes=nodes,
+            claims=MemCache(),
             device_slices=MemCache(),
             allocations=MemCache(),
             ownership=own,

@@ -51,10 +51,12 @@ def decide(
     live_domains: Mapping[str, str | None],
     current_owner: str = FREE_OWNER,
     multi_clique: Set[str] = frozenset(),
+    names: Mapping[str, str] | None = None,
 ) -> Decision:
     """`live_domains`: UID -> the domain's fabric domain, None while not fixed yet. A domain
     not in the map is gone (or being deleted) and gets no new nodes. `multi_clique`: UIDs of
-    domains allowed to span several fabric domains (never pinned)."""
+    domains allowed to span several fabric domains (never pinned). `names`: UID ->
+    "namespace/name", so a refusal names the domain holding the node."""
     admitted = {c.domain for c in claims if c.state == "admitted" and c.domain}
     if admitted:
         owner = current_owner if current_owner in admitted else min(admitted)
@@ -81,7 +83,8 @@ def decide(
             if live_domains[claim.domain] is None and claim.domain not in multi_clique:
                 pins[claim.domain] = node_fabric
             continue
-        conflicts.append((claim.key, _why(claim, node, node_fabric, owner, live_domains)))
+        why = _why(claim, node, node_fabric, owner, live_domains, names or {})
+        conflicts.append((claim.key, why))
     return Decision(owner=owner, admit=sorted(admit), conflicts=sorted(conflicts), fabric_pins=pins)
 
 
@@ -101,7 +104,12 @@ def _fits(
 
 
 def _why(
-    claim: ClaimOnNode, node: str, fabric: str, owner: str, live: Mapping[str, str | None]
+    claim: ClaimOnNode,
+    node: str,
+    fabric: str,
+    owner: str,
+    live: Mapping[str, str | None],
+    names: Mapping[str, str],
 ) -> str:
     if not claim.domain:
         return "the claim names no ComputeDomain (label missing)"
@@ -114,4 +122,6 @@ def _why(
             f"ComputeDomain's nodes are in {pinned or '(none)'}; a domain never spans two "
             "unless its spec sets allowMultipleCliques: true"
         )
+    if owner in names:
+        return f"node {node} is held by another ComputeDomain, {names[owner]} (UID {owner})"
     return f"node {node} is held by another ComputeDomain ({owner})"

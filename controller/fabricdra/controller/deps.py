@@ -135,6 +135,7 @@ class PlacementDeps:
     rest: Api
     domains: Cache
     nodes: Cache
+    claims: Cache  # the domains' claims, by domain (BY_DOMAIN)
     device_slices: Cache  # the devices plugin's GPU slices, by node
     allocations: Cache  # every claim's allocation, by node
     ownership: Ownership

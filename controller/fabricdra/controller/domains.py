@@ -407,6 +407,7 @@ class DomainReconciler:
             placed=self.d.ownership.pin_of(domain.uid) if is_gang(domain) else None,
             too_large=self._too_large(domain),
             finished=self._finished(domain),
+            gang_timeout=self.d.placement.timed_out(domain.uid) if is_gang(domain) else "",
         )
         new, events = status.compute(domain, observed, now())
         if not recorded:

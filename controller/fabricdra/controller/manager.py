@@ -221,6 +221,7 @@ class Controller:
                 rest=self.rest,
                 domains=self.domains,
                 nodes=self.nodes,
+                claims=self.claims,
                 device_slices=self.device_slices,
                 allocations=self.allocations,
                 ownership=self.ownership,

@@ -103,7 +103,10 @@ class NodeReconciler:
             if view.state == "pending" and view.domain:
                 d.placement.follow(view.domain, fabric)
         live, multi = self.live_domains([*(v.domain for v in views), previous])
-        decision = admission.decide(name, fabric, views, live, previous, multi_clique=multi)
+        names = {uid: key for uid in live if (key := d.ownership.key_of(uid))}
+        decision = admission.decide(
+            name, fabric, views, live, previous, multi_clique=multi, names=names
+        )
         for uid, pinned in decision.fabric_pins.items():
             # The pin is written before the admission it comes with (records.py): a leader
             # that died after admitting but before recording would let its successor admit
@@ -116,7 +119,7 @@ class NodeReconciler:
         self._ensure_node_label(node, decision.owner)
         by_key = {f"{cl['metadata']['namespace']}/{cl['metadata']['name']}": cl for cl in claims}
         admit, timed_out = self._gang(name, fabric, decision.admit, by_key, multi)
-        for key in timed_out:
+        for key, next_ in timed_out.items():
             where = (
                 "its cliques"
                 if domain_uid(by_key[key]) in multi
@@ -125,7 +128,8 @@ class NodeReconciler:
             why = (
                 f"the ComputeDomain's {self._want(by_key[key])} nodes were not all allocated in "
                 f"{where} within "
-                f"{d.gang_timeout_seconds:.0f}s; released so other jobs can use node {name}"
+                f"{d.gang_timeout_seconds:g}s; released so other jobs can use node {name}"
+                + (f"; {next_}" if next_ else "")
             )
             self._answer(by_key[key], name, cd.CONFLICT_CONDITION, "GangTimeout", why)
             metrics.ADMISSIONS.labels("conflict").inc()
@@ -164,15 +168,17 @@ class NodeReconciler:
         keys: list[str],
         by_key: dict[str, JSON],
         multi_clique: set[str],
-    ) -> tuple[list[str], list[str]]:
+    ) -> tuple[list[str], dict[str, str]]:
         """Gang admission for domains with numNodes: a claim is admitted only once claims of
         its domain are allocated on numNodes nodes of this fabric domain (of any of its
         cliques for a domain in `multi_clique`), so two jobs never
         hold each other's nodes half-admitted; when a gang has waited longer than the gang
         timeout, all its held claims are released (conflict) together, so the nodes go back to
-        the pool and the job is placed again as a whole. Returns (admit, timed out)."""
+        the pool and the job is placed again as a whole. Returns (admit, timed out: claim
+        key -> what happens to its gang next, placement.failed)."""
         d = self.d
-        admit, timed_out = [], []
+        admit: list[str] = []
+        timed_out: dict[str, str] = {}
         for key in keys:
             claim = by_key[key]
             want = self._want(claim)
@@ -197,9 +203,9 @@ class NodeReconciler:
                 continue
             left = d.ownership.gang_hold(key, gang, d.gang_timeout_seconds)
             if left is None:
-                timed_out.append(key)
-                if not spans:  # placed again, without the nodes that failed it
-                    d.placement.failed(uid, fabric, members)
+                # Placed again without the nodes that failed it (or kept where its pods'
+                # claims can only go); a multi-clique gang is never placed.
+                timed_out[key] = "" if spans else d.placement.failed(uid, fabric, members)
                 for n in members - {node}:  # the whole gang is released, not just this one
                     d.enqueue_node(n)
             else:

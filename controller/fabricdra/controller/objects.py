@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from importlib.metadata import version
 from typing import Any
@@ -87,6 +88,24 @@ def _channel_selector(uid: str, fabric: str | None) -> str:
         # that cannot fit there stays quietly Pending instead of failing binding elsewhere.
         rule += f" && {attrs}.{cd.ATTR_FABRIC} == '{fabric}'"
     return rule
+
+
+# The pin `_channel_selector` writes, read back from a claim made from the template.
+_PINNED = re.compile(
+    re.escape(f"device.attributes['{cd.DRIVER}'].{cd.ATTR_FABRIC} == '") + r"([^']*)'"
+)
+
+
+def pinned_fabric(claim: JSON) -> str | None:
+    """The fabric domain a workload claim's channel request is pinned to (the template's
+    selector when the claim was made: a claim's spec never changes), None if unpinned."""
+    requests = ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []
+    for request in requests:
+        for selector in (request.get("exactly") or {}).get("selectors") or []:
+            found = _PINNED.search(str((selector.get("cel") or {}).get("expression") or ""))
+            if found:
+                return found.group(1)
+    return None
 
 
 def workload_claim_template(domain: ComputeDomain, channel: int, fabric: str | None = None) -> JSON:

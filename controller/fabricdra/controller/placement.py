@@ -22,6 +22,10 @@ controller or a new leader keeps it. A claim allocated before the
 placement existed (made from an older template) on a node of another fabric domain that has
 room for the whole gang moves the placement there, while the domain holds no node yet
 (recorded before that claim is admitted).
+A gang is never moved (gang timeout, lost room) away from claims its pods already have that
+were made from its template pinned to where it is: those can be allocated nowhere else, so
+a gang placed elsewhere refused them at binding (`NodeHeld`) for as long as their pods
+lived; it stays, and moves once those pods are gone (`_left_behind`).
 Clusters without any fabric-labelled node place nothing (gangs then rely on the gang timeout).
 """
 
@@ -37,7 +41,8 @@ from fabricdra.api.computedomain import FREE_OWNER, ComputeDomain
 
 from . import capacity, records
 from .capacity import FINISHED, finished
-from .indexes import BY_FABRIC, BY_NODE
+from .indexes import BY_DOMAIN, BY_FABRIC, BY_NODE
+from .objects import pinned_fabric
 
 __all__ = ["FINISHED", "Gang", "Placed", "Placement", "finished", "first_fit", "free_nodes"]
 
@@ -147,17 +152,35 @@ class Placement:
         self._excluded: dict[str, set[str]] = {}  # domain UID -> nodes that failed its gang
         self._again: set[str] = set()  # UIDs of gangs to place again (their recorded one failed)
         self._ran: set[str] = set()  # UIDs of gangs seen holding all their nodes (or Ready)
+        # UID -> what its last gang timeout did (failed), shown in its Ready message until it
+        # runs (memory only).
+        self._timed_out: dict[str, str] = {}
         # capacity.gpu_room per node, recomputed only for nodes whose slices or claims
         # changed (devices_changed).
         self._room = GpuRoom(deps.device_slices, deps.allocations)
 
     def _current(self, uid: str, recorded: str) -> str | None:
-        if uid in self._again:
-            return None
         pinned = self.d.ownership.pin_of(uid)
-        if pinned is not None:
-            return pinned
-        return recorded or None
+        current = pinned if pinned is not None else recorded or None
+        if uid in self._again and not (current and self._left_behind(uid, current)):
+            return None  # to be placed again (failed), now that no pod of it is tied here
+        return current
+
+    def _left_behind(self, uid: str, fabric: str) -> int:
+        """How many claims of gang `uid` (its pods') were made from its template pinned to
+        `fabric`, and so can be allocated there only (a claim's spec never changes). Moved
+        elsewhere, the gang would refuse every allocation of theirs at binding (`NodeHeld`,
+        "... the ComputeDomain's nodes are in <the other>") for as long as their pods exist:
+        pods nobody makes again (bare pods, a Job whose pods stay Pending) never ran."""
+        key = self.d.ownership.key_of(uid)
+        namespace = key.split("/", 1)[0] if key else None
+        return sum(
+            1
+            for claim in self.d.claims.by_index(BY_DOMAIN, uid)
+            if claim["metadata"].get("namespace") == namespace
+            and not claim["metadata"].get("deletionTimestamp")
+            and pinned_fabric(claim) == fabric
+        )
 
     def _view(
         self, for_uid: str, exclude: bool = True
@@ -231,6 +254,12 @@ class Placement:
                     "for room; the claim template is created once the domain is placed",
                 )
             self._waiting.discard(key)
+            if domain.uid in self._again and domain.uid in self._timed_out:
+                # Its Ready message said where it stayed, or that it would move: now it has.
+                self._timed_out[domain.uid] = (
+                    f"the gang is placed again, in fabric domain {fabric}, without the nodes "
+                    "that failed it; pods made from now on follow its claim template"
+                )
             self._again.discard(domain.uid)
             self.d.ownership.pin(domain.uid, fabric)
             log.info("placed ComputeDomain %s (numNodes %d) in fabric domain %s", key, want, fabric)
@@ -271,6 +300,17 @@ class Placement:
         other = first_fit(want, {f: n for f, n in free.items() if f != current})
         if other is None:
             return current
+        left = self._left_behind(uid, current)
+        if left:  # its pods' claims can go nowhere else: it moves once they are gone
+            log.info(
+                "ComputeDomain %s (numNodes %d) lost room in fabric domain %s, but %d claims "
+                "of its pods were made for it there; it stays until they are gone",
+                key,
+                want,
+                current,
+                left,
+            )
+            return current
         log.info(
             "ComputeDomain %s (numNodes %d) lost room in fabric domain %s before it got all "
             "its nodes; placing it in %s",
@@ -297,39 +337,66 @@ class Placement:
         for key in keys:
             d.enqueue_domain(key)
 
-    def failed(self, uid: str, fabric: str, held: Iterable[str]) -> None:
+    def failed(self, uid: str, fabric: str, held: Iterable[str]) -> str:
         """Gang `uid` timed out in `fabric` holding only `held`: the other nodes of `fabric`
         that counted for it failed it (its pods did not get there in time: a taint, a
-        resource its pods need, a node we cannot see is broken). Place it again without
-        them, so it does not land in the same place for ever while another fabric domain
-        has room. Pods made from the old template keep its selector: the job's pods must
-        be made again (Kueue's waitForPodsReady requeue, or the job's owner) to follow."""
+        resource its pods need, a node we cannot see is broken, or only a scheduler too
+        busy). Place it again without them, so it does not land in the same place for ever
+        while another fabric domain has room; but not while claims of its pods were made
+        for `fabric` (`_left_behind`): they can be allocated nowhere else, so the gang stays
+        and the scheduler retries those pods there; it is placed again once they are gone
+        (deleted: Kueue's waitForPodsReady requeue, or the job's owner, makes new ones, whose
+        claims follow the new template). Returns what happens next, for the release's
+        message ("" when the gang is placed elsewhere already)."""
         d = self.d
         key = d.ownership.key_of(uid)
         obj = d.domains.get(key) if key else None
         if obj is None or not fabric:
-            return
+            return ""
         with self._lock:
             recorded = (obj.get("status") or {}).get("fabricDomain", "")
             if self._current(uid, recorded) != fabric:
-                return  # placed elsewhere already (another claim of the gang said so)
-            nodes = capacity.usable_by_fabric(
-                d.nodes.by_index(BY_FABRIC, fabric),
-                require_verified=d.require_verified_nodes,
-                require_fabric_verified=d.require_fabric_verified,
-            ).get(fabric, [])
-            failing = set(nodes) - set(held)
-            self._excluded.setdefault(uid, set()).update(failing)
-            self._again.add(uid)
-            d.ownership.unpin(uid)
-        log.info(
-            "ComputeDomain %s timed out in fabric domain %s; placing it again without %s",
-            key,
-            fabric,
-            sorted(failing),
-        )
+                return ""  # placed elsewhere already (another claim of the gang said so)
+            left = self._left_behind(uid, fabric)
+            if uid not in self._again:  # the first release of this gang's nodes decides
+                nodes = capacity.usable_by_fabric(
+                    d.nodes.by_index(BY_FABRIC, fabric),
+                    require_verified=d.require_verified_nodes,
+                    require_fabric_verified=d.require_fabric_verified,
+                ).get(fabric, [])
+                failing = set(nodes) - set(held)
+                self._excluded.setdefault(uid, set()).update(failing)
+                self._again.add(uid)
+                log.info(
+                    "ComputeDomain %s timed out in fabric domain %s; placed again without %s%s",
+                    key,
+                    fabric,
+                    sorted(failing),
+                    f" once the {left} claims made for it there are gone" if left else "",
+                )
+            if not left:
+                d.ownership.unpin(uid)
+            if left:
+                note = (
+                    f"the gang stays placed in fabric domain {fabric}: {left} claim(s) of its "
+                    "pods were made for it there and can be allocated nowhere else, so the "
+                    "scheduler retries them there; once those pods are gone (deleted, or "
+                    "requeued by Kueue) it is placed again without the nodes that failed it"
+                )
+            else:
+                note = (
+                    f"the gang is placed again without the nodes of fabric domain {fabric} "
+                    "that failed it; pods made from now on follow its claim template"
+                )
+            self._timed_out[uid] = note
         assert key is not None
-        d.enqueue_domain(key)
+        d.enqueue_domain(key)  # placed again, or its status says it timed out
+        return note
+
+    def timed_out(self, uid: str) -> str:
+        """What gang `uid`'s last gang timeout did ("" if none since it last ran)."""
+        with self._lock:
+            return self._timed_out.get(uid, "")
 
     def follow(self, uid: str, fabric: str) -> bool:
         """A claim of gang `uid` was allocated on a node of `fabric` although the gang is
@@ -368,8 +435,12 @@ class Placement:
             self.d.enqueue_domain(key)
 
     def ran(self, uid: str) -> None:
+        """The gang held all its nodes (or was Ready): it ran where it is, and is not placed
+        again for a timeout before (one that kept it in place for its pods' claims)."""
         with self._lock:
             self._ran.add(uid)
+            self._again.discard(uid)
+            self._timed_out.pop(uid, None)
 
     def has_run(self, uid: str) -> bool:
         with self._lock:
@@ -381,3 +452,4 @@ class Placement:
             self._waiting.discard(key)
             self._excluded.pop(uid, None)
             self._again.discard(uid)
+            self._timed_out.pop(uid, None)

@@ -54,6 +54,7 @@ class Observed:
     too_large: str = ""  # why numNodes can never fit one fabric domain ("" when it can)
     placed: str | None = None  # a gang's fabric domain (placement.py), recorded in status
     finished: bool = False  # a gang that ran and whose pods are gone (domains.py)
+    gang_timeout: str = ""  # what its last gang timeout did, until it runs (placement.py)
 
 
 @dataclass(frozen=True)
@@ -249,6 +250,10 @@ def compute(
             f"{len(rows)} node(s) ready; channel "
             f"{domain.status.channels[0] if domain.status.channels else '-'}",
         )
+
+    if not ready[0] and ready[1] == "WaitingForNodes" and obs.gang_timeout:
+        # Why the gang waits again, where `kubectl describe` shows it.
+        ready = (False, ready[1], f"{ready[2]}; the gang timeout released it: {obs.gang_timeout}")
 
     errors = [
         f"{r.name}: {r.message}"
