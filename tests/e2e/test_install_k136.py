@@ -261,25 +261,18 @@ def host_netns(installed: Installed, interfaces: dict[str, list[str]]) -> Iterat
             target.unlink()
 
 
-def test_a_granted_nics_network_status_is_written_by_the_agent_beside_another_entry(
+def _granted(
     installed: Installed,
-) -> None:
-    """The node's "host network namespace" (`<procRoot>/1/ns/net`) has a real interface named
-    as the NIC's netdev, with an IPv4 and an IPv6 global address (and the kernel's link-local
-    one). A claim holds that NIC and a GPU; another manager has written the GPU's entry in
-    `status.devices` (in the same write that allocates the claim and reserves it for the pod,
-    so it is there before kubelet can prepare). The pod runs; the claim's status then carries
-    the NIC's entry with `networkData` (the netdev, both global addresses in CIDR form as the
-    kernel gives them, the MAC from the node's sysfs, not the interface's own), the other
-    manager's entry exactly as written, and the agent's write was made by the node pod's
-    service account (the chart's RBAC), not an admin."""
+    nic: str,
+    gpu: str,
+    netdev: str,
+    addresses: list[str],
+    other_entry: dict[str, Any],
+) -> tuple[dict[str, Any], list[dict[str, Any]], str, str]:
+    """The claim (NIC + GPU, allocated and reserved by hand, the other manager's entry written
+    with the allocation) once its pod runs and the agent wrote the NIC's entry; the audit
+    events of writes to its status; the node pod's service account; the veth's own MAC."""
     node = installed.cluster.node_name
-    rdma_device = installed.host.hgx.rdma[4]
-    nic, netdev = _endpoint(installed, rdma_device)
-    sys_mac = (installed.host.root / "sys" / "class" / "net" / netdev / "address").read_text()
-    gpu = gpu_device(installed.host.hgx.gpus[7])
-    other_entry = {"driver": DRIVER, "pool": node, "device": gpu, "data": {"slot": 3}}
-    addresses = ["192.0.2.10/24", "2001:db8::10/64"]
     with host_netns(installed, {netdev: addresses}) as netns_file:
         link = subprocess.run(
             ["nsenter", f"--net={netns_file}", "ip", "-o", "link", "show", "dev", netdev],
@@ -372,6 +365,36 @@ def test_a_granted_nics_network_status_is_written_by_the_agent_beside_another_en
                 and e["objectRef"].get("resource") == "resourceclaims"
                 and e["objectRef"].get("subresource") == "status"
             ]
+    return claim, writes, sa, veth
+
+
+def test_a_granted_nics_network_status_is_written_by_the_agent_beside_another_entry(
+    installed: Installed,
+) -> None:
+    """The node's "host network namespace" (`<procRoot>/1/ns/net`) has a real interface named
+    as the NIC's netdev, with an IPv4 and an IPv6 global address (and the kernel's link-local
+    one). A claim holds that NIC and a GPU; another manager has written the GPU's entry in
+    `status.devices` (in the same write that allocates the claim and reserves it for the pod,
+    so it is there before kubelet can prepare). The pod runs; the claim's status then carries
+    the NIC's entry with `networkData` (the netdev, both global addresses in CIDR form as the
+    kernel gives them, the MAC from the node's sysfs, not the interface's own), the other
+    manager's entry exactly as written, and the agent's write was made by the node pod's
+    service account (the chart's RBAC), not an admin."""
+    node = installed.cluster.node_name
+    rdma_device = installed.host.hgx.rdma[4]
+    nic, netdev = _endpoint(installed, rdma_device)
+    # The netdev's MAC as the kernel shows it in sysfs (the sample node's tree has none).
+    address = installed.host.root / "sys" / "class" / "net" / netdev / "address"
+    assert not address.exists()
+    sys_mac = "b8:3f:d2:00:00:44\n"
+    gpu = gpu_device(installed.host.hgx.gpus[7])
+    other_entry = {"driver": DRIVER, "pool": node, "device": gpu, "data": {"slot": 3}}
+    addresses = ["192.0.2.10/24", "2001:db8::10/64"]
+    address.write_text(sys_mac)
+    try:
+        claim, writes, sa, veth = _granted(installed, nic, gpu, netdev, addresses, other_entry)
+    finally:
+        address.unlink()
 
     entries = {e["device"]: e for e in claim["status"]["devices"]}
     assert set(entries) == {nic, gpu}
