@@ -20,6 +20,7 @@ import yaml
 from kubernetes import client
 
 from e2e.harness.controlplane import wait_for
+from fabricdra.kubeletplugin.healthevents import COMPONENT as HEALTH_COMPONENT
 from fabricdra.kubeletplugin.kubelet import PluginPaths
 from tests.e2e.installkit import (
     DRIVER,
@@ -261,13 +262,31 @@ def _link_taint(device: Any) -> list[Any]:
     ]
 
 
+def _health_events(api: client.ApiClient, node: str, device: str) -> list[Any]:
+    """fabricdra's Events on the Node about `device` (the namespace `default`, as kubelet's)."""
+    events = client.CoreV1Api(api).list_namespaced_event(
+        "default", field_selector=f"involvedObject.name={node}"
+    )
+    return [
+        e
+        for e in events.items
+        if e.source is not None
+        and e.source.component == HEALTH_COMPONENT
+        and e.message.startswith(f"device {device} ")
+    ]
+
+
 def test_a_link_going_down_taints_the_device_and_the_running_pod_keeps_it(
     installed: Installed,
 ) -> None:
     """The port files of the NIC a running pod holds are rewritten as the kernel shows a lost
     link: the next discovery pass taints that device in the ResourceSlice (1.36 model:
-    NoSchedule, so nothing running is evicted); the pod keeps running and its claim stays
-    allocated and reserved for it. With the files restored, the taint goes away."""
+    NoSchedule, so nothing running is evicted), its value the reason's cause
+    (`rdma-link-down`, docs/attributes.md); the pod keeps running and its claim stays
+    allocated and reserved for it. With the files restored, the taint goes away. The Node gets
+    exactly one fabricdra Event per change: `Warning DeviceUnhealthy` naming the device, the
+    reason in full and the taint, then `Normal DeviceHealthy` (only fabricdra's Events about
+    this device are counted: the controller manager writes its own on the Node)."""
     node = installed.cluster.node_name
     with namespace(installed, "link") as (api, ns):
         resource, core = client.ResourceV1Api(api), client.CoreV1Api(api)
@@ -283,6 +302,12 @@ def test_a_link_going_down_taints_the_device_and_the_running_pod_keeps_it(
 
         rdma_device = device().attributes["rdmaDevice"].string
         files = _link_files(installed, rdma_device)
+        earlier = {e.metadata.uid for e in _health_events(api, node, name)}
+
+        def new_events(reason: str) -> list[Any]:
+            found = [e for e in _health_events(api, node, name) if e.metadata.uid not in earlier]
+            return found if any(e.reason == reason for e in found) else []
+
         try:
             _write_down(files)
             tainted = wait_for(
@@ -290,6 +315,7 @@ def test_a_link_going_down_taints_the_device_and_the_running_pod_keeps_it(
                 timeout=120,
                 what=f"the link taint on {name}",
             )
+            wait_for(lambda: new_events("DeviceUnhealthy"), what="the DeviceUnhealthy Event")
             still = core.read_namespaced_pod("p", ns)
             kept = resource.read_namespaced_resource_claim("nic", ns)
         finally:
@@ -299,6 +325,7 @@ def test_a_link_going_down_taints_the_device_and_the_running_pod_keeps_it(
             timeout=120,
             what=f"the taint on {name} to go",
         )
+        events = wait_for(lambda: new_events("DeviceHealthy"), what="the DeviceHealthy Event")
         after = core.read_namespaced_pod("p", ns)
 
     assert [t.effect for t in _link_taint(tainted)] == ["NoSchedule"]
@@ -308,6 +335,17 @@ def test_a_link_going_down_taints_the_device_and_the_running_pod_keeps_it(
     assert [r.device for r in kept.status.allocation.devices.results] == [name]
     assert healed.taints is None or healed.taints == []
     assert after.status.phase == "Running"
+    assert sorted((e.type, e.reason) for e in events) == [
+        ("Normal", "DeviceHealthy"),
+        ("Warning", "DeviceUnhealthy"),
+    ]
+    down = next(e for e in events if e.reason == "DeviceUnhealthy")
+    assert (down.involved_object.kind, down.involved_object.name) == ("Node", node)
+    assert down.message.startswith(f"device {name} (rdma) is Unhealthy")
+    assert "every port is down" in down.message  # the reason in full
+    assert "(taint fabricdra.io/unhealthy=rdma-link-down)" in down.message
+    up = next(e for e in events if e.reason == "DeviceHealthy")
+    assert up.message.startswith(f"device {name} (rdma) is Healthy, was Unhealthy")
 
 
 # -- scenario 6: the agent killed during a prepare -----------------------------------------

@@ -19,11 +19,27 @@ from fabricdra.kube.rest import Rest
 pytestmark = pytest.mark.integration
 
 GATES_OFF = "--feature-gates=DRAConsumableCapacity=false,DRADeviceBindingConditions=false"
+# The 1.36 binary serving as 1.34 (compatibility versions, KEP-4330): 1.34's API and default
+# feature gates, so both gates are off as on a real 1.34 server.
+EMULATED_134 = "--emulated-version=1.34"
 
 
 @pytest.fixture(scope="module")
 def gates_off(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     cp = ControlPlane(tmp_path_factory.mktemp("gates-off"), apiserver_flags=(GATES_OFF,))
+    try:
+        cp.start()
+    except HarnessError as e:
+        pytest.fail(f"real control plane unavailable: {e}", pytrace=False)
+    try:
+        yield cp
+    finally:
+        cp.stop()
+
+
+@pytest.fixture(scope="module")
+def emulated_134(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    cp = ControlPlane(tmp_path_factory.mktemp("emulated-134"), apiserver_flags=(EMULATED_134,))
     try:
         cp.start()
     except HarnessError as e:
@@ -79,3 +95,23 @@ def test_the_controller_exits_with_the_reason(gates_off: ControlPlane, tmp_path:
     with gates_off.api_client() as api:
         classes = Rest(api).call("GET", "/apis/resource.k8s.io/v1/deviceclasses")["items"]
     assert classes == []
+
+
+def test_a_server_emulating_134_is_judged_as_134(emulated_134: ControlPlane) -> None:
+    """/version of a 1.36 binary run with --emulated-version=1.34 keeps gitVersion v1.36.3 and
+    minor 36 (so the chart, which reads the version only, cannot tell it from 1.36), and adds
+    emulationMinor 34: the check names it, judges it as 1.34 and finds both gates off."""
+    with emulated_134.api_client() as api:
+        rest = Rest(api)
+        version = rest.call("GET", "/version")
+        checked = preflight.check(rest)
+    assert (version["minor"], version["emulationMinor"]) == ("36", "34")
+    assert checked.version.startswith("v1.36.")
+    assert checked.version.endswith(" emulating 1.34")
+    assert checked.old
+    assert checked.problems == [
+        "feature gate DRAConsumableCapacity is off: the API server drops allowMultipleAllocations",
+        "feature gate DRADeviceBindingConditions is off: the API server drops bindsToNode, "
+        "bindingConditions, bindingFailureConditions",
+    ]
+    assert f"(Kubernetes {checked.version})" in checked.message()

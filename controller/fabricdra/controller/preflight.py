@@ -43,7 +43,7 @@ PROBE_NODE = "fabricdra-preflight-probe"  # never created: the write is a dry ru
 
 @dataclass(frozen=True)
 class Preflight:
-    version: str  # the server's gitVersion, e.g. v1.36.3
+    version: str  # the server's gitVersion, e.g. v1.36.3 (`v1.36.3 emulating 1.34`)
     problems: list[str] = field(default_factory=list)
     # Older than FLOOR: where nothing is missing, the gates were turned on by hand.
     old: bool = False
@@ -81,7 +81,15 @@ def check(rest: Any) -> Preflight:
     judged here propagate: a server that cannot be asked cannot be trusted either."""
     v = rest.call("GET", "/version")
     version = str(v.get("gitVersion") or f"{v.get('major')}.{v.get('minor')}")
-    old = below_floor(str(v.get("major")), str(v.get("minor")))
+    major, minor = str(v.get("major")), str(v.get("minor"))
+    # A server run with --emulated-version (compatibility versions, KEP-4330) keeps its binary's
+    # gitVersion, major and minor but serves the emulated release's API and default feature
+    # gates: judge it as that release, and say so.
+    emulated = (str(v.get("emulationMajor") or ""), str(v.get("emulationMinor") or ""))
+    if all(emulated) and emulated != (major, minor):
+        major, minor = emulated
+        version += f" emulating {major}.{minor}"
+    old = below_floor(major, minor)
     try:
         served = {r.get("name") for r in rest.call("GET", f"/apis/{GROUP_VERSION}")["resources"]}
     except ApiError as e:
