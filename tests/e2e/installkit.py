@@ -14,6 +14,9 @@ with an unusual layout.
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +51,20 @@ class Installed:
     def uninstall(self) -> None:
         self.present = False
         self.chart.uninstall(self.cluster.kubeconfig, NAMESPACE)
+
+
+@contextmanager
+def namespace(installed: Installed, prefix: str) -> Iterator[tuple[client.ApiClient, str]]:
+    """A namespace of the scenario's own (`<prefix>-<random>`), deleted when it ends."""
+    ns = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    with installed.cluster.api_client() as api:
+        core = client.CoreV1Api(api)
+        core.create_namespace({"metadata": {"name": ns}})
+        wait_for(lambda: core.read_namespaced_service_account("default", ns), what="default SA")
+        try:
+            yield api, ns
+        finally:
+            core.delete_namespace(ns)
 
 
 def own_slices(api: client.ApiClient, node: str) -> list[Any]:

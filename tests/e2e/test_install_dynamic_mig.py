@@ -28,9 +28,6 @@ import contextlib
 import copy
 import json
 import re
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +42,7 @@ from tests.e2e.installkit import (
     EXAMPLES,
     NAMESPACE,
     Installed,
+    namespace,
     own_slices,
     run_pod,
     wait_running,
@@ -128,19 +126,6 @@ def mig_values(installation: Installed, node: MigNode, nvml_state: Path) -> dict
         {"name": "FAKE_NVML_STATE", "value": str(nvml_state)},
     ]
     return values
-
-
-@contextmanager
-def namespace(installed: Installed) -> Iterator[tuple[client.ApiClient, str]]:
-    ns = f"dynmig-{uuid.uuid4().hex[:6]}"
-    with installed.cluster.api_client() as api:
-        core = client.CoreV1Api(api)
-        core.create_namespace({"metadata": {"name": ns}})
-        wait_for(lambda: core.read_namespaced_service_account("default", ns), what="default SA")
-        try:
-            yield api, ns
-        finally:
-            core.delete_namespace(ns)
 
 
 def mig_claim(name: str) -> dict[str, Any]:
@@ -243,7 +228,7 @@ def test_pod_gets_a_dynamically_created_mig_instance_beside_a_static_one(
             timeout="3m",
         )
         installation.present = True
-        with namespace(installation) as (api, ns):
+        with namespace(installation, "dynmig") as (api, ns):
             resource, core = client.ResourceV1Api(api), client.CoreV1Api(api)
             offered = wait_for(
                 lambda: gpu_devices(api, node_name) or None,

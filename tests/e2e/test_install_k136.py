@@ -27,6 +27,7 @@ from tests.e2e.installkit import (
     EXAMPLES,
     NAMESPACE,
     Installed,
+    namespace,
     offered_untainted,
     own_slices,
     wait_running,
@@ -42,19 +43,6 @@ OTHER_MANAGER = "example.com/other-manager"
 
 
 # -- helpers -------------------------------------------------------------------------------
-
-
-@contextmanager
-def namespace(installed: Installed, prefix: str) -> Iterator[tuple[client.ApiClient, str]]:
-    ns = f"{prefix}-{uuid.uuid4().hex[:6]}"
-    with installed.cluster.api_client() as api:
-        core = client.CoreV1Api(api)
-        core.create_namespace({"metadata": {"name": ns}})
-        wait_for(lambda: core.read_namespaced_service_account("default", ns), what="default SA")
-        try:
-            yield api, ns
-        finally:
-            core.delete_namespace(ns)
 
 
 def gpu_device(bus: str) -> str:

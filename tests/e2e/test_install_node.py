@@ -5,13 +5,11 @@ node and the release are made)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
 import subprocess
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +25,7 @@ from tests.e2e.installkit import (
     EXAMPLES,
     NAMESPACE,
     Installed,
+    namespace,
     offered_untainted,
     own_slices,
     run_pod,
@@ -60,19 +59,6 @@ def roll_to(installed: Installed, values: dict[str, Any]) -> None:
             )
 
         wait_for(rolled, timeout=240, what="the node DaemonSet to roll")
-
-
-@contextmanager
-def namespace(installed: Installed, prefix: str) -> Iterator[tuple[client.ApiClient, str]]:
-    ns = f"{prefix}-{uuid.uuid4().hex[:6]}"
-    with installed.cluster.api_client() as api:
-        core = client.CoreV1Api(api)
-        core.create_namespace({"metadata": {"name": ns}})
-        wait_for(lambda: core.read_namespaced_service_account("default", ns), what="default SA")
-        try:
-            yield api, ns
-        finally:
-            core.delete_namespace(ns)
 
 
 def claim(name: str, device_class: str, selector: str | None = None) -> dict[str, Any]:
@@ -385,6 +371,24 @@ def _queued_at(socket_path: Path) -> tuple[int, int]:
     return pending, unread
 
 
+def _being_torn_down(api: client.ApiClient, checkpoint: Path) -> list[str]:
+    """The claims the devices plugin holds prepared whose namespace is gone or going (their
+    unprepare is still to come)."""
+    if not checkpoint.exists():
+        return []
+    core, out = client.CoreV1Api(api), []
+    for entry in json.loads(checkpoint.read_text()).get("claims") or []:
+        try:
+            going = core.read_namespace(entry["namespace"]).metadata.deletion_timestamp
+        except client.ApiException as e:
+            if e.status != 404:
+                raise
+            going = True
+        if going:
+            out.append(f"{entry['namespace']}/{entry['name']}")
+    return out
+
+
 # More than keepalive frames could add (an HTTP/2 PING is 17 bytes); a NodePrepareResources
 # request carries the claim's namespace, name and UID in its own HEADERS and DATA frames.
 REQUEST_BYTES = 64
@@ -405,11 +409,20 @@ def test_agent_killed_during_a_prepare_restarts_and_leaves_no_cdi_spec(
     (checkpoint write, spec write): that crash window is covered by the checkpoint-first
     order the unit tests check, not here."""
     cdi_dir = Path(installed.values.get("cdiDir", "/var/run/cdi"))
+    checkpoint = installed.cluster.plugins_dir / DRIVER / "checkpoint.json"
     with installed.cluster.api_client() as api:
         wait_for(
             lambda: offered_untainted(api, installed.cluster.node_name),
             timeout=120,
             what="untainted devices",
+        )
+        # The earlier scenarios' claims unprepared: kubelet's unprepare of one of them, queued
+        # at the frozen plugin, would pass for this claim's prepare (seen: the claim was not
+        # even allocated yet, its devices still held by the scenario before).
+        wait_for(
+            lambda: not _being_torn_down(api, checkpoint),
+            timeout=180,
+            what="the earlier scenarios' claims unprepared",
         )
         pod = node_pod(api)
         pod_uid = pod.metadata.uid
@@ -436,16 +449,22 @@ def test_agent_killed_during_a_prepare_restarts_and_leaves_no_cdi_spec(
             uid = created.metadata.uid
             run_pod(api, ns, "p", obj["metadata"]["name"], command="sleep 3600")
 
+            def reserved_for_the_pod() -> Any:
+                got = resource.read_namespaced_resource_claim(obj["metadata"]["name"], ns)
+                return got if got.status.reserved_for else None
+
             def call_waiting() -> bool:
                 pending, unread = _queued_at(dra_socket)
                 return pending > 0 or unread >= baseline + REQUEST_BYTES
+
+            # kubelet prepares only for a pod bound to its node, whose claim is reserved for it
+            reserved = wait_for(reserved_for_the_pod, timeout=120, what="the claim reserved")
 
             wait_for(
                 call_waiting,
                 timeout=120,
                 what="kubelet's prepare call waiting at the frozen plugin",
             )
-            reserved = resource.read_namespaced_resource_claim(obj["metadata"]["name"], ns)
             assert not any(uid in p.name for p in cdi_dir.iterdir()), "nothing prepared yet"
             os.kill(pid, signal.SIGKILL)
             stopped = False
@@ -479,8 +498,6 @@ def test_agent_killed_during_a_prepare_restarts_and_leaves_no_cdi_spec(
         if stopped:  # (the liveness probe may have had it killed meanwhile)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
-    checkpoint = installed.cluster.plugins_dir / DRIVER / "checkpoint.json"
-
     assert reserved.status.allocation is not None
     assert reserved.status.reserved_for
     assert specs, "the pod ran with the claim's CDI spec"
