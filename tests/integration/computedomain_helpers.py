@@ -213,9 +213,16 @@ def allocate_claim(
         "spec": template["spec"]["spec"],
     }
     created = rest.create(CLAIMS, body, ns)
-    request = body["spec"]["devices"]["requests"][0]
+    allocate(rest, ns, name, node, binding_conditions=binding_conditions)
+    return ClaimRef(ns, name, created["metadata"]["uid"])
+
+
+def allocate(rest: Rest, ns: str, name: str, node: str, *, binding_conditions: bool) -> None:
+    """Allocate the existing claim `name` on `node`, as kube-scheduler would."""
+    spec = rest.get(CLAIMS, name, ns)["spec"]
+    request = spec["devices"]["requests"][0]
     device = cd.CHANNEL_DEVICE if request["name"] == "channel" else cd.DAEMON_DEVICE
-    config = [{"source": "FromClaim", **c} for c in body["spec"]["devices"]["config"]]
+    config = [{"source": "FromClaim", **c} for c in spec["devices"].get("config") or []]
     result: dict[str, Any] = {
         "request": request["name"],
         "driver": cd.DRIVER,
@@ -243,7 +250,6 @@ def allocate_claim(
         sub="status",
         content_type=STRATEGIC_PATCH,
     )
-    return ClaimRef(ns, name, created["metadata"]["uid"])
 
 
 @contextmanager

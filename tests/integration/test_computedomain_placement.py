@@ -4,8 +4,6 @@ placed again without the nodes that failed it."""
 
 from __future__ import annotations
 
-import time
-import uuid
 from typing import Any
 
 import pytest
@@ -26,6 +24,7 @@ from fabricdra.kube.rest import (
 )
 
 from .computedomain_helpers import (
+    allocate,
     allocate_claim,
     condition,
     create_plugin_node,
@@ -285,34 +284,7 @@ def _reallocate(rest: Rest, ns: str, claim: str, node: str) -> None:
     (and the driver's answer with it), and its pod, not made again, is scheduled anew: the
     same claim is allocated again, here on `node`."""
     rest.patch(CLAIMS, claim, {"status": {"allocation": None, "devices": None}}, ns, sub="status")
-    live = rest.get(CLAIMS, claim, ns)
-    result: dict[str, Any] = {
-        "request": "channel",
-        "driver": cd.DRIVER,
-        "pool": node,
-        "device": cd.CHANNEL_DEVICE,
-        "shareID": str(uuid.uuid4()),
-        "bindingConditions": [cd.ADMITTED_CONDITION],
-        "bindingFailureConditions": [cd.CONFLICT_CONDITION],
-    }
-    config = [{"source": "FromClaim", **c} for c in live["spec"]["devices"]["config"]]
-    allocation = {
-        "devices": {"results": [result], "config": config},
-        "nodeSelector": {
-            "nodeSelectorTerms": [
-                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
-            ]
-        },
-        "allocationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-    rest.patch(
-        CLAIMS,
-        claim,
-        {"status": {"allocation": allocation}},
-        ns,
-        sub="status",
-        content_type=STRATEGIC_PATCH,
-    )
+    allocate(rest, ns, claim, node, binding_conditions=True)
 
 
 def test_a_timed_out_gang_whose_pods_stay_is_retried_where_their_claims_can_go(

@@ -57,40 +57,26 @@ class Writer:
         return self.rest.get_or_none(kind, name, namespace)
 
     def event(self, domain: ComputeDomain, ev: Event) -> None:
-        stamp = now()
-        body = {
-            "metadata": {
-                "name": f"{domain.name}.{uuid.uuid4().hex[:12]}",
-                "namespace": domain.namespace,
-            },
-            "involvedObject": {
-                "apiVersion": cd.API_VERSION,
-                "kind": cd.KIND,
-                "name": domain.name,
-                "namespace": domain.namespace,
-                "uid": domain.uid,
-            },
-            "type": ev.type,
-            "reason": ev.reason,
-            "message": ev.message[:1024],
-            "source": {"component": "fabricdra-controller"},
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
-            "reportingComponent": "fabricdra.io/compute-domain-controller",
-            "reportingInstance": self.identity,
+        """A best-effort Event on a ComputeDomain."""
+        involved = {
+            "apiVersion": cd.API_VERSION,
+            "kind": cd.KIND,
+            "name": domain.name,
+            "namespace": domain.namespace,
+            "uid": domain.uid,
         }
-        try:
-            self.create(EVENTS, body, domain.namespace)
-        except ApiError as e:  # events are best effort
-            log.info("event %s for %s: %s", ev.reason, domain.name, e)
+        self._event(domain.namespace, domain.name, involved, ev)
 
     def node_event(self, node: str, ev: Event) -> None:
         """A best-effort Event on a Node (in `default`, where the kubelet's node Events go)."""
+        involved = {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node}
+        self._event("default", node, involved, ev)
+
+    def _event(self, namespace: str, name: str, involved: JSON, ev: Event) -> None:
         stamp = now()
         body = {
-            "metadata": {"name": f"{node}.{uuid.uuid4().hex[:12]}", "namespace": "default"},
-            "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
+            "metadata": {"name": f"{name}.{uuid.uuid4().hex[:12]}", "namespace": namespace},
+            "involvedObject": involved,
             "type": ev.type,
             "reason": ev.reason,
             "message": ev.message[:1024],
@@ -102,9 +88,9 @@ class Writer:
             "reportingInstance": self.identity,
         }
         try:
-            self.create(EVENTS, body, "default")
-        except ApiError as e:
-            log.info("event %s for node %s: %s", ev.reason, node, e)
+            self.create(EVENTS, body, namespace)
+        except ApiError as e:  # events are best effort
+            log.info("event %s for %s %s: %s", ev.reason, involved["kind"], name, e)
 
     def ensure_namespace(self, name: str) -> None:
         if self.rest.get_or_none(NAMESPACES, name) is None:
