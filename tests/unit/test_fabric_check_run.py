@@ -26,6 +26,7 @@ from fabricdra.controller.fabriccheckrun import (
     own,
     parse,
     run_name,
+    with_workers,
 )
 
 STANDINS = Path(__file__).resolve().parents[1] / "standins"
@@ -176,6 +177,13 @@ def test_one_run_s_objects() -> None:
     assert f"-np 8 --host w0.{name}:4,w1.{name}:4 --map-by ppr:4:node" in launcher
     assert launcher.splitlines()[-1].startswith("exec timeout 600 mpirun")
     assert launcher.endswith(f"nvbandwidth-multinode -t {TESTCASE}")
+    # Once the workers run: the launcher names them by their pod IPs, not cluster DNS.
+    told = with_workers(pods[f"{name}-launcher"], ["10.0.1.5", "10.0.2.7"])
+    assert told["spec"]["hostAliases"] == [
+        {"ip": "10.0.1.5", "hostnames": [f"w0.{name}"]},
+        {"ip": "10.0.2.7", "hostnames": [f"w1.{name}"]},
+    ]
+    assert "hostAliases" not in pods[f"{name}-launcher"]["spec"]
     owned = own(bodies["secrets"][0], {"metadata": {"name": name, "uid": "u-1"}})
     assert owned["metadata"]["ownerReferences"] == [
         {"apiVersion": "fabricdra.io/v1beta1", "kind": "ComputeDomain", "name": name, "uid": "u-1"}
