@@ -251,10 +251,12 @@ def test_the_controller_runs_the_check_in_the_cluster_and_opens_the_domain(
     assert any(pair in ev["message"] for ev in failed), [ev["message"] for ev in failed]
     assert {ev["involvedObject"]["name"] for ev in failed} <= {ranked[0], ranked[1]}
     roles = seen.roles()
-    # One worker per node, each seen running on its node; the launcher ran to its end.
+    # One worker per node, each seen running on its node.
     assert sorted(n for n, _ in roles["worker"]) == names, roles
     assert all(phase in ("Running", "Succeeded", "Failed") for _, phase in roles["worker"])
-    assert [phase for _, phase in roles["launcher"]] == ["Succeeded"], roles
+    # The launcher ran (its log parsed is what made the Event); the controller deletes it
+    # within its 5 s poll of the end, so the test may last have seen it Running.
+    assert [phase in ("Running", "Succeeded") for _, phase in roles["launcher"]] == [True], roles
     for node in names:
         assert _fabric_label(e, node) is None
         record = record_of(e.rest.get(NODES, node))
