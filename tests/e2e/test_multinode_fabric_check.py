@@ -126,6 +126,10 @@ def installed(
     base: Path, images: Images, multi_node_cluster: MultiNodeCluster
 ) -> Iterator[Installed]:
     cluster = multi_node_cluster
+    # The launcher reaches the workers on the other nodes through the host (the harness routes
+    # its pods' network between the nodes' bridges): the host must forward.
+    if Path("/proc/sys/net/ipv4/ip_forward").read_text().strip() != "1":
+        pytest.fail("net.ipv4.ip_forward is off: pods on different nodes cannot talk")
     hosts: dict[str, HostImex] = {}
     try:
         for node in cluster.nodes:
