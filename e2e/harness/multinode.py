@@ -62,6 +62,7 @@ from e2e.harness.poll import wait_for
 from e2e.harness.process import Daemon, free_port, kill_matching
 
 FIRST_HOST = 11  # node i listens on 127.0.0.<FIRST_HOST + i>
+POD_NETWORK = "10.245.0.0/16"  # every node's pod subnet 10.245.<i>.0/24
 MAX_NODES = 40  # bridges fdra-mn<i> and subnets 10.245.<i>.0/24 stay distinct below this
 # Heartbeats stop when a node's kubelet is stopped: the KCM marks the node NotReady after
 # this long (its default, 40 s, would make a node-leaving test wait for nothing).
@@ -132,8 +133,15 @@ class WorkerNode:
 
     def start_containerd(self, bin_dir: Path) -> None:
         cni_conf = self.base / "cni" / "net.d"
+        # Pods reach the other nodes' pods through the host, which routes between the bridges
+        # where it forwards (net.ipv4.ip_forward=1): a pod on one node talks to a pod on
+        # another as on a real cluster's pod network (the fabric check's launcher and workers).
         write_cni_config(
-            cni_conf, self.cni_bridge, f"10.245.{self.index}.0/24", self.base / "cni" / "ipam"
+            cni_conf,
+            self.cni_bridge,
+            f"10.245.{self.index}.0/24",
+            self.base / "cni" / "ipam",
+            routes=[POD_NETWORK],
         )
         self.cdi_dir.mkdir(parents=True)
         config = self.base / "containerd.toml"

@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -352,11 +353,22 @@ class NodeCluster:
         wait_for(ready, timeout=NODE_READY_TIMEOUT, what="a Ready node", daemon=self._kubelet)
 
 
-def write_cni_config(conf_dir: Path, bridge: str, subnet: str, ipam_dir: Path) -> None:
+def write_cni_config(
+    conf_dir: Path, bridge: str, subnet: str, ipam_dir: Path, routes: Sequence[str] = ()
+) -> None:
     """A bridge network for the node's pods.
 
     The node stays NotReady without a CNI config, even if every pod uses host networking.
+    `routes`: networks the pods reach through their bridge's gateway (the host), e.g. the
+    other nodes' pod subnets; without them a pod reaches its own subnet only.
     """
+    ipam: dict[str, Any] = {
+        "type": "host-local",
+        "ranges": [[{"subnet": subnet}]],
+        "dataDir": str(ipam_dir),
+    }
+    if routes:
+        ipam["routes"] = [{"dst": r} for r in routes]  # via the gateway: the bridge's address
     conf_dir.mkdir(parents=True)
     (conf_dir / "10-fabricdra-e2e.conflist").write_text(
         json.dumps(
@@ -369,11 +381,7 @@ def write_cni_config(conf_dir: Path, bridge: str, subnet: str, ipam_dir: Path) -
                         "bridge": bridge,
                         "isGateway": True,
                         "ipMasq": False,
-                        "ipam": {
-                            "type": "host-local",
-                            "ranges": [[{"subnet": subnet}]],
-                            "dataDir": str(ipam_dir),
-                        },
+                        "ipam": ipam,
                     }
                 ],
             },

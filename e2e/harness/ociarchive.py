@@ -99,6 +99,52 @@ def for_platform(archive: Path, wanted: str) -> PlatformImage:
     raise HarnessError(f"{archive} has no {wanted} image (it has: {listed})")
 
 
+def with_env(archive: Path, out: Path, ref: str, env: dict[str, str]) -> Path:
+    """A copy of the archive's host-platform image named `ref` whose config adds `env` (the
+    same layers): how a test hands the stand-in tools in an image their knobs (STANDIN_*)
+    where the product sets no environment of its own, e.g. the fabric check's launcher."""
+    import hashlib
+    import io
+
+    image = for_platform(archive, host_platform())
+    with tarfile.open(archive) as tar:
+        manifest = json.loads(_blob(tar, image.digest))
+        config = json.loads(_blob(tar, manifest["config"]["digest"]))
+        run = config.setdefault("config", {})
+        run["Env"] = [*(run.get("Env") or []), *(f"{k}={v}" for k, v in env.items())]
+        blobs: dict[str, bytes] = {}
+
+        def add(data: bytes) -> dict[str, Any]:
+            digest = f"sha256:{hashlib.sha256(data).hexdigest()}"
+            blobs[digest] = data
+            return {"digest": digest, "size": len(data)}
+
+        manifest["config"] = {**manifest["config"], **add(json.dumps(config).encode())}
+        os_, _, arch = image.platform.partition("/")
+        desc = {
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            **add(json.dumps(manifest).encode()),
+            "platform": {"os": os_, "architecture": arch},
+            "annotations": {
+                "io.containerd.image.name": ref,
+                "org.opencontainers.image.ref.name": ref.rpartition(":")[2],
+            },
+        }
+        index = {"schemaVersion": 2, "mediaType": _INDEX, "manifests": [desc]}
+        with tarfile.open(out, "w") as copy:
+            for member in tar.getmembers():
+                if member.name.lstrip("./") == "index.json":
+                    continue
+                copy.addfile(member, tar.extractfile(member) if member.isfile() else None)
+            extra = {f"blobs/sha256/{d.split(':')[1]}": b for d, b in blobs.items()}
+            extra["index.json"] = json.dumps(index).encode()
+            for name, data in extra.items():
+                info = tarfile.TarInfo(name)
+                info.size, info.mode = len(data), 0o644
+                copy.addfile(info, io.BytesIO(data))
+    return out
+
+
 def native_extensions(archive: Path, image: PlatformImage) -> dict[str, str]:
     """`file`'s description of every shared object (.so) in the image's layers, by path."""
     described: dict[str, str] = {}

@@ -1,8 +1,9 @@
 """The multi-node NVLink check's launch against a real kube-apiserver (issue 18 point 4), run
 as a non-admin user with exactly the controller's rules (rbac.CONTROLLER cluster-wide,
 rbac.CONTROLLER_NAMESPACED in its namespace): the API server accepts every object of a run
-(the ComputeDomain, the Secret and Service it owns, pinned worker pods, the launcher), a run
-whose pods never start (no kubelet here) ends NotRun saying why, and leaves nothing behind;
+(the ComputeDomain, the Secret and Service it owns, pinned worker pods; the launcher only once
+the workers run), a run whose pods never start (no kubelet here) ends NotRun saying why, and
+leaves nothing behind;
 a controller's leftovers are deleted by the next one's cleanup."""
 
 from __future__ import annotations
@@ -71,13 +72,16 @@ def test_a_run_whose_pods_never_start_is_not_run_and_leaves_nothing(
     runner = KubeRunner(as_controller, settings, poll_seconds=0.2, start_seconds=1.0, sleep=sleep)
     result = runner.run("nvlink-run-1", {"tray-1": 4, "tray-2": 4}, 335.0)
     assert result.outcome == "NotRun"
-    assert result.reason.startswith("the check did not finish: the launcher still Pending")
+    assert result.reason.startswith(
+        "the check did not finish: the workers still not running after 1 s"
+    )
     domain = seen["computedomains"][0]
     name = domain["metadata"]["name"]
     assert name.startswith(run_name("nvlink-run-1", ""))
     assert f"{name}-w0: " in result.reason  # why each worker has not started
     pods = {p["metadata"]["name"]: p for p in seen["pods"]}
-    assert set(pods) == {f"{name}-w0", f"{name}-w1", f"{name}-launcher"}
+    # No launcher: it is created once the workers run, to be told their pod IPs.
+    assert set(pods) == {f"{name}-w0", f"{name}-w1"}
     assert pods[f"{name}-w1"]["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "tray-2"}
     for obj in [*seen["pods"], *seen["secrets"], *seen["services"]]:
         refs = obj["metadata"]["ownerReferences"]

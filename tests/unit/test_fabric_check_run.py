@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from fabricdra.controller.fabriccheckrun import (
     own,
     parse,
     run_name,
+    with_workers,
 )
 
 STANDINS = Path(__file__).resolve().parents[1] / "standins"
@@ -35,6 +37,7 @@ def _run(weak: str = "", value: str = "") -> str:
     """The launcher's command line, as launcher_script writes it, against the stand-ins."""
     env = {**os.environ, "PATH": f"{STANDINS}:{os.environ['PATH']}"}
     env.pop("STANDIN_DIR", None)
+    env["STANDIN_MPI_NO_CONNECT"] = "1"  # no w0.run here (the test below connects)
     if weak:
         env["STANDIN_D2D_WEAK"] = weak
     if value:
@@ -86,6 +89,34 @@ def test_the_whole_trunk_below_the_floor_fails() -> None:
     result = judge(parse(_run(value="mn=120")) or pytest.fail("no matrix"), HOSTS, 335.0)
     assert result.outcome == "Failed"
     assert "(32 of 32 cross-node pairs below)" in result.reason
+
+
+def test_the_stand_in_mpirun_reaches_every_worker_s_sshd_first() -> None:
+    """In the cluster the stand-in proves the launcher reaches the workers: it connects to
+    each host's sshd port (from plm_rsh_args) and fails as mpirun does when one is silent."""
+    env = {**os.environ, "PATH": f"{STANDINS}:{os.environ['PATH']}"}
+    env.pop("STANDIN_DIR", None)
+    env.pop("STANDIN_MPI_NO_CONNECT", None)
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(8)
+        port = listening.getsockname()[1]
+        script = launcher_script(["127.0.0.1", "localhost"], 1, 60, port=port)
+        mpirun = script.splitlines()[-1].removeprefix("exec timeout 60 ")
+        up = subprocess.run(["sh", "-c", mpirun], env=env, capture_output=True, text=True,
+                            timeout=60, check=False)  # fmt: skip
+    assert up.returncode == 0, up.stderr
+    assert f"localhost:{port} answered" in up.stderr
+    assert (parse(up.stdout) or pytest.fail("no matrix")).ranks == {
+        0: ("127", 0),
+        1: ("localhost", 0),
+    }
+    # The port is closed now: nothing answers there.
+    down = subprocess.run(["sh", "-c", mpirun], env=env, capture_output=True, text=True,
+                          timeout=60, check=False)  # fmt: skip
+    assert down.returncode == 1
+    assert f"unable to reliably start one or more daemons: 127.0.0.1:{port}" in down.stderr
+    assert "Running" not in down.stdout
 
 
 def test_the_newer_read_arrow_and_no_matrix_at_all() -> None:
@@ -146,6 +177,13 @@ def test_one_run_s_objects() -> None:
     assert f"-np 8 --host w0.{name}:4,w1.{name}:4 --map-by ppr:4:node" in launcher
     assert launcher.splitlines()[-1].startswith("exec timeout 600 mpirun")
     assert launcher.endswith(f"nvbandwidth-multinode -t {TESTCASE}")
+    # Once the workers run: the launcher names them by their pod IPs, not cluster DNS.
+    told = with_workers(pods[f"{name}-launcher"], ["10.0.1.5", "10.0.2.7"])
+    assert told["spec"]["hostAliases"] == [
+        {"ip": "10.0.1.5", "hostnames": [f"w0.{name}"]},
+        {"ip": "10.0.2.7", "hostnames": [f"w1.{name}"]},
+    ]
+    assert "hostAliases" not in pods[f"{name}-launcher"]["spec"]
     owned = own(bodies["secrets"][0], {"metadata": {"name": name, "uid": "u-1"}})
     assert owned["metadata"]["ownerReferences"] == [
         {"apiVersion": "fabricdra.io/v1beta1", "kind": "ComputeDomain", "name": name, "uid": "u-1"}

@@ -106,3 +106,21 @@ def test_multi_node_tests_run_before_the_single_node_cluster_holds_the_machine()
     assert by_name["span"] == {"e2e", "multinode"}
     assert by_name["smoke"] == {"e2e"}
     assert by_name["unit"] == set()
+
+
+def test_pods_route_the_other_nodes_pod_subnets_and_the_single_node_stays_as_it_was(
+    tmp_path: Path,
+) -> None:
+    import json
+
+    from e2e.harness.multinode import POD_NETWORK
+    from e2e.harness.nodecluster import write_cni_config
+
+    def ipam(folder: Path, **kw: Any) -> dict[str, Any]:
+        write_cni_config(folder, "br0", "10.245.1.0/24", folder / "ipam", **kw)
+        conf = json.loads((folder / "10-fabricdra-e2e.conflist").read_text())
+        result: dict[str, Any] = conf["plugins"][0]["ipam"]
+        return result
+
+    assert "routes" not in ipam(tmp_path / "single")
+    assert ipam(tmp_path / "multi", routes=[POD_NETWORK])["routes"] == [{"dst": POD_NETWORK}]

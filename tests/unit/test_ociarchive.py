@@ -110,3 +110,27 @@ def test_single_platform_archive_and_a_missing_platform(tmp_path: Path) -> None:
 
 def test_host_platform_is_one_build_sh_builds() -> None:
     assert ociarchive.host_platform() in {"linux/amd64", "linux/arm64"}
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_with_env_names_a_copy_whose_config_adds_the_environment(
+    tmp_path: Path, nested: bool
+) -> None:
+    arch = ociarchive.host_platform().split("/")[1]
+    layout = _Layout()
+    archive = layout.write(tmp_path / "a.tar", [layout.image(arch, arch)], nested)
+    out = ociarchive.with_env(
+        archive, tmp_path / "b.tar", "localhost/verify:weak", {"STANDIN_D2D_WEAK": "1:6:41.20"}
+    )
+    (image,) = ociarchive.platforms(out)
+    assert image.platform == ociarchive.host_platform()
+    assert image.layers == ociarchive.for_platform(archive, image.platform).layers  # same layers
+    with tarfile.open(out) as tar:
+        index = json.loads(ociarchive._read(tar, "index.json"))
+        manifest = json.loads(ociarchive._blob(tar, image.digest))
+        config = json.loads(ociarchive._blob(tar, manifest["config"]["digest"]))
+    # containerd's importer names the image from this annotation.
+    assert index["manifests"][0]["annotations"]["io.containerd.image.name"] == (
+        "localhost/verify:weak"
+    )
+    assert config["config"]["Env"] == ["STANDIN_D2D_WEAK=1:6:41.20"]

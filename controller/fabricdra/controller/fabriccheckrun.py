@@ -19,10 +19,15 @@ all named `fabricdra-fabric-check-<hash of the fabric domain>` (`<run>`):
 4. one worker pod per node, pinned by a node selector on `kubernetes.io/hostname` (the
    scheduler must place it: it allocates the domain's channel claim), privileged with every
    GPU (as the per-node verification pod), running sshd on port 2222 with the public key;
-5. a launcher pod that waits for every worker's sshd and runs `mpirun` over them, one rank
-   per GPU (`--map-by ppr:<GPUs>:node`), with `nvbandwidth-multinode -t
-   multinode_device_to_device_memcpy_read_ce` (nvbandwidth built with -DMULTINODE=1, beside
-   the single-node build the per-node probes run); its log is the result.
+5. once every worker runs (it has its pod IP), a launcher pod that waits for every worker's
+   sshd and runs `mpirun` over them, one rank per GPU (`--map-by ppr:<GPUs>:node`), with
+   `nvbandwidth-multinode -t multinode_device_to_device_memcpy_read_ce` (nvbandwidth built with
+   -DMULTINODE=1, beside the single-node build the per-node probes run); its log is the result.
+   The launcher names the workers `w<i>.<run>` through `hostAliases` (its /etc/hosts) with
+   their pod IPs, not through cluster DNS: the check then needs no DNS add-on and no search
+   path that resolves the Service's subdomain (the harness has no CoreDNS; some clusters run
+   without one for the namespace's pods). The Service stays for clusters' tools that list the
+   workers by it.
 
 The pods, Service and Secret are owned by the ComputeDomain (ownerReferences): the check
 deletes the pods, then the ComputeDomain, and the garbage collector takes the rest. A
@@ -278,6 +283,13 @@ def objects(
     }
 
 
+def with_workers(launcher: JSON, ips: Sequence[str]) -> JSON:
+    """The launcher resolving worker i's name `w<i>.<run>` to its pod IP `ips[i]`."""
+    run = launcher["metadata"]["labels"][RUN_LABEL]
+    aliases = [{"ip": ip, "hostnames": [f"w{i}.{run}"]} for i, ip in enumerate(ips)]
+    return {**launcher, "spec": {**launcher["spec"], "hostAliases": aliases}}
+
+
 def own(body: JSON, domain: JSON) -> JSON:
     """`body` owned by the check's ComputeDomain (deleted with it by the garbage collector)."""
     ref = {
@@ -451,16 +463,24 @@ class KubeRunner:
         run_id = uuid.uuid4().hex[:5]
         name = run_name(fabric, run_id)
         bodies = objects(fabric, nodes, per_node, self.settings, self.new_key(), run_id)
+        *workers, launcher = bodies[PODS.plural]
         try:
             domain = self.rest.create(COMPUTE_DOMAINS, bodies[COMPUTE_DOMAINS.plural][0], ns)
-            for plural in (SECRETS.plural, SERVICES.plural, PODS.plural):
-                for body in bodies[plural]:
-                    self.rest.create(_KINDS[plural], own(body, domain), ns)
+            for body in [*bodies[SECRETS.plural], *bodies[SERVICES.plural], *workers]:
+                self.rest.create(_KINDS[f"{body['kind'].lower()}s"], own(body, domain), ns)
         except ApiError as e:
             self._delete_run(name)
             return CheckResult("NotRun", f"could not create the check's objects: {e}")
         log.info("fabric check of %s started: %s over %s", fabric, name, ", ".join(nodes))
         try:
+            ips, why = self._wait_workers([w["metadata"]["name"] for w in workers])
+            if ips is None:
+                waiting = self._workers_waiting(name)
+                return CheckResult(
+                    "NotRun",
+                    f"the check did not finish: {why}" + (f"; {waiting}" if waiting else ""),
+                )
+            self.rest.create(PODS, own(with_workers(launcher, ips), domain), ns)
             phase, why = self._wait(f"{name}-launcher", self.settings.timeout_seconds)
             if phase not in ("Succeeded", "Failed"):
                 waiting = self._workers_waiting(name)
@@ -514,6 +534,31 @@ class KubeRunner:
         except ApiError as e:
             if not e.not_found:
                 log.warning("fabric check: %s %s not deleted: %s", kind.plural, name, e)
+
+    def _wait_workers(self, pods: Sequence[str]) -> tuple[list[str] | None, str]:
+        """Every worker Running with its pod IP (the IPs, in order), else None and why."""
+        deadline = self.clock() + self.start_seconds
+        while True:
+            ips: list[str] = []
+            for pod in pods:
+                try:
+                    status = self.rest.get(PODS, pod, self.settings.namespace).get("status") or {}
+                except ApiError as e:
+                    if e.not_found:
+                        return None, f"the worker pod {pod} was deleted"
+                    raise
+                phase = status.get("phase") or "Pending"
+                if phase in ("Succeeded", "Failed"):
+                    return None, f"the worker pod {pod} ended ({phase})"
+                if phase == "Running" and status.get("podIP"):
+                    ips.append(status["podIP"])
+            if len(ips) == len(pods):
+                return ips, ""
+            if self.clock() >= deadline:
+                return None, f"the workers still not running after {self.start_seconds:g} s"
+            if self.stopped():
+                return None, "the controller is stopping"
+            self.sleep(self.poll_seconds)
 
     def _wait(self, pod: str, timeout: float) -> tuple[str, str]:
         deadline = self.clock() + timeout + self.start_seconds
