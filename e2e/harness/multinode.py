@@ -15,7 +15,8 @@ Used by the `multi_node_cluster` pytest fixture (e2e.harness.pytest_plugin). Eac
 What stays machine-wide (the kernel sysctls the kubelets set, their iptables chains, pod
 processes in `*/kubepods` cgroups) is why this never runs beside the single-node cluster: it
 takes the same lock, /run/fabricdra-e2e.lock. Teardown leaves nothing behind: pods, shims,
-mounts, cgroups, bridges, iptables chains; the sysctls are restored.
+mounts, cgroups, bridges, iptables chains and the pod network's FORWARD rule; the sysctls
+(net.ipv4.ip_forward among them: pods on different nodes talk through the host) are restored.
 """
 
 from __future__ import annotations
@@ -63,6 +64,11 @@ from e2e.harness.process import Daemon, free_port, kill_matching
 
 FIRST_HOST = 11  # node i listens on 127.0.0.<FIRST_HOST + i>
 POD_NETWORK = "10.245.0.0/16"  # every node's pod subnet 10.245.<i>.0/24
+# Pods on different nodes talk through the host, which routes between the nodes' bridges:
+# the harness turns forwarding on (restored at teardown) and lets the pod network through the
+# FORWARD chain (removed at teardown), whatever this machine's defaults (Docker's hosts drop).
+FORWARD_SYSCTL = "net/ipv4/ip_forward"
+FORWARD_RULE = ["FORWARD", "-s", POD_NETWORK, "-d", POD_NETWORK, "-j", "ACCEPT"]
 MAX_NODES = 40  # bridges fdra-mn<i> and subnets 10.245.<i>.0/24 stay distinct below this
 # Heartbeats stop when a node's kubelet is stopped: the KCM marks the node NotReady after
 # this long (its default, 40 s, would make a node-leaving test wait for nothing).
@@ -347,6 +353,8 @@ class MultiNodeCluster:
             _remove_container_log_links(self.base)
             if "sysctls" in self._saved:
                 _restore_sysctls(self._saved.pop("sysctls"))
+            if self._saved.pop("forward_rule", None):
+                _run(["iptables", "-w", "-D", *FORWARD_RULE])
             if "iptables_chains" in self._saved:
                 _remove_kubelet_chains(keep=self._saved.pop("iptables_chains"))
         finally:
@@ -381,7 +389,17 @@ class MultiNodeCluster:
             shutil.rmtree(self.base)
         self.base.mkdir(parents=True)
         self.kubelet_roots.mkdir(mode=0o700)
-        self._saved = {"sysctls": _read_sysctls(), "iptables_chains": _kubelet_chains()}
+        forwarding = Path("/proc/sys", FORWARD_SYSCTL)
+        self._saved = {
+            "sysctls": {**_read_sysctls(), FORWARD_SYSCTL: forwarding.read_text().strip()},
+            "iptables_chains": _kubelet_chains(),
+        }
+        forwarding.write_text("1")
+        if _run(["iptables", "-w", "-C", *FORWARD_RULE]).returncode != 0:
+            added = _run(["iptables", "-w", "-I", *FORWARD_RULE])
+            if added.returncode != 0:
+                raise HarnessError(f"iptables -I {' '.join(FORWARD_RULE)}: {added.stderr.strip()}")
+            self._saved["forward_rule"] = True
         self.control_plane._bin_dir = bin_dir
 
         # Without systemd nothing makes / shared; the kubelets' mount propagation needs it.
