@@ -43,7 +43,6 @@ from e2e.harness.helm import Chart
 from e2e.harness.images import fabricdra_image, verification_image
 from e2e.harness.multinode import MultiNodeCluster
 from e2e.harness.ociarchive import with_env
-from fabricdra.api import computedomain as cd
 from fabricdra.api import labels
 from fabricdra.api.fabriccheck import record_of
 from fabricdra.controller.fabriccheckrun import RUN_LABEL
@@ -53,8 +52,8 @@ from tests.e2e.test_multinode_install_hostimex import (
     NAMESPACE,
     HostImex,
     _host,
-    _per_node_daemonset,
     _values,
+    start_node_plugins,
 )
 from tests.fleetdata import GB200, _gpu, _slice
 
@@ -142,24 +141,7 @@ def installed(
         Chart().install(cluster.kubeconfig, NAMESPACE, values=_chart_values(cluster, images, ""))
         for node in cluster.nodes:
             _publish(rest, node.node_name)
-        with cluster.api_client() as api:
-            apps = client.AppsV1Api(api)
-            chart_ds = api.sanitize_for_serialization(
-                apps.read_namespaced_daemon_set("fabricdra-node", NAMESPACE)
-            )
-            for node in cluster.nodes:
-                apps.create_namespaced_daemon_set(
-                    NAMESPACE, _per_node_daemonset(chart_ds, node, hosts[node.node_name].host)
-                )
-        for node in cluster.nodes:
-            wait_for(
-                lambda node=node: (
-                    rest.get(NODES, node.node_name)["metadata"]["labels"].get(cd.PLUGIN_NODE_LABEL)
-                    == "true"
-                ),
-                timeout=180,
-                what=f"the compute-domain plugin pod on {node.node_name} labelling its node",
-            )
+        start_node_plugins(cluster, rest, hosts)
         # Now the check, from the weak image (the first phase of the test).
         Chart().install(
             cluster.kubeconfig, NAMESPACE, values=_chart_values(cluster, images, images.weak[1])

@@ -202,28 +202,34 @@ def installed(
                 {"metadata": {"labels": {"fabricdra.io/fabric.domain": FABRIC}}},
             )
         Chart().install(cluster.kubeconfig, NAMESPACE, values=_values(cluster, ref))
-        with cluster.api_client() as api:
-            apps = client.AppsV1Api(api)
-            chart_ds = api.sanitize_for_serialization(
-                apps.read_namespaced_daemon_set("fabricdra-node", NAMESPACE)
-            )
-            for node in cluster.nodes:
-                apps.create_namespaced_daemon_set(
-                    NAMESPACE, _per_node_daemonset(chart_ds, node, hosts[node.node_name].host)
-                )
-        for node in cluster.nodes:
-            wait_for(
-                lambda node=node: (
-                    rest.get(NODES, node.node_name)["metadata"]["labels"].get(cd.PLUGIN_NODE_LABEL)
-                    == "true"
-                ),
-                timeout=180,
-                what=f"the compute-domain plugin pod on {node.node_name} labelling its node",
-            )
+        start_node_plugins(cluster, rest, hosts)
         yield Installed(Env(cluster, rest, {}, base), hosts)
     finally:
         for h in hosts.values():
             h.stop()
+
+
+def start_node_plugins(cluster: MultiNodeCluster, rest: Rest, hosts: dict[str, HostImex]) -> None:
+    """One copy of the chart's node DaemonSet per node (nodes share this machine, so each
+    node's host paths differ), then each node's compute-domain plugin labelling its node."""
+    with cluster.api_client() as api:
+        apps = client.AppsV1Api(api)
+        chart_ds = api.sanitize_for_serialization(
+            apps.read_namespaced_daemon_set("fabricdra-node", NAMESPACE)
+        )
+        for node in cluster.nodes:
+            apps.create_namespaced_daemon_set(
+                NAMESPACE, _per_node_daemonset(chart_ds, node, hosts[node.node_name].host)
+            )
+    for node in cluster.nodes:
+        wait_for(
+            lambda node=node: (
+                rest.get(NODES, node.node_name)["metadata"]["labels"].get(cd.PLUGIN_NODE_LABEL)
+                == "true"
+            ),
+            timeout=180,
+            what=f"the compute-domain plugin pod on {node.node_name} labelling its node",
+        )
 
 
 def _plugin_pods(e: Env) -> dict[str, str]:
