@@ -625,3 +625,7 @@ def test_the_fabric_check_is_on_exactly_with_the_active_probes(chart: Chart) -> 
         assert arg in given
     off = args({"verification": {"activeProbes": False, "image": "reg/verify:1"}})
     assert [a for a in off if a.startswith("--fabric-check")] == ["--fabric-check=false"]
+    # Beside NVIDIA's GPU driver the GPUs are not ours: no node agent of ours verifies them, so
+    # a required check could never pass and host-mode ComputeDomains would never place.
+    beside = args({"gpus": {"enabled": False}, "verification": {"image": "reg/verify:1"}})
+    assert [a for a in beside if a.startswith("--fabric-check")] == ["--fabric-check=false"]
