@@ -109,7 +109,13 @@ def _chart_values(cluster: MultiNodeCluster, images: Images, image: str) -> dict
     """The chart with the check on (`activeProbes`: `--fabric-check=true`) from `image`;
     empty: off."""
     values = _values(cluster, images.product[1])
-    values["verification"] = {"activeProbes": bool(image), "image": image}
+    # The harness's nodes publish their GPUs and verification from this test, not from a
+    # devices plugin (gpus.enabled=false here), so the check is required outright.
+    values["verification"] = {
+        "activeProbes": bool(image),
+        "image": image,
+        "fabricCheck": {"required": bool(image)},
+    }
     return values
 
 

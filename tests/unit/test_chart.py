@@ -629,3 +629,10 @@ def test_the_fabric_check_is_on_exactly_with_the_active_probes(chart: Chart) -> 
     # a required check could never pass and host-mode ComputeDomains would never place.
     beside = args({"gpus": {"enabled": False}, "verification": {"image": "reg/verify:1"}})
     assert [a for a in beside if a.startswith("--fabric-check")] == ["--fabric-check=false"]
+    # ... unless said outright, either way
+    forced = {"gpus": {"enabled": False}, "verification": {"fabricCheck": {"required": True}}}
+    assert "--fabric-check=true" in args(forced)
+    skipped = args({"verification": {"fabricCheck": {"required": False}}})
+    assert [a for a in skipped if a.startswith("--fabric-check")] == ["--fabric-check=false"]
+    with pytest.raises(Exception, match="required"):
+        args({"verification": {"fabricCheck": {"required": "sometimes"}}})
