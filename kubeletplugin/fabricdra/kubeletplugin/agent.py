@@ -50,33 +50,28 @@ from __future__ import annotations
 import errno
 import threading
 import time
-import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import structlog
 from prometheus_client import start_http_server
 
-from fabricdra.api import labels as label_keys
 from fabricdra.api.inventory import Accelerator
 from fabricdra.api.verification import SystemProfile
-from fabricdra.kube.rest import EVENTS, NODE_DEVICES, NODES
 
 from . import metrics
+from .apifacts import ApiFacts, Facts
 from .devices import (
     DeviceConfig,
     DeviceInventory,
     GpuHealth,
     HeldAs,
-    RdmaMode,
     build_devices,
     gpu_info,
     holder_name,
     lost_accelerators,
-    parse_rdma_mode,
 )
 from .discovery.node import Discovery, NvmlSource, Previous, discover
 from .discovery.nvml import (
@@ -93,7 +88,7 @@ from .hostdevices import HostLayout
 from .kubelet import ClaimSweeper, DeviceHealth, HealthBroadcaster, PluginPaths, PluginServer
 from .kubelet.cdi import CdiWriter
 from .kubelet.checkpoint import BOOT_ID_PATH, Checkpoint, ClaimEntry, current_boot_id
-from .kubelet.claims import ClaimReader, is_gone
+from .kubelet.claims import ClaimReader
 from .mignvml import LiveMigNvml
 from .networkstatus import NetworkStatus
 from .nvidiacdi import DEFAULT_SPEC_DIRS, ToolkitSpecs
@@ -107,7 +102,6 @@ log = structlog.get_logger("fabricdra.agent")
 
 REGISTRATION_RECHECKS = (2.0, 5.0, 15.0)  # seconds after a registration: extra passes
 XID_POLL_SECONDS = 2.0  # between passes, how often the Xid event set is drained
-HOLD_READ_SECONDS = 5.0  # one read of a claim whose hold keeps a NIC in its old mode
 
 
 class Publisher(Protocol):
@@ -230,10 +224,6 @@ class Agent:
         self.wake = threading.Event()
         self._rechecks: list[float] = []  # monotonic times of extra passes still due
         self.passes = 0  # discovery passes done
-        self._rest = metrics.counting_rest(api)  # the Node's RDMA mode label; its events
-        self.rdma_mode: RdmaMode = config.devices.rdma_mode  # the mode of the last pass
-        self._warned_label: str | None = None  # the invalid label value an event was sent for
-        self._gone_claims: set[str] = set()  # checkpointed claim UIDs found gone from the API
         reader = ApiClaimReader(api)
         checkpoint = Checkpoint(config.checkpoint_path, boot_id=boot_id)
         # Dynamic MIG creates instances through NVML itself; with recorded NVML answers
@@ -260,6 +250,15 @@ class Agent:
                 metrics.counting_rest(api), config.node_name, config.sysfs_root, config.proc_root
             ),
             dynamic_mig=dynamic_mig,
+        )
+        # The API reads a pass uses (RDMA mode label, reverify annotation, gone holds): their
+        # own thread once the agent runs, so a hung API server never holds up health or taints.
+        self.facts = ApiFacts(
+            metrics.counting_rest(api),
+            config.node_name,
+            config.devices.rdma_mode,
+            self.driver.claims,
+            self.wake.set,
         )
         # Its own thread: a hung claim read never holds up discovery, Xid or health updates.
         self.sweeper = ClaimSweeper(
@@ -341,146 +340,65 @@ class Agent:
             self._seen_gpus[acc.pciBusId] = acc
         if lost:
             log.warning("GPUs left the PCI bus; kept, tainted", gpus=[a.pciBusId for a in lost])
-        config = replace(self.config.devices, rdma_mode=self._node_rdma_mode())
         created_mig = self._created_mig()
+        entries = self.driver.checkpoint.entries()
+        uids = [e.uid for e in entries]
 
-        def build(held: dict[str, HeldAs]) -> DeviceInventory:
-            return build_devices(
-                discovery.interfaces or [],
-                discovery.accelerators or [],
-                config,
-                gpus,
-                gpu_info(discovery.nvml),
-                lost=lost,
-                held=held,
-                created_mig=created_mig,
-                sysfs=tree,  # kinds that read records of their own (EFA) read this pass's
-            )
+        def inventory_for(facts: Facts) -> tuple[DeviceInventory, list[ClaimEntry]]:
+            """This pass's inventory under `facts`, and the claims whose hold changes what
+            is offered (`pins_mode`) that are not known gone: the ones worth reading."""
+            config = replace(self.config.devices, rdma_mode=facts.mode)
 
-        entries, gone = self._holds_in_force(self.driver.checkpoint.entries(), build({}))
-        held = held_endpoints(entries)
-        inventory = build(held)
-        # Held by a claim gone from the API (kubelet has not unprepared it): offered in no mode
-        # until kubelet does, as prepare would refuse every new claim of it meanwhile.
-        withheld = set(held_endpoints(gone)) - set(held)
-        if withheld:
-            inventory = replace(
-                inventory, devices=tuple(d for d in inventory if d.name not in withheld)
-            )
-        self.inventory = inventory
+            def build(held: dict[str, HeldAs]) -> DeviceInventory:
+                return build_devices(
+                    discovery.interfaces or [],
+                    discovery.accelerators or [],
+                    config,
+                    gpus,
+                    gpu_info(discovery.nvml),
+                    lost=lost,
+                    held=held,
+                    created_mig=created_mig,
+                    sysfs=tree,  # kinds that read records of their own (EFA) read this pass's
+                )
+
+            natural = build({})
+            pinning = [e for e in entries if e.uid not in facts.gone and pins_mode(e, natural)]
+            held = held_endpoints(e for e in entries if e.uid not in facts.gone)
+            inventory = build(held)
+            # Held by a claim gone from the API (kubelet has not unprepared it): offered in
+            # no mode until kubelet does, as prepare would refuse every new claim of it.
+            gone = held_endpoints(e for e in entries if e.uid in facts.gone)
+            withheld = set(gone) - set(held)
+            if withheld:
+                inventory = replace(
+                    inventory, devices=tuple(d for d in inventory if d.name not in withheld)
+                )
+            return inventory, pinning
+
+        # Health first, from local facts and the last-known API facts: no API read comes
+        # before kubelet hears about a device (issue 29 point 4).
+        inventory, pinning = inventory_for(self.facts.current(uids))
+        self._swap(inventory)
+        if not self.facts.request(pinning):
+            # A lone pass (the first, before the sockets open; or a test's): the reads
+            # happen here, after health, and the pass applies what they found.
+            changed = self.facts.refresh_node()
+            if changed:
+                _, pinning = inventory_for(self.facts.current(uids))
+            if self.facts.refresh_holds(pinning) or changed:
+                inventory, _ = inventory_for(self.facts.current(uids))
+                self._swap(inventory)
         metrics.DISCOVERY_SECONDS.observe(time.perf_counter() - start)
         self.passes += 1
         self.previous = Previous(discovery.interfaces, discovery.accelerators)
-        self.health.publish(health_reports(self.config.node_name, inventory))
-        _count_devices(inventory)
         return inventory
 
-    def _holds_in_force(
-        self, entries: list[ClaimEntry], natural: DeviceInventory
-    ) -> tuple[list[ClaimEntry], list[ClaimEntry]]:
-        """The checkpoint entries whose holds keep their NICs' modes, and those whose claim is
-        gone from the API (deleted, or recreated under another UID). The scheduler no longer
-        counts a gone claim's allocation, so offering its NIC in the held mode would hand it
-        out in a mode the node no longer offers (an exclusive request landing on a NIC of a
-        shared node); offering it in the node's mode would let claims land where prepare's
-        in-use check refuses them (the entry stays until kubelet unprepares it). So the caller
-        withholds it. Only claims whose hold changes what is offered (`pins_mode`) are read,
-        so a node whose mode did not change reads nothing; a claim found gone is not read
-        again; one that cannot be read counts as there."""
-        self._gone_claims &= {e.uid for e in entries}
-        out: list[ClaimEntry] = []
-        gone_entries: list[ClaimEntry] = []
-        for entry in entries:
-            if entry.uid in self._gone_claims:
-                gone_entries.append(entry)
-                continue
-            if pins_mode(entry, natural):
-                try:
-                    gone = is_gone(self.driver.claims, entry, HOLD_READ_SECONDS)
-                except Exception as e:
-                    log.warning(
-                        "claim unreadable; its NIC keeps the mode it is held in",
-                        claim=f"{entry.namespace}/{entry.name}",
-                        error=str(e),
-                    )
-                    gone = False
-                if gone:
-                    log.warning(
-                        "claim gone from the API is still prepared here: its NIC is offered "
-                        "in no mode until kubelet unprepares it",
-                        claim=f"{entry.namespace}/{entry.name}",
-                        uid=entry.uid,
-                    )
-                    self._gone_claims.add(entry.uid)
-                    gone_entries.append(entry)
-                    continue
-            out.append(entry)
-        return out, gone_entries
-
-    def _node_rdma_mode(self) -> RdmaMode:
-        """This pass's RDMA mode: the Node's label, else `--rdma-mode`. Read afresh each pass,
-        so a relabelled node follows within one discovery interval; an unreadable Node keeps
-        the last pass's mode (a transient API error must not flip every NIC)."""
-        default = self.config.devices.rdma_mode
-        try:
-            node = self._rest.get_or_none(NODES, self.config.node_name)
-        except Exception as e:
-            log.warning("node unreadable; RDMA mode kept", mode=self.rdma_mode, error=str(e))
-            return self.rdma_mode
-        labels = ((node or {}).get("metadata") or {}).get("labels") or {}
-        value = labels.get(label_keys.RDMA_MODE)
-        mode, source = default, "--rdma-mode"
-        if value is not None:
-            try:
-                mode, source = parse_rdma_mode(value), "node label"
-            except ValueError as e:
-                log.error(
-                    "invalid node label; using the default RDMA mode",
-                    label=label_keys.RDMA_MODE,
-                    value=value,
-                    default=default,
-                    error=str(e),
-                )
-                if self._warned_label != value and self._warn_invalid_label(value, default):
-                    self._warned_label = value
-        if value is None or mode == value:
-            self._warned_label = None  # a later invalid value is reported afresh
-        if mode != self.rdma_mode or self.passes == 0:
-            log.info("RDMA mode of this node", mode=mode, source=source)
-        self.rdma_mode = mode
-        return mode
-
-    def _warn_invalid_label(self, value: str, default: RdmaMode) -> bool:
-        """A Warning event on this node's NodeDevices record (once per invalid value; False:
-        not sent, e.g. no record yet, so the next pass tries again)."""
-        try:
-            record = self._rest.get_or_none(NODE_DEVICES, self.config.node_name)
-            if record is None:
-                return False
-            now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-            meta = record["metadata"]
-            body = {
-                "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:12]}"},
-                "involvedObject": {
-                    "apiVersion": record["apiVersion"],
-                    "kind": record["kind"],
-                    "name": meta["name"],
-                    "uid": meta.get("uid"),
-                },
-                "type": "Warning",
-                "reason": "InvalidRdmaMode",
-                "message": f"node label {label_keys.RDMA_MODE}={value!r} is not exclusive, "
-                f"shared or off; RDMA endpoints are offered in the default mode {default!r}",
-                "source": {"component": "fabricdra-kubelet-plugin", "host": meta["name"]},
-                "firstTimestamp": now,
-                "lastTimestamp": now,
-                "count": 1,
-            }
-            self._rest.create(EVENTS, body, "default", timeout=10.0, retries=False)
-        except Exception as e:  # an event is advice: the log line above already says it
-            log.warning("cannot record event", reason="InvalidRdmaMode", error=str(e))
-            return False
-        return True
+    def _swap(self, inventory: DeviceInventory) -> None:
+        """Make `inventory` the one prepare resolves against, and tell kubelet its health."""
+        self.inventory = inventory
+        self.health.publish(health_reports(self.config.node_name, inventory))
+        _count_devices(inventory)
 
     def _publish(
         self, discovery: Discovery, inventory: DeviceInventory, gate: GateInput | None
@@ -520,15 +438,9 @@ class Agent:
         return why
 
     def _reverify_request(self) -> str | None:
-        read = getattr(self.publisher, "reverify_request", None)
-        if read is None:
-            return None
-        try:
-            value: str | None = read()
-        except Exception as e:  # the API may be down: asked again next pass
-            log.warning("reverify annotation unreadable", error=str(e))
-            return None
-        return value
+        """The reverify annotation as last read (apifacts.py): never read on the pass."""
+        entries = self.driver.checkpoint.entries()
+        return self.facts.current(e.uid for e in entries).reverify
 
     def _answered_reverify(self, value: str) -> None:
         clear = getattr(self.publisher, "clear_reverify", None)
@@ -538,6 +450,7 @@ class Agent:
         except Exception as e:  # a newer request, or the API is down: the next pass sees it
             log.warning("reverify annotation not removed", error=str(e))
         else:
+            self.facts.forget_reverify(value)
             log.info("reverification done; annotation removed")
 
     def _run_verification(self, tree: SysfsTree, discovery: Discovery, why: str) -> None:
@@ -725,6 +638,7 @@ class Agent:
         self.pass_once()
         self.server.start()
         self.sweeper.start()
+        self.facts.start()
         next_pass = time.monotonic() + self.config.discovery_interval
         try:
             while not stop.is_set():
@@ -751,6 +665,7 @@ class Agent:
                     log.exception("discovery pass failed")
                 next_pass = time.monotonic() + self.config.discovery_interval
         finally:
+            self.facts.stop()
             self.sweeper.stop()
             self.server.stop()
             self.xids.close()

@@ -211,13 +211,6 @@ class NodePublisher:
             log.warning("recorded verification unreadable; verifying afresh", error=str(e))
             return None
 
-    def reverify_request(self) -> str | None:
-        """The node's `fabricdra.io/reverify` annotation (None: not asked)."""
-        node = self.rest.get_or_none(NODES, self.node_name)
-        annotations = ((node or {}).get("metadata") or {}).get("annotations") or {}
-        value = annotations.get(REVERIFY_ANNOTATION)
-        return value if isinstance(value, str) else None
-
     def clear_reverify(self, value: str) -> None:
         """Remove the annotation once its run is done — only if it still holds the request
         that run answered (a JSON patch's test: a newer request stays for the next pass)."""
