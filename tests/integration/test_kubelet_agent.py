@@ -490,6 +490,79 @@ def test_a_gpu_that_falls_off_the_bus_stays_published_tainted_until_a_restart(
         restarted.xids.close()
 
 
+def test_a_lost_gpu_a_claim_holds_stays_published_unhealthy_across_a_restart(
+    tmp_path_factory: pytest.TempPathFactory, control_plane: ControlPlane, crds: None, node: str
+) -> None:
+    """Issue 29 point 5: a GPU that fell off the bus while a prepared claim holds it stays
+    published, tainted, and Unhealthy in kubelet's health stream after the agent restarts,
+    until kubelet unprepares the claim; then it goes. (The restarted agent knows its record
+    from the state folder: the kernel no longer lists it.)"""
+    base = tmp_path_factory.mktemp("held-lost")
+    host = build_host(base / "host", vf_nics=())
+    config = agent_config(base, host, node, discovery_interval=3600)
+    snapshot = json.loads(host.nvml_snapshot.read_text())
+    gone = sorted(snapshot)[0]
+    device = "gpu-" + gone.replace(":", "-").replace(".", "-")
+
+    def taints(api: Any) -> dict[str, list[str]]:
+        return {
+            d.name: [t.key for t in d.taints or []]
+            for s in client.ResourceV1Api(api)
+            .list_resource_slice(field_selector=f"spec.nodeName={node}")
+            .items
+            for d in s.spec.devices or []
+        }
+
+    def streamed(agent: Agent) -> dict[str, int]:
+        """The first message kubelet's health stream gets from `agent`'s server."""
+        agent.server.start()
+        try:
+            with grpc.insecure_channel(f"unix://{agent.server.paths.dra_socket}") as ch:
+                stream = health_grpc.DRAResourceHealthStub(ch).NodeWatchResources(
+                    health_pb2.NodeWatchResourcesRequest(), timeout=60
+                )
+                health = {d.device.device_name: d.health for d in next(stream).devices}
+                stream.cancel()
+        finally:
+            agent.server.stop()
+        return health
+
+    with control_plane.api_client() as api:
+        agent = Agent(config, api)
+        agent.pass_once()
+        uid = create_claim(api, node, "held", [{"request": "gpu", "device": device, "pool": node}])
+        held = ClaimRef(node, "held", uid)
+        assert [d.device_name for d in agent.driver.prepare(held)] == [device]
+        SysfsBuilder(config.sysfs_root).remove_pci(gone)  # Xid 79: the kernel drops the GPU
+        del snapshot[gone]
+        host.nvml_snapshot.write_text(json.dumps(snapshot))
+        agent.pass_once()
+        assert TAINT_KEY in taints(api)[device]
+        agent.xids.close()
+
+        restarted = Agent(config, api)  # a new process: the kernel no longer lists the GPU
+        inventory = restarted.pass_once()
+        lost = inventory.get(device)
+        assert lost is not None, "the held GPU was withdrawn after the restart"
+        assert (lost.health, lost.lost) == ("Unhealthy", True)
+        assert TAINT_KEY in taints(api)[device]
+        assert streamed(restarted)[device] == health_pb2.UNHEALTHY
+        # a new claim of it is refused (it is lost), as before the restart
+        late = create_claim(api, node, "late", [{"request": "gpu", "device": device, "pool": node}])
+        with pytest.raises(PrepareError):
+            restarted.driver.prepare(ClaimRef(node, "late", late))
+
+        restarted.driver.unprepare(held)  # kubelet releases the claim: the GPU goes
+        restarted.pass_once()
+        assert device not in taints(api)
+        assert device not in streamed(restarted)
+        restarted.xids.close()
+
+        again = Agent(config, api)  # and it does not come back after another restart
+        assert again.pass_once().get(device) is None
+        again.xids.close()
+
+
 def test_a_critical_xid_between_passes_is_published_within_seconds(
     tmp_path_factory: pytest.TempPathFactory, control_plane: ControlPlane, crds: None, node: str
 ) -> None:

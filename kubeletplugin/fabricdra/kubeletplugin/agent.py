@@ -58,7 +58,6 @@ from typing import Any, Literal, Protocol
 import structlog
 from prometheus_client import start_http_server
 
-from fabricdra.api.inventory import Accelerator
 from fabricdra.api.verification import SystemProfile
 
 from . import metrics
@@ -71,7 +70,6 @@ from .devices import (
     build_devices,
     gpu_info,
     holder_name,
-    lost_accelerators,
 )
 from .discovery.node import Discovery, NvmlSource, Previous, discover
 from .discovery.nvml import (
@@ -93,6 +91,7 @@ from .mignvml import LiveMigNvml
 from .networkstatus import NetworkStatus
 from .nvidiacdi import DEFAULT_SPEC_DIRS, ToolkitSpecs
 from .prepare import CDI_KIND, DRIVER_NAME, ApiClaimReader, DevicesDriver
+from .seengpus import SeenGpus
 from .verification import GateInput, Tools, VerificationRun, fingerprint
 from .verification import metrics as verification_metrics
 from .verification.runner import CHANGED, FIRST_RUN, Schedule, run_once
@@ -155,6 +154,12 @@ class AgentConfig:
         return (self.state_dir or self.plugin_dir) / "dynamic-mig.json"
 
     @property
+    def seen_gpus_path(self) -> Path:
+        """The last record of every GPU seen in this boot (seengpus.py): a lost GPU a claim
+        holds is kept published across a restart."""
+        return (self.state_dir or self.plugin_dir) / "gpus-seen.json"
+
+    @property
     def xid_record_path(self) -> Path:
         """The critical Xids seen in this boot (they are events: NVML never repeats them)."""
         return (self.state_dir or self.plugin_dir) / "xid-errors.json"
@@ -192,7 +197,7 @@ class Agent:
         self.health = HealthBroadcaster(resend_seconds=config.health_resend_seconds)
         self.dcgm_state = DcgmState()
         self._gpu_health: dict[str, GpuHealth] = {}
-        self._seen_gpus: dict[str, Accelerator] = {}  # bus id -> last record, this process
+        self.seen_gpus = SeenGpus(config.seen_gpus_path, boot_id)
         self.inventory = DeviceInventory(())
         self.previous: Previous | None = None
         self.verification = Schedule(interval=config.verify_interval)
@@ -332,17 +337,16 @@ class Agent:
             self._gpu_health,
         )
         self._gpu_health = gpus
+        entries = self.driver.checkpoint.entries()
+        uids = [e.uid for e in entries]
         # A GPU the kernel removed (fell off the bus) stays offered, tainted, from its last
-        # record until this process ends, so the claims holding it keep their health signal.
+        # record until this process ends, and after a restart while a claim holds it, so the
+        # claims holding it keep their health signal (seengpus.py).
         current = None if "accelerators" in discovery.failures else discovery.accelerators
-        lost = lost_accelerators(current, self._seen_gpus)
-        for acc in current or ():
-            self._seen_gpus[acc.pciBusId] = acc
+        lost = self.seen_gpus.update(current, held_devices(entries))
         if lost:
             log.warning("GPUs left the PCI bus; kept, tainted", gpus=[a.pciBusId for a in lost])
         created_mig = self._created_mig()
-        entries = self.driver.checkpoint.entries()
-        uids = [e.uid for e in entries]
 
         def inventory_for(facts: Facts) -> tuple[DeviceInventory, list[ClaimEntry]]:
             """This pass's inventory under `facts`, and the claims whose hold changes what
@@ -709,6 +713,18 @@ def held_endpoints(entries: Iterable[ClaimEntry]) -> dict[str, HeldAs]:
             shared = r.share_id is not None or r.device_name != r.base_name
             if out.get(r.base_name) != "exclusive":
                 out[r.base_name] = "shared" if shared else "exclusive"
+    return out
+
+
+def held_devices(entries: Iterable[ClaimEntry]) -> set[str]:
+    """Every device prepared claims hold, by inventory name, and the devices those are part
+    of (a MIG instance's GPU, a VF's PF)."""
+    out: set[str] = set()
+    for entry in entries:
+        for r in entry.devices or ():
+            out.add(r.base_name)
+            if r.within is not None:
+                out.add(r.within)
     return out
 
 

@@ -71,6 +71,7 @@ from .kubelet.claims import (
     drop_other_boots,
     ensure_wanted,
     read_claim,
+    recorded_answer,
     remove_recorded_specs,
 )
 from .networkstatus import NetworkStatus
@@ -239,21 +240,7 @@ class DevicesDriver:
     def _already_prepared(self, claim: ClaimRef) -> list[PreparedDevice] | None:
         """The recorded answer of an earlier prepare of this claim (same UID), while every
         spec file it wrote is still there; None: prepare it (again)."""
-        entry = self.checkpoint.get(claim.uid)
-        if entry is None or entry.devices is None:
-            return None
-        if not all(Path(p).exists() for p in entry.cdi_specs):
-            return None
-        return [
-            PreparedDevice(
-                pool_name=self.node_name,
-                device_name=r.device_name,
-                cdi_device_ids=r.cdi_device_ids,
-                request_names=r.request_names,
-                share_id=r.share_id,
-            )
-            for r in entry.devices
-        ]
+        return recorded_answer(self.checkpoint, claim.uid, self.node_name)
 
     def _record(
         self,

@@ -25,7 +25,6 @@ dropped at start-up with their specs.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,13 +43,14 @@ from fabricdra.kubeletplugin.kubelet.cdi import (
     DeviceNode,
     Mount,
 )
-from fabricdra.kubeletplugin.kubelet.checkpoint import Checkpoint, ClaimEntry
+from fabricdra.kubeletplugin.kubelet.checkpoint import Checkpoint, ClaimEntry, PreparedRecord
 from fabricdra.kubeletplugin.kubelet.claims import (
     RestClaimReader,
     api_timeout,
     drop_other_boots,
     ensure_wanted,
     read_claim,
+    recorded_answer,
     remove_recorded_specs,
     wait_until,
 )
@@ -87,7 +87,8 @@ class NodeConfig:
 
 
 class ComputeDomainDriver:
-    # API reads and the IMEX wait happen outside the lock; only writing is serialized.
+    # API reads and the IMEX wait happen outside the lock; only writing is serialized (by the
+    # checkpoint's lock, waited for within kubelet's deadline).
     locks_itself = True
 
     def __init__(self, rest: Rest, config: NodeConfig) -> None:
@@ -98,7 +99,6 @@ class ComputeDomainDriver:
         config.plugin_dir.mkdir(parents=True, exist_ok=True)
         self.checkpoint = Checkpoint(config.plugin_dir / "checkpoint.json", boot_id=config.boot_id)
         drop_other_boots(self.checkpoint, self.cdi)
-        self._lock = threading.Lock()
 
     @property
     def driver_name(self) -> str:
@@ -106,6 +106,11 @@ class ComputeDomainDriver:
 
     # -- prepare -------------------------------------------------------------------------
     def prepare(self, claim: ClaimRef) -> Sequence[PreparedDevice]:
+        # A repeat (kubelet restarted, or another pod shares the claim): the recorded answer,
+        # with no API read and no IMEX wait (IMEX may be restarting under a running workload).
+        answer = recorded_answer(self.checkpoint, claim.uid, self.config.node_name)
+        if answer is not None:
+            return answer
         # Phase 1, no lock: every API read and wait (a slow claim holds up no other).
         obj = read_claim(self.claims, claim)
         results = self._results(obj)
@@ -113,23 +118,26 @@ class ComputeDomainDriver:
             raise PrepareError(
                 f"claim {claim} has no {cd.DRIVER} device on node {self.config.node_name}"
             )
-        wait_until(lambda: self._imex_state(claim, obj), self.config.imex_wait_seconds)
+        fabric = self.fabric_domain()  # read once, here: the edits below read nothing
+        wait_until(lambda: self._imex_state(claim, obj, fabric), self.config.imex_wait_seconds)
         checked = []
         for result in results:
             if result["device"] not in (cd.CHANNEL_DEVICE, cd.DAEMON_DEVICE):
                 raise PrepareError(f"claim {claim}: unknown device {result['device']!r}")
             params = self._params(obj, result)
             checked.append((result, params, self._domain(claim, params)))
-        # Phase 2: local writes only, under the lock, for a kubelet that still waits.
-        with self._lock, self.checkpoint.exclusive():
+        # Phase 2: local writes only, under the checkpoint's lock (it serializes this
+        # process's threads too; waited for within kubelet's deadline), for a kubelet that
+        # still waits.
+        with self.checkpoint.exclusive():
             ensure_wanted()
             devices: list[CdiDevice] = []
             prepared: list[PreparedDevice] = []
             for result, params, domain in checked:
                 if result["device"] == cd.CHANNEL_DEVICE:
-                    edits = self._channel_edits(claim, params, domain)
+                    edits = self._channel_edits(claim, params, domain, fabric)
                 else:
-                    edits = self._daemon_edits(params)
+                    edits = self._daemon_edits(params, fabric)
                 name = f"{claim.uid}-{result['device']}"
                 devices.append(CdiDevice(name=name, edits=edits))
                 prepared.append(
@@ -144,11 +152,28 @@ class ComputeDomainDriver:
             path = self.cdi.path_for(claim.uid)
             # The checkpoint first, as in the devices driver: a spec on disk is always one
             # unprepare knows to remove, even after a crash between the two writes.
-            self.checkpoint.put(ClaimEntry(claim.uid, claim.namespace, claim.name, (str(path),)))
+            self.checkpoint.put(
+                ClaimEntry(
+                    claim.uid,
+                    claim.namespace,
+                    claim.name,
+                    (str(path),),
+                    devices=tuple(
+                        PreparedRecord(
+                            device_name=p.device_name,
+                            base_name=p.device_name,
+                            cdi_device_ids=p.cdi_device_ids,
+                            request_names=p.request_names,
+                            share_id=p.share_id,
+                        )
+                        for p in prepared
+                    ),
+                )
+            )
             self.cdi.write(claim.uid, CdiSpec(kind=CDI_KIND, devices=tuple(devices)))
             return prepared
 
-    def _imex_state(self, claim: ClaimRef, obj: JSON) -> tuple[bool, str]:
+    def _imex_state(self, claim: ClaimRef, obj: JSON, fabric: str) -> tuple[bool, str]:
         """Is IMEX on this node ready for the claim's workload channels? (True for claims
         that need none: daemon claims, or managed mode on a node without a fabric, where
         nothing is imported.) Reads the domain afresh each time it is asked."""
@@ -161,7 +186,7 @@ class ComputeDomainDriver:
                 if not ready:
                     return ready, message
                 continue
-            if not self.fabric_domain():
+            if not fabric:
                 continue  # no multi-node fabric here: nothing is imported through IMEX
             domain = self._domain(claim, params)
             rows = domain.get("status", {}).get("nodes", []) or []
@@ -242,7 +267,9 @@ class ComputeDomainDriver:
             )
         return domain
 
-    def _channel_edits(self, claim: ClaimRef, params: JSON, domain: JSON) -> ContainerEdits:
+    def _channel_edits(
+        self, claim: ClaimRef, params: JSON, domain: JSON, fabric: str
+    ) -> ContainerEdits:
         channel = int(params.get("channel", -1))
         held = domain.get("status", {}).get("channels") or []
         if channel not in held:
@@ -265,7 +292,7 @@ class ComputeDomainDriver:
         except ChannelError as e:
             raise PrepareError(str(e)) from None
         if major is None:
-            if fabric := self.fabric_domain():
+            if fabric:
                 raise PrepareError(
                     f"node {self.config.node_name} is in NVLink fabric domain "
                     f"{fabric} but "
@@ -295,14 +322,14 @@ class ComputeDomainDriver:
             ),
         )
 
-    def _daemon_edits(self, params: JSON) -> ContainerEdits:
+    def _daemon_edits(self, params: JSON, fabric: str) -> ContainerEdits:
         folder = self.config.plugin_dir / "domains" / str(params["domainUID"])
         folder.mkdir(parents=True, exist_ok=True)
         env: tuple[str, ...] = (
             f"FABRICDRA_DOMAIN_UID={params['domainUID']}",
             f"FABRICDRA_DOMAIN_NAME={params['domainName']}",
             f"FABRICDRA_DOMAIN_NAMESPACE={params['namespace']}",
-            f"FABRICDRA_FABRIC_DOMAIN={self.fabric_domain()}",
+            f"FABRICDRA_FABRIC_DOMAIN={fabric}",
         )
         cfg = self.config
         view = cfg.driver_root_view or cfg.driver_root
@@ -335,7 +362,7 @@ class ComputeDomainDriver:
 
     # -- unprepare -----------------------------------------------------------------------
     def unprepare(self, claim: ClaimRef) -> None:
-        with self._lock, self.checkpoint.exclusive():
+        with self.checkpoint.exclusive():
             entry = self.checkpoint.get(claim.uid)
             if entry is not None:
                 remove_recorded_specs(entry, self.cdi)

@@ -20,8 +20,10 @@ state: every change takes an exclusive `flock` on `<checkpoint>.lock` and is app
 file's current content, and reads pick up a file another process rewrote. `exclusive()` holds
 that lock across a driver's whole read-check-write (e.g. "is this device held by another
 claim?" then "record it"). The lock is waited for at most `lock_timeout` (`LOCK_TIMEOUT`,
-10 s, as NVIDIA's GPU driver): then `CheckpointLockTimeout`, a clear error for that one call,
-never a hang.
+10 s, as NVIDIA's GPU driver), and inside a kubelet call never past `LOCK_MARGIN` before the
+call's deadline (a call for several claims would otherwise wait 10 s for each and answer after
+kubelet gave up): then `CheckpointLockTimeout`, a clear error for that one claim, never a hang
+and never a late answer. A free lock is always taken, however little time is left.
 
 A checkpoint that cannot be parsed, or of a version this plugin does not know, is a clear
 error at start-up (`CheckpointError`), never silently treated as empty, since that would strand
@@ -52,6 +54,7 @@ from typing import Any
 import structlog
 
 from .cdi import write_atomic
+from .driver import current_call
 
 log = structlog.get_logger("fabricdra.checkpoint")
 
@@ -61,6 +64,7 @@ READABLE = (1, 2)
 # flock at 10 s too): past it, a clear error for this claim instead of a kubelet call that
 # hangs behind a stuck holder.
 LOCK_TIMEOUT = 10.0
+LOCK_MARGIN = 2.0  # seconds kept before kubelet's deadline to write and answer once locked
 BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
 PROC_STAT = Path("/proc/stat")
 
@@ -204,12 +208,15 @@ class Checkpoint:
     def exclusive(self) -> Iterator[None]:
         """Hold the checkpoint against every other thread and process (flock on the lock
         file) with this object's view refreshed from the file. Waits at most `lock_timeout`
-        seconds for it, then raises `CheckpointLockTimeout`."""
-        if not self._lock.acquire(timeout=self.lock_timeout):
-            raise self._timeout("another thread of this plugin")
+        seconds for it, and never past `LOCK_MARGIN` before the current kubelet call's
+        deadline, then raises `CheckpointLockTimeout`."""
+        wait = max(0.0, min(self.lock_timeout, current_call().remaining() - LOCK_MARGIN))
+        deadline = time.monotonic() + wait
+        if not self._lock.acquire(timeout=wait):  # 0: one try
+            raise self._timeout("another thread of this plugin", wait)
         try:
             if self._flock_depth == 0:
-                self._flock_fd = self._flock()
+                self._flock_fd = self._flock(deadline, wait)
             self._flock_depth += 1
             try:
                 self._refresh()
@@ -222,12 +229,11 @@ class Checkpoint:
         finally:
             self._lock.release()
 
-    def _flock(self) -> int:
-        """The lock file, flocked: polled without blocking, so the wait is bounded (flock
-        itself has no timeout)."""
+    def _flock(self, deadline: float, wait: float) -> int:
+        """The lock file, flocked: polled without blocking until `deadline` (at least once),
+        so the wait is bounded (flock itself has no timeout)."""
         self.lock_path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        deadline = time.monotonic() + self.lock_timeout
         pause = 0.001
         try:
             while True:
@@ -239,17 +245,18 @@ class Checkpoint:
                         raise
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise self._timeout("another process (an agent pod of a rolling update?)")
+                    raise self._timeout("another process (an agent pod of a rolling update?)", wait)
                 time.sleep(min(pause, left))
                 pause = min(pause * 2, 0.01)
         except BaseException:
             os.close(fd)
             raise
 
-    def _timeout(self, holder: str) -> CheckpointLockTimeout:
+    def _timeout(self, holder: str, wait: float) -> CheckpointLockTimeout:
+        why = "" if wait >= self.lock_timeout else " (all the time left before kubelet's deadline)"
         return CheckpointLockTimeout(
             f"checkpoint lock {self.lock_path} held by {holder} for more than "
-            f"{self.lock_timeout:g} s; nothing was changed"
+            f"{wait:.3g} s{why}; nothing was changed"
         )
 
     def _stat(self) -> tuple[int, int, int] | None:

@@ -32,7 +32,7 @@ from fabricdra.kube.rest import CLAIMS, ApiError, Rest
 
 from .cdi import CdiWriter
 from .checkpoint import Checkpoint, ClaimEntry
-from .driver import ClaimRef, PrepareError, current_call
+from .driver import ClaimRef, PreparedDevice, PrepareError, current_call
 
 log = structlog.get_logger("fabricdra.kubelet")
 
@@ -110,6 +110,27 @@ def wait_until(check: Callable[[], tuple[bool, str]], seconds: float) -> None:
         if time.monotonic() + POLL_SECONDS >= deadline:
             raise PrepareError(f"{message} (waited {limit:.0f}s; kubelet retries)")
         time.sleep(POLL_SECONDS)
+
+
+def recorded_answer(checkpoint: Checkpoint, uid: str, pool: str) -> list[PreparedDevice] | None:
+    """What kubelet was told for claim `uid` by an earlier prepare (the checkpoint), while
+    every spec file it wrote is still there; None: prepare it (again). A repeated prepare
+    answers this without reading the API or waiting for anything."""
+    entry = checkpoint.get(uid)
+    if entry is None or entry.devices is None:
+        return None
+    if not all(Path(p).exists() for p in entry.cdi_specs):
+        return None
+    return [
+        PreparedDevice(
+            pool_name=pool,
+            device_name=r.device_name,
+            cdi_device_ids=r.cdi_device_ids,
+            request_names=r.request_names,
+            share_id=r.share_id,
+        )
+        for r in entry.devices
+    ]
 
 
 def remove_recorded_specs(entry: ClaimEntry, cdi: CdiWriter) -> None:
