@@ -1,6 +1,8 @@
 """The `compute-domain.fabricdra.io` kubelet driver (a `DraDriver` for the shared plugin server).
 
-prepare(claim), in two phases (the shared rules of `kubelet/claims.py`):
+prepare(claim), in two phases (the shared rules of `kubelet/claims.py`), after one check:
+0. a claim the checkpoint says was prepared (its spec still there) is answered from the
+   checkpoint: no API read, no IMEX wait (a repeat from kubelet while IMEX restarts);
 1. reads the claim (before any lock, one attempt, within `api_timeout()`) and finds its
    results on this node (`channel` or `daemon` device) and the opaque configuration the
    controller put in the claim template (domain, channel);
@@ -12,11 +14,14 @@ prepare(claim), in two phases (the shared rules of `kubelet/claims.py`):
    waited for, up to `imex_wait_seconds` and never past kubelet's deadline (less a margin to
    answer), outside any lock, and no longer once kubelet has gone; then the claim fails with
    a clear error and kubelet retries it. Every read and wait happens here, so a slow claim
-   never delays another (the driver `locks_itself`; the server calls it concurrently);
-3. under the driver's lock, only if kubelet still waits: creates the host channel device node
+   never delays another (the driver `locks_itself`; the server calls it concurrently). The
+   node's fabric label is read once here, also for daemon claims (their environment);
+3. under the checkpoint's lock (waited for within kubelet's deadline), only if kubelet still
+   waits: creates the host channel device node
    if missing, records the claim in the checkpoint, then writes its CDI spec (atomic).
 
-Prepare is idempotent: the same claim gives the same devices and CDI ids every time.
+Prepare is idempotent: the same claim gives the same devices and CDI ids every time (recorded
+in its checkpoint entry).
 unprepare(claim) removes exactly what the checkpoint says the claim created (spec files only
 inside this driver's CDI folder). The checkpoint records the boot: entries of another boot are
 dropped at start-up with their specs.
