@@ -63,6 +63,17 @@ def slice_devices(api: Any, node: str) -> list[str]:
     return sorted(d.name for s in slices for d in (s.spec.devices or []))
 
 
+def taint_keys(api: Any, node: str) -> dict[str, list[str]]:
+    """Every published device of `node`, with its taints' keys."""
+    return {
+        d.name: [t.key for t in d.taints or []]
+        for s in client.ResourceV1Api(api)
+        .list_resource_slice(field_selector=f"spec.nodeName={node}")
+        .items
+        for d in s.spec.devices or []
+    }
+
+
 def agent_config(base: Path, host: Host, node: str, **kw: Any) -> AgentConfig:
     # The active probes (tools) off: these tests are about the agent, not verification.
     kw.setdefault("verify_tools", Tools(run_bandwidth=False))
@@ -448,7 +459,8 @@ def test_a_gpu_that_falls_off_the_bus_stays_published_tainted_until_a_restart(
     tmp_path_factory: pytest.TempPathFactory, control_plane: ControlPlane, crds: None, node: str
 ) -> None:
     """Issue 17: the kernel removing a GPU's PCI function used to unpublish it, so the claims
-    holding it lost their health signal."""
+    holding it lost their health signal. No claim holds this one: a restarted agent publishes
+    only what is on the bus (a held one is kept: the test below)."""
     base = tmp_path_factory.mktemp("bus")
     host = build_host(base / "host", vf_nics=())
     config = agent_config(base, host, node, discovery_interval=3600)
@@ -456,25 +468,18 @@ def test_a_gpu_that_falls_off_the_bus_stays_published_tainted_until_a_restart(
     gone = sorted(snapshot)[0]
     device = "gpu-" + gone.replace(":", "-").replace(".", "-")
 
-    def taints(api: Any) -> dict[str, list[str]]:
-        return {
-            d.name: [t.key for t in d.taints or []]
-            for s in client.ResourceV1Api(api)
-            .list_resource_slice(field_selector=f"spec.nodeName={node}")
-            .items
-            for d in s.spec.devices or []
-        }
-
     with control_plane.api_client() as api:
         agent = Agent(config, api)
         agent.pass_once()
-        assert wait_for(lambda: device in taints(api), what="the first publish")
-        assert taints(api)[device] == []
+        assert wait_for(lambda: device in taint_keys(api, node), what="the first publish")
+        assert taint_keys(api, node)[device] == []
         SysfsBuilder(config.sysfs_root).remove_pci(gone)  # Xid 79: the kernel drops the GPU
         del snapshot[gone]
         host.nvml_snapshot.write_text(json.dumps(snapshot))
         inventory = agent.pass_once()
-        assert wait_for(lambda: TAINT_KEY in taints(api).get(device, []), what="the taint")
+        assert wait_for(
+            lambda: TAINT_KEY in taint_keys(api, node).get(device, []), what="the taint"
+        )
         lost = inventory.get(device)
         assert lost is not None
         assert (lost.health, lost.lost) == ("Unhealthy", True)
@@ -486,7 +491,9 @@ def test_a_gpu_that_falls_off_the_bus_stays_published_tainted_until_a_restart(
 
         restarted = Agent(config, api)  # a new process publishes what is on the bus
         restarted.pass_once()
-        assert wait_for(lambda: device not in taints(api), what="the GPU withdrawn after a restart")
+        assert wait_for(
+            lambda: device not in taint_keys(api, node), what="the GPU withdrawn after a restart"
+        )
         restarted.xids.close()
 
 
@@ -503,15 +510,6 @@ def test_a_lost_gpu_a_claim_holds_stays_published_unhealthy_across_a_restart(
     snapshot = json.loads(host.nvml_snapshot.read_text())
     gone = sorted(snapshot)[0]
     device = "gpu-" + gone.replace(":", "-").replace(".", "-")
-
-    def taints(api: Any) -> dict[str, list[str]]:
-        return {
-            d.name: [t.key for t in d.taints or []]
-            for s in client.ResourceV1Api(api)
-            .list_resource_slice(field_selector=f"spec.nodeName={node}")
-            .items
-            for d in s.spec.devices or []
-        }
 
     def streamed(agent: Agent) -> dict[str, int]:
         """The first message kubelet's health stream gets from `agent`'s server."""
@@ -537,7 +535,7 @@ def test_a_lost_gpu_a_claim_holds_stays_published_unhealthy_across_a_restart(
         del snapshot[gone]
         host.nvml_snapshot.write_text(json.dumps(snapshot))
         agent.pass_once()
-        assert TAINT_KEY in taints(api)[device]
+        assert TAINT_KEY in taint_keys(api, node)[device]
         agent.xids.close()
 
         restarted = Agent(config, api)  # a new process: the kernel no longer lists the GPU
@@ -545,7 +543,7 @@ def test_a_lost_gpu_a_claim_holds_stays_published_unhealthy_across_a_restart(
         lost = inventory.get(device)
         assert lost is not None, "the held GPU was withdrawn after the restart"
         assert (lost.health, lost.lost) == ("Unhealthy", True)
-        assert TAINT_KEY in taints(api)[device]
+        assert TAINT_KEY in taint_keys(api, node)[device]
         assert streamed(restarted)[device] == health_pb2.UNHEALTHY
         # a new claim of it is refused (it is lost), as before the restart
         late = create_claim(api, node, "late", [{"request": "gpu", "device": device, "pool": node}])
@@ -554,7 +552,7 @@ def test_a_lost_gpu_a_claim_holds_stays_published_unhealthy_across_a_restart(
 
         restarted.driver.unprepare(held)  # kubelet releases the claim: the GPU goes
         restarted.pass_once()
-        assert device not in taints(api)
+        assert device not in taint_keys(api, node)
         assert device not in streamed(restarted)
         restarted.xids.close()
 
