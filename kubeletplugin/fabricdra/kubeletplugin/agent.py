@@ -382,8 +382,12 @@ class Agent:
 
         # Health first, from local facts and the last-known API facts: no API read comes
         # before kubelet hears about a device (issue 29 point 4).
-        inventory, pinning = inventory_for(self.facts.current(uids))
+        facts = self.facts.current(uids)
+        inventory, pinning = inventory_for(facts)
         self._swap(inventory)
+        age = facts.age()
+        if self.facts.running and age is not None and age > 3 * self.config.discovery_interval:
+            log.warning("node not read for a while; its last RDMA mode applies", age_s=int(age))
         if not self.facts.request(pinning):
             # A lone pass (the first, before the sockets open; or a test's): the reads
             # happen here, after health, and the pass applies what they found.
