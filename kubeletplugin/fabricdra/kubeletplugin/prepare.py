@@ -45,7 +45,6 @@ what was recorded — also in a later process.
 from __future__ import annotations
 
 import json
-import threading
 import uuid as uuidlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -166,7 +165,6 @@ class DevicesDriver:
     devices: DeviceConfig = field(default_factory=DeviceConfig)
     # Reads happen outside the lock; resolving, the in-use check and writing inside it.
     locks_itself = True
-    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def __post_init__(self) -> None:
         # Entries of another boot: their containers are gone; so must their spec files be
@@ -185,7 +183,7 @@ class DevicesDriver:
             return done
         obj = read_claim(self.claims, claim)  # before any lock: one slow read delays no one
         # The file lock too: another agent pod may serve kubelet during a rolling update.
-        with self._lock, self.checkpoint.exclusive():
+        with self.checkpoint.exclusive():  # serializes our threads too, boundedly
             ensure_wanted()
             done = self._already_prepared(claim)  # a concurrent call for the same claim
             if done is not None:
@@ -424,7 +422,7 @@ class DevicesDriver:
 
     def unprepare(self, claim: ClaimRef) -> None:
         """Remove what this claim's prepare created; a claim never prepared is a success."""
-        with self._lock, self.checkpoint.exclusive():
+        with self.checkpoint.exclusive():  # serializes our threads too, boundedly
             entry = self.checkpoint.get(claim.uid)
             if entry is not None:
                 remove_recorded_specs(entry, self.cdi)
