@@ -11,18 +11,21 @@ registration — kubelet deletes the node's slices when it starts):
    passes the set is drained every `XID_POLL_SECONDS`, and a new critical Xid starts a pass
    at once);
 3. `build_devices` → the new `DeviceInventory`, swapped in as one reference, so prepare
-   always resolves names against one complete pass. A GPU seen earlier in this process that a
-   complete enumeration no longer finds (the kernel removed it: fell off the bus) is kept from
-   its last record, Unhealthy and marked lost (prepare refuses it), until the agent restarts.
-   The node's RDMA mode is re-read from the Node's `fabricdra.io/rdma-mode` label each pass
-   (absent: `--rdma-mode`; invalid: an error log, a Warning event on the NodeDevices record,
-   and `--rdma-mode`; unreadable: the last pass's mode), and RDMA endpoints prepared claims
-   hold (the checkpoint) keep the mode they are held in until unprepared; one whose claim
-   is gone from the API is withheld until unprepared (only the claims whose hold changes
-   what is offered are read, `pins_mode`);
+   always resolves names against one complete pass, and its health sent to kubelet's health
+   stream at once (Unhealthy/healed devices reach kubelet before any API read of the pass).
+   A GPU seen earlier that a complete enumeration no longer finds (the kernel removed it: fell
+   off the bus) is kept from its last record, Unhealthy and marked lost (prepare refuses it):
+   until this process ends, and across a restart while a prepared claim holds it
+   (seengpus.py). The node's RDMA mode (the Node's `fabricdra.io/rdma-mode` label; absent:
+   `--rdma-mode`; invalid: an error log, a Warning event on the NodeDevices record, and
+   `--rdma-mode`; unreadable: the last mode read), the reverify annotation and which holds'
+   claims are gone from the API are the last values read by apifacts.py, on its own thread
+   once the agent runs (a read that changed one starts a pass); RDMA endpoints prepared claims
+   hold (the checkpoint) keep the mode they are held in until unprepared; one whose claim is
+   gone from the API is withheld until unprepared (only the claims whose hold changes what is
+   offered are read, `pins_mode`);
 4. `NodePublisher.sync` (slices, NodeDevices, labels; it compares with the live objects, so
-   a pass that changes nothing writes nothing, and slices kubelet deleted come back);
-5. the health stream snapshot (Unhealthy/healed devices reach kubelet at once).
+   a pass that changes nothing writes nothing, and slices kubelet deleted come back).
 Verification (docs/verification.md) runs whenever it is due (`verification.runner.Schedule`):
 the first pass runs it, so a new node is never offered on trust; a run that did not pass is
 retried with a backoff; the Node annotation `fabricdra.io/reverify` (read each pass) asks for

@@ -23,7 +23,7 @@ Rules (issue 4, seeds 000 "The RDMA resource keys" and 003 "MIG profiles", "Heal
   holds (`held`) is offered as it is held whatever the mode says now, so a mode change never
   moves a prepared device (prepare's in-use check refuses what the change would otherwise
   let two claims share); the agent counts a hold only while its claim is still in the API,
-  and withholds a NIC a gone claim holds (`agent.Agent._holds_in_force`). An AWS EFA function
+  and withholds a NIC a gone claim holds (`agent.Agent._take`, `apifacts.py`). An AWS EFA function
   is never an RDMA endpoint: it is its own kind (`efa`, kinds/efa.py), offered only with
   `DeviceConfig.efa`. An endpoint without a
   bound RDMA device name is offered in no mode: the name is what prepare resolves to a verbs
@@ -41,7 +41,8 @@ Rules (issue 4, seeds 000 "The RDMA resource keys" and 003 "MIG profiles", "Heal
   instance has its parent's health. Unhealthy devices are kept, never dropped (kubelet's
   checkpoints name them), and tainted in the ResourceSlice. A GPU that left the PCI bus is
   kept too, from its last record (`lost`, passed in by the agent, which remembers every GPU
-  it saw until it restarts): Unhealthy, and prepare refuses it.
+  it saw until it restarts, and across a restart while a claim holds it: seengpus.py):
+  Unhealthy, and prepare refuses it.
 """
 
 from __future__ import annotations
