@@ -68,7 +68,10 @@ DeviceType = Literal["gpu", "mig", "rdma", "efa"]
 EndpointMode = Literal["exclusive", "shared", "vf"]
 Health = Literal["Healthy", "Unhealthy", "Unknown"]
 
-LOST_REASON = "the GPU left the PCI bus (fell off the bus); kept until the agent restarts"
+LOST_REASON = (
+    "the GPU left the PCI bus (fell off the bus); kept while claims hold it or until the agent "
+    "restarts"
+)
 
 DEFAULT_SHARED_HOLDERS = 64  # the ecosystem's shared-RDMA device plugin ships this default
 MAX_NAME = 63  # a ResourceSlice device name is a DNS label
