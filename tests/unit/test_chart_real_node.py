@@ -128,10 +128,15 @@ def test_node_pods_go_to_gpu_or_rdma_nodes_never_control_planes(chart: Chart) ->
         assert vendor[0]["operator"] == "In"
         assert vendor[0]["values"] == ["true"]
         keys.append(vendor[0]["key"])
-    # NFD's PCI vendor labels: NVIDIA GPUs (10de), NVIDIA/Mellanox NICs (15b3).
+    # NFD's PCI vendor labels: NVIDIA GPUs (10de), NVIDIA/Mellanox NICs (15b3), AMD GPUs (1002);
+    # the AMD GPU Operator's rule label; NFD's rdma.capable for every other RDMA NIC (Broadcom,
+    # Intel, AWS EFA): the project's AMD and EFA kinds and non-Mellanox NICs get a node pod.
     assert keys == [
         "feature.node.kubernetes.io/pci-10de.present",
         "feature.node.kubernetes.io/pci-15b3.present",
+        "feature.node.kubernetes.io/pci-1002.present",
+        "feature.node.kubernetes.io/amd-gpu",
+        "feature.node.kubernetes.io/rdma.capable",
     ]
     assert "affinity" not in _node_pod(chart.template({"node": {"deviceNodeLabels": []}}))
     own = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}
