@@ -84,31 +84,7 @@ def test_no_container_writes_its_termination_message_into_dev(
         assert not path.startswith("/dev/"), c["name"]
 
 
-# -- point 4: the driver root ----------------------------------------------------------------
-
-
-@pytest.mark.parametrize("root", ["/", "/run/nvidia/driver"])
-def test_only_the_driver_roots_usr_tree_is_mounted_with_host_propagation(
-    chart: Chart, root: str
-) -> None:
-    """Never the whole host `/` (control-plane keys, kubelet credentials): NVML's library and
-    the nvidia-imex binaries are under <driverRoot>/usr. HostToContainer: the GPU operator
-    mounts its driver under /run/nvidia/driver after the node pod may have started."""
-    pod = _node_pod(chart.template({"driverRoot": root}))
-    host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
-    assert "/" not in host_paths.values()
-    assert root.rstrip("/") + "/usr" in host_paths.values()
-    for c in pod["containers"]:
-        driver = [m for m in c["volumeMounts"] if m["mountPath"].startswith("/driver-root")]
-        assert driver, c["name"]
-        for m in driver:
-            assert host_paths[m["name"]] == root.rstrip("/") + "/usr"
-            assert m["mountPath"] == "/driver-root/usr"
-            assert m["readOnly"] is True
-            assert m["mountPropagation"] == "HostToContainer"
-    cd = _container(pod, "compute-domain")
-    assert f"--driver-root={root}" in cd["args"]
-    assert "--container-driver-root=/driver-root" in cd["args"]
+# -- point 4: the driver root: tests/unit/test_chart_driver_root.py (issue 30 point 3) ------
 
 
 # -- point 5: placement ----------------------------------------------------------------------
@@ -138,7 +114,14 @@ def test_node_pods_go_to_gpu_or_rdma_nodes_never_control_planes(chart: Chart) ->
         "feature.node.kubernetes.io/amd-gpu",
         "feature.node.kubernetes.io/rdma.capable",
     ]
-    assert "affinity" not in _node_pod(chart.template({"node": {"deviceNodeLabels": []}}))
+    # No label rule: only the GPU Operator's driver-upgrade eviction rule (GPUs on), or nothing.
+    everywhere = _node_pod(chart.template({"node": {"deviceNodeLabels": []}}))["affinity"]
+    terms = everywhere["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert [[e["key"] for e in t["matchExpressions"]] for t in terms["nodeSelectorTerms"]] == [
+        ["nvidia.com/gpu.deploy.client"]
+    ]
+    no_gpus = {"node": {"deviceNodeLabels": []}, "gpus": {"enabled": False}}
+    assert "affinity" not in _node_pod(chart.template(no_gpus))
     own = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}
     assert _node_pod(chart.template({"node": {"affinity": own}}))["affinity"] == own
 
