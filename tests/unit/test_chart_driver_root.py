@@ -145,6 +145,8 @@ def test_the_pod_waits_for_the_driver(chart: Chart) -> None:
     assert init["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     off = _pod(chart, {"gpus": {"enabled": False}, "computeDomains": {"enabled": False}})
     assert "initContainers" not in off
+    # Recorded NVML answers (tests, demos) load no library: nothing to wait for.
+    assert "initContainers" not in _pod(chart, {"nvmlSnapshot": "/var/lib/nvml.json"})
 
 
 def test_the_gpu_operators_driver_manager_can_evict_the_node_pod(chart: Chart) -> None:
