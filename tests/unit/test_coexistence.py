@@ -164,26 +164,15 @@ def test_the_agent_withholds_with_a_netns_reading_from_the_hosts_sysfs(tmp_path:
     """The whole pass, offline (no API: no Node to read): exclusive mode in the host's sysfs
     takes the NICs out of what is published and what prepare resolves; shared puts them
     back."""
-    from fabricdra.kubeletplugin.agent import Agent, AgentConfig
+    from fabricdra.kubeletplugin.agent import Agent
+    from tests.unit.agentkit import offline_config
     from tests.unit.test_xid_events import Captured
 
     b = SysfsBuilder(tmp_path / "sys")
     hgx = hgx_h100(b)
     b.write(NETNS_MODE_PARAM, "N\n")
     (tmp_path / "nvml.json").write_text(json.dumps(h100_snapshot(hgx.gpus)))
-    (tmp_path / "boot_id").write_text("boot-1\n")
-    config = AgentConfig(
-        node_name="node-a",
-        sysfs_root=b.root,
-        nvml_snapshot=tmp_path / "nvml.json",
-        cdi_dir=tmp_path / "cdi",
-        toolkit_cdi_dirs=(),
-        plugin_dir=tmp_path / "plugin",
-        registry_dir=tmp_path / "registry",
-        state_dir=tmp_path / "state",
-        verification_gate=False,
-        boot_id_file=tmp_path / "boot_id",
-    )
+    config = offline_config(tmp_path, b.root, nvml_snapshot=tmp_path / "nvml.json")
     agent = Agent(config, None, publisher=Captured())
     try:
         assert {d.type for d in agent.pass_once()} == {"gpu"}
