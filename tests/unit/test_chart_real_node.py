@@ -266,7 +266,11 @@ def test_global_values_are_accepted_and_the_chart_works_as_a_subchart(
     (parent / "Chart.yaml").write_text(
         "apiVersion: v2\nname: platform\nversion: 1.0.0\nkubeVersion: '>=1.34.0-0'\n"
     )
-    (parent / "values.yaml").write_text("global:\n  imageRegistry: registry.example\n")
+    # An umbrella chart answers the subchart's device plugin question under its name.
+    (parent / "values.yaml").write_text(
+        "global:\n  imageRegistry: registry.example\n"
+        "fabricdra:\n  devicePlugins:\n    absent: true\n"
+    )
     shutil.copytree(CHART_DIR, parent / "charts" / "fabricdra")
     out = chart.run(
         "template", "platform", str(parent), "--namespace=gpu-ops", "--kube-version=v1.36.0"
@@ -290,7 +294,7 @@ def test_compute_domain_plugin_has_a_liveness_probe_on_its_own_socket(chart: Cha
 def test_helm_template_needs_no_kube_version(chart: Chart) -> None:
     """The helm build.sh builds defaults to the Kubernetes version of its own client-go (as
     helm's release builds do), not 1.20, which the chart's kubeVersion refuses."""
-    out = chart.run("template", "fabricdra", str(CHART_DIR))
+    out = chart.run("template", "fabricdra", str(CHART_DIR), "--set=devicePlugins.absent=true")
     assert "kind: DaemonSet" in out
 
 
