@@ -19,7 +19,10 @@ registration — kubelet deletes the node's slices when it starts):
    and `--rdma-mode`; unreadable: the last pass's mode), and RDMA endpoints prepared claims
    hold (the checkpoint) keep the mode they are held in until unprepared; one whose claim
    is gone from the API is withheld until unprepared (only the claims whose hold changes
-   what is offered are read, `pins_mode`);
+   what is offered are read, `pins_mode`). Devices another advertiser hands out on this node
+   are withheld (coexistence.py: a device plugin's resource in the Node's capacity, read in
+   the same Node read; for RDMA and EFA, the RDMA subsystem in exclusive namespace mode), with
+   a log line and a `DevicesWithheld` Warning event on the Node when that set changes;
 4. `NodePublisher.sync` (slices, NodeDevices, labels; it compares with the live objects, so
    a pass that changes nothing writes nothing, and slices kubelet deleted come back);
 5. the health stream snapshot (Unhealthy/healed devices reach kubelet at once).
