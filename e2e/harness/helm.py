@@ -22,9 +22,29 @@ CHART_DIR = Path(__file__).resolve().parents[2] / "charts" / "fabricdra"
 KUBE_VERSION = binaries.kubernetes_version()
 
 
+# What every install by the harness says, as an operator's values file would: its nodes run
+# no device plugin (the chart refuses to offer devices without it; docs/coexistence.md).
+BASE_VALUES: dict[str, Any] = {"devicePlugins": {"absent": True}}
+
+
+def merged(base: dict[str, Any], values: dict[str, Any] | None) -> dict[str, Any]:
+    """`values` over `base`, maps merged key by key (as helm merges values files)."""
+    out = dict(base)
+    for k, v in (values or {}).items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = merged(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
 class Chart:
-    def __init__(self, chart_dir: Path = CHART_DIR) -> None:
+    def __init__(
+        self, chart_dir: Path = CHART_DIR, *, base_values: dict[str, Any] | None = None
+    ) -> None:
+        """`base_values`: under every call's values (default BASE_VALUES; {} for none)."""
         self.chart_dir = chart_dir
+        self.base_values = BASE_VALUES if base_values is None else base_values
         self.helm = binaries.ensure(binaries.HELM, helm=True) / "helm"
 
     def run(self, *args: str, check: bool = True, timeout: float = 600) -> str:
@@ -39,10 +59,17 @@ class Chart:
 
     def _values(self, values: dict[str, Any] | None) -> list[str]:
         # --set-json per top-level key: exact types, no helm --set string parsing.
-        return [f"--set-json={k}={json.dumps(v)}" for k, v in (values or {}).items()]
+        values = merged(self.base_values, values)
+        return [f"--set-json={k}={json.dumps(v)}" for k, v in values.items()]
 
     def lint(self) -> str:
-        return self.run("lint", "--strict", f"--kube-version={KUBE_VERSION}", str(self.chart_dir))
+        return self.run(
+            "lint",
+            "--strict",
+            f"--kube-version={KUBE_VERSION}",
+            *self._values(None),
+            str(self.chart_dir),
+        )
 
     def render(
         self,

@@ -33,3 +33,14 @@ completes a gRPC (HTTP/2) handshake within 5 s, i.e. the plugin's server still a
 {{- define "fabricdra.ownSocketAnswers" -}}
 for s in {{ . }}/dra-*.sock; do i=${s##*/dra-}; i=${i%.sock}; case "$FABRICDRA_POD_UID" in "$i"*) test -S "$s" && exec python3 -c 'import sys, grpc; grpc.channel_ready_future(grpc.insecure_channel("unix://" + sys.argv[1])).result(timeout=5)' "$s";; esac; done; exit 1
 {{- end }}
+
+{{- /* The NVIDIA driver's mount for a plugin container, given driverRoot without its trailing
+slash: the host's /usr for a driver on the host (`/`), else the driver root's parent, whose
+new mounts (a driver container replaced at an upgrade) reach the container (HostToContainer). */}}
+{{- define "fabricdra.driverMount" -}}
+{{- if . -}}
+- {name: driver-root-parent, mountPath: /driver-root-parent, readOnly: true, mountPropagation: HostToContainer}
+{{- else -}}
+- {name: driver-usr, mountPath: /driver-root/usr, readOnly: true}
+{{- end -}}
+{{- end }}

@@ -80,6 +80,17 @@ def register(sub: Any) -> None:
         "comma-separated]",
     )
     a(
+        "--device-plugin-resource",
+        action="append",
+        metavar="GROUP=RESOURCE",
+        default=[r for r in (_env("DEVICE_PLUGIN_RESOURCES", "") or "").split(",") if r],
+        help="a device plugin resource name (a trailing * matches any name with that start) "
+        "whose count above 0 in the Node's capacity withholds GROUP (nvidia-gpu, amd-gpu, "
+        "rdma, efa) on that node, besides the built-in names (nvidia.com/gpu, amd.com/gpu, "
+        "rdma/*, ...), e.g. rdma=nvidia.com/sriov_rdma_vf; repeatable "
+        "[FABRICDRA_DEVICE_PLUGIN_RESOURCES, comma-separated]",
+    )
+    a(
         "--rdma-vfs",
         default=env_choice("RDMA_VFS", "true", ["true", "false"]),
         choices=["true", "false"],
@@ -238,6 +249,7 @@ def register(sub: Any) -> None:
 
 def build_config(args: argparse.Namespace) -> Any:
     from fabricdra.kubeletplugin.agent import AgentConfig
+    from fabricdra.kubeletplugin.coexistence import BUILTIN_RULES, parse_rule
     from fabricdra.kubeletplugin.devices import DeviceConfig, parse_override
     from fabricdra.kubeletplugin.verification import Tools
 
@@ -265,6 +277,7 @@ def build_config(args: argparse.Namespace) -> Any:
             offer_gpus=args.gpus == "true",
             offer_rdma=args.rdma == "true",
         )
+        rules = BUILTIN_RULES + tuple(parse_rule(r) for r in args.device_plugin_resource)
     except ValueError as e:
         raise UsageError(str(e)) from None
     expect = expected_profile(args.verify_expect, args.verify_expect_json)
@@ -297,6 +310,7 @@ def build_config(args: argparse.Namespace) -> Any:
         verify_namespace=args.verify_namespace,
         verify_runtime_class=args.verify_runtime_class or None,
         verify_expect=expect,
+        device_plugin_rules=rules,
     )
 
 

@@ -19,7 +19,10 @@ registration — kubelet deletes the node's slices when it starts):
    and `--rdma-mode`; unreadable: the last pass's mode), and RDMA endpoints prepared claims
    hold (the checkpoint) keep the mode they are held in until unprepared; one whose claim
    is gone from the API is withheld until unprepared (only the claims whose hold changes
-   what is offered are read, `pins_mode`);
+   what is offered are read, `pins_mode`). Devices another advertiser hands out on this node
+   are withheld (coexistence.py: a device plugin's resource in the Node's capacity, read in
+   the same Node read; for RDMA and EFA, the RDMA subsystem in exclusive namespace mode), with
+   a log line and a `DevicesWithheld` Warning event on the Node when that set changes;
 4. `NodePublisher.sync` (slices, NodeDevices, labels; it compares with the live objects, so
    a pass that changes nothing writes nothing, and slices kubelet deleted come back);
 5. the health stream snapshot (Unhealthy/healed devices reach kubelet at once).
@@ -66,6 +69,18 @@ from fabricdra.api.verification import SystemProfile
 from fabricdra.kube.rest import EVENTS, NODE_DEVICES, NODES
 
 from . import metrics
+from .coexistence import (
+    BUILTIN_RULES,
+    GROUPS,
+    Conflict,
+    Group,
+    NetnsMode,
+    Rule,
+    device_plugin_conflicts,
+    netns_conflicts,
+    read_netns_mode,
+    withhold,
+)
 from .devices import (
     DeviceConfig,
     DeviceInventory,
@@ -150,6 +165,9 @@ class AgentConfig:
     # The system profile the node is held to (None: the built-in one its DMI model names).
     verify_expect: SystemProfile | None = None
     boot_id_file: Path = BOOT_ID_PATH  # the kernel's boot id: state of another boot is dropped
+    # Device plugin resources whose advertisement on the Node withholds a group of devices
+    # (coexistence.py; the built-in table plus `--device-plugin-resource`).
+    device_plugin_rules: tuple[Rule, ...] = BUILTIN_RULES
 
     @property
     def checkpoint_path(self) -> Path:
@@ -233,6 +251,15 @@ class Agent:
         self._rest = metrics.counting_rest(api)  # the Node's RDMA mode label; its events
         self.rdma_mode: RdmaMode = config.devices.rdma_mode  # the mode of the last pass
         self._warned_label: str | None = None  # the invalid label value an event was sent for
+        # Coexistence (coexistence.py): the device plugin groups of the last readable Node
+        # (None: never read, so unknown), the RDMA namespace mode of the last readable
+        # reading, and the withheld set an event was last sent for.
+        self._api = api is not None  # without an API (offline, unit tests) no Node to read
+        self._plugin_conflicts: list[Conflict] | None = None
+        self._netns_mode: NetnsMode | None = None
+        self._netns_known = False
+        self._reported_withheld: tuple[str, ...] = ()
+        self.withheld: dict[str, list[str]] = {}  # group -> device names, this pass
         self._gone_claims: set[str] = set()  # checkpointed claim UIDs found gone from the API
         reader = ApiClaimReader(api)
         checkpoint = Checkpoint(config.checkpoint_path, boot_id=boot_id)
@@ -341,7 +368,8 @@ class Agent:
             self._seen_gpus[acc.pciBusId] = acc
         if lost:
             log.warning("GPUs left the PCI bus; kept, tainted", gpus=[a.pciBusId for a in lost])
-        config = replace(self.config.devices, rdma_mode=self._node_rdma_mode())
+        node, readable = self._read_node()
+        config = replace(self.config.devices, rdma_mode=self._node_rdma_mode(node, readable))
         created_mig = self._created_mig()
 
         def build(held: dict[str, HeldAs]) -> DeviceInventory:
@@ -367,6 +395,7 @@ class Agent:
             inventory = replace(
                 inventory, devices=tuple(d for d in inventory if d.name not in withheld)
             )
+        inventory = self._coexist(inventory, node, readable, tree)
         self.inventory = inventory
         metrics.DISCOVERY_SECONDS.observe(time.perf_counter() - start)
         self.passes += 1
@@ -417,15 +446,23 @@ class Agent:
             out.append(entry)
         return out, gone_entries
 
-    def _node_rdma_mode(self) -> RdmaMode:
+    def _read_node(self) -> tuple[dict[str, Any] | None, bool]:
+        """This node's Node object, read afresh each pass (None: it does not exist), and
+        whether it could be read."""
+        if not self._api:
+            return None, False
+        try:
+            return self._rest.get_or_none(NODES, self.config.node_name), True
+        except Exception as e:
+            log.warning("node unreadable; its RDMA mode and device plugins kept", error=str(e))
+            return None, False
+
+    def _node_rdma_mode(self, node: dict[str, Any] | None, readable: bool) -> RdmaMode:
         """This pass's RDMA mode: the Node's label, else `--rdma-mode`. Read afresh each pass,
         so a relabelled node follows within one discovery interval; an unreadable Node keeps
         the last pass's mode (a transient API error must not flip every NIC)."""
         default = self.config.devices.rdma_mode
-        try:
-            node = self._rest.get_or_none(NODES, self.config.node_name)
-        except Exception as e:
-            log.warning("node unreadable; RDMA mode kept", mode=self.rdma_mode, error=str(e))
+        if not readable and self._api:
             return self.rdma_mode
         labels = ((node or {}).get("metadata") or {}).get("labels") or {}
         value = labels.get(label_keys.RDMA_MODE)
@@ -455,32 +492,110 @@ class Agent:
         not sent, e.g. no record yet, so the next pass tries again)."""
         try:
             record = self._rest.get_or_none(NODE_DEVICES, self.config.node_name)
-            if record is None:
-                return False
+        except Exception as e:
+            log.warning("cannot record event", reason="InvalidRdmaMode", error=str(e))
+            return False
+        if record is None:
+            return False
+        message = (
+            f"node label {label_keys.RDMA_MODE}={value!r} is not exclusive, "
+            f"shared or off; RDMA endpoints are offered in the default mode {default!r}"
+        )
+        return self._event(record, "InvalidRdmaMode", message)
+
+    def _event(self, about: dict[str, Any], reason: str, message: str) -> bool:
+        """A Warning event on `about` (a Node or this node's NodeDevices) in `default`, where
+        cluster-scoped objects' events go; False: not recorded."""
+        try:
             now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-            meta = record["metadata"]
+            meta = about["metadata"]
             body = {
                 "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:12]}"},
                 "involvedObject": {
-                    "apiVersion": record["apiVersion"],
-                    "kind": record["kind"],
+                    "apiVersion": about.get("apiVersion", "v1"),
+                    "kind": about.get("kind", "Node"),
                     "name": meta["name"],
                     "uid": meta.get("uid"),
                 },
                 "type": "Warning",
-                "reason": "InvalidRdmaMode",
-                "message": f"node label {label_keys.RDMA_MODE}={value!r} is not exclusive, "
-                f"shared or off; RDMA endpoints are offered in the default mode {default!r}",
-                "source": {"component": "fabricdra-kubelet-plugin", "host": meta["name"]},
+                "reason": reason,
+                "message": message,
+                "source": {"component": "fabricdra-kubelet-plugin", "host": self.config.node_name},
                 "firstTimestamp": now,
                 "lastTimestamp": now,
                 "count": 1,
             }
             self._rest.create(EVENTS, body, "default", timeout=10.0, retries=False)
-        except Exception as e:  # an event is advice: the log line above already says it
-            log.warning("cannot record event", reason="InvalidRdmaMode", error=str(e))
+        except Exception as e:  # an event is advice: the log line already says it
+            log.warning("cannot record event", reason=reason, error=str(e))
             return False
         return True
+
+    def _coexist(
+        self,
+        inventory: DeviceInventory,
+        node: dict[str, Any] | None,
+        readable: bool,
+        tree: SysfsTree,
+    ) -> DeviceInventory:
+        """This pass's inventory without the devices another advertiser hands out here: a
+        device plugin on the Node's capacity, or an RDMA subsystem in exclusive namespace
+        mode (coexistence.py). What cannot be read keeps the last reading; never read, the
+        groups it decides are withheld (unknown is not "no device plugin")."""
+        if readable:
+            self._plugin_conflicts = device_plugin_conflicts(
+                node or {}, self.config.device_plugin_rules
+            )
+        plugins = self._plugin_conflicts
+        if plugins is None:
+            plugins = (
+                [Conflict(g, "the Node could not be read yet") for g in GROUPS] if self._api else []
+            )
+        try:
+            self._netns_mode, self._netns_known = read_netns_mode(tree), True
+        except ValueError as e:
+            log.warning("RDMA namespace mode unreadable; last reading kept", error=str(e))
+        netns = (
+            netns_conflicts(self._netns_mode)
+            if self._netns_known
+            else [Conflict(g, "the RDMA namespace mode is unreadable") for g in ("rdma", "efa")]
+        )
+        conflicts = [*plugins, *netns]
+        kept, dropped = withhold(inventory, conflicts)
+        self.withheld = dict(dropped.items())
+        self._report_withheld(node, conflicts, dropped)
+        return kept
+
+    def _report_withheld(
+        self,
+        node: dict[str, Any] | None,
+        conflicts: list[Conflict],
+        dropped: dict[Group, list[str]],
+    ) -> None:
+        """A log line and a Warning event on the Node each time the withheld set changes."""
+        reasons = {g: [c.reason for c in conflicts if c.group == g] for g in dropped}
+        key = tuple(f"{g}={len(dropped[g])}:{';'.join(reasons[g])}" for g in sorted(dropped))
+        if key == self._reported_withheld:
+            return
+        if not dropped:
+            log.info("no device withheld: no other advertiser on this node")
+            self._reported_withheld = key
+            return
+        for group in sorted(dropped):
+            log.warning(
+                "devices withheld: another advertiser hands them out on this node",
+                group=group,
+                devices=len(dropped[group]),
+                because=reasons[group],
+            )
+        message = "; ".join(
+            f"{len(dropped[g])} {g} device(s) not offered by devices.fabricdra.io: "
+            + ", ".join(reasons[g])
+            for g in sorted(dropped)
+        )
+        message += " (docs/coexistence.md)"
+        if node is None or self._event(node, "DevicesWithheld", message[:1024]):
+            self._reported_withheld = key
 
     def _publish(
         self, discovery: Discovery, inventory: DeviceInventory, gate: GateInput | None
