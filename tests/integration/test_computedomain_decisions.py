@@ -609,32 +609,37 @@ def test_an_incomplete_gang_is_released_after_the_timeout(
             assert cd.ADMITTED_CONDITION not in _conds(rest, ns, claim)
 
 
+def _replica(
+    cp: ControlPlane, driver_ns: str, lease: str, identity: str, gang_timeout: float
+) -> Controller:
+    """One controller replica of a pair sharing the Lease `lease`."""
+    cfg = ControllerConfig(
+        namespace=driver_ns,
+        daemon=DaemonSettings(namespace=driver_ns),
+        resync_seconds=5.0,
+        lease_name=lease,
+        identity=identity,
+        gang_timeout_seconds=gang_timeout,
+    )
+    return Controller(cp.api_client(), cfg)
+
+
 def test_a_gang_waiting_at_binding_across_a_leader_change_is_timed_out_by_the_new_leader(
     control_plane: ControlPlane, rest: Rest
 ) -> None:
-    """The gang timer lives in the leader's memory: a leader that goes while a gang waits at
-    binding takes its timer with it. The new leader starts one of its own for the held claims
-    (the gang waits up to one more timeout), so the gang is released, never held for ever.
-    The first leader's timeout is longer than the test, so the release can only be the new
-    leader's."""
+    """A leader that goes while a gang waits at binding: the new leader releases the gang
+    (its timer runs from the claims' allocation time, the next test), never holds it for
+    ever. The first leader's timeout is longer than the test, so the release can only be
+    the new leader's."""
     ns, driver_ns = new_namespace(control_plane, "cd-gangha"), unique("cd-system")
     nodes = [unique("gang-ha"), unique("gang-ha"), unique("gang-ha")]
     for n in nodes:
         create_plugin_node(control_plane, n, "fabric-gangha")
     lease = unique("cd-lease")
 
-    def replica(identity: str, gang_timeout: float) -> Controller:
-        cfg = ControllerConfig(
-            namespace=driver_ns,
-            daemon=DaemonSettings(namespace=driver_ns),
-            resync_seconds=5.0,
-            lease_name=lease,
-            identity=identity,
-            gang_timeout_seconds=gang_timeout,
-        )
-        return Controller(control_plane.api_client(), cfg)
-
-    first, second = replica("one", 3600.0), replica("two", 3.0)
+    first, second = (
+        _replica(control_plane, driver_ns, lease, "one", 3600.0),
+        _replica(control_plane, driver_ns, lease, "two", "two", 3.0)
     first.start()
     try:
         assert first.elector is not None
@@ -656,6 +661,58 @@ def test_a_gang_waiting_at_binding_across_a_leader_change_is_timed_out_by_the_ne
             released = wait_for(
                 lambda claim=claim: _conds(rest, ns, claim).get(cd.CONFLICT_CONDITION),
                 what=f"{claim} released by the new leader",
+            )
+            assert released["reason"] == "GangTimeout"
+            assert cd.ADMITTED_CONDITION not in _conds(rest, ns, claim)
+    finally:
+        first.stop()
+        second.stop()
+
+
+def test_a_gang_timer_runs_from_its_claims_allocation_not_from_the_leader_change(
+    control_plane: ControlPlane, rest: Rest
+) -> None:
+    """Issue 29, point 7: the gang timer starts from the claims' allocation time, which the
+    claims record (`status.allocation.allocationTimestamp`), so a failover does not restart
+    it. The gang's claims were allocated 200 s ago and held by the first leader (whose own
+    timeout is longer than the test); the new leader's timeout is 120 s, already past for
+    them: it releases them at once. A timer restarted at the takeover would hold them for
+    120 s more (beyond this test's waits): one late failover after another would keep a
+    gang past kube-scheduler's binding timeout (600 s) without ever releasing it."""
+    ns, driver_ns = new_namespace(control_plane, "cd-gangts"), unique("cd-system")
+    nodes = [unique("gang-ts"), unique("gang-ts"), unique("gang-ts")]
+    for n in nodes:
+        create_plugin_node(control_plane, n, "fabric-gangts")
+    lease = unique("cd-lease")
+
+    first, second = (
+        _replica(control_plane, driver_ns, lease, "one", 3600.0),
+        _replica(control_plane, driver_ns, lease, "two", "two", 120.0)
+    first.start()
+    try:
+        assert first.elector is not None
+        assert first.elector.leading.wait(30)
+        second.start()
+        rest.create(COMPUTE_DOMAINS, domain_body("ts", mode="host", num_nodes=3), ns)
+        template = _workload_template(rest, _wait_channel(rest, ns, "ts"))
+        long_ago = time.time() - 200
+        for i, n in enumerate(nodes[:2]):
+            allocate_claim(
+                rest, ns, template, n, f"t{i}", binding_conditions=True, allocated_at=long_ago
+            )
+        wait_for(
+            lambda: len(rest.get(COMPUTE_DOMAINS, "ts", ns)["status"].get("nodes") or []) == 2,
+            what="both nodes held by the first leader",
+        )
+        assert all(cd.CONFLICT_CONDITION not in _conds(rest, ns, f"t{i}") for i in range(2))
+        first.stop()  # releases the Lease: the standby takes over at once
+        assert second.elector is not None
+        assert second.elector.leading.wait(30)
+        for claim in ("t0", "t1"):
+            released = wait_for(
+                lambda claim=claim: _conds(rest, ns, claim).get(cd.CONFLICT_CONDITION),
+                what=f"{claim} released by the new leader from its allocation time",
+                timeout=60,
             )
             assert released["reason"] == "GangTimeout"
             assert cd.ADMITTED_CONDITION not in _conds(rest, ns, claim)

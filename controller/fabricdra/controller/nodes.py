@@ -13,7 +13,7 @@ from fabricdra.api.jsontypes import JSON
 from fabricdra.kube.rest import CLAIMS, NODES, SLICES, ApiError
 
 from . import admission, metrics, objects, records
-from .claims import claim_views, dev_key, domain_uid, node_fabric
+from .claims import allocated_at, claim_views, dev_key, domain_uid, node_fabric
 from .deps import Cache, NodeDeps
 from .indexes import BY_NODE, BY_UID
 from .status import Event
@@ -201,7 +201,9 @@ class NodeReconciler:
                 for n in members - {node}:  # their held claims can go too
                     d.enqueue_node(n)
                 continue
-            left = d.ownership.gang_hold(key, gang, d.gang_timeout_seconds)
+            left = d.ownership.gang_hold(
+                key, gang, d.gang_timeout_seconds, allocated_at=allocated_at(claim)
+            )
             if left is None:
                 # Placed again without the nodes that failed it (or kept where its pods'
                 # claims can only go); a multi-clique gang is never placed.
