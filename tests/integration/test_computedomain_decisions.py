@@ -639,7 +639,8 @@ def test_a_gang_waiting_at_binding_across_a_leader_change_is_timed_out_by_the_ne
 
     first, second = (
         _replica(control_plane, driver_ns, lease, "one", 3600.0),
-        _replica(control_plane, driver_ns, lease, "two", "two", 3.0)
+        _replica(control_plane, driver_ns, lease, "two", 3.0),
+    )
     first.start()
     try:
         assert first.elector is not None
@@ -687,7 +688,8 @@ def test_a_gang_timer_runs_from_its_claims_allocation_not_from_the_leader_change
 
     first, second = (
         _replica(control_plane, driver_ns, lease, "one", 3600.0),
-        _replica(control_plane, driver_ns, lease, "two", "two", 120.0)
+        _replica(control_plane, driver_ns, lease, "two", 120.0),
+    )
     first.start()
     try:
         assert first.elector is not None

@@ -8,7 +8,6 @@ import logging
 from collections.abc import Iterable
 
 from fabricdra.api import computedomain as cd
-from fabricdra.api.computedomain import ComputeDomain
 from fabricdra.api.jsontypes import JSON
 from fabricdra.kube.rest import CLAIMS, NODES, SLICES, ApiError
 
@@ -299,9 +298,8 @@ class NodeReconciler:
     def _conflict_event(self, claim: JSON, why: str) -> None:
         key = self.d.ownership.key_of(domain_uid(claim))
         obj = self.d.domains.get(key) if key else None
-        if obj is not None:
-            domain = ComputeDomain.model_validate(obj)
-            self.d.writer.event(
-                domain,
+        if obj is not None:  # from its metadata: also a domain this controller cannot read
+            self.d.writer.domain_event(
+                obj["metadata"],
                 Event("Warning", "NodeConflict", f"claim {claim['metadata']['name']}: {why}"),
             )
