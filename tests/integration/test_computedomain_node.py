@@ -699,6 +699,11 @@ def test_imex_daemon_watches_its_domain_instead_of_polling(
                 timeout=30,
             )
             assert (settings.config_dir / "ready").exists()
+            # The startup and liveness probes' file (issue 29, point 11): touched at every
+            # turn of the loop, so its modification time moves on.
+            alive = settings.config_dir / "alive"
+            first = alive.stat().st_mtime_ns
+            wait_for(lambda: alive.stat().st_mtime_ns > first, what="the loop's heartbeat")
             time.sleep(1.0)  # five more intervals: none may read the domain again
         finally:
             stop.set()
