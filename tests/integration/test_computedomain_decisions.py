@@ -624,41 +624,41 @@ def _replica(
     return Controller(cp.api_client(), cfg)
 
 
-def test_a_gang_waiting_at_binding_across_a_leader_change_is_timed_out_by_the_new_leader(
-    control_plane: ControlPlane, rest: Rest
+def _gang_released_by_the_new_leader(
+    cp: ControlPlane, rest: Rest, name: str, new_timeout: float, allocated_at: float | None
 ) -> None:
-    """A leader that goes while a gang waits at binding: the new leader releases the gang
-    (its timer runs from the claims' allocation time, the next test), never holds it for
-    ever. The first leader's timeout is longer than the test, so the release can only be
-    the new leader's."""
-    ns, driver_ns = new_namespace(control_plane, "cd-gangha"), unique("cd-system")
-    nodes = [unique("gang-ha"), unique("gang-ha"), unique("gang-ha")]
+    """A gang of 3 with claims allocated (at `allocated_at`, epoch seconds; None: now) on two
+    nodes, held by a first leader whose own timeout is longer than the test; that leader
+    goes (a clean hand-over), and the new one, with `new_timeout`, must release both claims
+    with GangTimeout within the test's waits."""
+    ns, driver_ns = new_namespace(cp, f"cd-{name}"), unique("cd-system")
+    nodes = [unique(f"gang-{name}") for _ in range(3)]
     for n in nodes:
-        create_plugin_node(control_plane, n, "fabric-gangha")
+        create_plugin_node(cp, n, f"fabric-{name}")
     lease = unique("cd-lease")
-
-    first, second = (
-        _replica(control_plane, driver_ns, lease, "one", 3600.0),
-        _replica(control_plane, driver_ns, lease, "two", 3.0),
-    )
+    first = _replica(cp, driver_ns, lease, "one", 3600.0)
+    second = _replica(cp, driver_ns, lease, "two", new_timeout)
     first.start()
     try:
         assert first.elector is not None
         assert first.elector.leading.wait(30)
         second.start()
-        rest.create(COMPUTE_DOMAINS, domain_body("ha", mode="host", num_nodes=3), ns)
-        template = _workload_template(rest, _wait_channel(rest, ns, "ha"))
-        for i, n in enumerate(nodes[:2]):
-            allocate_claim(rest, ns, template, n, f"h{i}", binding_conditions=True)
+        rest.create(COMPUTE_DOMAINS, domain_body(name, mode="host", num_nodes=3), ns)
+        template = _workload_template(rest, _wait_channel(rest, ns, name))
+        claims = [f"{name}{i}" for i in range(2)]
+        for claim, n in zip(claims, nodes, strict=False):
+            allocate_claim(
+                rest, ns, template, n, claim, binding_conditions=True, allocated_at=allocated_at
+            )
         wait_for(
-            lambda: len(rest.get(COMPUTE_DOMAINS, "ha", ns)["status"].get("nodes") or []) == 2,
+            lambda: len(rest.get(COMPUTE_DOMAINS, name, ns)["status"].get("nodes") or []) == 2,
             what="both nodes held by the first leader",
         )
-        assert all(cd.CONFLICT_CONDITION not in _conds(rest, ns, f"h{i}") for i in range(2))
+        assert all(cd.CONFLICT_CONDITION not in _conds(rest, ns, c) for c in claims)
         first.stop()  # releases the Lease: the standby takes over at once
         assert second.elector is not None
         assert second.elector.leading.wait(30)
-        for claim in ("h0", "h1"):
+        for claim in claims:
             released = wait_for(
                 lambda claim=claim: _conds(rest, ns, claim).get(cd.CONFLICT_CONDITION),
                 what=f"{claim} released by the new leader",
@@ -670,6 +670,16 @@ def test_a_gang_waiting_at_binding_across_a_leader_change_is_timed_out_by_the_ne
         second.stop()
 
 
+def test_a_gang_waiting_at_binding_across_a_leader_change_is_timed_out_by_the_new_leader(
+    control_plane: ControlPlane, rest: Rest
+) -> None:
+    """A leader that goes while a gang waits at binding: the new leader releases the gang
+    (its timer runs from the claims' allocation time, the next test), never holds it for
+    ever. The first leader's timeout is longer than the test, so the release can only be
+    the new leader's."""
+    _gang_released_by_the_new_leader(control_plane, rest, "ha", 3.0, None)
+
+
 def test_a_gang_timer_runs_from_its_claims_allocation_not_from_the_leader_change(
     control_plane: ControlPlane, rest: Rest
 ) -> None:
@@ -678,49 +688,9 @@ def test_a_gang_timer_runs_from_its_claims_allocation_not_from_the_leader_change
     it. The gang's claims were allocated 200 s ago and held by the first leader (whose own
     timeout is longer than the test); the new leader's timeout is 120 s, already past for
     them: it releases them at once. A timer restarted at the takeover would hold them for
-    120 s more (beyond this test's waits): one late failover after another would keep a
-    gang past kube-scheduler's binding timeout (600 s) without ever releasing it."""
-    ns, driver_ns = new_namespace(control_plane, "cd-gangts"), unique("cd-system")
-    nodes = [unique("gang-ts"), unique("gang-ts"), unique("gang-ts")]
-    for n in nodes:
-        create_plugin_node(control_plane, n, "fabric-gangts")
-    lease = unique("cd-lease")
-
-    first, second = (
-        _replica(control_plane, driver_ns, lease, "one", 3600.0),
-        _replica(control_plane, driver_ns, lease, "two", 120.0),
-    )
-    first.start()
-    try:
-        assert first.elector is not None
-        assert first.elector.leading.wait(30)
-        second.start()
-        rest.create(COMPUTE_DOMAINS, domain_body("ts", mode="host", num_nodes=3), ns)
-        template = _workload_template(rest, _wait_channel(rest, ns, "ts"))
-        long_ago = time.time() - 200
-        for i, n in enumerate(nodes[:2]):
-            allocate_claim(
-                rest, ns, template, n, f"t{i}", binding_conditions=True, allocated_at=long_ago
-            )
-        wait_for(
-            lambda: len(rest.get(COMPUTE_DOMAINS, "ts", ns)["status"].get("nodes") or []) == 2,
-            what="both nodes held by the first leader",
-        )
-        assert all(cd.CONFLICT_CONDITION not in _conds(rest, ns, f"t{i}") for i in range(2))
-        first.stop()  # releases the Lease: the standby takes over at once
-        assert second.elector is not None
-        assert second.elector.leading.wait(30)
-        for claim in ("t0", "t1"):
-            released = wait_for(
-                lambda claim=claim: _conds(rest, ns, claim).get(cd.CONFLICT_CONDITION),
-                what=f"{claim} released by the new leader from its allocation time",
-                timeout=60,
-            )
-            assert released["reason"] == "GangTimeout"
-            assert cd.ADMITTED_CONDITION not in _conds(rest, ns, claim)
-    finally:
-        first.stop()
-        second.stop()
+    120 s more (beyond this test's 60 s waits): one late failover after another would keep
+    a gang past kube-scheduler's binding timeout (600 s) without ever releasing it."""
+    _gang_released_by_the_new_leader(control_plane, rest, "ts", 120.0, time.time() - 200)
 
 
 # -- point 13: the size limit comes from the fabric -------------------------------------------

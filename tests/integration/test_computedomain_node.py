@@ -195,6 +195,26 @@ def test_prepare_injects_exactly_the_domains_channel(
             wait_gone(lambda name=name: rest.get_or_none(COMPUTE_DOMAINS, name, ns), name)
 
 
+def _plugin(
+    cp: ControlPlane, node: str, roots: dict[str, Path], tmp_path: Path
+) -> ComputeDomainPlugin:
+    """The compute-domain plugin of `node` (not serving: prepare is called directly), with a
+    short IMEX wait and no host report."""
+    return ComputeDomainPlugin(
+        PluginConfig(
+            node_name=node,
+            cdi_dir=roots["cdi"],
+            plugin_dir=roots["plugin"],
+            registry_dir=tmp_path / "registry",
+            proc_root=roots["proc"],
+            dev_root=roots["dev"],
+            imex_wait_seconds=1.0,
+            host_imex_interval=0,
+        ),
+        cp.api_client(),
+    )
+
+
 def test_the_plugin_follows_its_nodes_fabric_label_for_the_imex_gate(
     control_plane: ControlPlane, roots: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -209,19 +229,7 @@ def test_the_plugin_follows_its_nodes_fabric_label_for_the_imex_gate(
     control_plane.create_namespace(ns)
     node = unique("fresh")
     create_plugin_node(control_plane, node)  # no fabric label yet: the agent has not run
-    plugin = ComputeDomainPlugin(
-        PluginConfig(
-            node_name=node,
-            cdi_dir=roots["cdi"],
-            plugin_dir=roots["plugin"],
-            registry_dir=tmp_path / "registry",
-            proc_root=roots["proc"],
-            dev_root=roots["dev"],
-            imex_wait_seconds=1.0,
-            host_imex_interval=0,
-        ),
-        control_plane.api_client(),
-    )
+    plugin = _plugin(control_plane, node, roots, tmp_path)
     # The devices agent's first pass: the node's NVLink fabric domain.
     rest.patch(NODES, node, {"metadata": {"labels": {labels.FABRIC_DOMAIN: unique("rack")}}})
     with running_controller(control_plane, driver_ns):
@@ -251,19 +259,7 @@ def test_the_imex_gate_follows_the_domains_row_when_the_fabric_label_drops(
     control_plane.create_namespace(ns)
     node, rack = unique("tray"), unique("rack")
     create_plugin_node(control_plane, node, fabric=rack)
-    plugin = ComputeDomainPlugin(
-        PluginConfig(
-            node_name=node,
-            cdi_dir=roots["cdi"],
-            plugin_dir=roots["plugin"],
-            registry_dir=tmp_path / "registry",
-            proc_root=roots["proc"],
-            dev_root=roots["dev"],
-            imex_wait_seconds=1.0,
-            host_imex_interval=0,
-        ),
-        control_plane.api_client(),
-    )
+    plugin = _plugin(control_plane, node, roots, tmp_path)
     with running_controller(control_plane, driver_ns):
         rest.create(COMPUTE_DOMAINS, domain_body("row", rct="row-imex"), ns)
         template = wait_for(

@@ -95,14 +95,23 @@ def _by_uid(rest: Rest, kind: Any, ns: str, uid: str) -> list[str]:
     return [i["metadata"]["name"] for i in items]
 
 
+@contextmanager
+def unreadable_domain(cp: ControlPlane, rest: Rest, name: str) -> Iterator[tuple[str, str, str]]:
+    """Under the newer CRD and a running controller: domain `name` with the objects this
+    controller made for it, then the newer controller's field. Yields (namespace, the
+    controller's namespace, the domain's UID)."""
+    ns, driver_ns = new_namespace(cp, f"cd-{name}"), unique("cd-system")
+    with newer_crd(rest), running_controller(cp, driver_ns):
+        rest.create(COMPUTE_DOMAINS, domain_body(name), ns)
+        uid = _objects_made(rest, ns, driver_ns, name)
+        _write_newer_field(rest, ns, name)
+        yield ns, driver_ns, uid
+
+
 def test_a_domain_this_controller_cannot_read_says_why(
     control_plane: ControlPlane, rest: Rest
 ) -> None:
-    ns, driver_ns = new_namespace(control_plane, "cd-newer"), unique("cd-system")
-    with newer_crd(rest), running_controller(control_plane, driver_ns):
-        rest.create(COMPUTE_DOMAINS, domain_body("newer"), ns)
-        uid = _objects_made(rest, ns, driver_ns, "newer")
-        _write_newer_field(rest, ns, "newer")
+    with unreadable_domain(control_plane, rest, "newer") as (ns, driver_ns, uid):
         ready = wait_for(
             lambda: (
                 (c := condition(rest.get(COMPUTE_DOMAINS, "newer", ns), cd.READY))
@@ -134,11 +143,7 @@ def test_a_domain_this_controller_cannot_read_says_why(
 def test_a_domain_this_controller_cannot_read_is_still_cleaned_up_on_deletion(
     control_plane: ControlPlane, rest: Rest
 ) -> None:
-    ns, driver_ns = new_namespace(control_plane, "cd-newdel"), unique("cd-system")
-    with newer_crd(rest), running_controller(control_plane, driver_ns):
-        rest.create(COMPUTE_DOMAINS, domain_body("gone"), ns)
-        uid = _objects_made(rest, ns, driver_ns, "gone")
-        _write_newer_field(rest, ns, "gone")
+    with unreadable_domain(control_plane, rest, "gone") as (ns, driver_ns, uid):
         rest.delete(COMPUTE_DOMAINS, "gone", ns)
         # Not left Terminating: the objects made for it go, then its finalizer.
         wait_gone(lambda: rest.get_or_none(COMPUTE_DOMAINS, "gone", ns), "the domain", 60)

@@ -51,35 +51,20 @@ def test_plugin_reports_the_host_service_it_asks_over_the_socket(
     service = subprocess.Popen(
         [sys.executable, str(STAND_INS / "nvidia-imex"), "-c", str(etc / "config.cfg")]
     )
-    plugin = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "fabricdra.cli",
-            "compute-domain-plugin",
-            "--node-name",
-            node,
-            "--kubeconfig",
-            str(control_plane.kubeconfig),
-            "--plugin-dir",
-            str(short / "plugin"),
-            "--registry-dir",
-            str(short / "registry"),
-            "--cdi-dir",
-            str(tmp_path / "cdi"),
-            # As the chart passes them: the host path, and where the container sees it.
-            "--driver-root",
-            "/run/nvidia/driver",
-            "--container-driver-root",
-            str(driver_root),
-            "--host-imex-socket",
-            str(sock),
-            "--report-namespace",
-            report_ns,
-            "--host-imex-interval",
-            "0.3",
-        ],
-        stderr=subprocess.PIPE,
+    plugin = _run_plugin(
+        control_plane,
+        node,
+        report_ns,
+        short,
+        # As the chart passes them: the host path, and where the container sees it.
+        "--driver-root",
+        "/run/nvidia/driver",
+        "--container-driver-root",
+        str(driver_root),
+        "--host-imex-socket",
+        str(sock),
+        "--host-imex-interval",
+        "0.3",
     )
 
     def report() -> tuple[str, str]:
@@ -111,8 +96,10 @@ def test_plugin_reports_the_host_service_it_asks_over_the_socket(
 
 
 def _run_plugin(
-    control_plane: ControlPlane, node: str, report_ns: str, short: Path, ctl: Path, *extra: str
+    control_plane: ControlPlane, node: str, report_ns: str, short: Path, *extra: str
 ) -> subprocess.Popen[bytes]:
+    """`fabricdra compute-domain-plugin` for `node`, its sockets and CDI folder under
+    `short` (a unix socket path holds 107 bytes: pytest's tmp paths are too deep)."""
     return subprocess.Popen(
         [
             sys.executable,
@@ -129,8 +116,6 @@ def _run_plugin(
             str(short / "registry"),
             "--cdi-dir",
             str(short / "cdi"),
-            "--imex-ctl",
-            str(ctl),
             "--report-namespace",
             report_ns,
             *extra,
@@ -151,7 +136,7 @@ def _lease_requests(control_plane: ControlPlane, lease: str) -> list[str]:
 
 @pytest.mark.parametrize("host_mode", [False, True], ids=["host-mode-off", "host-mode-on"])
 def test_the_host_report_is_written_only_in_host_mode_and_when_it_changed(
-    control_plane: ControlPlane, tmp_path: Path, host_mode: bool
+    control_plane: ControlPlane, host_mode: bool
 ) -> None:
     """Issue 29, point 11: every node's plugin asked its host's IMEX service and wrote its
     host report every 30 s, a GET and a PATCH per node (≈ 167 of each a second at 5,000
@@ -174,7 +159,7 @@ def test_the_host_report_is_written_only_in_host_mode_and_when_it_changed(
     lease = f"imex-host-{node}"
     extra = ("--host-imex-interval", "0.3") if host_mode else ()
     started = time.monotonic()
-    plugin = _run_plugin(control_plane, node, report_ns, short, ctl, *extra)
+    plugin = _run_plugin(control_plane, node, report_ns, short, "--imex-ctl", str(ctl), *extra)
     try:
         # Serving kubelet (its registration socket): past start-up, where the report
         # loop begins.
