@@ -123,7 +123,10 @@ class Ownership:
         now = time.time() if now is None else now
         start_at = now if allocated_at is None else min(allocated_at, now)
         with self._lock:
-            held_at = self._gang_since.setdefault(claim_key, start_at)
+            if allocated_at is None:
+                held_at = self._gang_since.setdefault(claim_key, start_at)
+            else:  # the claim says: also after it was allocated again
+                held_at = self._gang_since[claim_key] = start_at
             cut = self._gang_cut.get(gang)
             if cut is not None and held_at <= cut:
                 self._gang_since.pop(claim_key, None)
