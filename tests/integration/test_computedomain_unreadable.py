@@ -42,6 +42,8 @@ def _replace_crd(rest: Rest, body: dict[str, Any]) -> None:
     new = copy.deepcopy(body)
     new["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
     rest.replace(CRDS, body["metadata"]["name"], new)
+    # A schema change re-initializes the resource's storage (429 until it is back).
+    wait_for(lambda: rest.list(COMPUTE_DOMAINS, "default") is not None, what="CRD served")
 
 
 @contextmanager
