@@ -87,6 +87,8 @@ class Writes(Protocol):
 
     def event(self, domain: ComputeDomain, ev: Event) -> None: ...
 
+    def domain_event(self, meta: JSON, ev: Event) -> None: ...
+
 
 @dataclass(frozen=True)
 class DomainDeps:

@@ -8,12 +8,11 @@ import logging
 from collections.abc import Iterable
 
 from fabricdra.api import computedomain as cd
-from fabricdra.api.computedomain import ComputeDomain
 from fabricdra.api.jsontypes import JSON
 from fabricdra.kube.rest import CLAIMS, NODES, SLICES, ApiError
 
 from . import admission, metrics, objects, records
-from .claims import claim_views, dev_key, domain_uid, node_fabric
+from .claims import allocated_at, claim_views, dev_key, domain_uid, node_fabric
 from .deps import Cache, NodeDeps
 from .indexes import BY_NODE, BY_UID
 from .status import Event
@@ -201,7 +200,9 @@ class NodeReconciler:
                 for n in members - {node}:  # their held claims can go too
                     d.enqueue_node(n)
                 continue
-            left = d.ownership.gang_hold(key, gang, d.gang_timeout_seconds)
+            left = d.ownership.gang_hold(
+                key, gang, d.gang_timeout_seconds, allocated_at=allocated_at(claim)
+            )
             if left is None:
                 # Placed again without the nodes that failed it (or kept where its pods'
                 # claims can only go); a multi-clique gang is never placed.
@@ -297,9 +298,8 @@ class NodeReconciler:
     def _conflict_event(self, claim: JSON, why: str) -> None:
         key = self.d.ownership.key_of(domain_uid(claim))
         obj = self.d.domains.get(key) if key else None
-        if obj is not None:
-            domain = ComputeDomain.model_validate(obj)
-            self.d.writer.event(
-                domain,
+        if obj is not None:  # from its metadata: also a domain this controller cannot read
+            self.d.writer.domain_event(
+                obj["metadata"],
                 Event("Warning", "NodeConflict", f"claim {claim['metadata']['name']}: {why}"),
             )
