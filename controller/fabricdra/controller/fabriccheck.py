@@ -17,16 +17,17 @@ again, or a restarted controller, runs nothing. The membership fingerprint (ever
 its hardware fingerprint) is recorded with the result.
 
 Outcome: passed -> every checked node labelled, with its record; failed -> the label removed
-from every node of the domain, a record on each checked node, and a Warning Event naming the
-GPU pair, its figure and the floor; not run (no verification image, a launch that failed) ->
-nothing changes but a Warning Event. A failed or not-run check is tried again after 60 s, then
-120 s, ... up to an hour (as the per-node verification retries), at once when a node joins or
-its hardware changes (a subset of the nodes, some of them busy, waits out the backoff). A
-domain with a single node has no trunk to check: that node is labelled with the reason "one
-node, no trunk to check" (a ComputeDomain of one never crosses the trunk). A domain whose GPU
-classes have no GPU-to-GPU figure (`gpuBandwidthGBs`, verification.json) holds nothing: its
-members are labelled, saying so. With two nodes or more but one member only, the check waits
-for a second idle verified node to measure against.
+from the nodes the check measured (only those: a tray a running domain holds was not in it), a
+record on each of them, and a Warning Event naming the GPU pair, its figure and the floor; not
+run (no verification image, a launch that failed) -> nothing changes but a Warning Event. A
+failed or not-run check is tried again after 60 s, then 120 s, ... up to an hour (as the per-
+node verification retries), at once when a node joins or its hardware changes (a subset of the
+nodes, some of them busy, waits out the backoff). A domain with a single node has no trunk to
+check: that node is labelled with the reason "one node, no trunk to check" (a ComputeDomain of
+one never crosses the trunk). A domain whose GPU classes have no GPU-to-GPU figure
+(`gpuBandwidthGBs`, verification.json) holds nothing: its members are labelled, saying so. With
+two nodes or more but one member only, the check waits for a second idle verified node to
+measure against.
 
 The decisions (`members`, `plan`, `outcome`) are pure; `FabricCheck` reads the caches, runs
 the check (a Runner) and writes. Leader-only: it runs in a worker the controller starts once
@@ -223,12 +224,9 @@ def outcome(
     if result.outcome == "NotRun":
         ev = Event("Warning", "FabricCheckNotRun", f"fabric domain {fabric}: {result.reason}")
         return Writes([], [(n, ev) for n in p.nodes])
+    # Only the trays it measured: one a running domain holds was not in the check, nothing
+    # was measured on it, and its own passed record still stands (issue 29 point 10).
     writes = [NodeWrite(n, False, record(n, False)) for n in p.nodes]
-    for node in domain_nodes:  # the domain's other nodes lose the label too
-        name = node["metadata"]["name"]
-        node_labels = (node.get("metadata") or {}).get("labels") or {}
-        if name not in p.nodes and labels.FABRIC_VERIFIED in node_labels:
-            writes.append(NodeWrite(name, False))
     ev = Event(
         "Warning",
         "FabricCheckFailed",
