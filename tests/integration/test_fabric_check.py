@@ -16,7 +16,7 @@ from e2e.harness.controlplane import ControlPlane, wait_for
 from fabricdra.api import labels
 from fabricdra.api.fabriccheck import record_of
 from fabricdra.controller.fabriccheck import CheckResult
-from fabricdra.kube.rest import COMPUTE_DOMAINS, EVENTS, NODE_DEVICES, NODES, SLICES, Rest
+from fabricdra.kube.rest import CLAIMS, COMPUTE_DOMAINS, EVENTS, NODE_DEVICES, NODES, SLICES, Rest
 from tests.fleetdata import GB200, _gpu, _slice
 
 from .computedomain_helpers import (
@@ -214,3 +214,38 @@ def test_a_gang_waiting_for_its_fabric_domain_is_placed_when_the_check_passes(
             what="gang placed once the check passed",
         )
         assert placed == rack
+
+
+def test_a_node_running_a_gpu_job_is_left_out_of_the_check_until_the_job_ends(
+    control_plane: ControlPlane, rest: Rest
+) -> None:
+    """Issue 29 point 10b: a single-node GPU job (a claim of one GPU, no ComputeDomain) runs
+    on a tray: the check's privileged workers, with every GPU, must not share it. The check
+    runs over the two idle trays; when the job's claim is deallocated, the tray is idle and,
+    never checked, is measured against the others."""
+    from tests.fleetdata import _claim
+
+    ns, driver_ns = new_namespace(control_plane, "fc-busy"), unique("cd-system")
+    rack = unique("00000fcbusy")
+    nodes = _rack(control_plane, rest, rack, 3)
+    busy = nodes[1]
+    job = _claim("train", ns, [(busy, "gpu-2")])
+    status = job.pop("status")
+    rest.create(CLAIMS, job, ns)
+    rest.patch(CLAIMS, "train", {"status": status}, ns, sub="status")
+    idle = tuple(n for n in nodes if n != busy)
+    runner = _Answers(CheckResult("Passed", "ok", 797.73), CheckResult("Passed", "ok", 797.73))
+    with running_controller(
+        control_plane,
+        driver_ns,
+        leader_election=False,
+        require_verified_nodes=True,
+        fabric_check=True,
+        fabric_runner=runner,
+    ):
+        wait_for(lambda: all(_label(rest, n) == "true" for n in idle), what="idle trays labelled")
+        assert runner.calls == [(rack, idle, 335.0)]
+        assert _label(rest, busy) is None
+        rest.patch(CLAIMS, "train", {"status": {"allocation": None}}, ns, sub="status")
+        wait_for(lambda: _label(rest, busy) == "true", what="the tray checked once idle")
+        assert runner.calls[1] == (rack, tuple(nodes), 335.0)

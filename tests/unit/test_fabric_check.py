@@ -26,7 +26,7 @@ from fabricdra.controller.fabriccheck import (
 )
 from fabricdra.controller.indexes import BY_FABRIC, BY_NODE
 from fabricdra.controller.status import Event
-from tests.fleetdata import GB200, _gpu, _slice
+from tests.fleetdata import GB200, _claim, _gpu, _nic, _slice
 
 RACK = "nvlink-0123-1"
 NOW = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
@@ -200,7 +200,14 @@ class _Cache:
 
     def by_index(self, name: str, value: str) -> list[dict[str, Any]]:
         assert name == self.index
+        if self.key is None:  # claims: indexed by the pools of their results
+            return [o for o in self.objs.values() if value in _pools(o)]
         return [o for o in self.objs.values() if self.key(o) == value]
+
+
+def _pools(claim: dict[str, Any]) -> set[str]:
+    results = claim.get("status", {}).get("allocation", {}).get("devices", {}).get("results", [])
+    return {r["pool"] for r in results}
 
 
 class _Runner:
@@ -242,6 +249,7 @@ class _Cluster:
         for s in slices:
             s["metadata"]["name"] = s["spec"]["nodeName"]
         self.slices = _Cache(slices, BY_NODE, lambda o: o["spec"]["nodeName"])
+        self.claims = _Cache([], BY_NODE, None)  # every claim's allocation, by node (pool)
         self.events: list[tuple[str, Event]] = []
         self.requeued: list[tuple[str, float]] = []
         self.clock = 1000.0
@@ -263,6 +271,7 @@ class _Cluster:
             nodes=self.nodes,
             node_devices=self.node_devices,
             device_slices=self.slices,
+            allocations=self.claims,
             held=_no_one_holds,
             runner=runner,
             require_verified_nodes=True,
@@ -395,3 +404,25 @@ def test_a_subset_of_the_failed_nodes_waits_out_the_backoff() -> None:
     busy.reconcile(RACK)
     assert len(runner.calls) == 1
     assert cluster.requeued[-1] == (RACK, 50.0)
+
+
+def test_a_node_running_a_gpu_job_is_not_idle_and_is_not_checked() -> None:
+    """Issue 29 point 10b: "idle" meant "held by no ComputeDomain", so the check's privileged
+    workers, with every GPU, shared a tray with a single-node GPU job (a claim of one GPU,
+    no ComputeDomain). A node with any GPU (or MIG device) claim allocated is busy; a NIC
+    claim or an admin-access GPU claim (monitoring) leaves it idle."""
+    cluster = _Cluster(["t1", "t2", "t3", "t4"])
+    cluster.slices.objs["t4"]["spec"]["devices"].append(_nic("rdma-0"))
+    job = _claim("train", "team-a", [("t3", "gpu-2")])
+    nic_only = _claim("nic", "team-b", [("t4", "rdma-0")])
+    watcher = _claim("dcgm", "monitoring", [("t1", "gpu-0")])
+    watcher["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+    for c in (job, nic_only, watcher):
+        cluster.claims.objs[c["metadata"]["name"]] = c
+    runner = _Runner(CheckResult("Passed", "ok", 797.7))
+    FabricCheck(cluster.deps(runner)).reconcile(RACK)
+    assert runner.calls == [(RACK, ("t1", "t2", "t4"), 335.0)]
+    assert cluster.labelled() == ["t1", "t2", "t4"]
+    assert fc.gpu_claims("t3", cluster.slices.by_index(BY_NODE, "t3"), [job]) == [
+        "team-a/train"
+    ]

@@ -155,6 +155,7 @@ class FabricCheckDeps:
     nodes: Cache  # the compute-domain plugin's Nodes, indexed BY_FABRIC
     node_devices: Cache  # NodeDevices (fabriccheck.node_devices_view), by node name
     device_slices: Cache  # the devices plugin's slices, indexed BY_NODE
+    allocations: Cache  # every claim's allocation, by node (BY_NODE): GPU jobs there
     held: Callable[[str], bool]  # whether a ComputeDomain holds the node
     runner: Runner
     require_verified_nodes: bool

@@ -7,14 +7,15 @@ NVIDIA's multi-node nvbandwidth across the domain's idle, verified nodes (fabric
 and labels each node the check passed with `fabricdra.io/fabric-verified=true`, the label
 gang placement requires (capacity.fabric_unchecked).
 
-When: a node of the domain that can take a pod, holds no ComputeDomain and passed its per-node
-gate (a *member*) is *covered* when it carries the label and its record
-(`fabricdra.io/fabric-check`, api/fabriccheck.py) says a check passed with it in this domain on
-the hardware it has now (its NodeDevices `currentFingerprint`). A domain with an uncovered
-member is checked, over all its members (so a tray added or repaired is measured against the
-others); one whose members are all covered is left alone: a node that went busy and idle
-again, or a restarted controller, runs nothing. The membership fingerprint (every member and
-its hardware fingerprint) is recorded with the result.
+When: a node of the domain that can take a pod, is idle (no ComputeDomain holds it and no claim
+holds a GPU of its: the check's workers are privileged with every GPU, and never share a tray
+with a job, single-node ones included) and passed its per-node gate (a *member*) is *covered*
+when it carries the label and its record (`fabricdra.io/fabric-check`, api/fabriccheck.py) says
+a check passed with it in this domain on the hardware it has now (its NodeDevices
+`currentFingerprint`). A domain with an uncovered member is checked, over all its members (so a
+tray added or repaired is measured against the others); one whose members are all covered is
+left alone: a node that went busy and idle again, or a restarted controller, runs nothing. The
+membership fingerprint (every member and its hardware fingerprint) is recorded with the result.
 
 Outcome: passed -> every checked node labelled, with its record; failed -> the label removed
 from the nodes the check measured (only those: a tray a running domain holds was not in it), a
@@ -97,7 +98,8 @@ def members(
     require_verified: bool,
 ) -> dict[str, str]:
     """Node -> hardware fingerprint, for the domain's nodes the check may use now: they can take
-    a pod (capacity.unusable, with the per-node label where required), hold no ComputeDomain,
+    a pod (capacity.unusable, with the per-node label where required), are idle (`held`
+    false: no ComputeDomain holds them and no claim holds a GPU of theirs, FabricCheck.busy),
     and their per-node gate is open (`hardware`: hardware_fingerprint, "" otherwise)."""
     out: dict[str, str] = {}
     for node in nodes:
@@ -107,6 +109,27 @@ def members(
             continue
         out[name] = fp
     return out
+
+
+def gpu_claims(node: str, slices: Iterable[JSON], claims: Iterable[JSON]) -> list[str]:
+    """The claims (`namespace/name`) allocated a GPU or MIG device of `node` (its
+    devices.fabricdra.io slices): a job runs there, and the check's workers, privileged with
+    every GPU, would share the tray with it. Admin access (monitoring) holds nothing."""
+    gpus = {dev.name for dev in capacity.devices(slices).values() if dev.type in capacity.GPU_TYPES}
+    out = set()
+    for claim in claims:
+        for r in (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
+            "results"
+        ) or []:
+            if (
+                r.get("driver") == capacity.DRIVER
+                and r.get("pool") == node
+                and r.get("device") in gpus
+                and r.get("adminAccess") is not True
+            ):
+                meta = claim.get("metadata") or {}
+                out.add(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
+    return sorted(out)
 
 
 def membership_fingerprint(member_fps: Mapping[str, str]) -> str:
@@ -314,6 +337,14 @@ class FabricCheck:
         self._backoff: dict[str, _Backoff] = {}
         self._pending: dict[str, _Pending] = {}
 
+    def busy(self, node: str) -> bool:
+        """Not idle: a ComputeDomain holds the node, or a claim holds one of its GPUs (a
+        single-node GPU job has no ComputeDomain)."""
+        if self.d.held(node):
+            return True
+        slices = self.d.device_slices.by_index(BY_NODE, node)
+        return bool(gpu_claims(node, slices, self.d.allocations.by_index(BY_NODE, node)))
+
     def gpus(self, nodes: Iterable[str]) -> dict[str, list[str]]:
         """Node -> the device classes of the GPUs it publishes (capacity.devices), one entry
         per GPU; nodes that publish none are absent."""
@@ -354,7 +385,7 @@ class FabricCheck:
             for n in domain_nodes
         }
         member_fps = members(
-            domain_nodes, hardware, d.held, require_verified=d.require_verified_nodes
+            domain_nodes, hardware, self.busy, require_verified=d.require_verified_nodes
         )
         gpus = self.gpus(member_fps)
         classes = sorted({c for found in gpus.values() for c in found})

@@ -276,6 +276,7 @@ class Controller:
                     nodes=self.nodes,
                     node_devices=self.node_devices,
                     device_slices=self.device_slices,
+                    allocations=self.allocations,
                     held=lambda n: own.owner(n) != cd.FREE_OWNER,
                     runner=fabric_runner
                     or KubeRunner(
@@ -410,7 +411,15 @@ class Controller:
             before = ((old or {}).get("status") or {}).get("allocation")
             after = ((new or {}).get("status") or {}).get("allocation")
             if before != after:
-                self.placement.devices_changed(device_nodes(old or {}) | device_nodes(new or {}))
+                changed = device_nodes(old or {}) | device_nodes(new or {})
+                self.placement.devices_changed(changed)
+                if self.fabric_check is not None:
+                    # A GPU job started or ended there: the node went busy or idle again, a
+                    # member of its fabric domain's check or not (fabriccheck.py).
+                    for name in changed:
+                        fabric = node_fabric(self.nodes.get(name) or {})
+                        if fabric:
+                            self.fabric_queue.add(fabric, resync=event == "SYNC")
             if event != "SYNC" and before != after:
                 self.placement.room_may_have_freed()
 
