@@ -249,3 +249,30 @@ def test_a_node_running_a_gpu_job_is_left_out_of_the_check_until_the_job_ends(
         rest.patch(CLAIMS, "train", {"status": {"allocation": None}}, ns, sub="status")
         wait_for(lambda: _label(rest, busy) == "true", what="the tray checked once idle")
         assert runner.calls[1] == (rack, tuple(nodes), 335.0)
+
+
+def test_racks_are_checked_concurrently(control_plane: ControlPlane, rest: Rest) -> None:
+    """Issue 29 point 10c: one worker checked one rack at a time (at first install of 277
+    racks, a day before the last was offered). Two racks, each check held running until both
+    have started: with the default bound (--fabric-check-concurrency) they run side by side."""
+    driver_ns = unique("cd-system")
+    racks = [unique("00000fcconca"), unique("00000fcconcb")]
+    for rack in racks:
+        _rack(control_plane, rest, rack, 2)
+    hold = threading.Event()
+    runner = _Answers(
+        CheckResult("Passed", "ok", 797.73), CheckResult("Passed", "ok", 797.73), hold=hold
+    )
+    try:
+        with running_controller(
+            control_plane,
+            driver_ns,
+            leader_election=False,
+            require_verified_nodes=True,
+            fabric_check=True,
+            fabric_runner=runner,
+        ):
+            wait_for(lambda: len(runner.calls) == 2, what="both racks' checks running at once")
+            assert sorted(c[0] for c in runner.calls) == racks
+    finally:
+        hold.set()

@@ -423,6 +423,4 @@ def test_a_node_running_a_gpu_job_is_not_idle_and_is_not_checked() -> None:
     FabricCheck(cluster.deps(runner)).reconcile(RACK)
     assert runner.calls == [(RACK, ("t1", "t2", "t4"), 335.0)]
     assert cluster.labelled() == ["t1", "t2", "t4"]
-    assert fc.gpu_claims("t3", cluster.slices.by_index(BY_NODE, "t3"), [job]) == [
-        "team-a/train"
-    ]
+    assert fc.gpu_claims("t3", cluster.slices.by_index(BY_NODE, "t3"), [job]) == ["team-a/train"]

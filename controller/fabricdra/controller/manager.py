@@ -131,6 +131,9 @@ class ControllerConfig:
     # counting a fabric domain's nodes only once it passed with them.
     fabric_check: bool = False
     fabric_run: RunSettings = field(default_factory=RunSettings)  # its namespace: `namespace`
+    # How many fabric domains are checked at once (one worker each; a check runs for minutes
+    # and a rack's key is never in two workers: workqueue.py).
+    fabric_check_concurrency: int = 16
 
 
 class Controller:
@@ -211,7 +214,7 @@ class Controller:
         # sweep still ends within it (workqueue.py).
         self.domain_queue = WorkQueue(resync_max_wait=self.config.resync_seconds / 4)
         self.node_queue = WorkQueue(resync_max_wait=self.config.resync_seconds / 4)
-        # Fabric domains to check (fabriccheck.py): one worker, a check runs for minutes.
+        # Fabric domains to check (fabriccheck.py): `fabric_check_concurrency` workers.
         self.fabric_queue = WorkQueue(resync_max_wait=self.config.resync_seconds / 4)
         self.ownership = Ownership()
         self.heartbeats = Heartbeats()
@@ -523,9 +526,9 @@ class Controller:
             )
         self._spawn("node-worker", self._worker, self.node_queue, self.reconcile_node, "node")
         if self.fabric_check is not None:
-            self._spawn("fabric-worker", self._fabric_worker)
+            self._spawn("fabric-start", self._fabric_workers)
 
-    def _fabric_worker(self) -> None:
+    def _fabric_workers(self) -> None:
         assert self.fabric_check is not None
         try:
             # What a controller that stopped mid-check left behind: a new leader deletes it
@@ -536,7 +539,16 @@ class Controller:
         for node in self.nodes.items():
             if node_fabric(node):
                 self.fabric_queue.add(node_fabric(node))
-        self._worker(self.fabric_queue, self.reconcile_fabric, "fabric")
+        # Racks are checked side by side up to the bound: one at a time, the last of 277
+        # racks waited a day at first install.
+        for i in range(max(1, self.config.fabric_check_concurrency)):
+            self._spawn(
+                f"fabric-worker-{i}",
+                self._worker,
+                self.fabric_queue,
+                self.reconcile_fabric,
+                "fabric",
+            )
 
     def _spawn(self, name: str, target: Callable[..., None], *args: Any) -> None:
         t = threading.Thread(target=target, args=args, daemon=True, name=name)
