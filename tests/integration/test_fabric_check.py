@@ -276,3 +276,33 @@ def test_racks_are_checked_concurrently(control_plane: ControlPlane, rest: Rest)
             assert sorted(c[0] for c in runner.calls) == racks
     finally:
         hold.set()
+
+
+def test_with_no_verification_image_a_waiting_gang_says_so(
+    control_plane: ControlPlane, rest: Rest
+) -> None:
+    """Issue 29 point 10d: with the chart's defaults (no verification image) the check can
+    never run; every gang waited with "no fabric domain has 2 nodes free", never naming the
+    cause. The real runner (fabriccheckrun.KubeRunner) without an image: the gang's Ready
+    message names the missing image and the fabric domain."""
+    ns, driver_ns = new_namespace(control_plane, "fc-noimg"), unique("cd-system")
+    rack = unique("00000fcnoimg")
+    _rack(control_plane, rest, rack, 2)
+    with running_controller(
+        control_plane,
+        driver_ns,
+        leader_election=False,
+        require_verified_nodes=True,
+        fabric_check=True,
+    ):
+        rest.create(COMPUTE_DOMAINS, domain_body("gang", mode="host", num_nodes=2), ns)
+
+        def said() -> str:
+            ready = condition(rest.get(COMPUTE_DOMAINS, "gang", ns), "Ready") or {}
+            message = str(ready.get("message", ""))
+            return message if "no verification image is configured" in message else ""
+
+        message = wait_for(said, what="the gang's Ready message naming the missing image")
+        assert f"fabric domain {rack}: the check did not run" in message
+        ready = condition(rest.get(COMPUTE_DOMAINS, "gang", ns), "Ready") or {}
+        assert ready.get("reason") == "WaitingForFabric"

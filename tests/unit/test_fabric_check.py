@@ -424,3 +424,37 @@ def test_a_node_running_a_gpu_job_is_not_idle_and_is_not_checked() -> None:
     assert runner.calls == [(RACK, ("t1", "t2", "t4"), 335.0)]
     assert cluster.labelled() == ["t1", "t2", "t4"]
     assert fc.gpu_claims("t3", cluster.slices.by_index(BY_NODE, "t3"), [job]) == ["team-a/train"]
+
+
+def test_the_check_says_what_it_is_doing_for_the_gangs_that_wait_for_it() -> None:
+    """Issue 29 point 10d: the cause a waiting gang's status names (placement.py reads
+    `state`): waiting for a second idle node, did not run (no verification image), failed
+    with its pair; nothing once passed. Each change is announced (waiting gangs re-say it)."""
+    cluster = _Cluster(["t1", "t2"])
+    changed: list[str] = []
+    no_image = "no verification image is configured to run it from"
+    runner = _Runner(
+        CheckResult("NotRun", no_image),
+        CheckResult("Failed", "t1/GPU 0 <- t2/GPU 3: 12.50 GB/s, below 335 GB/s", 12.5),
+        CheckResult("Passed", "ok", 797.7),
+    )
+    deps = FabricCheckDeps(**{**cluster.deps(runner).__dict__, "state_changed": changed.append})
+    check = FabricCheck(deps)
+    assert check.state(RACK) == ""
+    one_busy = FabricCheck(FabricCheckDeps(**{**deps.__dict__, "held": lambda n: n == "t2"}))
+    one_busy.reconcile(RACK)
+    assert one_busy.state(RACK) == (
+        "the check waits: a second idle verified node of the domain is needed to check against"
+    )
+    check.reconcile(RACK)
+    assert check.state(RACK) == f"the check did not run: {no_image}"
+    cluster.clock += 60
+    check.reconcile(RACK)
+    assert check.state(RACK) == (
+        "the check failed: t1/GPU 0 <- t2/GPU 3: 12.50 GB/s, below 335 GB/s"
+    )
+    cluster.clock += 120
+    check.reconcile(RACK)
+    assert check.state(RACK) == ""
+    assert len(changed) >= 4
+    assert set(changed) == {RACK}

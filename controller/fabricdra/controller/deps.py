@@ -144,6 +144,9 @@ class PlacementDeps:
     # Nodes of a fabric domain count only once its multi-node NVLink check passed with them
     # (the controller's --fabric-check; capacity.fabric_unchecked).
     require_fabric_verified: bool = False
+    # Fabric domain -> what its check is doing, for a waiting gang's message ("" when nothing
+    # to say: fabriccheck.FabricCheck.state).
+    fabric_check_state: Callable[[str], str] = lambda fabric: ""
 
 
 @dataclass(frozen=True)
@@ -163,3 +166,5 @@ class FabricCheckDeps:
     requeue_after: EnqueueAfter  # the fabric queue's add_after
     clock: Callable[[], float] = time.monotonic
     now: Callable[[], datetime] = lambda: datetime.now(UTC)
+    # A fabric domain's check state (FabricCheck.state) changed: waiting gangs say it.
+    state_changed: Callable[[str], None] = lambda fabric: None

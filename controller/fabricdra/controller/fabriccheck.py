@@ -336,6 +336,24 @@ class FabricCheck:
         self._lock = threading.Lock()
         self._backoff: dict[str, _Backoff] = {}
         self._pending: dict[str, _Pending] = {}
+        self._state: dict[str, str] = {}  # fabric -> what its check is doing (`state`)
+
+    def state(self, fabric: str) -> str:
+        """What the fabric domain's check is doing, in words, for a gang that waits for it
+        ("" when nothing to say: passed, or not reconciled yet). Leader memory: a new leader
+        says it again at its first reconcile of the domain."""
+        with self._lock:
+            return self._state.get(fabric, "")
+
+    def _say(self, fabric: str, state: str) -> None:
+        with self._lock:
+            before = self._state.get(fabric, "")
+            if state:
+                self._state[fabric] = state
+            else:
+                self._state.pop(fabric, None)
+        if before != state:
+            self.d.state_changed(fabric)
 
     def busy(self, node: str) -> bool:
         """Not idle: a ComputeDomain holds the node, or a claim holds one of its GPUs (a
@@ -392,9 +410,11 @@ class FabricCheck:
         floor = threshold(classes)
         p = plan(fabric, domain_nodes, member_fps, floor, classes)
         if p.action == "none":
+            self._say(fabric, "")
             return
         if p.action == "wait":
             log.info("fabric check of %s waits: %s (%s)", fabric, p.reason, ", ".join(p.nodes))
+            self._say(fabric, f"the check waits: {p.reason}")
             return
         if p.action == "pass":
             result = CheckResult("Passed", p.reason)
@@ -408,6 +428,7 @@ class FabricCheck:
                     return
             assert floor is not None
             log.info("fabric check of %s over %s", fabric, ", ".join(p.nodes))
+            self._say(fabric, f"the check is running over {len(p.nodes)} nodes")
             result = d.runner.run(fabric, {n: len(gpus.get(n, [])) for n in p.nodes}, floor)
         writes = outcome(fabric, p, result, domain_nodes, member_fps, floor, d.now())
         written: dict[str, str] = {}
@@ -420,6 +441,10 @@ class FabricCheck:
                 self._pending[fabric] = _Pending(written, d.clock() + PENDING_WAIT)
         for node, ev in writes.events:
             d.node_event(node, ev)
+        said = {"Passed": "", "Failed": "the check failed", "NotRun": "the check did not run"}
+        self._say(
+            fabric, f"{said[result.outcome]}: {result.reason}" if said[result.outcome] else ""
+        )
         if result.outcome == "Passed":
             log.info("fabric check of %s passed: %s", fabric, result.reason)
             with self._lock:

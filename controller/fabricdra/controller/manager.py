@@ -231,6 +231,9 @@ class Controller:
                 require_verified_nodes=self.config.require_verified_nodes,
                 enqueue_domain=self.domain_queue.add,
                 require_fabric_verified=self.config.fabric_check,
+                fabric_check_state=lambda f: (
+                    self.fabric_check.state(f) if self.fabric_check is not None else ""
+                ),
             )
         )
         self.domain_reconciler = DomainReconciler(
@@ -290,6 +293,8 @@ class Controller:
                     require_verified_nodes=self.config.require_verified_nodes,
                     require_synced=self.require_synced,
                     requeue_after=self.fabric_queue.add_after,
+                    # Waiting gangs say what the check is doing (placement.py).
+                    state_changed=lambda f: self.placement.room_may_have_freed(),
                 )
             )
         self._stop = threading.Event()
