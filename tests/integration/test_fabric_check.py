@@ -306,3 +306,70 @@ def test_with_no_verification_image_a_waiting_gang_says_so(
         assert f"fabric domain {rack}: the check did not run" in message
         ready = condition(rest.get(COMPUTE_DOMAINS, "gang", ns), "Ready") or {}
         assert ready.get("reason") == "WaitingForFabric"
+
+
+def _claim_conditions(rest: Rest, ns: str, claim: str) -> dict[str, dict[str, Any]]:
+    devices = rest.get(CLAIMS, claim, ns).get("status", {}).get("devices", []) or []
+    return {c["type"]: c for d in devices for c in d.get("conditions", []) or []}
+
+
+def test_elastic_and_multi_clique_domains_are_not_admitted_on_a_rack_whose_check_failed(
+    control_plane: ControlPlane, rest: Rest
+) -> None:
+    """Issue 29 point 10e: gang placement keeps gangs off a rack whose check failed, but an
+    elastic domain (no numNodes) and a multi-clique one are never placed: the scheduler put
+    their claims there and they were admitted across a trunk that failed its check. Their
+    claims are refused at binding, naming the failure, and their status says why."""
+    from fabricdra.api import computedomain as cd
+    from fabricdra.api.computedomain import ComputeDomain
+    from fabricdra.controller import objects
+
+    from .computedomain_helpers import allocate_claim
+
+    ns, driver_ns = new_namespace(control_plane, "fc-elastic"), unique("cd-system")
+    rack = unique("00000fcelastic")
+    nodes = _rack(control_plane, rest, rack, 2)
+    worst = f"{nodes[0]}/GPU 1 <- {nodes[1]}/GPU 2"
+    failed = f"{worst}: 41.20 GB/s, below 335 GB/s"
+    runner = _Answers(CheckResult("Failed", failed, 41.2, worst, (nodes[0], nodes[1])))
+    with running_controller(
+        control_plane,
+        driver_ns,
+        leader_election=False,
+        require_verified_nodes=True,
+        fabric_check=True,
+        fabric_runner=runner,
+    ):
+        wait_for(lambda: record_of(rest.get(NODES, nodes[0])) is not None, what="recorded")
+        spans = domain_body("span", num_nodes=2)
+        spans["spec"]["allowMultipleCliques"] = True
+        for body in (domain_body("elastic"), spans):
+            rest.create(COMPUTE_DOMAINS, body, ns)
+        for name in ("elastic", "span"):
+            obj = wait_for(
+                lambda n=name: (
+                    (o := rest.get(COMPUTE_DOMAINS, n, ns))["status"].get("channels") and o
+                ),
+                what=f"{name}'s channel recorded",
+            )
+            domain = ComputeDomain.model_validate(obj)
+            template = objects.workload_claim_template(domain, domain.status.channels[0])
+            allocate_claim(rest, ns, template, nodes[0], f"{name}-0", binding_conditions=True)
+        for name in ("elastic", "span"):
+            refused = wait_for(
+                lambda n=name: _claim_conditions(rest, ns, f"{n}-0").get(cd.CONFLICT_CONDITION),
+                what=f"{name}'s claim refused",
+            )
+            assert refused["reason"] == "FabricCheckFailed"
+            assert f"fabric domain {rack} failed its multi-node NVLink check" in refused["message"]
+            assert failed in refused["message"]
+            assert cd.ADMITTED_CONDITION not in _claim_conditions(rest, ns, f"{name}-0")
+            degraded = wait_for(
+                lambda n=name: (
+                    (c := condition(rest.get(COMPUTE_DOMAINS, n, ns), "Degraded"))
+                    and c["reason"] == "FabricCheckFailed"
+                    and c
+                ),
+                what=f"{name}'s status naming the failed check",
+            )
+            assert failed in degraded["message"]

@@ -121,10 +121,27 @@ def fabric_unchecked(node: JSON) -> str:
     node_labels = (node.get("metadata") or {}).get("labels") or {}
     if not fabric or node_labels.get(labels.FABRIC_VERIFIED) == "true":
         return ""
+    return fabric_check_failed(node) or (
+        f"fabric domain {fabric} not checked yet ({labels.FABRIC_VERIFIED} is not 'true')"
+    )
+
+
+# A claim's refusal reason (and its domain's Degraded reason) where its node's fabric domain
+# failed the multi-node NVLink check (nodes.py).
+FABRIC_CHECK_FAILED = "FabricCheckFailed"
+
+
+def fabric_check_failed(node: JSON) -> str:
+    """Why the node's fabric domain check failed with it ("" unless its record says so for
+    the domain it is in now and no later check labelled it)."""
+    fabric = in_fabric(node)
+    node_labels = (node.get("metadata") or {}).get("labels") or {}
+    if not fabric or node_labels.get(labels.FABRIC_VERIFIED) == "true":
+        return ""
     record = record_of(node)
     if record is not None and not record.passed and record.fabric == fabric:
         return f"fabric domain {fabric} failed its multi-node NVLink check: {record.reason}"
-    return f"fabric domain {fabric} not checked yet ({labels.FABRIC_VERIFIED} is not 'true')"
+    return ""
 
 
 def held_back_by_fabric_check(

@@ -126,6 +126,10 @@ class NodeDeps:
     enqueue_domain: Enqueue
     enqueue_node: Enqueue
     enqueue_node_after: EnqueueAfter
+    # Under --fabric-check, elastic and multi-clique domains (never placed) are refused nodes
+    # whose fabric domain's check failed; the check's own domain (in `namespace`) is not.
+    fabric_check: bool = False
+    namespace: str = ""
 
 
 @dataclass(frozen=True)

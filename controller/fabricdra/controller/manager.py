@@ -270,6 +270,8 @@ class Controller:
                 enqueue_domain=self.domain_queue.add,
                 enqueue_node=self.node_queue.add,
                 enqueue_node_after=self.node_queue.add_after,
+                fabric_check=self.config.fabric_check,
+                namespace=self.config.namespace,
             )
         )
         self.fabric_check: FabricCheck | None = None
