@@ -458,3 +458,89 @@ def test_the_check_says_what_it_is_doing_for_the_gangs_that_wait_for_it() -> Non
     assert check.state(RACK) == ""
     assert len(changed) >= 4
     assert set(changed) == {RACK}
+
+
+def test_on_a_failed_rack_only_elastic_and_multi_clique_claims_are_refused() -> None:
+    """Issue 29 point 10e (the decision; the integration test runs it against the API
+    server): a pending claim of an elastic or multi-clique domain on a node whose check failed
+    is refused; a gang's (placed) and a one-node domain's are not, nor the check's own domain
+    (labelled, in the driver's namespace) — a look-alike in a tenant namespace is — nor a
+    claim already admitted; and nothing is refused without --fabric-check."""
+    from fabricdra.controller.admission import ClaimOnNode
+    from fabricdra.controller.deps import NodeDeps
+    from fabricdra.controller.fabriccheckrun import RUN_LABEL
+    from fabricdra.controller.indexes import BY_UID
+    from fabricdra.controller.nodes import NodeReconciler
+    from fabricdra.controller.ownership import Ownership
+    from tests.unit.test_reconciler_deps import MemApi, MemCache, _placement
+
+    def domain(
+        uid: str, ns: str = "team", labels_: dict[str, str] | None = None, **spec: Any
+    ) -> dict[str, Any]:
+        meta = {"name": uid, "namespace": ns, "uid": uid, "labels": labels_ or {}}
+        return {"metadata": meta, "spec": spec}
+
+    run = {RUN_LABEL: "fabricdra-fabric-check-x"}
+    domains = MemCache(
+        [
+            domain("elastic"),
+            domain("spans", allowMultipleCliques=True, numNodes=4),
+            domain("gang", numNodes=2),
+            domain("one", numNodes=1),
+            domain("check", "fabricdra-system", run),
+            domain("look-alike", "team", run),
+        ],
+        {BY_UID: lambda o: [o["metadata"]["uid"]]},
+    )
+    node = _node("t1")
+    node["metadata"]["annotations"][labels.FABRIC_CHECK] = json.dumps(
+        {
+            "fabric": RACK,
+            "passed": False,
+            "reason": "t1/GPU 0 <- t2/GPU 3: 12.50 GB/s, below 335 GB/s",
+            "time": "2026-12-01T00:00:00Z",
+            "fingerprint": "f",
+        }
+    )
+    api, nodes, own = MemApi(), MemCache([node]), Ownership()
+
+    def reconciler(fabric_check: bool) -> NodeReconciler:
+        return NodeReconciler(
+            NodeDeps(
+                rest=api,
+                writer=None,  # type: ignore[arg-type]
+                domains=domains,
+                claims=MemCache(),
+                nodes=nodes,
+                slices=MemCache(),
+                ownership=own,
+                placement=_placement(api, domains, nodes, own),
+                gang_timeout_seconds=300.0,
+                require_synced=lambda: None,
+                enqueue_domain=lambda key: None,
+                enqueue_node=lambda key: None,
+                enqueue_node_after=lambda key, delay: None,
+                fabric_check=fabric_check,
+                namespace="fabricdra-system",
+            )
+        )
+
+    views = [
+        ClaimOnNode(f"ns/{uid}", uid, "pending", "t")
+        for uid in ("elastic", "spans", "gang", "one", "check", "look-alike")
+    ] + [ClaimOnNode("ns/running", "elastic", "admitted", "t")]
+    refused = reconciler(True)._fabric_check_refusals(node, views)
+    assert sorted(refused) == ["ns/elastic", "ns/look-alike", "ns/spans"]
+    assert refused["ns/elastic"] == (
+        f"node t1: fabric domain {RACK} failed its multi-node NVLink check: t1/GPU 0 <- t2/GPU "
+        "3: 12.50 GB/s, below 335 GB/s; an elastic ComputeDomain is not admitted there until a "
+        "check of that fabric domain passes"
+    )
+    assert "a multi-clique ComputeDomain" in refused["ns/spans"]
+    assert reconciler(False)._fabric_check_refusals(node, views) == {}
+    passed = _checked(copy_of(node), "h1")  # a later check passed with it
+    assert reconciler(True)._fabric_check_refusals(passed, views) == {}
+
+
+def copy_of(obj: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(json.dumps(obj))  # type: ignore[no-any-return]
