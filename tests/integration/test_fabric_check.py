@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from e2e.harness.controlplane import ControlPlane, wait_for
 from fabricdra.api import labels
 from fabricdra.api.fabriccheck import record_of
 from fabricdra.controller.fabriccheck import CheckResult
+from fabricdra.controller.manager import Controller
 from fabricdra.kube.rest import CLAIMS, COMPUTE_DOMAINS, EVENTS, NODE_DEVICES, NODES, SLICES, Rest
 from tests.fleetdata import GB200, _gpu, _slice
 
@@ -82,6 +84,22 @@ def _rack(control_plane: ControlPlane, rest: Rest, rack: str, count: int) -> lis
     return names
 
 
+def checking_controller(
+    control_plane: ControlPlane, driver_ns: str, runner: _Answers | None = None, **kw: Any
+) -> AbstractContextManager[Controller]:
+    """The controller under --fabric-check (and --require-verified-nodes), its check run by
+    `runner` (None: the real fabriccheckrun.KubeRunner)."""
+    return running_controller(
+        control_plane,
+        driver_ns,
+        leader_election=False,
+        require_verified_nodes=True,
+        fabric_check=True,
+        fabric_runner=runner,
+        **kw,
+    )
+
+
 def _label(rest: Rest, node: str) -> str | None:
     value = rest.get(NODES, node)["metadata"].get("labels", {}).get(labels.FABRIC_VERIFIED)
     return None if value is None else str(value)
@@ -99,14 +117,7 @@ def test_a_passed_check_labels_the_domain_and_a_gang_then_places_there(
     rack = unique("00000fcpass")
     nodes = _rack(control_plane, rest, rack, 2)
     runner = _Answers(CheckResult("Passed", "2 cross-tray pairs, lowest 797.73 GB/s", 797.73))
-    with running_controller(
-        control_plane,
-        driver_ns,
-        leader_election=False,
-        require_verified_nodes=True,
-        fabric_check=True,
-        fabric_runner=runner,
-    ):
+    with checking_controller(control_plane, driver_ns, runner):
         wait_for(lambda: all(_label(rest, n) == "true" for n in nodes), what="labelled")
         assert runner.calls == [(rack, tuple(nodes), 335.0)]
         record = record_of(rest.get(NODES, nodes[0]))
@@ -122,14 +133,7 @@ def test_a_passed_check_labels_the_domain_and_a_gang_then_places_there(
         )
     # A restarted controller (a new leader) reads the records: the check is not run again.
     again = _Answers()
-    with running_controller(
-        control_plane,
-        driver_ns,
-        leader_election=False,
-        require_verified_nodes=True,
-        fabric_check=True,
-        fabric_runner=again,
-    ) as controller:
+    with checking_controller(control_plane, driver_ns, again) as controller:
         wait_for(lambda: controller.caches_synced(), what="synced")
         controller.reconcile_fabric(rack)  # as its fabric worker would, from the real caches
         assert again.calls == []
@@ -147,14 +151,7 @@ def test_a_failed_check_keeps_the_domain_closed_and_says_why_on_the_node(
             "Failed", f"{worst}: 41.20 GB/s, below 335 GB/s", 41.2, worst, (nodes[0], nodes[1])
         )
     )
-    with running_controller(
-        control_plane,
-        driver_ns,
-        leader_election=False,
-        require_verified_nodes=True,
-        fabric_check=True,
-        fabric_runner=runner,
-    ):
+    with checking_controller(control_plane, driver_ns, runner):
         wait_for(lambda: record_of(rest.get(NODES, nodes[1])) is not None, what="recorded")
         assert all(_label(rest, n) is None for n in nodes)
         wait_for(
@@ -189,15 +186,8 @@ def test_a_gang_waiting_for_its_fabric_domain_is_placed_when_the_check_passes(
     nodes = _rack(control_plane, rest, rack, 2)
     hold = threading.Event()
     runner = _Answers(CheckResult("Passed", "ok", 797.73), hold=hold)
-    with running_controller(
-        control_plane,
-        driver_ns,
-        leader_election=False,
-        require_verified_nodes=True,
-        fabric_check=True,
-        fabric_runner=runner,
-        resync_seconds=600.0,  # no resync comes to the rescue within the test
-    ):
+    # No resync comes to the rescue within the test.
+    with checking_controller(control_plane, driver_ns, runner, resync_seconds=600.0):
         rest.create(COMPUTE_DOMAINS, domain_body("gang", mode="host", num_nodes=2), ns)
         wait_for(
             lambda: (
@@ -235,14 +225,7 @@ def test_a_node_running_a_gpu_job_is_left_out_of_the_check_until_the_job_ends(
     rest.patch(CLAIMS, "train", {"status": status}, ns, sub="status")
     idle = tuple(n for n in nodes if n != busy)
     runner = _Answers(CheckResult("Passed", "ok", 797.73), CheckResult("Passed", "ok", 797.73))
-    with running_controller(
-        control_plane,
-        driver_ns,
-        leader_election=False,
-        require_verified_nodes=True,
-        fabric_check=True,
-        fabric_runner=runner,
-    ):
+    with checking_controller(control_plane, driver_ns, runner):
         wait_for(lambda: all(_label(rest, n) == "true" for n in idle), what="idle trays labelled")
         assert runner.calls == [(rack, idle, 335.0)]
         assert _label(rest, busy) is None
@@ -264,14 +247,7 @@ def test_racks_are_checked_concurrently(control_plane: ControlPlane, rest: Rest)
         CheckResult("Passed", "ok", 797.73), CheckResult("Passed", "ok", 797.73), hold=hold
     )
     try:
-        with running_controller(
-            control_plane,
-            driver_ns,
-            leader_election=False,
-            require_verified_nodes=True,
-            fabric_check=True,
-            fabric_runner=runner,
-        ):
+        with checking_controller(control_plane, driver_ns, runner):
             wait_for(lambda: len(runner.calls) == 2, what="both racks' checks running at once")
             assert sorted(c[0] for c in runner.calls) == racks
     finally:
@@ -288,13 +264,7 @@ def test_with_no_verification_image_a_waiting_gang_says_so(
     ns, driver_ns = new_namespace(control_plane, "fc-noimg"), unique("cd-system")
     rack = unique("00000fcnoimg")
     _rack(control_plane, rest, rack, 2)
-    with running_controller(
-        control_plane,
-        driver_ns,
-        leader_election=False,
-        require_verified_nodes=True,
-        fabric_check=True,
-    ):
+    with checking_controller(control_plane, driver_ns):
         rest.create(COMPUTE_DOMAINS, domain_body("gang", mode="host", num_nodes=2), ns)
 
         def said() -> str:
@@ -332,14 +302,7 @@ def test_elastic_and_multi_clique_domains_are_not_admitted_on_a_rack_whose_check
     worst = f"{nodes[0]}/GPU 1 <- {nodes[1]}/GPU 2"
     failed = f"{worst}: 41.20 GB/s, below 335 GB/s"
     runner = _Answers(CheckResult("Failed", failed, 41.2, worst, (nodes[0], nodes[1])))
-    with running_controller(
-        control_plane,
-        driver_ns,
-        leader_election=False,
-        require_verified_nodes=True,
-        fabric_check=True,
-        fabric_runner=runner,
-    ):
+    with checking_controller(control_plane, driver_ns, runner):
         wait_for(lambda: record_of(rest.get(NODES, nodes[0])) is not None, what="recorded")
         spans = domain_body("span", num_nodes=2)
         spans["spec"]["allowMultipleCliques"] = True

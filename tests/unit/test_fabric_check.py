@@ -5,6 +5,7 @@ with in-memory caches and a runner that answers what a real run would have found
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -467,12 +468,11 @@ def test_on_a_failed_rack_only_elastic_and_multi_clique_claims_are_refused() -> 
     (labelled, in the driver's namespace) — a look-alike in a tenant namespace is — nor a
     claim already admitted; and nothing is refused without --fabric-check."""
     from fabricdra.controller.admission import ClaimOnNode
-    from fabricdra.controller.deps import NodeDeps
     from fabricdra.controller.fabriccheckrun import RUN_LABEL
     from fabricdra.controller.indexes import BY_UID
     from fabricdra.controller.nodes import NodeReconciler
     from fabricdra.controller.ownership import Ownership
-    from tests.unit.test_reconciler_deps import MemApi, MemCache, _placement
+    from tests.unit.test_reconciler_deps import MemApi, MemCache, node_deps
 
     def domain(
         uid: str, ns: str = "team", labels_: dict[str, str] | None = None, **spec: Any
@@ -505,25 +505,8 @@ def test_on_a_failed_rack_only_elastic_and_multi_clique_claims_are_refused() -> 
     api, nodes, own = MemApi(), MemCache([node]), Ownership()
 
     def reconciler(fabric_check: bool) -> NodeReconciler:
-        return NodeReconciler(
-            NodeDeps(
-                rest=api,
-                writer=None,  # type: ignore[arg-type]
-                domains=domains,
-                claims=MemCache(),
-                nodes=nodes,
-                slices=MemCache(),
-                ownership=own,
-                placement=_placement(api, domains, nodes, own),
-                gang_timeout_seconds=300.0,
-                require_synced=lambda: None,
-                enqueue_domain=lambda key: None,
-                enqueue_node=lambda key: None,
-                enqueue_node_after=lambda key, delay: None,
-                fabric_check=fabric_check,
-                namespace="fabricdra-system",
-            )
-        )
+        deps = node_deps(api, domains, nodes, own, namespace="fabricdra-system")
+        return NodeReconciler(dataclasses.replace(deps, fabric_check=fabric_check))
 
     views = [
         ClaimOnNode(f"ns/{uid}", uid, "pending", "t")

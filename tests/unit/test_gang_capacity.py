@@ -141,21 +141,26 @@ def test_a_verified_node_of_an_unchecked_fabric_domain_is_not_offered_under_the_
     )
 
 
-def test_a_failed_fabric_check_is_the_reason_given() -> None:
+def _failed(node: dict[str, Any], reason: str) -> dict[str, Any]:
+    """The node with a failed check's record for the fabric domain it is in."""
     import json
 
-    node = _node("tray", "nvlink-abc-1", verified=True)
-    node["metadata"]["annotations"] = {
-        labels.FABRIC_CHECK: json.dumps(
-            {
-                "fabric": "nvlink-abc-1",
-                "passed": False,
-                "reason": "t1 GPU 0 <- t2 GPU 3: 12.5 GB/s, below 600 GB/s",
-                "time": "2026-01-01T00:00:00Z",
-                "fingerprint": "f",
-            }
-        )
+    record = {
+        "fabric": node["metadata"]["labels"][labels.FABRIC_DOMAIN],
+        "passed": False,
+        "reason": reason,
+        "time": "2026-01-01T00:00:00Z",
+        "fingerprint": "f",
     }
+    node["metadata"]["annotations"] = {labels.FABRIC_CHECK: json.dumps(record)}
+    return node
+
+
+def test_a_failed_fabric_check_is_the_reason_given() -> None:
+    node = _failed(
+        _node("tray", "nvlink-abc-1", verified=True),
+        "t1 GPU 0 <- t2 GPU 3: 12.5 GB/s, below 600 GB/s",
+    )
     why = unusable(node, require_fabric_verified=True)
     assert why == (
         "fabric domain nvlink-abc-1 failed its multi-node NVLink check: "
@@ -191,22 +196,11 @@ def test_what_holds_nodes_back_under_the_fabric_check_is_said_per_fabric_domain(
     message names the cause per fabric domain: what the domain's check is doing (no
     verification image, waiting, failed with its pair), else its nodes' records; domains
     with the same cause are named together, so 277 racks make one line."""
-    import json
-
     from fabricdra.controller.capacity import held_back_by_fabric_check
 
-    failed = _node("c1", "rack-c", verified=True)
-    failed["metadata"]["annotations"] = {
-        labels.FABRIC_CHECK: json.dumps(
-            {
-                "fabric": "rack-c",
-                "passed": False,
-                "reason": "c1/GPU 0 <- c2/GPU 3: 12.50 GB/s, below 335 GB/s",
-                "time": "2026-01-01T00:00:00Z",
-                "fingerprint": "f",
-            }
-        )
-    }
+    failed = _failed(
+        _node("c1", "rack-c", verified=True), "c1/GPU 0 <- c2/GPU 3: 12.50 GB/s, below 335 GB/s"
+    )
     nodes = {
         "a1": _node("a1", "rack-a", verified=True),
         "b1": _node("b1", "rack-b", verified=True),
