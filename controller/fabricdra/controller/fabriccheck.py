@@ -428,7 +428,8 @@ class FabricCheck:
                     return
             assert floor is not None
             log.info("fabric check of %s over %s", fabric, ", ".join(p.nodes))
-            self._say(fabric, f"the check is running over {len(p.nodes)} nodes")
+            if b is None:  # a retry keeps saying why the last try failed or did not run
+                self._say(fabric, f"the check is running over {len(p.nodes)} nodes")
             result = d.runner.run(fabric, {n: len(gpus.get(n, [])) for n in p.nodes}, floor)
         writes = outcome(fabric, p, result, domain_nodes, member_fps, floor, d.now())
         written: dict[str, str] = {}
