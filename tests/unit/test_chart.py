@@ -611,17 +611,19 @@ def test_the_fabric_check_is_on_exactly_with_the_active_probes(chart: Chart) -> 
     plain = args({})
     assert "--fabric-check=true" in plain
     assert "--fabric-check-timeout-seconds=600" in plain
+    assert "--fabric-check-concurrency=16" in plain
     assert "--fabric-check-imex-mode=managed" in plain
     assert not [a for a in plain if a.startswith(("--fabric-check-image", "--fabric-check-runt"))]
     given = args(
         {
             "verification": {"image": "reg/verify:1", "runtimeClassName": "nvidia",
-                             "fabricCheck": {"timeoutSeconds": 900}},
+                             "fabricCheck": {"timeoutSeconds": 900, "concurrency": 4}},
             "computeDomains": {"hostImex": {"enabled": True}},
         }
     )  # fmt: skip
     for arg in ("--fabric-check-image=reg/verify:1", "--fabric-check-runtime-class=nvidia",
-                "--fabric-check-timeout-seconds=900", "--fabric-check-imex-mode=host"):  # fmt: skip
+                "--fabric-check-timeout-seconds=900", "--fabric-check-imex-mode=host",
+                "--fabric-check-concurrency=4"):  # fmt: skip
         assert arg in given
     off = args({"verification": {"activeProbes": False, "image": "reg/verify:1"}})
     assert [a for a in off if a.startswith("--fabric-check")] == ["--fabric-check=false"]
@@ -636,3 +638,5 @@ def test_the_fabric_check_is_on_exactly_with_the_active_probes(chart: Chart) -> 
     assert [a for a in skipped if a.startswith("--fabric-check")] == ["--fabric-check=false"]
     with pytest.raises(Exception, match="required"):
         args({"verification": {"fabricCheck": {"required": "sometimes"}}})
+    with pytest.raises(Exception, match="concurrency"):
+        args({"verification": {"fabricCheck": {"concurrency": 0}}})

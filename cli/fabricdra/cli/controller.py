@@ -166,6 +166,13 @@ def register(sub: Any) -> None:
         "[FABRICDRA_FABRIC_CHECK_TIMEOUT_SECONDS]",
     )
     a(
+        "--fabric-check-concurrency",
+        type=int,
+        default=env_int("FABRIC_CHECK_CONCURRENCY", 16),
+        help="how many fabric domains (racks) are checked at once (default 16) "
+        "[FABRICDRA_FABRIC_CHECK_CONCURRENCY]",
+    )
+    a(
         "--fabric-check-imex-mode",
         default=env_choice("FABRIC_CHECK_IMEX_MODE", "managed", ["managed", "host"]),
         choices=["managed", "host"],
@@ -236,6 +243,10 @@ def run(args: argparse.Namespace) -> int:
             "--fabric-check-timeout-seconds must be positive, "
             f"got {args.fabric_check_timeout_seconds:g}"
         )
+    if args.fabric_check_concurrency < 1:
+        raise UsageError(
+            f"--fabric-check-concurrency must be at least 1, got {args.fabric_check_concurrency}"
+        )
     daemon_env = _daemon_env(args.daemon_env)
     api = api_client(args.kubeconfig)
     if not _preflight(api):
@@ -265,6 +276,7 @@ def run(args: argparse.Namespace) -> int:
             imex_mode=args.fabric_check_imex_mode,
             runtime_class=args.fabric_check_runtime_class,
         ),
+        fabric_check_concurrency=args.fabric_check_concurrency,
         **({"identity": args.identity} if args.identity else {}),
     )
     controller = Controller(api, cfg)

@@ -25,8 +25,17 @@ from fabricdra.kube.rest import (
     Kind,
 )
 
-from . import channels, metrics, objects, records, status
-from .claims import channel_of, claim_nodes, domain_uid, node_addresses, node_fabric, node_ip
+from . import capacity, channels, metrics, objects, records, status
+from .claims import (
+    channel_of,
+    claim_nodes,
+    dev_key,
+    domain_uid,
+    node_addresses,
+    node_fabric,
+    node_ip,
+    results,
+)
 from .deps import Cache, DomainDeps
 from .indexes import BY_DOMAIN, BY_FABRIC, BY_NODE
 from .placement import FINISHED, Placed, is_gang
@@ -422,6 +431,26 @@ class DomainReconciler:
                     )
         return sorted(out)
 
+    def _fabric_check_refused(self, domain: ComputeDomain) -> list[str]:
+        """Claims of the domain refused at binding on a node whose fabric domain failed its
+        multi-node NVLink check (nodes.py), with why, while they are still allocated there."""
+        out = []
+        for claim in self.d.claims.by_index(BY_DOMAIN, domain.uid):
+            meta = claim["metadata"]
+            if domain_uid(claim) != domain.uid or meta["namespace"] != domain.namespace:
+                continue
+            allocated = {dev_key(r) for r in results(claim)}
+            for dev in (claim.get("status") or {}).get("devices") or []:
+                if dev_key(dev) not in allocated:
+                    continue
+                for c in dev.get("conditions") or []:
+                    if (
+                        c.get("type") == cd.CONFLICT_CONDITION
+                        and c.get("reason") == capacity.FABRIC_CHECK_FAILED
+                    ):
+                        out.append(f"claim {meta['name']}: {c.get('message', '')}")
+        return sorted(out)
+
     def _too_large(self, domain: ComputeDomain) -> str:
         """numNodes is limited by the fabric, not by a constant (status.too_large), counted
         from the nodes carrying a fabricdra.io/fabric.domain label."""
@@ -454,6 +483,7 @@ class DomainReconciler:
             self._held_nodes(domain),
             reports,
             fabric_conflicts=self._fabric_conflicts(domain),
+            fabric_check_refused=self._fabric_check_refused(domain),
             objects_reason=reason,
             unpin=self.d.ownership.pin_of(domain.uid) is None
             and not self._has_allocated_claims(domain),

@@ -217,6 +217,31 @@ class Placement:
                 gangs.append(Gang(meta["uid"], want, placed))
         return fabrics, owners, gangs
 
+    def _held_back(self, for_uid: str) -> str:
+        """Why the multi-node NVLink check keeps nodes from the gang (capacity
+        .held_back_by_fabric_check; "" without --fabric-check): a gang waiting for a check
+        that cannot run (no verification image) or failed says so, not only "no room"."""
+        d = self.d
+        if not d.require_fabric_verified:
+            return ""
+        nodes, keep = d.nodes.items(), set(d.ownership.nodes_of(for_uid))
+
+        def counted(fabric_checked: bool) -> dict[str, list[str]]:
+            return capacity.usable_by_fabric(
+                nodes,
+                require_verified=d.require_verified_nodes,
+                require_fabric_verified=fabric_checked,
+                gpu_room=self._room,
+                keep=keep,
+            )
+
+        return capacity.held_back_by_fabric_check(
+            counted(True),
+            counted(False),
+            d.nodes.get,
+            d.fabric_check_state,
+        )
+
     def devices_changed(self, nodes: Iterable[str]) -> None:
         """A GPU slice or a claim's allocation on `nodes` changed: their GPU room is computed
         again when next read."""
@@ -252,12 +277,13 @@ class Placement:
                 log.info("ComputeDomain %s (numNodes %d) fits nowhere yet: %s", key, want, free)
                 # A message without the counts: it is written to status, which must not
                 # change (and be rewritten) every time another node is held or freed.
-                return Placed(
-                    None,
+                waiting = (
                     f"numNodes {want}: no NVLink fabric domain has {want} nodes free now "
                     "(counting the nodes other gangs placed there still expect); waiting "
-                    "for room; the claim template is created once the domain is placed",
+                    "for room; the claim template is created once the domain is placed"
                 )
+                held_back = self._held_back(domain.uid)
+                return Placed(None, f"{waiting}; {held_back}" if held_back else waiting)
             self._waiting.discard(key)
             if domain.uid in self._again and domain.uid in self._timed_out:
                 # Its Ready message said where it stayed, or that it would move: now it has.
