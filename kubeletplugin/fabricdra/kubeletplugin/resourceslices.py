@@ -45,6 +45,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from . import gpusharing
 from .devices import Device, DeviceInventory, holder_name
 from .kinds import kind_of
 from .kinds.base import STANDARD, CounterUse, Value, Version
@@ -254,6 +255,11 @@ def _published(
             "value": str(holders),
             "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": str(holders)}},
         }
+    elif gpusharing.limits(device) and features.consumable_capacity and "memory" in capacity:
+        # A shared GPU (gpusharing.py); the basic model has no consumable capacity, so there
+        # it stays one claim's.
+        base["allowMultipleAllocations"] = True
+        capacity.update(gpusharing.published_capacity(capacity["memory"]["value"], device.shares))
     out = _with_capacity(base, capacity)
     if use is not None:
         out["consumesCounters"] = [
