@@ -166,6 +166,7 @@ class GpuInfo:
     cuda_compute_capability: str | None = None  # "9.0.0"
     architecture: str | None = None
     brand: str | None = None
+    addressing_mode: str | None = None  # "HMM", "ATS", "None": NVML's answer
     # The GPUs this one reaches over NVLink inside the node (discovery/nvlink.py); None: none.
     nvlink_group: str | None = None
     mig_capacity: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
@@ -188,6 +189,7 @@ def gpu_info(nvml: NvmlReadings | None) -> dict[str, GpuInfo]:
             cuda_compute_capability=semver(g.cudaComputeCapability),
             architecture=g.architecture,
             brand=g.brand,
+            addressing_mode=g.addressingMode,
             nvlink_group=groups.get(bus),
             mig_capacity={
                 m.uuid: {

@@ -263,6 +263,7 @@ def accelerator_values(device: Device) -> list[tuple[str, Value]]:
         ("cudaComputeCapability", _version(info.cuda_compute_capability if info else None)),
         ("architecture", info.architecture if info else None),
         ("brand", info.brand if info else None),
+        ("addressingMode", info.addressing_mode if info else None),
         *pci_values(acc.topology, acc.pciBusId, acc.numaNode),
         ("vendor", acc.vendor),
         ("deviceClass", _device_class(acc, mig, placement)),
