@@ -25,9 +25,12 @@ against the *current* `DeviceInventory`, and write one CDI spec for the claim:
 
 Refusals (the driver is the last line of defence): a device that overlaps one another
 prepared claim holds — the same device, a GPU and its MIG instances, a PF and its VFs — unless
-both are shares of a device offered shared or either request has admin access, and a share of
-a device not offered shared (exclusivity.py); opaque configuration addressed to this driver (it
-takes none); anything not offered by this node, or a GPU that left the PCI bus.
+both are shares of a device offered shared or either request has admin access, a share of a
+device not offered shared, and a share of a shared GPU whose consumed capacity does not fit
+beside the shares already prepared on it (exclusivity.py, gpusharing.py); opaque
+configuration addressed to this driver other than a `GpuConfig` sharing strategy it can honour
+(gpusharing.py: MPS adds a `sharing-<device>-<claim>` CDI device); anything not offered by this
+node, or a GPU that left the PCI bus.
 
 Never stalling kubelet (the shared rules of `kubelet/claims.py`): the claim is read before any
 lock, in one attempt, within `READ_BUDGET` and at least `DEADLINE_MARGIN` before kubelet's

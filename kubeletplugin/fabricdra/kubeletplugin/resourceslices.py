@@ -16,8 +16,9 @@ Two API models (docs/attributes.md, "Kubernetes versions"):
 
 * **current** (1.36+, default): a shared RDMA endpoint is one device with
   `allowMultipleAllocations: true` and a consumable `holders` capacity (default one per claim,
-  at most all of them), so the scheduler counts holders itself; Unhealthy devices carry a
-  `NoSchedule` device taint.
+  at most all of them), so the scheduler counts holders itself; so is a shared GPU
+  (`--gpu-shares`), with consumable `memory` and `shares` (gpusharing.py); Unhealthy devices
+  carry a `NoSchedule` device taint.
 * **basic** (1.34/1.35, where DRAConsumableCapacity and DRADeviceTaints are off by default):
   a shared endpoint is published as `holders` separate devices `<name>-s<k>` (which
   `DeviceInventory.get` resolves back to the endpoint), and no taints are sent (the API server
