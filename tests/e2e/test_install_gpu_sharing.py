@@ -16,11 +16,12 @@ import pytest
 from kubernetes import client
 
 from e2e.harness.controlplane import wait_for
-from tests.e2e.installkit import NAMESPACE, Installed, own_slices, wait_running
+from tests.e2e.installkit import NAMESPACE, Installed, gpu_claim, own_slices, wait_running
 from tests.e2e.installkit import run_pod as start_pod
 
 pytestmark = pytest.mark.e2e
 
+BUS_ID = 'device.attributes["resource.kubernetes.io"].pciBusID'
 LIST_GPUS = (
     'for n in /dev/nvidia[0-9]*; do [ -e "$n" ] && echo "GPU $n"; done; echo LISTED; sleep 3600'
 )
@@ -45,34 +46,6 @@ def _held(api: client.ApiClient) -> set[str]:
         for c in claims
         if c.status and c.status.allocation
         for r in c.status.allocation.devices.results or []
-    }
-
-
-def _claim(name: str, bus_id: str) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": "gpu",
-                        "exactly": {
-                            "deviceClassName": "gpu.fabricdra.io",
-                            # A GPU no other scenario holds: only shares meet on it.
-                            "selectors": [
-                                {
-                                    "cel": {
-                                        "expression": 'device.attributes["resource.kubernetes.io"]'
-                                        f'.pciBusID == "{bus_id}"'
-                                    }
-                                }
-                            ],
-                            "capacity": {"requests": {"memory": "2Gi"}},
-                        },
-                    }
-                ]
-            }
-        },
     }
 
 
@@ -101,7 +74,10 @@ def test_two_pods_asking_2gi_share_one_gpu(installed: Installed) -> None:
             core.create_namespace({"metadata": {"name": ns}})
             wait_for(lambda: core.read_namespaced_service_account("default", ns), what="SA")
             for name in ("a", "b"):
-                resource.create_namespaced_resource_claim(ns, _claim(name, bus_id))
+                # A GPU no other scenario holds: only shares meet on it.
+                on_free = f'{BUS_ID} == "{bus_id}"'
+                claim = gpu_claim(name, on_free, {"memory": "2Gi"})
+                resource.create_namespaced_resource_claim(ns, claim)
                 start_pod(api, ns, name, name, command=LIST_GPUS)
             for name in ("a", "b"):
                 wait_running(core, ns, name)

@@ -9,13 +9,18 @@ they pick; one asking a driver newer than the node's leaves its pod Pending, all
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from kubernetes import client
 
 from e2e.harness.controlplane import wait_for
-from tests.e2e.installkit import Installed, namespace, offered_untainted, own_slices, wait_running
+from tests.e2e.installkit import (
+    Installed,
+    gpu_claim,
+    namespace,
+    offered_untainted,
+    own_slices,
+    wait_running,
+)
 from tests.e2e.installkit import run_pod as start_pod
 
 pytestmark = pytest.mark.e2e
@@ -26,25 +31,6 @@ SELECTORS = {
     "product": f'{ATTRS}.productName.matches("^NVIDIA H100")',
     "memory": 'device.capacity["devices.fabricdra.io"].memory.compareTo(quantity("80Gi")) >= 0',
 }
-
-
-def _claim(name: str, expression: str) -> dict[str, Any]:
-    return {
-        "metadata": {"name": name},
-        "spec": {
-            "devices": {
-                "requests": [
-                    {
-                        "name": "gpu",
-                        "exactly": {
-                            "deviceClassName": "gpu.fabricdra.io",
-                            "selectors": [{"cel": {"expression": expression}}],
-                        },
-                    }
-                ]
-            }
-        },
-    }
 
 
 def test_the_installed_node_publishes_nvml_attributes_users_select_on(
@@ -75,10 +61,10 @@ def test_selectors_on_nvml_attributes_run_pods_and_a_newer_driver_stays_pending(
     with namespace(installed, "nvmlsel") as (api, ns):
         core, resource = client.CoreV1Api(api), client.ResourceV1Api(api)
         for name, expression in SELECTORS.items():
-            resource.create_namespaced_resource_claim(ns, _claim(name, expression))
+            resource.create_namespaced_resource_claim(ns, gpu_claim(name, expression))
             start_pod(api, ns, name, name, command="echo started; sleep 3600")
         newer = f'{ATTRS}.driverVersion.compareTo(semver("999.0.0")) >= 0'
-        resource.create_namespaced_resource_claim(ns, _claim("newer", newer))
+        resource.create_namespaced_resource_claim(ns, gpu_claim("newer", newer))
         start_pod(api, ns, "newer", "newer", command="echo started; sleep 3600")
         for name in SELECTORS:
             wait_running(core, ns, name)
