@@ -29,7 +29,7 @@ ATTRS = 'device.attributes["devices.fabricdra.io"]'
 SELECTORS = {
     "driver": f'{ATTRS}.driverVersion.compareTo(semver("550.0.0")) >= 0',
     "product": f'{ATTRS}.productName.matches("^NVIDIA H100")',
-    "memory": 'device.capacity["devices.fabricdra.io"].memory.compareTo(quantity("80Gi")) >= 0',
+    "memory": 'device.capacity["devices.fabricdra.io"].memory.compareTo(quantity("70Gi")) >= 0',
 }
 
 

@@ -99,7 +99,7 @@ class Workloads:
         with self.cp.api_client() as api:
             core = client.CoreV1Api(api)
             node = wait_for(
-                lambda: core.read_namespacedpod_for(name, self.ns).spec.node_name,
+                lambda: core.read_namespaced_pod(name, self.ns).spec.node_name,
                 timeout=60,
                 what=f"pod {name} scheduled",
             )
@@ -115,7 +115,7 @@ class Workloads:
 
         def reason() -> str | None:
             with self.cp.api_client() as api:
-                pod = client.CoreV1Api(api).read_namespacedpod_for(name, self.ns)
+                pod = client.CoreV1Api(api).read_namespaced_pod(name, self.ns)
             assert pod.spec.node_name is None
             for c in pod.status.conditions or []:
                 if c.type == "PodScheduled" and c.reason == "Unschedulable":

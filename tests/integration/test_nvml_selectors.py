@@ -22,7 +22,7 @@ ATTRS = 'device.attributes["devices.fabricdra.io"]'
 SELECTORS = {
     "driver": f'{ATTRS}.driverVersion.compareTo(semver("550.0.0")) >= 0',
     "product": f'{ATTRS}.productName.matches("^NVIDIA H100")',
-    "memory": 'device.capacity["devices.fabricdra.io"].memory.compareTo(quantity("80Gi")) >= 0',
+    "memory": 'device.capacity["devices.fabricdra.io"].memory.compareTo(quantity("70Gi")) >= 0',
     "cuda": f'{ATTRS}.cudaDriverVersion.compareTo(semver("12.0.0")) >= 0 && '
     f'{ATTRS}.cudaComputeCapability.compareTo(semver("9.0.0")) >= 0',
     "arch": f'{ATTRS}.architecture == "Hopper" && {ATTRS}.brand == "Nvidia" && '
