@@ -112,3 +112,19 @@ def wait_running(core: client.CoreV1Api, ns: str, name: str) -> Any:
         return pod if pod.status.phase == "Running" else None
 
     return wait_for(running, timeout=120, what=f"pod {ns}/{name} to run")
+
+
+def gpu_claim(
+    name: str, expression: str | None = None, capacity: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """A claim for one GPU of class gpu.fabricdra.io, with a CEL selector and capacity
+    requests where given (as users write them)."""
+    exactly: dict[str, Any] = {"deviceClassName": "gpu.fabricdra.io"}
+    if expression is not None:
+        exactly["selectors"] = [{"cel": {"expression": expression}}]
+    if capacity is not None:
+        exactly["capacity"] = {"requests": capacity}
+    return {
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+    }

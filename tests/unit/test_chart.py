@@ -219,6 +219,20 @@ def test_dynamic_mig_value_reaches_the_agent(chart: Chart) -> None:
     assert "--dynamic-mig" in args({"dynamicMIG": True})
 
 
+def test_gpu_shares_value_reaches_the_agent(chart: Chart) -> None:
+    """Issue 32 point 6: no flag by default (GPUs not shared), `gpus.shares: N` passes it, and
+    helm refuses 1 (a GPU shared by one claim is not shared) naming the key."""
+
+    def args(values: dict[str, Any] | None = None) -> list[str]:
+        ds = _one(chart.template(values), "DaemonSet", "fabricdra-node")
+        return list(ds["spec"]["template"]["spec"]["containers"][0]["args"])
+
+    assert not [a for a in args() if a.startswith("--gpu-shares")]
+    assert "--gpu-shares=8" in args({"gpus": {"shares": 8}})
+    with pytest.raises(HarnessError, match=re.escape("gpus/shares")):
+        chart.template({"gpus": {"shares": 1}})
+
+
 def test_rdma_overrides_and_vfs_reach_the_agent(chart: Chart) -> None:
     """Issue 20 point 4: per-NIC modes and the VF switch (the node label needs no value)."""
     args = _one(chart.template(), "DaemonSet", "fabricdra-node")["spec"]["template"]["spec"][

@@ -125,6 +125,14 @@ def register(sub: Any) -> None:
         "default until proven on hardware [FABRICDRA_DYNAMIC_MIG=true]",
     )
     a(
+        "--gpu-shares",
+        type=int,
+        default=env_int("GPU_SHARES", 0),
+        help="offer each whole NVIDIA GPU to up to N claims at once, with consumable memory "
+        "and shares (Kubernetes 1.36+; a claim asking no memory takes the whole GPU); 0: "
+        "one claim per GPU (default) [FABRICDRA_GPU_SHARES]",
+    )
+    a(
         "--claim-sweep-interval",
         type=float,
         default=env_float("CLAIM_SWEEP_INTERVAL", 600),
@@ -274,6 +282,7 @@ def build_config(args: argparse.Namespace) -> Any:
             efa=args.efa,
             efa_device_rdma=args.efa_device_rdma,
             dynamic_mig=args.dynamic_mig,
+            gpu_shares=args.gpu_shares,
             offer_gpus=args.gpus == "true",
             offer_rdma=args.rdma == "true",
         )

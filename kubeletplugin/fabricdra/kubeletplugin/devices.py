@@ -128,8 +128,15 @@ class DeviceConfig:
     # model migprofiles.py knows is offered whole and as every profile placement, all drawing
     # on one counter set; off: MIG instances are offered as they exist (static MIG).
     dynamic_mig: bool = False
+    # GPU sharing (`--gpu-shares`, gpusharing.py): each whole NVIDIA GPU is offered to up to
+    # this many claims at once, with consumable memory and shares (1.36 model); 0: one claim.
+    gpu_shares: int = 0
 
     def __post_init__(self) -> None:
+        if self.gpu_shares < 0 or self.gpu_shares == 1:
+            raise ValueError(
+                f"GPU shares must be 0 (GPUs not shared) or at least 2, not {self.gpu_shares}"
+            )
         for mode in (self.rdma_mode, *(o.mode for o in self.rdma_overrides)):
             if mode not in RDMA_MODES:
                 raise ValueError(f"rdma mode must be exclusive, shared or off, not {mode!r}")
@@ -159,6 +166,7 @@ class GpuInfo:
     cuda_compute_capability: str | None = None  # "9.0.0"
     architecture: str | None = None
     brand: str | None = None
+    addressing_mode: str | None = None  # "HMM", "ATS", "None": NVML's answer
     # The GPUs this one reaches over NVLink inside the node (discovery/nvlink.py); None: none.
     nvlink_group: str | None = None
     mig_capacity: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
@@ -181,6 +189,7 @@ def gpu_info(nvml: NvmlReadings | None) -> dict[str, GpuInfo]:
             cuda_compute_capability=semver(g.cudaComputeCapability),
             architecture=g.architecture,
             brand=g.brand,
+            addressing_mode=g.addressingMode,
             nvlink_group=groups.get(bus),
             mig_capacity={
                 m.uuid: {
@@ -242,6 +251,8 @@ class Device:
     # `mig` is set where the instance exists (adopted at start, or created by prepare).
     dynamic_mig: bool = False
     placement: Placement | None = None
+    # gpu: offered to up to this many claims at once (gpusharing.py); 0: to one claim.
+    shares: int = 0
 
 
 @dataclass(frozen=True)

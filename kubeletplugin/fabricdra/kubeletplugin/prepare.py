@@ -25,9 +25,12 @@ against the *current* `DeviceInventory`, and write one CDI spec for the claim:
 
 Refusals (the driver is the last line of defence): a device that overlaps one another
 prepared claim holds — the same device, a GPU and its MIG instances, a PF and its VFs — unless
-both are shares of a device offered shared or either request has admin access, and a share of
-a device not offered shared (exclusivity.py); opaque configuration addressed to this driver (it
-takes none); anything not offered by this node, or a GPU that left the PCI bus.
+both are shares of a device offered shared or either request has admin access, a share of a
+device not offered shared, and a share of a shared GPU whose consumed capacity does not fit
+beside the shares already prepared on it (exclusivity.py, gpusharing.py); opaque
+configuration addressed to this driver other than a `GpuConfig` sharing strategy it can honour
+(gpusharing.py: MPS adds a `sharing-<device>-<claim>` CDI device); anything not offered by this
+node, or a GPU that left the PCI bus.
 
 Never stalling kubelet (the shared rules of `kubelet/claims.py`): the claim is read before any
 lock, in one attempt, within `READ_BUDGET` and at least `DEADLINE_MARGIN` before kubelet's
@@ -57,7 +60,7 @@ import structlog
 
 from fabricdra.kube.rest import CLAIMS, EVENTS, ApiError
 
-from . import exclusivity, kinds, metrics, ncclenv
+from . import exclusivity, gpusharing, kinds, metrics, ncclenv
 from .devices import Device, DeviceConfig, DeviceInventory
 from .dynamicmig import DynamicMig, JournalUnreadable
 from .hostdevices import DeviceNodeError, HostLayout
@@ -142,6 +145,10 @@ class Grant:
     device_name: str  # as allocated (a shared holder name resolves to its endpoint)
     share_id: str | None
     admin_access: bool = False
+    # A share of a shared GPU: what it consumes (gpusharing.consumed); None otherwise.
+    consumed: dict[str, int] | None = None
+    # The claim's sharing strategy for this GPU (opaque GpuConfig); None: none set.
+    sharing: gpusharing.Sharing | None = None
 
 
 @dataclass
@@ -283,6 +290,7 @@ class DevicesDriver:
                     share_id=p.share_id,
                     admin_access=g.admin_access,
                     within=exclusivity.within(g.device),
+                    consumed=None if g.consumed is None else tuple(sorted(g.consumed.items())),
                 )
                 for g, p in zip(grants, prepared, strict=True)
             ),
@@ -319,7 +327,7 @@ class DevicesDriver:
         ours = [r for r in results if r.get("driver") == self.driver_name]
         if not ours:
             raise PrepareError(f"the allocation has no devices of driver {self.driver_name}")
-        self._refuse_config(devices.get("config") or [], ours)
+        sharing = self._sharing_config(devices.get("config") or [], ours)
         inventory = self.inventory()
         grants = []
         for r in ours:
@@ -341,21 +349,36 @@ class DevicesDriver:
                     "(it fell off the bus; published, tainted, until the agent restarts): "
                     "nothing to hand over"
                 )
+            request = str(r.get("request", "")).split("/", 1)[0]
+            strategy = sharing.get(request)
+            if strategy is not None and not (device.type == "gpu" and device.mig is None):
+                raise PrepareError(
+                    f"device {name} (request {request}): a GpuConfig sharing strategy applies "
+                    "to whole NVIDIA GPUs only"
+                )
+            share_id = r.get("shareID")
             grants.append(
                 Grant(
-                    request=str(r.get("request", "")).split("/", 1)[0],
+                    request=request,
                     device=device,
                     device_name=name,
-                    share_id=r.get("shareID"),
+                    share_id=share_id,
                     admin_access=bool(r.get("adminAccess")),
+                    consumed=gpusharing.consumed(r, device) if share_id is not None else None,
+                    sharing=strategy,
                 )
             )
         return grants
 
-    def _refuse_config(self, config: Sequence[Any], ours: Sequence[dict[str, Any]]) -> None:
-        """This driver takes no configuration: opaque parameters addressed to it are a
-        mistake the user must hear about, not something to ignore."""
+    def _sharing_config(
+        self, config: Sequence[Any], ours: Sequence[dict[str, Any]]
+    ) -> dict[str, gpusharing.Sharing]:
+        """The GPU sharing strategy of each request (opaque `GpuConfig`, gpusharing.py); a
+        later entry beats an earlier one (the API lists the class's, then the claim's).
+        Anything else addressed to this driver is a mistake the user must hear about, not
+        something to ignore."""
         requests = {str(r.get("request", "")).split("/", 1)[0] for r in ours}
+        out: dict[str, gpusharing.Sharing] = {}
         for c in config:
             opaque = (c or {}).get("opaque") or {}
             if opaque.get("driver") != self.driver_name:
@@ -363,12 +386,20 @@ class DevicesDriver:
             applies = [str(x).split("/", 1)[0] for x in c.get("requests") or []]
             if applies and not requests.intersection(applies):
                 continue
-            raise PrepareError(
-                f"opaque configuration for driver {self.driver_name} "
-                f"(source {c.get('source', '?')}, requests {applies or 'all'}) is not "
-                "understood: this driver takes no configuration parameters; remove it from "
-                "the claim or its DeviceClass"
-            )
+            try:
+                strategy = gpusharing.parse_gpu_config(opaque.get("parameters"))
+            except PrepareError as e:
+                raise PrepareError(
+                    f"opaque configuration for driver {self.driver_name} (source "
+                    f"{c.get('source', '?')}, requests {applies or 'all'}): {e}; fix or remove "
+                    "it from the claim or its DeviceClass"
+                ) from None
+            for request in applies or requests:
+                if strategy is None:
+                    out.pop(request, None)
+                else:
+                    out[request] = strategy
+        return out
 
     def _refuse_in_use(self, claim: ClaimRef, grants: Sequence[Grant]) -> None:
         """The checkpoint says which claims hold which devices: a device that would overlap
@@ -383,6 +414,14 @@ class DevicesDriver:
             g = grants[conflict.index]
             label = f"{g.device_name} (request {g.request})"
             raise PrepareError(conflict.reason(wanted[conflict.index], label))
+        uses = [(g.device, w, g.consumed) for g, w in zip(grants, wanted, strict=True)]
+        over = exclusivity.find_over_capacity(claim.uid, uses, self.checkpoint.entries())
+        if over is not None:
+            g = grants[over[0]]
+            raise PrepareError(
+                f"device {g.device_name} (request {g.request}) was allocated as a share, but "
+                f"{over[1]}: refusing what the GPU cannot honour"
+            )
 
     def build(
         self, claim: ClaimRef, grants: Sequence[Grant], hcas: Sequence[str] | None = None
@@ -412,6 +451,11 @@ class DevicesDriver:
                 ids.append(self.cdi.device_id(served.group.device_name(claim.uid)))
                 if served.group not in used:
                     used.append(served.group)
+            if g.sharing is not None:
+                edits = g.sharing.edits(sum(1 for x in grants if x.sharing == g.sharing))
+                if not edits.empty():
+                    cdi_devices.append(CdiDevice(f"sharing-{name}", edits))
+                    ids.append(self.cdi.device_id(f"sharing-{name}"))
             hca = kind.nccl_hca(dev)
             if hca:
                 own_hcas.append(hca)

@@ -16,8 +16,9 @@ Two API models (docs/attributes.md, "Kubernetes versions"):
 
 * **current** (1.36+, default): a shared RDMA endpoint is one device with
   `allowMultipleAllocations: true` and a consumable `holders` capacity (default one per claim,
-  at most all of them), so the scheduler counts holders itself; Unhealthy devices carry a
-  `NoSchedule` device taint.
+  at most all of them), so the scheduler counts holders itself; so is a shared GPU
+  (`--gpu-shares`), with consumable `memory` and `shares` (gpusharing.py); Unhealthy devices
+  carry a `NoSchedule` device taint.
 * **basic** (1.34/1.35, where DRAConsumableCapacity and DRADeviceTaints are off by default):
   a shared endpoint is published as `holders` separate devices `<name>-s<k>` (which
   `DeviceInventory.get` resolves back to the endpoint), and no taints are sent (the API server
@@ -45,6 +46,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from . import gpusharing
 from .devices import Device, DeviceInventory, holder_name
 from .kinds import kind_of
 from .kinds.base import STANDARD, CounterUse, Value, Version
@@ -254,6 +256,11 @@ def _published(
             "value": str(holders),
             "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": str(holders)}},
         }
+    elif gpusharing.limits(device) and features.consumable_capacity and "memory" in capacity:
+        # A shared GPU (gpusharing.py); the basic model has no consumable capacity, so there
+        # it stays one claim's.
+        base["allowMultipleAllocations"] = True
+        capacity.update(gpusharing.published_capacity(capacity["memory"]["value"], device.shares))
     out = _with_capacity(base, capacity)
     if use is not None:
         out["consumesCounters"] = [

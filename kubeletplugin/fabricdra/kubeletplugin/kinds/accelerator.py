@@ -100,7 +100,8 @@ def vendor_devices(inputs: BuildInputs, vendor_id: str) -> list[Device]:
         if acc.vendorId != vendor_id:
             continue
         info = inputs.gpu_info.get(acc.pciBusId)
-        out.extend(_accelerator_devices(acc, inputs.gpu_health, info, config.dynamic_mig, created))
+        devices = _accelerator_devices(acc, inputs.gpu_health, info, config.dynamic_mig, created)
+        out.extend(_shared(d, config.gpu_shares) if vendor_id == NVIDIA else d for d in devices)
     present = {acc.pciBusId for acc in inputs.accelerators}
     gone = GpuHealth(False, LOST_REASON, ("lost",))
     for acc in inputs.lost:
@@ -112,6 +113,14 @@ def vendor_devices(inputs: BuildInputs, vendor_id: str) -> list[Device]:
             for d in _accelerator_devices(acc, {acc.pciBusId: gone}, info, config.dynamic_mig)
         )
     return out
+
+
+def _shared(device: Device, shares: int) -> Device:
+    """A whole NVIDIA GPU offered to `shares` claims at once (gpusharing.py); MIG instances
+    and dynamic MIG's devices stay one claim each."""
+    if shares and device.type == "gpu" and not device.dynamic_mig:
+        return replace(device, shares=shares)
+    return device
 
 
 def _accelerator_devices(
@@ -254,6 +263,7 @@ def accelerator_values(device: Device) -> list[tuple[str, Value]]:
         ("cudaComputeCapability", _version(info.cuda_compute_capability if info else None)),
         ("architecture", info.architecture if info else None),
         ("brand", info.brand if info else None),
+        ("addressingMode", info.addressing_mode if info else None),
         *pci_values(acc.topology, acc.pciBusId, acc.numaNode),
         ("vendor", acc.vendor),
         ("deviceClass", _device_class(acc, mig, placement)),

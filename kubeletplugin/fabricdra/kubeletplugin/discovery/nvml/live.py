@@ -131,6 +131,8 @@ _ARCHITECTURES = {
     9: "Hopper",
     10: "Blackwell",
 }
+# NVML_DEVICE_ADDRESSING_MODE_{NONE,HMM,ATS} (nvml.h).
+_ADDRESSING_MODES = {0: "None", 1: "HMM", 2: "ATS"}
 _BRANDS = {
     0: "Unknown",
     1: "Quadro",
@@ -170,6 +172,11 @@ def _read_identity(pynvml: Any, handle: Any) -> dict[str, Any]:
         brand = int(pynvml.nvmlDeviceGetBrand(handle))
         if brand in _BRANDS:
             out["brand"] = _BRANDS[brand]
+    with contextlib.suppress(pynvml.NVMLError, AttributeError):
+        # pynvml passes its versioned structure by reference and returns the mode's value.
+        mode = int(pynvml.nvmlDeviceGetAddressingMode(handle))
+        if mode in _ADDRESSING_MODES:
+            out["addressingMode"] = _ADDRESSING_MODES[mode]
     return out
 
 

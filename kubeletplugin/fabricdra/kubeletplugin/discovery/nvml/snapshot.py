@@ -49,6 +49,7 @@ class SnapshotMigDevice(Record):
     placementStart: int | None = None
 
 
+AddressingMode = Literal["HMM", "ATS", "None"]
 NvLinkRemote = Literal["gpu", "switch", "ibmnpu", "unknown"]
 
 
@@ -95,6 +96,9 @@ class SnapshotGpu(Record):
     cudaComputeCapability: str | None = None  # "major.minor"
     architecture: str | None = None
     brand: str | None = None
+    # How the GPU reaches system memory (nvmlDeviceGetAddressingMode): "HMM", "ATS" or "None";
+    # absent where NVML does not answer (drivers before the call, NotSupported).
+    addressingMode: AddressingMode | None = None
     # Health inputs (optional): uncorrectable ECC since boot, critical Xid errors seen,
     # row remapping, and the link error counters (cumulative); active thermal slowdown is
     # recorded but is not a fault (the GPU protects itself and recovers).
