@@ -8,7 +8,9 @@ chart.install(kubeconfig, namespace, values=...)  # helm upgrade --install --wai
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +74,27 @@ class Chart:
     ) -> list[dict[str, Any]]:
         rendered = self.render(values, namespace=namespace, kube_version=kube_version)
         return [d for d in yaml.safe_load_all(rendered) if d]
+
+    def notes(
+        self, values: dict[str, Any] | None = None, *, namespace: str = "fabricdra-system"
+    ) -> str:
+        """templates/NOTES.txt as `helm install` would print it. `helm template` renders no
+        notes, so a copy of the chart carries the same text as a named template, rendered
+        into a ConfigMap."""
+        with tempfile.TemporaryDirectory() as tmp:
+            copy = Path(tmp) / "fabricdra"
+            shutil.copytree(self.chart_dir, copy)
+            text = (copy / "templates" / "NOTES.txt").read_text()
+            (copy / "templates" / "_notes.tpl").write_text(
+                '{{- define "harness.notes" -}}\n' + text + "{{- end }}\n"
+            )
+            (copy / "templates" / "harness-notes.yaml").write_text(
+                "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: harness-notes}\n"
+                'data: {notes: {{ include "harness.notes" . | quote }}}\n'
+            )
+            docs = Chart(copy).template(values, namespace=namespace)
+        (found,) = [d for d in docs if d["metadata"]["name"] == "harness-notes"]
+        return str(found["data"]["notes"])
 
     def install(
         self,

@@ -26,6 +26,7 @@ from fabricdra.api import computedomain as cd
 from fabricdra.api.nodedevices import API_VERSION as ND_API_VERSION
 from fabricdra.controller import rbac
 from fabricdra.controller.cleanup import DEPLOYMENTS
+from fabricdra.controller.fabriccheckrun import RUN_LABEL
 from fabricdra.kube.rest import (
     CLAIM_TEMPLATES,
     COMPUTE_DOMAINS,
@@ -152,6 +153,21 @@ def test_cleanup_removes_what_fabricdra_made_and_nothing_else(cp: ControlPlane) 
     )
     uid = domain["metadata"]["uid"]
     owned = {cd.DOMAIN_LABEL: uid}
+    # A domain the release made itself: the controller's multi-node NVLink check (deleted).
+    rest.create(
+        COMPUTE_DOMAINS,
+        {
+            "apiVersion": cd.API_VERSION,
+            "kind": cd.KIND,
+            "metadata": {
+                "name": "fabric-check-x",
+                "finalizers": [cd.FINALIZER],
+                "labels": {RUN_LABEL: "fabric-check-x"},
+            },
+            "spec": {"channel": {"resourceClaimTemplate": {"name": "fabric-check-x"}}},
+        },
+        REL,
+    )
     rest.create(CLAIM_TEMPLATES, _template("job-channel", owned), WORK)
     rest.create(CLAIM_TEMPLATES, _template(f"imex-{uid}", owned), REL)
     rest.create(CLAIM_TEMPLATES, _template("users-own", {}), WORK)
@@ -216,11 +232,16 @@ def test_cleanup_removes_what_fabricdra_made_and_nothing_else(cp: ControlPlane) 
     assert first.returncode == 1, first.stderr
     assert "fabricdra-node-x" in first.stderr
     assert "n1-devices" in published_meanwhile
-    # The domains were already done then: no controller finalized this one, the cleanup did.
-    assert json.loads(first.stdout)["forcedDomains"] == [f"{WORK}/job"]
+    # The domains were already done then: the user's released (what the release made for it
+    # deleted, the finalizer dropped), the release's own fabric check domain deleted.
+    assert json.loads(first.stdout)["releasedDomains"] == [f"{REL}/fabric-check-x", f"{WORK}/job"]
     assert second.returncode == 0, second.stderr
-    assert report["forcedDomains"] == []
-    assert rest.list(COMPUTE_DOMAINS)["items"] == []
+    assert report["releasedDomains"] == []
+    # The user's ComputeDomain is kept (users' objects outlive the release), with nothing of
+    # ours left on it: a later CRD deletion or a reinstall finds no finalizer to wait on.
+    kept = rest.list(COMPUTE_DOMAINS)["items"]
+    assert [(d["metadata"]["namespace"], d["metadata"]["name"]) for d in kept] == [(WORK, "job")]
+    assert cd.FINALIZER not in (kept[0]["metadata"].get("finalizers") or [])
     assert _names(rest, CLAIM_TEMPLATES, WORK) == ["users-own"]
     assert _names(rest, CLAIM_TEMPLATES, REL) == []
     assert _names(rest, DAEMON_SETS, REL) == ["other-node"]
@@ -237,3 +258,39 @@ def test_cleanup_removes_what_fabricdra_made_and_nothing_else(cp: ControlPlane) 
     again = _cleanup(cp, kubeconfig)
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)["removed"] == {}
+
+
+def test_cleanup_lists_in_pages(cp: ControlPlane) -> None:
+    """Slices, NodeDevices and Nodes are listed a page at a time (limit/continue), as the
+    informer does: at 5,000 nodes one unpaged list of each passed the Job's memory limit."""
+    rest = Rest(cp.api_client())
+    nodes = [f"paged-{i}" for i in range(5)]
+    for node in nodes:
+        cp.create_node(node, {"fabricdra.io/gpu.present": "true"})
+        rest.create(SLICES, _slice(f"{node}-devices", "devices.fabricdra.io", node))
+        nd = {"apiVersion": ND_API_VERSION, "kind": "NodeDevices", "metadata": {"name": node}}
+        rest.create(NODE_DEVICES, {**nd, "spec": {}})
+
+    kubeconfig = cp.kubeconfig_for(USER, USER)
+    earlier = len(cp.audit_events(user_agent="fabricdra-cleanup", verbs=["list"]))
+    done = _cleanup(cp, kubeconfig, "--page-size=2")
+
+    assert done.returncode == 0, done.stderr
+    removed = json.loads(done.stdout)["removed"]
+    assert sorted(removed["nodedevices"]) == nodes
+    assert sorted(removed["resourceslices"]) == [f"{n}-devices" for n in nodes]
+    assert [f"{n}:fabricdra.io/gpu.present" for n in nodes] == sorted(removed["nodes/labels"])
+    lists = [
+        e["requestURI"]
+        for e in cp.audit_events(user_agent="fabricdra-cleanup", verbs=["list"])[earlier:]
+        if e["user"]["username"] == USER
+    ]
+    for plural in ("resourceslices", "nodedevices", "nodes"):
+        of_kind = [u for u in lists if u.split("?")[0].endswith(f"/{plural}")]
+        assert of_kind, plural
+        # Every list of the kind in pages; five objects need three pages of two.
+        assert all("limit=2" in u for u in of_kind), of_kind
+        assert sum("continue=" in u for u in of_kind) >= 2, of_kind
+    # And every list the command made, of any kind, is paged.
+    assert lists
+    assert all("limit=" in u for u in lists), [u for u in lists if "limit=" not in u]
