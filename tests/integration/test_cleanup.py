@@ -132,13 +132,21 @@ def _names(rest: Rest, kind: Kind, namespace: str | None = None, **sel: str) -> 
     return sorted(i["metadata"]["name"] for i in rest.list(kind, namespace, **sel)["items"])
 
 
-def test_cleanup_removes_what_fabricdra_made_and_nothing_else(cp: ControlPlane) -> None:
+@pytest.fixture(scope="module")
+def granted(cp: ControlPlane) -> ControlPlane:
+    """The CRDs, the release's and a user's namespace, and the hook's rules for USER."""
     rest = Rest(cp.api_client())
     install_crd(rest)
     rest.create(CRDS, yaml.safe_load((ROOT / "api/crds/nodedevices.fabricdra.io.yaml").read_text()))
     for ns in (REL, WORK):
         cp.create_namespace(ns)
     _grant(rest)
+    return cp
+
+
+def test_cleanup_removes_what_fabricdra_made_and_nothing_else(granted: ControlPlane) -> None:
+    cp = granted
+    rest = Rest(cp.api_client())
 
     # A domain the controller made objects for, and never finalized (no controller here).
     domain = rest.create(
@@ -260,9 +268,10 @@ def test_cleanup_removes_what_fabricdra_made_and_nothing_else(cp: ControlPlane) 
     assert json.loads(again.stdout)["removed"] == {}
 
 
-def test_cleanup_lists_in_pages(cp: ControlPlane) -> None:
+def test_cleanup_lists_in_pages(granted: ControlPlane) -> None:
     """Slices, NodeDevices and Nodes are listed a page at a time (limit/continue), as the
     informer does: at 5,000 nodes one unpaged list of each passed the Job's memory limit."""
+    cp = granted
     rest = Rest(cp.api_client())
     nodes = [f"paged-{i}" for i in range(5)]
     for node in nodes:
@@ -294,3 +303,79 @@ def test_cleanup_lists_in_pages(cp: ControlPlane) -> None:
     # And every list the command made, of any kind, is paged.
     assert lists
     assert all("limit=" in u for u in lists), [u for u in lists if "limit=" not in u]
+
+
+def test_compute_domains_turned_off_release_what_the_controller_made(granted: ControlPlane) -> None:
+    """`--scope=compute-domains`, the pre-upgrade hook of an upgrade turning
+    `computeDomains.enabled` off: the controller stopped, the user's domain released (kept),
+    what the controller made removed; the node pods, their devices and labels untouched."""
+    cp = granted
+    rest = Rest(cp.api_client())
+    domain = rest.create(
+        COMPUTE_DOMAINS,
+        {
+            "apiVersion": cd.API_VERSION,
+            "kind": cd.KIND,
+            "metadata": {"name": "off-job", "finalizers": [cd.FINALIZER]},
+            "spec": {"channel": {"resourceClaimTemplate": {"name": "off-job-channel"}}},
+        },
+        WORK,
+    )
+    uid = domain["metadata"]["uid"]
+    owned = {cd.DOMAIN_LABEL: uid}
+    rest.create(CLAIM_TEMPLATES, _template("off-job-channel", owned), WORK)
+    rest.create(CLAIM_TEMPLATES, _template(f"imex-{uid}", owned), REL)
+    rest.create(DAEMON_SETS, _workload("DaemonSet", f"imex-{uid}", owned), REL)
+    rest.create(DAEMON_SETS, _workload("DaemonSet", "fabricdra-node", _release("node")), REL)
+    rest.create(
+        DEPLOYMENTS, _workload("Deployment", "fabricdra-controller", _release("controller")), REL
+    )
+    node = "off-n1"
+    cp.create_node(
+        node,
+        {
+            "fabricdra.io/gpu.present": "true",
+            "fabricdra.io/fabric-verified": "true",
+            cd.PLUGIN_NODE_LABEL: "true",
+            cd.DOMAIN_LABEL: uid,
+        },
+    )
+    rest.create(SLICES, _slice(f"{node}-devices", "devices.fabricdra.io", node))
+    rest.create(SLICES, _slice(f"{node}-compute-domain", cd.DRIVER, node))
+    nd = {"apiVersion": ND_API_VERSION, "kind": "NodeDevices", "metadata": {"name": node}}
+    rest.create(NODE_DEVICES, {**nd, "spec": {}})
+    for name, labels in (
+        ("fabricdra-compute-domain-controller", {}),
+        (f"imex-{uid}-{node}", owned),
+    ):
+        rest.create(LEASES, {"metadata": _meta(name, labels), "spec": {}}, REL)
+    for name in (cd.CHANNEL_CLASS, cd.DAEMON_CLASS):
+        rest.create(DEVICE_CLASSES, {"metadata": {"name": name}, "spec": {}})
+
+    done = _cleanup(cp, cp.kubeconfig_for(USER, USER), "--scope=compute-domains")
+
+    assert done.returncode == 0, done.stderr
+    assert f"{WORK}/off-job" in json.loads(done.stdout)["releasedDomains"]
+    kept = rest.get(COMPUTE_DOMAINS, "off-job", WORK)
+    assert cd.FINALIZER not in (kept["metadata"].get("finalizers") or [])
+    assert "off-job-channel" not in _names(rest, CLAIM_TEMPLATES, WORK)
+    assert _names(rest, CLAIM_TEMPLATES, REL) == []
+    assert "fabricdra-node" in _names(rest, DAEMON_SETS, REL)
+    assert f"imex-{uid}" not in _names(rest, DAEMON_SETS, REL)
+    assert _names(rest, DEPLOYMENTS, REL) == []
+    slices = _names(rest, SLICES)
+    assert f"{node}-devices" in slices
+    assert f"{node}-compute-domain" not in slices
+    assert node in _names(rest, NODE_DEVICES)
+    labels = rest.get(NODES, node)["metadata"]["labels"]
+    assert labels["fabricdra.io/gpu.present"] == "true"
+    # The plugin's own label stays: the plugin sets it while it runs (until its pod goes).
+    assert labels[cd.PLUGIN_NODE_LABEL] == "true"
+    assert cd.DOMAIN_LABEL not in labels
+    assert "fabricdra.io/fabric-verified" not in labels
+    leases = _names(rest, LEASES, REL)
+    assert "fabricdra-compute-domain-controller" not in leases
+    assert f"imex-{uid}-{node}" not in leases
+    classes = _names(rest, DEVICE_CLASSES)
+    assert cd.CHANNEL_CLASS not in classes
+    assert cd.DAEMON_CLASS not in classes

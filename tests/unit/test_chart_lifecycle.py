@@ -413,3 +413,32 @@ def test_notes_say_what_the_install_offers_and_why_not(chart: Chart) -> None:
     beside = chart.notes({"gpus": {"enabled": False}, "computeDomains": {"enabled": False}})
     assert "No GPUs (gpus.enabled=false" in beside
     assert "No ComputeDomains" in beside
+
+
+# -- point 6: computeDomains.enabled true -> false --------------------------------------------
+
+
+def test_compute_domains_off_runs_a_pre_upgrade_release_of_what_the_controller_made(
+    chart: Chart,
+) -> None:
+    """An upgrade turning ComputeDomains off would orphan the IMEX DaemonSets, claim templates,
+    slices and labels the controller made: a pre-upgrade hook Job releases them first, while
+    the compute-domain plugin still runs, with the uninstall hook's account and rules."""
+    on = chart.template()
+    assert [j["metadata"]["name"] for j in _of_kind(on, "Job")] == ["fabricdra-cleanup"]
+    assert (
+        _one(on, "ClusterRole", "fabricdra-cleanup")["metadata"]["annotations"]["helm.sh/hook"]
+        == "pre-delete"
+    )
+    off = chart.template({"computeDomains": {"enabled": False}})
+    job = _one(off, "Job", "fabricdra-release-domains")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-upgrade"
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--scope=compute-domains" in args
+    uninstall = _one(off, "Job", "fabricdra-cleanup")
+    assert uninstall["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    assert not [a for a in uninstall["spec"]["template"]["spec"]["containers"][0]["args"]
+                if a.startswith("--scope")]  # fmt: skip
+    for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"):
+        hook = _one(off, kind, "fabricdra-cleanup")["metadata"]["annotations"]["helm.sh/hook"]
+        assert hook == "pre-delete,pre-upgrade", kind

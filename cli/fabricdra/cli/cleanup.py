@@ -11,8 +11,17 @@ import argparse
 import sys
 from typing import Any
 
-from fabricdra.cli.common import UsageError, api_client, env_float, env_int, print_json
+from fabricdra.cli.common import (
+    UsageError,
+    api_client,
+    env_choice,
+    env_float,
+    env_int,
+    print_json,
+)
 from fabricdra.cli.common import env as _env
+
+SCOPES = ("all", "compute-domains")
 
 
 def register(sub: Any) -> None:
@@ -61,6 +70,16 @@ def register(sub: Any) -> None:
         help="seconds the components' pods get to terminate (default 120) [FABRICDRA_STOP_TIMEOUT]",
     )
     a(
+        "--scope",
+        choices=SCOPES,
+        default=env_choice("SCOPE", "all", SCOPES),
+        help="all (uninstall, default) or compute-domains: what an upgrade turning "
+        "computeDomains.enabled off leaves behind (the chart's pre-upgrade hook): stop the "
+        "controller, release every ComputeDomain, remove the compute-domain slices, the "
+        "controller's node labels, Leases and DeviceClasses; the node pods keep running "
+        "[FABRICDRA_SCOPE]",
+    )
+    a(
         "--page-size",
         type=int,
         default=env_int("PAGE_SIZE", 500),
@@ -91,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         ),
     )
     try:
-        report = cleanup.run()
+        report = cleanup.run_compute_domains() if args.scope == "compute-domains" else cleanup.run()
     except (CleanupError, ApiError) as e:
         print_json(cleanup.report.as_json())
         print(f"fabricdra cleanup: {e}", file=sys.stderr)

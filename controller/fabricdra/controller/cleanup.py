@@ -56,6 +56,8 @@ log = logging.getLogger("fabricdra.cleanup")
 DEVICES_DRIVER = "devices.fabricdra.io"
 DRIVERS = (DEVICES_DRIVER, cd.DRIVER)
 LABEL_PREFIXES = (labels.PREFIX, "compute-domain.fabricdra.io/")
+# The node labels the controller writes: who holds the node, and the fabric check's verdict.
+CONTROLLER_NODE_LABELS = frozenset({cd.DOMAIN_LABEL, labels.FABRIC_VERIFIED})
 DEPLOYMENTS = Kind("apps", "v1", "deployments", True)
 # The controller's leader Lease (ControllerConfig.lease_name); the reports carry the domain label.
 CONTROLLER_LEASE = "fabricdra-compute-domain-controller"
@@ -252,20 +254,31 @@ class Cleanup:
 
     # -- 4. what they published ------------------------------------------------------------
     def remove_published(self) -> None:
-        ns = self.config.namespace
         for driver in DRIVERS:
-            for s in self._each(SLICES, field_selector=f"spec.driver={driver}"):
-                self._delete(SLICES, s)
+            self._remove_slices(driver)
         for record in self._each(NODE_DEVICES):
             self._delete(NODE_DEVICES, record)
+        self._remove_node_labels(lambda key: key.startswith(LABEL_PREFIXES))
+        self.remove_controller_objects()
+
+    def _remove_slices(self, driver: str) -> None:
+        for s in self._each(SLICES, field_selector=f"spec.driver={driver}"):
+            self._delete(SLICES, s)
+
+    def _remove_node_labels(self, ours: Callable[[str], bool]) -> None:
         for node in self._each(NODES):
-            keys = [k for k in node["metadata"].get("labels", {}) if k.startswith(LABEL_PREFIXES)]
+            keys = [k for k in node["metadata"].get("labels", {}) if ours(k)]
             if keys:
                 patch = {"metadata": {"labels": dict.fromkeys(keys)}}
                 self.rest.patch(NODES, node["metadata"]["name"], patch)
                 for k in keys:
                     self.report.add("nodes/labels", f"{node['metadata']['name']}:{k}")
-        # Objects of domains released no more (a domain deleted while no controller ran).
+
+    def remove_controller_objects(self) -> None:
+        """What the controller made that no domain holds: objects of domains released no more
+        (a domain deleted while no controller ran), report and leader Leases, its
+        DeviceClasses."""
+        ns = self.config.namespace
         for kind, where in ((CLAIM_TEMPLATES, None), (DAEMON_SETS, ns)):
             for obj in self._each(kind, where, label_selector=cd.DOMAIN_LABEL):
                 self._delete(kind, obj)
@@ -278,3 +291,19 @@ class Cleanup:
             cls = self.rest.get_or_none(DEVICE_CLASSES, name)
             if cls is not None:
                 self._delete(DEVICE_CLASSES, cls)
+
+    # -- computeDomains.enabled turned off ---------------------------------------------------
+    def run_compute_domains(self) -> Report:
+        """An upgrade that turns `computeDomains.enabled` off (the chart's pre-upgrade hook):
+        the controller stopped, every domain released as on uninstall, then what the
+        controller made removed: the compute-domain slices (it publishes them), its node
+        labels (the node hold and `fabricdra.io/fabric-verified`), leftover domain objects,
+        Leases and DeviceClasses. The node pods keep running (their devices plugin is still
+        wanted); the compute-domain plugin's own `compute-domain.fabricdra.io/plugin` label
+        stays, as that plugin sets it while it runs, until each node pod is replaced."""
+        self.stop_components("controller")
+        self.release_domains()
+        self._remove_slices(cd.DRIVER)
+        self._remove_node_labels(CONTROLLER_NODE_LABELS.__contains__)
+        self.remove_controller_objects()
+        return self.report
