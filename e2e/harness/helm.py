@@ -22,6 +22,23 @@ from e2e.harness.errors import HarnessError
 CHART_DIR = Path(__file__).resolve().parents[2] / "charts" / "fabricdra"
 # Rendering needs a cluster version; ours is the pinned one (the chart requires >= 1.34).
 KUBE_VERSION = binaries.kubernetes_version()
+# The last commit whose chart was 0.1.0, the version before the chart was versioned: what an
+# upgrade test upgrades from.
+PREVIOUS_CHART = "4fc26846819e62d997da06d562e42cea05f256b2"
+
+
+def chart_at(rev: str, dest: Path) -> Path:
+    """The chart as commit `rev` of this repository had it, unpacked under `dest`."""
+    repo = CHART_DIR.parents[1]
+    archive = subprocess.run(
+        ["git", "-C", str(repo), "archive", rev, "charts/fabricdra"],
+        capture_output=True,
+        check=False,
+    )
+    if archive.returncode != 0:
+        raise HarnessError(f"git archive {rev} failed: {archive.stderr.decode().strip()}")
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    return dest / "charts" / "fabricdra"
 
 
 class Chart:

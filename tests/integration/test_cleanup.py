@@ -132,6 +132,28 @@ def _names(rest: Rest, kind: Kind, namespace: str | None = None, **sel: str) -> 
     return sorted(i["metadata"]["name"] for i in rest.list(kind, namespace, **sel)["items"])
 
 
+def _user_domain(rest: Rest, name: str) -> str:
+    """A user's ComputeDomain in WORK with what the controller makes for it (its workload claim
+    template there, the IMEX DaemonSet and its claim template in REL), never finalized (no
+    controller here); its UID."""
+    domain = rest.create(
+        COMPUTE_DOMAINS,
+        {
+            "apiVersion": cd.API_VERSION,
+            "kind": cd.KIND,
+            "metadata": {"name": name, "finalizers": [cd.FINALIZER]},
+            "spec": {"channel": {"resourceClaimTemplate": {"name": f"{name}-channel"}}},
+        },
+        WORK,
+    )
+    uid: str = domain["metadata"]["uid"]
+    owned = {cd.DOMAIN_LABEL: uid}
+    rest.create(CLAIM_TEMPLATES, _template(f"{name}-channel", owned), WORK)
+    rest.create(CLAIM_TEMPLATES, _template(f"imex-{uid}", owned), REL)
+    rest.create(DAEMON_SETS, _workload("DaemonSet", f"imex-{uid}", owned), REL)
+    return uid
+
+
 @pytest.fixture(scope="module")
 def granted(cp: ControlPlane) -> ControlPlane:
     """The CRDs, the release's and a user's namespace, and the hook's rules for USER."""
@@ -149,17 +171,7 @@ def test_cleanup_removes_what_fabricdra_made_and_nothing_else(granted: ControlPl
     rest = Rest(cp.api_client())
 
     # A domain the controller made objects for, and never finalized (no controller here).
-    domain = rest.create(
-        COMPUTE_DOMAINS,
-        {
-            "apiVersion": cd.API_VERSION,
-            "kind": cd.KIND,
-            "metadata": {"name": "job", "finalizers": [cd.FINALIZER]},
-            "spec": {"channel": {"resourceClaimTemplate": {"name": "job-channel"}}},
-        },
-        WORK,
-    )
-    uid = domain["metadata"]["uid"]
+    uid = _user_domain(rest, "job")
     owned = {cd.DOMAIN_LABEL: uid}
     # A domain the release made itself: the controller's multi-node NVLink check (deleted).
     rest.create(
@@ -176,10 +188,7 @@ def test_cleanup_removes_what_fabricdra_made_and_nothing_else(granted: ControlPl
         },
         REL,
     )
-    rest.create(CLAIM_TEMPLATES, _template("job-channel", owned), WORK)
-    rest.create(CLAIM_TEMPLATES, _template(f"imex-{uid}", owned), REL)
     rest.create(CLAIM_TEMPLATES, _template("users-own", {}), WORK)
-    rest.create(DAEMON_SETS, _workload("DaemonSet", f"imex-{uid}", owned), REL)
     # The release's components, and another release's (left alone).
     rest.create(DAEMON_SETS, _workload("DaemonSet", "fabricdra-node", _release("node")), REL)
     rest.create(
@@ -311,21 +320,8 @@ def test_compute_domains_turned_off_release_what_the_controller_made(granted: Co
     what the controller made removed; the node pods, their devices and labels untouched."""
     cp = granted
     rest = Rest(cp.api_client())
-    domain = rest.create(
-        COMPUTE_DOMAINS,
-        {
-            "apiVersion": cd.API_VERSION,
-            "kind": cd.KIND,
-            "metadata": {"name": "off-job", "finalizers": [cd.FINALIZER]},
-            "spec": {"channel": {"resourceClaimTemplate": {"name": "off-job-channel"}}},
-        },
-        WORK,
-    )
-    uid = domain["metadata"]["uid"]
+    uid = _user_domain(rest, "off-job")
     owned = {cd.DOMAIN_LABEL: uid}
-    rest.create(CLAIM_TEMPLATES, _template("off-job-channel", owned), WORK)
-    rest.create(CLAIM_TEMPLATES, _template(f"imex-{uid}", owned), REL)
-    rest.create(DAEMON_SETS, _workload("DaemonSet", f"imex-{uid}", owned), REL)
     rest.create(DAEMON_SETS, _workload("DaemonSet", "fabricdra-node", _release("node")), REL)
     rest.create(
         DEPLOYMENTS, _workload("Deployment", "fabricdra-controller", _release("controller")), REL

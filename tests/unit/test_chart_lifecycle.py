@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -14,23 +13,16 @@ import pytest
 import yaml
 
 from e2e.harness.errors import HarnessError
-from e2e.harness.helm import CHART_DIR, Chart
+from e2e.harness.helm import CHART_DIR, PREVIOUS_CHART, Chart, chart_at
+from tests.unit.test_chart import _one
 
 REPO = Path(__file__).resolve().parents[2]
 DIGEST = "sha256:" + "ab" * 32
-# The last commit whose chart was 0.1.0 (the version before this one was versioned).
-PREVIOUS_CHART = "4fc26846819e62d997da06d562e42cea05f256b2"
 
 
 @pytest.fixture(scope="module")
 def chart() -> Chart:
     return Chart()
-
-
-def _one(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
-    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
-    assert len(found) == 1, f"{kind}/{name}: {len(found)} rendered"
-    return found[0]
 
 
 def _of_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -113,18 +105,6 @@ def test_docs_upgrade_with_reset_then_reuse_values() -> None:
     assert "## What an upgrade changes" in install
 
 
-def _old_chart(tmp_path: Path, rev: str) -> Path:
-    out = tmp_path / "old"
-    out.mkdir()
-    archive = subprocess.run(
-        ["git", "-C", str(REPO), "archive", rev, "charts/fabricdra"],
-        capture_output=True,
-        check=True,
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
-    return out / "charts" / "fabricdra"
-
-
 def test_the_new_templates_render_with_the_previous_charts_values(
     chart: Chart, tmp_path: Path
 ) -> None:
@@ -132,7 +112,7 @@ def test_the_new_templates_render_with_the_previous_charts_values(
     values the previous chart stored (no `image.digest`, `nameOverride`, `serviceAccount`, ...).
     New values are read so that a missing one is their default, never a nil pointer; the
     documented `--reset-then-reuse-values` needs no such care."""
-    old = _old_chart(tmp_path, PREVIOUS_CHART)
+    old = chart_at(PREVIOUS_CHART, tmp_path)
     assert yaml.safe_load((old / "Chart.yaml").read_text())["version"] == "0.1.0"
     old_values = yaml.safe_load((old / "values.yaml").read_text())
     assert "digest" not in old_values["image"]  # the previous chart lacked the new values
