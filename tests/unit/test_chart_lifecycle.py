@@ -98,7 +98,8 @@ def test_docs_upgrade_with_reset_then_reuse_values() -> None:
     next chart that adds a value fails on it (nil pointer). The documented command resets to the
     new defaults first."""
     install = (REPO / "docs" / "install.md").read_text()
-    commands = re.findall(r"helm upgrade [^`]*?(?:\n  [^`\n]*)*", install)
+    # Each `helm upgrade` command with its continuation lines (a trailing backslash).
+    commands = re.findall(r"helm upgrade (?:[^\n`]*\\\n)*[^\n`]*", install)
     assert commands
     assert all("--reuse-values" not in c for c in commands), commands
     assert any("--reset-then-reuse-values" in c for c in commands)
