@@ -170,7 +170,7 @@ def harness_values(
         "node": {"hostNetwork": True, "deviceNodeLabels": []},
         "controller": {"hostNetwork": True, "replicas": 1},
         "cleanup": {"hostNetwork": True},
-        # The made-up node has no GPU or RDMA tools (and no verification image is built here):
-        # the active probes off, so its devices verify on the probes that read files.
-        "verification": {"activeProbes": False},
+        # No verification image is built here: with the default `verification.activeProbes:
+        # auto` the active probes are then off, and the made-up node's devices verify on the
+        # probes that read files, as on a newcomer's first install.
     }

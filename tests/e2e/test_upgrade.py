@@ -36,7 +36,10 @@ def test_upgrade_from_the_previous_chart_keeps_offering_devices(
     if installation.present:
         installation.uninstall()
     old = Chart(chart_at(PREVIOUS_CHART, tmp_path))
-    old.install(kubeconfig, NAMESPACE, values=installation.values)
+    # 0.1.0 required the active probes by default; without a verification image its users
+    # turned them off (the value the upgrade then keeps).
+    values = {**installation.values, "verification": {"activeProbes": False}}
+    old.install(kubeconfig, NAMESPACE, values=values)
     installation.present = True  # whatever follows, the session's teardown uninstalls it
     with installation.cluster.api_client() as api:
         wait_for(lambda: offered_untainted(api, node), timeout=120, what="devices, 0.1.0")
