@@ -184,10 +184,12 @@ def test_the_verification_image_gives_the_agent_a_pod_on_its_node_and_nothing_mo
         return list(ds["spec"]["template"]["spec"]["containers"][0]["args"])
 
     plain = chart.template({})
-    assert "--verify-active=on" in args(plain)
+    # activeProbes `auto`: off without an image (test_chart_lifecycle.py), on with one.
+    assert "--verify-active=off" in args(plain)
     assert not [a for a in args(plain) if a.startswith("--verify-image")]
     assert "fabricdra-node-verification" not in _kinds(plain).get("Role", [])
     docs = chart.template({"verification": {"image": image, "runtimeClassName": "nvidia"}})
+    assert "--verify-active=on" in args(docs)
     assert f"--verify-image={image}" in args(docs)
     assert "--verify-runtime-class=nvidia" in args(docs)
     assert [a for a in args(docs) if a.startswith("--verify-namespace=")]
@@ -454,7 +456,10 @@ def test_node_pods_roll_with_a_surge_and_per_pod_sockets(chart: Chart) -> None:
     this pod's own socket, not any socket of the driver."""
     for values in ({}, {"node": {"hostNetwork": True}}):
         ds = _one(chart.template(values=values), "DaemonSet", "fabricdra-node")
-        assert ds["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+        assert ds["spec"]["updateStrategy"]["rollingUpdate"] == {
+            "maxSurge": "10%",
+            "maxUnavailable": 0,
+        }
         pod = ds["spec"]["template"]["spec"]
         for c in pod["containers"]:
             uid = [e for e in c["env"] if e["name"] == "FABRICDRA_POD_UID"]
@@ -622,7 +627,9 @@ def test_the_fabric_check_is_on_exactly_with_the_active_probes(chart: Chart) -> 
         deploy = _one(chart.template(values), "Deployment", "fabricdra-controller")
         return list(deploy["spec"]["template"]["spec"]["containers"][0]["args"])
 
-    plain = args({})
+    # activeProbes `auto` (the default) without an image: no probes, no check.
+    assert [a for a in args({}) if a.startswith("--fabric-check")] == ["--fabric-check=false"]
+    plain = args({"verification": {"activeProbes": True}})
     assert "--fabric-check=true" in plain
     assert "--fabric-check-timeout-seconds=600" in plain
     assert "--fabric-check-concurrency=16" in plain

@@ -175,7 +175,7 @@ def run_plugin(args: argparse.Namespace) -> int:
         report_namespace=args.report_namespace,
         host_imex_interval=args.host_imex_interval,
     )
-    api = api_client(args.kubeconfig, "fabricdra-compute-domain-plugin/0.1.0")
+    api = api_client(args.kubeconfig, "fabricdra-compute-domain-plugin/0.2.0")
     try:
         plugin = ComputeDomainPlugin(config, api)
         plugin.run(stop_event())

@@ -28,7 +28,7 @@ from fabricdra.cli.common import env as _env
 
 log = structlog.get_logger("fabricdra.kubelet-plugin")
 
-USER_AGENT = "fabricdra-kubelet-plugin/0.1.0"
+USER_AGENT = "fabricdra-kubelet-plugin/0.2.0"
 
 
 def register(sub: Any) -> None:

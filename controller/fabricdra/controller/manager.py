@@ -62,7 +62,7 @@ from .writes import Writer, counting_rest
 __all__ = ["Controller", "ControllerConfig", "NotOurs", "NotSynced"]
 
 log = logging.getLogger("fabricdra.controller")
-USER_AGENT = "fabricdra-controller/0.1.0"
+USER_AGENT = "fabricdra-controller/0.2.0"
 
 
 def _domain_label(obj: JSON) -> list[str]:
