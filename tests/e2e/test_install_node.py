@@ -262,6 +262,20 @@ def _health_events(api: client.ApiClient, node: str, device: str) -> list[Any]:
     ]
 
 
+def _pod_health(api: client.ApiClient, ns: str, pod: str, device: str) -> tuple[str, str] | None:
+    """(health, message) kubelet shows for `device` in the pod's
+    `status.containerStatuses[].allocatedResourcesStatus` (ResourceHealthStatus, on by
+    default in 1.36), from the pod's JSON: the field is newer than the client's models."""
+    raw = client.CoreV1Api(api).read_namespaced_pod(pod, ns, _preload_content=False)
+    status = json.loads(raw.data).get("status") or {}
+    for c in status.get("containerStatuses") or []:
+        for entry in c.get("allocatedResourcesStatus") or []:
+            for r in entry.get("resources") or []:
+                if str(r.get("resourceID", "")).endswith(f"/{device}"):
+                    return str(r.get("health", "")), str(r.get("message", ""))
+    return None
+
+
 def test_a_link_going_down_taints_the_device_and_the_running_pod_keeps_it(
     installed: Installed,
 ) -> None:
@@ -269,7 +283,9 @@ def test_a_link_going_down_taints_the_device_and_the_running_pod_keeps_it(
     link: the next discovery pass taints that device in the ResourceSlice (1.36 model:
     NoSchedule, so nothing running is evicted), its value the reason's cause
     (`rdma-link-down`, docs/attributes.md); the pod keeps running and its claim stays
-    allocated and reserved for it. With the files restored, the taint goes away. The Node gets
+    allocated and reserved for it; kubelet shows the device Unhealthy in the
+    pod's allocatedResourcesStatus (the health stream). With the files restored, the taint goes
+    away and the pod's status says Healthy again. The Node gets
     exactly one fabricdra Event per change: `Warning DeviceUnhealthy` naming the device, the
     reason in full and the taint, then `Normal DeviceHealthy` (only fabricdra's Events about
     this device are counted: the controller manager writes its own on the Node)."""
@@ -302,6 +318,15 @@ def test_a_link_going_down_taints_the_device_and_the_running_pod_keeps_it(
                 what=f"the link taint on {name}",
             )
             wait_for(lambda: new_events("DeviceUnhealthy"), what="the DeviceUnhealthy Event")
+            # The health stream (registration advertises v1 and v1alpha1 health: this 1.36
+            # kubelet takes v1alpha1) carries it into the pod's status.
+            sick = wait_for(
+                lambda: (
+                    h if (h := _pod_health(api, ns, "p", name)) and h[0] == "Unhealthy" else None
+                ),
+                timeout=120,
+                what=f"{name} Unhealthy in the pod's allocatedResourcesStatus",
+            )
             still = core.read_namespaced_pod("p", ns)
             kept = resource.read_namespaced_resource_claim("nic", ns)
         finally:
@@ -312,9 +337,15 @@ def test_a_link_going_down_taints_the_device_and_the_running_pod_keeps_it(
             what=f"the taint on {name} to go",
         )
         events = wait_for(lambda: new_events("DeviceHealthy"), what="the DeviceHealthy Event")
+        wait_for(
+            lambda: (_pod_health(api, ns, "p", name) or ("",))[0] == "Healthy",
+            timeout=120,
+            what=f"{name} Healthy again in the pod's allocatedResourcesStatus",
+        )
         after = core.read_namespaced_pod("p", ns)
 
     assert [t.effect for t in _link_taint(tainted)] == ["NoSchedule"]
+    assert sick[0] == "Unhealthy"
     assert still.status.phase == "Running"
     assert still.status.container_statuses[0].restart_count == 0
     assert [r.uid for r in kept.status.reserved_for] == [before.metadata.uid]

@@ -23,6 +23,8 @@ from fabricdra.kubeletplugin.kubelet.cdi import CdiWriter
 from fabricdra.kubeletplugin.kubelet.checkpoint import Checkpoint
 from fabricdra.kubeletplugin.nvidiacdi import ToolkitSpecs
 from fabricdra.kubeletplugin.prepare import CDI_KIND, ApiClaimReader, DevicesDriver
+from fabricdra.proto.gen.dra_health_v1 import api_pb2 as health_v1_pb2
+from fabricdra.proto.gen.dra_health_v1 import api_pb2_grpc as health_v1_grpc
 from fabricdra.proto.gen.dra_health_v1alpha1 import api_pb2 as health_pb2
 from fabricdra.proto.gen.dra_health_v1alpha1 import api_pb2_grpc as health_grpc
 from fabricdra.proto.gen.dra_v1 import api_pb2 as v1_pb2
@@ -178,6 +180,7 @@ def test_registration_answers_kubelet(plugin: Plugin) -> None:
     assert list(info.supported_versions) == [
         "v1.DRAPlugin",
         "v1beta1.DRAPlugin",
+        "v1.DRAResourceHealth",
         "v1alpha1.DRAResourceHealth",
     ]
     assert plugin.server is not None
@@ -518,8 +521,13 @@ def test_mig_without_toolkit_gets_its_capability_nodes(plugin: Plugin, api: Any,
 # -- health -----------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("health_grpc", "health_pb2"),
+    [(health_v1_grpc, health_v1_pb2), (health_grpc, health_pb2)],
+    ids=["v1", "v1alpha1"],
+)
 def test_health_stream_reports_a_failed_link_unhealthy(
-    tmp_path_factory: pytest.TempPathFactory, api: Any
+    tmp_path_factory: pytest.TempPathFactory, api: Any, health_grpc: Any, health_pb2: Any
 ) -> None:
     host = build_host(tmp_path_factory.mktemp("hb"), vf_nics=(), broken_nics=(2,))
     p = Plugin(tmp_path_factory.mktemp("ph"), host, api, host.inventory())
