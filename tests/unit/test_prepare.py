@@ -22,8 +22,9 @@ import pytest
 import structlog
 import yaml
 
+from fabricdra.kube.rest import ApiError
 from fabricdra.kubeletplugin.devices import DeviceInventory
-from fabricdra.kubeletplugin.kubelet import ClaimRef, PreparedDevice
+from fabricdra.kubeletplugin.kubelet import ClaimRef, PreparedDevice, PrepareError
 from fabricdra.kubeletplugin.kubelet.cdi import CdiWriter
 from fabricdra.kubeletplugin.kubelet.checkpoint import Checkpoint
 from fabricdra.kubeletplugin.nvidiacdi import ToolkitSpecs
@@ -45,9 +46,23 @@ class Claims:
     """ResourceClaims as the API server would return them."""
 
     objs: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    pod_reads: list[str] = field(default_factory=list)
 
-    def add(self, name: str, results: list[dict[str, Any]], pods: Sequence[str] = ()) -> ClaimRef:
+    def add(
+        self,
+        name: str,
+        results: list[dict[str, Any]],
+        pods: Sequence[str] = (),
+        groups: Sequence[str] = (),
+    ) -> ClaimRef:
         uid = f"{len(self.objs):08d}-aaaa-4bbb-8ccc-{name[:12].ljust(12, '0')}"
+        reserved = [{"resource": "pods", "name": p, "uid": f"uid-{p}"} for p in pods]
+        # KEP-5729: a claim of a PodGroup is reserved for the group, not for its pods.
+        reserved += [
+            {"apiGroup": "scheduling.k8s.io", "resource": "podgroups", "name": g, "uid": f"g-{g}"}
+            for g in groups
+        ]
         self.objs[(NS, name)] = {
             "metadata": {"name": name, "namespace": NS, "uid": uid},
             "status": {
@@ -56,13 +71,28 @@ class Claims:
                         "results": [{"driver": DRIVER, "pool": "node-a", **r} for r in results]
                     }
                 },
-                "reservedFor": [{"resource": "pods", "name": p, "uid": f"uid-{p}"} for p in pods],
+                "reservedFor": reserved,
             },
         }
         return ClaimRef(NS, name, uid)
 
+    def add_pod(self, name: str, group: str | None = None) -> None:
+        spec = {"schedulingGroup": {"podGroupName": group}} if group else {}
+        self.pods[(NS, name)] = {
+            "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}"},
+            "spec": spec,
+        }
+
     def read_claim(self, namespace: str, name: str, timeout: float) -> dict[str, Any]:
         return copy.deepcopy(self.objs[(namespace, name)])
+
+    def read_pod(self, namespace: str, name: str, timeout: float) -> dict[str, Any]:
+        self.pod_reads.append(name)
+        if name == "gone":
+            raise ApiError(404, f'pods "{name}" not found')
+        if (namespace, name) not in self.pods:
+            self.add_pod(name)  # a pod in no PodGroup
+        return copy.deepcopy(self.pods[(namespace, name)])
 
 
 class Cdi:
@@ -128,6 +158,7 @@ class Node:
             checkpoint=Checkpoint(self.base / "state" / "checkpoint.json", boot_id="boot-1"),
             host=self.host.layout,
             toolkit=ToolkitSpecs((self.toolkit_dir,) if self.toolkit_dir else ()),
+            pods=self.claims,
         )
 
     def prepare(self, claim: ClaimRef) -> list[PreparedDevice]:
@@ -263,6 +294,45 @@ def test_one_container_with_two_claims_of_its_pod_gets_every_hca(
     # a repeated prepare answers from the checkpoint and leaves the widened specs as they are
     assert nic_node.prepare(left) == by_claim["left"]
     assert nic_node.cdi().env_values(ids, "NCCL_IB_HCA") == {"=mlx5_0,mlx5_1,mlx5_5"}
+
+
+@pytest.mark.parametrize("order", ["group-first", "pod-first"])
+def test_a_pod_groups_claim_and_a_pods_own_claim_carry_one_hca_list(
+    nic_node: Node, dgx_nics: RdmaHost, order: str
+) -> None:
+    """KEP-5729: a claim shared by a PodGroup is reserved for the group, the pod's own claim
+    for the pod; a container of the pod using both still sees one list with every HCA."""
+    d = dgx_nics.device
+    nic_node.claims.add_pod("trainer-0", group="trainers")
+    nic_node.claims.add_pod("web")
+    group = nic_node.claims.add(
+        "fabric", [{"request": "nic", "device": d("mlx5_0")}], groups=["trainers"]
+    )
+    own = nic_node.claims.add(
+        "own", [{"request": "nic", "device": d("mlx5_5")}], pods=["trainer-0"]
+    )
+    other = nic_node.claims.add("other", [{"request": "nic", "device": d("mlx5_9")}], pods=["web"])
+    claims = [group, own] if order == "group-first" else [own, group]
+    by_claim = {c.name: nic_node.prepare(c) for c in [other, *claims]}
+    cdi = nic_node.cdi()
+    ids = kubelet_ids(by_claim["fabric"]) + kubelet_ids(by_claim["own"])
+    assert cdi.env_values(ids, "NCCL_IB_HCA") == {"=mlx5_0,mlx5_5"}
+    assert cdi.env_values(kubelet_ids(by_claim["fabric"]), "NCCL_IB_HCA") == {"=mlx5_0,mlx5_5"}
+    # a pod outside the group is neither widened nor widens
+    assert cdi.env_values(kubelet_ids(by_claim["other"]), "NCCL_IB_HCA") == {"=mlx5_9"}
+
+
+def test_only_an_rdma_claims_pods_are_read_and_an_unreadable_one_fails_it(
+    gpu_node: Node,
+) -> None:
+    gpu_node.claims.add_pod("a")
+    gpu = gpu_node.claims.add("g", [{"request": "gpu", "device": GPU0}], pods=["a"])
+    gpu_node.prepare(gpu)
+    assert gpu_node.claims.pod_reads == []  # no NCCL list: no PodGroup to look for
+    nic = gpu_node.claims.add("n", [{"request": "nic", "device": NIC0}], pods=["gone"])
+    with pytest.raises(PrepareError, match=r"cannot read pod team/gone .* for its PodGroup: 404"):
+        gpu_node.prepare(nic)
+    assert not gpu_node.driver.cdi.path_for(nic.uid).exists()
 
 
 # -- point 2: NVIDIA_VISIBLE_DEVICES=void only with GPUs ---------------------------------------

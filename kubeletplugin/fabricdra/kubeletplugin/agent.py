@@ -253,6 +253,8 @@ class Agent:
             toolkit=ToolkitSpecs(config.toolkit_cdi_dirs),
             devices=config.devices,
             events=reader,
+            # PodGroup links (KEP-5729) are read where the claims are: from the API server.
+            pods=reader if claims is None else None,
             # Only where claims are read from the API server is there one to write to.
             network=None
             if claims is not None

@@ -55,7 +55,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from fabricdra.kube.rest import CLAIMS, EVENTS, ApiError
+from fabricdra.kube.rest import CLAIMS, EVENTS, PODS, ApiError
 
 from . import exclusivity, kinds, metrics, ncclenv
 from .devices import Device, DeviceConfig, DeviceInventory
@@ -68,6 +68,7 @@ from .kubelet.cdi import CdiDevice, CdiSpec, CdiWriter
 from .kubelet.checkpoint import Checkpoint, ClaimEntry, PreparedRecord
 from .kubelet.claims import (
     ClaimReader,
+    api_timeout,
     drop_other_boots,
     ensure_wanted,
     read_claim,
@@ -92,6 +93,13 @@ class EventRecorder(Protocol):
         ...
 
 
+class PodReader(Protocol):
+    def read_pod(self, namespace: str, name: str, timeout: float) -> dict[str, Any]:
+        """The Pod as JSON, in one attempt within `timeout` seconds; raise when it cannot be
+        read."""
+        ...
+
+
 class ApiClaimReader:
     """Reads claims from the API server as raw JSON, not the client's models (cheaper, and
     fields newer than the client library survive), and records events about them."""
@@ -103,6 +111,9 @@ class ApiClaimReader:
     def read_claim(self, namespace: str, name: str, timeout: float) -> dict[str, Any]:
         # No retries: urllib3's default of 3 would make the timeout up to 4x as long.
         return self._rest.call("GET", CLAIMS.path(namespace, name), timeout=timeout, retries=False)
+
+    def read_pod(self, namespace: str, name: str, timeout: float) -> dict[str, Any]:
+        return self._rest.call("GET", PODS.path(namespace, name), timeout=timeout, retries=False)
 
     def warn(self, claim: dict[str, Any], reason: str, message: str, timeout: float) -> None:
         meta = claim.get("metadata") or {}
@@ -163,6 +174,9 @@ class DevicesDriver:
     dynamic_mig: DynamicMig | None = None
     # How this node offers its devices: kinds whose container edits depend on it read it.
     devices: DeviceConfig = field(default_factory=DeviceConfig)
+    # Reads the pods an RDMA claim is reserved for, for their PodGroup (KEP-5729: ncclenv);
+    # None: no PodGroup links are made.
+    pods: PodReader | None = None
     # Reads happen outside the lock; resolving, the in-use check and writing inside it.
     locks_itself = True
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
@@ -183,6 +197,7 @@ class DevicesDriver:
         if done is not None:
             return done
         obj = read_claim(self.claims, claim)  # before any lock: one slow read delays no one
+        pod_groups = self._pod_groups(obj)  # also before the lock
         # The file lock too: another agent pod may serve kubelet during a rolling update.
         with self._lock, self.checkpoint.exclusive():
             ensure_wanted()
@@ -192,7 +207,9 @@ class DevicesDriver:
             grants = self.grants(claim, obj)
             self._refuse_in_use(claim, grants)
             own = [kinds.kind_of(g.device).nccl_hca(g.device) for g in grants]
-            hcas, companions = ncclenv.pod_hcas(self.checkpoint.entries(), claim.uid, obj, own)
+            hcas, companions = ncclenv.pod_hcas(
+                self.checkpoint.entries(), claim.uid, obj, own, pod_groups
+            )
             # Only a claim with placements reads the journal (an unreadable one fails them).
             placements = any(is_placement(g.device) for g in grants)
             made_before = self._mig_made(claim.uid) if placements else set()
@@ -203,7 +220,7 @@ class DevicesDriver:
                 except DeviceNodeError as e:
                     raise PrepareError(str(e)) from None
                 ncclenv.widen_all(companions, hcas)  # before ours is recorded: see ncclenv
-                self._record(claim, obj, grants, spec, prepared)
+                self._record(claim, obj, grants, spec, prepared, pod_groups)
             except Exception:
                 # Nothing half-made: MIG instances this call created (a claim's second
                 # placement refused, device nodes missing) go again; kubelet retries.
@@ -213,6 +230,47 @@ class DevicesDriver:
         if self.network is not None:
             self.network.write(claim.namespace, claim.name, grants)
         return prepared
+
+    def _pod_groups(self, obj: dict[str, Any]) -> dict[str, str | None]:
+        """The PodGroup (`spec.schedulingGroup.podGroupName`, KEP-5729) of each pod an RDMA
+        claim is reserved for: pod name -> group name, None when the pod is in none. Only a
+        claim with an RDMA device carries an NCCL_IB_HCA list, so only such a claim's pods are
+        read; a pod that cannot be read fails the prepare (kubelet retries) rather than leave
+        a group's claim out of the pod's list."""
+        if self.pods is None:
+            return {}
+        pods = ncclenv.reserved_pods(obj)
+        if not pods or not self._has_hca(obj):
+            return {}
+        namespace = str((obj.get("metadata") or {}).get("namespace", ""))
+        out: dict[str, str | None] = {}
+        for r in pods:
+            name = str(r.get("name", ""))
+            try:
+                pod = self.pods.read_pod(namespace, name, api_timeout())
+            except ApiError as e:
+                raise PrepareError(
+                    f"cannot read pod {namespace}/{name} (the claim is reserved for it) "
+                    f"for its PodGroup: {e}"
+                ) from None
+            group = ((pod.get("spec") or {}).get("schedulingGroup") or {}).get("podGroupName")
+            out[name] = str(group) if group else None
+        return out
+
+    def _has_hca(self, obj: dict[str, Any]) -> bool:
+        """Whether an allocation result of this driver and node names an NCCL HCA (read
+        before the lock, from the current inventory)."""
+        results = (((obj.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
+            "results"
+        ) or []
+        inventory = self.inventory()
+        for r in results:
+            if r.get("driver") != self.driver_name or r.get("pool") != self.node_name:
+                continue
+            device = inventory.get(str(r.get("device")))
+            if device is not None and kinds.kind_of(device).nccl_hca(device):
+                return True
+        return False
 
     def _mig_made(self, claim_uid: str, created: bool = False) -> set[str]:
         """The devices the journal names for this claim (`created`: only those whose
@@ -262,13 +320,10 @@ class DevicesDriver:
         grants: Sequence[Grant],
         spec: CdiSpec | None,
         prepared: Sequence[PreparedDevice],
+        pod_groups: dict[str, str | None] | None = None,
     ) -> None:
         path = self.cdi.path_for(claim.uid)
-        consumers = tuple(
-            str(r["uid"])
-            for r in (obj.get("status") or {}).get("reservedFor") or []
-            if isinstance(r, dict) and r.get("uid")
-        )
+        consumers = ncclenv.consumers(obj, pod_groups or {})
         entry = ClaimEntry(
             uid=claim.uid,
             namespace=claim.namespace,

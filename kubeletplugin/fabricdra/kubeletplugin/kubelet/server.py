@@ -89,7 +89,6 @@ _INSTANCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 MIN_INSTANCE = 8  # characters of a UID kept at least when a socket path must be shortened
 
 
-
 class PluginServerError(Exception):
     """The server cannot start (bad socket path, address in use...)."""
 
@@ -332,9 +331,7 @@ def _health_response(pb: Any, devices: Sequence[Any]) -> Any:
     return pb.NodeWatchResourcesResponse(
         devices=[
             pb.DeviceHealth(
-                device=pb.DeviceIdentifier(
-                    pool_name=d.pool_name, device_name=d.device_name
-                ),
+                device=pb.DeviceIdentifier(pool_name=d.pool_name, device_name=d.device_name),
                 # "Healthy" -> HEALTHY: v1 and v1alpha1 name their enum values alike
                 health=pb.HealthStatus.Value(d.health.upper()),
                 last_updated_time=now,
