@@ -219,6 +219,20 @@ def test_dynamic_mig_value_reaches_the_agent(chart: Chart) -> None:
     assert "--dynamic-mig" in args({"dynamicMIG": True})
 
 
+def test_device_metadata_value_reaches_the_agent(chart: Chart) -> None:
+    """Issue 32 point 5: KEP-5304 metadata is opt-in (`deviceMetadata: true`)."""
+    ds = _one(chart.template(), "DaemonSet", "fabricdra-node")
+    assert "--device-metadata" not in ds["spec"]["template"]["spec"]["containers"][0]["args"]
+    ds = _one(chart.template({"deviceMetadata": True}), "DaemonSet", "fabricdra-node")
+    assert "--device-metadata" in ds["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_the_node_agent_may_read_pods(chart: Chart) -> None:
+    """Issue 32 point 4: prepare reads an RDMA claim's pods for their PodGroup."""
+    role = _one(chart.template(), "ClusterRole", "fabricdra-node-devices")
+    assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]} in role["rules"]
+
+
 def test_rdma_overrides_and_vfs_reach_the_agent(chart: Chart) -> None:
     """Issue 20 point 4: per-NIC modes and the VF switch (the node label needs no value)."""
     args = _one(chart.template(), "DaemonSet", "fabricdra-node")["spec"]["template"]["spec"][

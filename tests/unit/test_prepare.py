@@ -147,6 +147,7 @@ class Node:
     host: Host | RdmaHost
     claims: Claims = field(default_factory=Claims)
     toolkit_dir: Path | None = None
+    metadata: bool = False  # --device-metadata
 
     def __post_init__(self) -> None:
         self.inventory: DeviceInventory = self.host.inventory()
@@ -159,6 +160,7 @@ class Node:
             host=self.host.layout,
             toolkit=ToolkitSpecs((self.toolkit_dir,) if self.toolkit_dir else ()),
             pods=self.claims,
+            metadata_dir=self.base / "plugin" / "metadata" if self.metadata else None,
         )
 
     def prepare(self, claim: ClaimRef) -> list[PreparedDevice]:
@@ -479,3 +481,63 @@ def test_a_file_that_becomes_a_toolkit_spec_is_picked_up(tmp_path: Path) -> None
     assert specs.gpu_id(None, 3) == "nvidia.com/gpu=3"
     (folder / "x.json").unlink()
     assert specs.gpu_id(None, 3) is None
+
+
+# -- KEP-5304: the devices' metadata in the container ---------------------------------------
+
+META = "/var/run/kubernetes.io/dra-device-attributes"
+
+
+def mounts(node: Node, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """containerPath -> mount, over the CDI devices `ids` resolve to."""
+    return {m["containerPath"]: m for e in node.cdi().edits(ids) for m in e.get("mounts", [])}
+
+
+def test_each_request_gets_its_devices_metadata_file(tmp_path: Path, hgx: Host) -> None:
+    node = Node(tmp_path, hgx, metadata=True)
+    claim = node.claims.add(
+        "train", [{"request": "gpu", "device": GPU0}, {"request": "nic", "device": NIC0}]
+    )
+    devices = node.prepare(claim)
+    gpu_path = f"{META}/resourceclaims/train/gpu/{DRIVER}-metadata.json"
+    nic_path = f"{META}/resourceclaims/train/nic/{DRIVER}-metadata.json"
+    # a container bound to one request sees only that request's file
+    assert set(mounts(node, kubelet_ids(devices, "gpu"))) == {gpu_path}
+    assert set(mounts(node, kubelet_ids(devices, "nic"))) == {nic_path}
+    mount = mounts(node, kubelet_ids(devices))[gpu_path]
+    assert mount["options"] == ["ro", "bind"]
+    doc = json.loads(Path(mount["hostPath"]).read_text())
+    assert (doc["apiVersion"], doc["kind"]) == (
+        "metadata.resource.k8s.io/v1alpha1",
+        "DeviceMetadata",
+    )
+    assert doc["metadata"] == {"name": "train", "namespace": NS, "uid": claim.uid, "generation": 1}
+    assert "podClaimName" not in doc
+    ((request,),) = [doc["requests"]]
+    assert request["name"] == "gpu"
+    (device,) = request["devices"]
+    assert (device["driver"], device["pool"], device["name"]) == (DRIVER, "node-a", GPU0)
+    # the attributes the ResourceSlice publishes, in their wire form
+    assert device["attributes"]["resource.kubernetes.io/pciBusID"] == {"string": "0000:18:00.0"}
+    assert device["attributes"]["type"] == {"string": "gpu"}
+    # unprepare removes the files with the spec
+    node.driver.unprepare(claim)
+    assert not Path(mount["hostPath"]).exists()
+    assert list((tmp_path / "plugin" / "metadata").iterdir()) == []
+
+
+def test_a_template_claims_file_is_under_the_pods_claim_name(tmp_path: Path, hgx: Host) -> None:
+    node = Node(tmp_path, hgx, metadata=True)
+    claim = node.claims.add("trainer-0-gpu-x7k2p", [{"request": "gpu", "device": GPU0}])
+    meta = node.claims.objs[(NS, claim.name)]["metadata"]
+    meta["annotations"] = {"resource.kubernetes.io/pod-claim-name": "gpu"}
+    devices = node.prepare(claim)
+    path = f"{META}/resourceclaimtemplates/gpu/gpu/{DRIVER}-metadata.json"
+    (mount,) = mounts(node, kubelet_ids(devices)).values()
+    assert mount["containerPath"] == path
+    assert json.loads(Path(mount["hostPath"]).read_text())["podClaimName"] == "gpu"
+
+
+def test_no_metadata_unless_asked(gpu_node: Node) -> None:
+    devices = gpu_node.prepare(gpu_node.claims.add("plain", [{"request": "gpu", "device": GPU0}]))
+    assert mounts(gpu_node, kubelet_ids(devices)) == {}

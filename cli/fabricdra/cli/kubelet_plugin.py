@@ -114,6 +114,14 @@ def register(sub: Any) -> None:
         "default until proven on hardware [FABRICDRA_DYNAMIC_MIG=true]",
     )
     a(
+        "--device-metadata",
+        action="store_true",
+        default=env_bool("DEVICE_METADATA", False),
+        help="KEP-5304: mount each claim request's device metadata (the devices and their "
+        "ResourceSlice attributes, DeviceMetadata JSON) read-only into the containers under "
+        "/var/run/kubernetes.io/dra-device-attributes [FABRICDRA_DEVICE_METADATA=true]",
+    )
+    a(
         "--claim-sweep-interval",
         type=float,
         default=env_float("CLAIM_SWEEP_INTERVAL", 600),
@@ -281,6 +289,7 @@ def build_config(args: argparse.Namespace) -> Any:
         dev_root=Path(args.dev_root),
         proc_root=Path(args.proc_root),
         devices=devices,
+        device_metadata=args.device_metadata,
         discovery_interval=args.discovery_interval,
         sweep_interval=args.claim_sweep_interval,
         dcgm_url=args.dcgm_exporter_url or None,

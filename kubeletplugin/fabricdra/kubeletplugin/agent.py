@@ -130,6 +130,9 @@ class AgentConfig:
     dev_root: Path = Path("/dev")
     proc_root: Path = Path("/proc")
     devices: DeviceConfig = field(default_factory=DeviceConfig)
+    # KEP-5304: each request's device metadata file mounted into the containers (under
+    # plugin_dir, which the chart mounts at the same path on the host).
+    device_metadata: bool = False
     discovery_interval: float = 30.0
     dcgm_url: str | None = None
     metrics_port: int | None = None  # None or 0: no metrics HTTP server
@@ -255,6 +258,7 @@ class Agent:
             events=reader,
             # PodGroup links (KEP-5729) are read where the claims are: from the API server.
             pods=reader if claims is None else None,
+            metadata_dir=config.plugin_dir / "metadata" if config.device_metadata else None,
             # Only where claims are read from the API server is there one to write to.
             network=None
             if claims is not None

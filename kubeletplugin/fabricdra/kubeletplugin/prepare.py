@@ -48,7 +48,7 @@ import json
 import threading
 import uuid as uuidlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -57,7 +57,8 @@ import structlog
 
 from fabricdra.kube.rest import CLAIMS, EVENTS, PODS, ApiError
 
-from . import exclusivity, kinds, metrics, ncclenv
+from . import devicemetadata, exclusivity, kinds, metrics, ncclenv
+from .devicemetadata import Granted, MetadataFiles
 from .devices import Device, DeviceConfig, DeviceInventory
 from .dynamicmig import DynamicMig, JournalUnreadable
 from .hostdevices import DeviceNodeError, HostLayout
@@ -177,14 +178,21 @@ class DevicesDriver:
     # Reads the pods an RDMA claim is reserved for, for their PodGroup (KEP-5729: ncclenv);
     # None: no PodGroup links are made.
     pods: PodReader | None = None
+    # --device-metadata (KEP-5304): where each request's metadata file is written on the host
+    # (devicemetadata.py); None: no metadata for containers.
+    metadata_dir: Path | None = None
     # Reads happen outside the lock; resolving, the in-use check and writing inside it.
     locks_itself = True
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _metadata: MetadataFiles | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         # Entries of another boot: their containers are gone; so must their spec files be
         # (only inside our own CDI folder, whatever the checkpoint names).
         drop_other_boots(self.checkpoint, self.cdi)
+        if self.metadata_dir is not None:
+            self._metadata = MetadataFiles(self.metadata_dir, DRIVER_NAME)
+            self._metadata.keep_only(e.uid for e in self.checkpoint.entries())
 
     @property
     def driver_name(self) -> str:
@@ -219,9 +227,12 @@ class DevicesDriver:
                         spec, prepared = self.build(claim, grants, hcas)
                 except DeviceNodeError as e:
                     raise PrepareError(str(e)) from None
+                spec, prepared = self._with_metadata(claim, obj, grants, spec, prepared)
                 ncclenv.widen_all(companions, hcas)  # before ours is recorded: see ncclenv
                 self._record(claim, obj, grants, spec, prepared, pod_groups)
             except Exception:
+                if self._metadata is not None:
+                    self._metadata.remove(claim.uid)
                 # Nothing half-made: MIG instances this call created (a claim's second
                 # placement refused, device nodes missing) go again; kubelet retries.
                 if placements:
@@ -271,6 +282,37 @@ class DevicesDriver:
             if device is not None and kinds.kind_of(device).nccl_hca(device):
                 return True
         return False
+
+    def _with_metadata(
+        self,
+        claim: ClaimRef,
+        obj: dict[str, Any],
+        grants: Sequence[Grant],
+        spec: CdiSpec | None,
+        prepared: list[PreparedDevice],
+    ) -> tuple[CdiSpec | None, list[PreparedDevice]]:
+        """With --device-metadata (KEP-5304): each request's metadata file written, and one
+        CDI device per request that mounts it, included by every device of the request."""
+        if self._metadata is None:
+            return spec, prepared
+        by_request: dict[str, list[Granted]] = {}
+        for g in grants:
+            by_request.setdefault(g.request, []).append(Granted(g.device_name, g.device))
+        devices = list(spec.devices) if spec is not None else []
+        ids: dict[str, str] = {}
+        for request, granted in by_request.items():
+            doc = devicemetadata.document(DRIVER_NAME, self.node_name, obj, request, granted)
+            self._metadata.write(claim.uid, request, doc)
+            name = devicemetadata.device_name(request, claim.uid)
+            devices.append(CdiDevice(name, self._metadata.edits(obj, claim.uid, request)))
+            ids[request] = self.cdi.device_id(name)
+        out = [
+            replace(p, cdi_device_ids=(*p.cdi_device_ids, ids[p.request_names[0]]))
+            if p.request_names and p.request_names[0] in ids
+            else p
+            for p in prepared
+        ]
+        return CdiSpec(kind=self.cdi.kind, devices=tuple(devices)), out
 
     def _mig_made(self, claim_uid: str, created: bool = False) -> set[str]:
         """The devices the journal names for this claim (`created`: only those whose
@@ -497,6 +539,8 @@ class DevicesDriver:
             if entry is not None:
                 remove_recorded_specs(entry, self.cdi)
             self.cdi.remove(claim.uid)  # its own spec name, also without a checkpoint entry
+            if self._metadata is not None:
+                self._metadata.remove(claim.uid)
             if self.dynamic_mig is not None:
                 # Only instances the journal says this claim had created; adopted ones never.
                 try:
