@@ -227,6 +227,14 @@ def test_device_metadata_value_reaches_the_agent(chart: Chart) -> None:
     assert "--device-metadata" in ds["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
+def test_list_type_attributes_value_reaches_the_agent(chart: Chart) -> None:
+    """Issue 32 point 2: off by default (DRAListTypeAttributes is alpha in 1.36)."""
+    ds = _one(chart.template(), "DaemonSet", "fabricdra-node")
+    assert "--list-type-attributes" not in ds["spec"]["template"]["spec"]["containers"][0]["args"]
+    ds = _one(chart.template({"listTypeAttributes": True}), "DaemonSet", "fabricdra-node")
+    assert "--list-type-attributes" in ds["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
 def test_the_node_agent_may_read_pods(chart: Chart) -> None:
     """Issue 32 point 4: prepare reads an RDMA claim's pods for their PodGroup."""
     role = _one(chart.template(), "ClusterRole", "fabricdra-node-devices")

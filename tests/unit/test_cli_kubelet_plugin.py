@@ -90,6 +90,12 @@ def test_device_metadata_is_off_unless_asked_for(monkeypatch: pytest.MonkeyPatch
     assert _config().device_metadata is True  # type: ignore[attr-defined]
 
 
+def test_list_type_attributes_are_off_unless_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FABRICDRA_LIST_TYPE_ATTRIBUTES", raising=False)
+    assert _config().list_type_attributes is False  # type: ignore[attr-defined]
+    assert _config("--list-type-attributes").list_type_attributes is True  # type: ignore[attr-defined]
+
+
 def test_dynamic_mig_is_off_unless_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 20 point 2: dynamic MIG stays behind a flag until proven on hardware."""
     monkeypatch.delenv("FABRICDRA_DYNAMIC_MIG", raising=False)

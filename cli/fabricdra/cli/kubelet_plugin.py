@@ -149,6 +149,15 @@ def register(sub: Any) -> None:
         "(1.34/1.35 defaults), auto = from the API server's version [FABRICDRA_RESOURCE_MODEL]",
     )
     a(
+        "--list-type-attributes",
+        action="store_true",
+        default=env_bool("LIST_TYPE_ATTRIBUTES", False),
+        help="the cluster has DRAListTypeAttributes on (KEP-5491; alpha in 1.36): a device on "
+        "several NUMA nodes (a Grace GPU: its CPU's and its memory's) publishes "
+        "resource.kubernetes.io/numaNode as a list; off: the PCI function's node "
+        "[FABRICDRA_LIST_TYPE_ATTRIBUTES=true]",
+    )
+    a(
         "--discovery-interval",
         type=float,
         default=env_float("DISCOVERY_INTERVAL", 30),
@@ -290,6 +299,7 @@ def build_config(args: argparse.Namespace) -> Any:
         proc_root=Path(args.proc_root),
         devices=devices,
         device_metadata=args.device_metadata,
+        list_type_attributes=args.list_type_attributes,
         discovery_interval=args.discovery_interval,
         sweep_interval=args.claim_sweep_interval,
         dcgm_url=args.dcgm_exporter_url or None,

@@ -133,6 +133,9 @@ class AgentConfig:
     # KEP-5304: each request's device metadata file mounted into the containers (under
     # plugin_dir, which the chart mounts at the same path on the host).
     device_metadata: bool = False
+    # DRAListTypeAttributes is on in the cluster (alpha in 1.36): list values (a Grace GPU's
+    # NUMA nodes) may be published.
+    list_type_attributes: bool = False
     discovery_interval: float = 30.0
     dcgm_url: str | None = None
     metrics_port: int | None = None  # None or 0: no metrics HTTP server
@@ -193,10 +196,15 @@ class Agent:
             from .publisher import NodePublisher
             from .resourceslices import ApiFeatures
 
+            lists = config.list_type_attributes
             features = (
-                None if config.resource_model == "auto" else ApiFeatures(config.resource_model)
+                None
+                if config.resource_model == "auto"
+                else ApiFeatures(config.resource_model, list_attributes=lists)
             )
-            publisher = NodePublisher(api, config.node_name, features=features)
+            publisher = NodePublisher(
+                api, config.node_name, features=features, list_attributes=lists
+            )
         self.publisher = publisher
         self.health = HealthBroadcaster(resend_seconds=config.health_resend_seconds)
         self.dcgm_state = DcgmState()

@@ -161,6 +161,8 @@ class GpuInfo:
     brand: str | None = None
     # The GPUs this one reaches over NVLink inside the node (discovery/nvlink.py); None: none.
     nvlink_group: str | None = None
+    # NUMA nodes of the GPU's own memory (Grace HBM); empty: none known.
+    memory_numa_nodes: tuple[int, ...] = ()
     mig_capacity: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     # Each MIG instance's GPU instance placement start (memory slice), keyed by its UUID, where
     # NVML reported it (nvmlGpuInstanceGetInfo): what dynamic MIG adopts an instance at.
@@ -182,6 +184,7 @@ def gpu_info(nvml: NvmlReadings | None) -> dict[str, GpuInfo]:
             architecture=g.architecture,
             brand=g.brand,
             nvlink_group=groups.get(bus),
+            memory_numa_nodes=tuple(sorted(set(g.memoryNumaNodes or ()))),
             mig_capacity={
                 m.uuid: {
                     k: v

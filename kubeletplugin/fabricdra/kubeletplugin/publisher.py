@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
@@ -98,9 +98,12 @@ class NodePublisher:
         *,
         driver_name: str = DRIVER_NAME,
         features: ApiFeatures | None = None,
+        list_attributes: bool = False,
     ) -> None:
         """`features` None: chosen from the server's version on the first sync (1.36+ →
-        the current model, older → basic); pass one to override (docs/attributes.md)."""
+        the current model, older → basic), with `list_attributes` (DRAListTypeAttributes,
+        which the version does not tell); pass one to override (docs/attributes.md)."""
+        self.list_attributes = list_attributes
         # Every write is counted by the REST layer (and fed to the metric) in one place.
         self.rest = metrics.counting_rest(api)
         self.node_name = node_name
@@ -234,7 +237,10 @@ class NodePublisher:
     def _features(self) -> ApiFeatures:
         if self.features is None:
             version = self.rest.call("GET", "/version")
-            self.features = ApiFeatures.for_server_version(version["major"], version["minor"])
+            self.features = replace(
+                ApiFeatures.for_server_version(version["major"], version["minor"]),
+                list_attributes=self.list_attributes,
+            )
             log.info(
                 "resource API model chosen from the server version",
                 model=self.features.model,

@@ -47,7 +47,7 @@ from typing import Any, Literal
 
 from .devices import Device, DeviceInventory, holder_name
 from .kinds import kind_of
-from .kinds.base import STANDARD, CounterUse, Value, Version
+from .kinds.base import STANDARD, CounterUse, NumaNodes, Value, Version
 
 __all__ = ["STANDARD", "Value", "Version"]  # re-exported: callers import them from here
 
@@ -85,6 +85,9 @@ class ApiFeatures:
     """
 
     model: Model = "current"
+    # DRAListTypeAttributes (alpha in 1.36, off by default): list attribute values
+    # (`--list-type-attributes`); the API server drops them where the gate is off.
+    list_attributes: bool = False
 
     @property
     def consumable_capacity(self) -> bool:
@@ -228,7 +231,7 @@ def _published(
     use: CounterUse | None = None,
 ) -> list[dict[str, Any]]:
     kind = kind_of(device)
-    attrs, why = device_attributes(device)
+    attrs, why = device_attributes(device, features.list_attributes)
     if why:
         omitted[device.name] = why
     capacity: dict[str, Any] = {}
@@ -309,8 +312,10 @@ def _taint(device: Device) -> dict[str, Any]:
 # --- attributes ----------------------------------------------------------------------------
 
 
-def device_attributes(device: Device) -> tuple[dict[str, Any], dict[str, str]]:
-    """A device's attributes (wire form, sorted by name) and those omitted, with why."""
+def device_attributes(device: Device, lists: bool = False) -> tuple[dict[str, Any], dict[str, str]]:
+    """A device's attributes (wire form, sorted by name) and those omitted, with why.
+    `lists`: the cluster takes list values (DRAListTypeAttributes); otherwise a device on
+    several NUMA nodes publishes its PCI function's node only."""
     kind = kind_of(device)
     values: list[tuple[str, Value]] = [("type", device.type), *kind.attributes(device)]
 
@@ -319,6 +324,17 @@ def device_attributes(device: Device) -> tuple[dict[str, Any], dict[str, str]]:
     for name, value in values:
         if value is None:
             continue  # an unknown fact is an absent attribute, never a stand-in
+        if isinstance(value, NumaNodes):
+            if lists:
+                attrs[name] = {"ints": list(value.nodes)}
+            elif value.scalar is not None:
+                attrs[name] = {"int": value.scalar}
+            else:
+                omitted[name] = (
+                    f"on NUMA nodes {list(value.nodes)}, none of them its PCI function's: "
+                    "one number would pick one; lists are off (--list-type-attributes)"
+                )
+            continue
         if isinstance(value, Version):
             attrs[name] = {"version": str(value)}
         elif isinstance(value, bool):

@@ -167,6 +167,11 @@ def _read_identity(pynvml: Any, handle: Any) -> dict[str, Any]:
         if arch in _ARCHITECTURES:
             out["architecture"] = _ARCHITECTURES[arch]
     with contextlib.suppress(pynvml.NVMLError, AttributeError):
+        # NOT_SUPPORTED where the GPU's memory is no NUMA node (PCIe hosts): nothing recorded.
+        node = int(pynvml.nvmlDeviceGetNumaNodeId(handle))
+        if node >= 0:
+            out["memoryNumaNodes"] = [node]
+    with contextlib.suppress(pynvml.NVMLError, AttributeError):
         brand = int(pynvml.nvmlDeviceGetBrand(handle))
         if brand in _BRANDS:
             out["brand"] = _BRANDS[brand]

@@ -95,6 +95,9 @@ class SnapshotGpu(Record):
     cudaComputeCapability: str | None = None  # "major.minor"
     architecture: str | None = None
     brand: str | None = None
+    # NUMA nodes holding the GPU's own memory, where the platform onlines it as CPU-less NUMA
+    # nodes (Grace: C2C-coherent HBM); None: not recorded or not such a platform.
+    memoryNumaNodes: list[int] | None = None
     # Health inputs (optional): uncorrectable ECC since boot, critical Xid errors seen,
     # row remapping, and the link error counters (cumulative); active thermal slowdown is
     # recorded but is not a fault (the GPU protects itself and recovers).
