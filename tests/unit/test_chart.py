@@ -235,6 +235,14 @@ def test_list_type_attributes_value_reaches_the_agent(chart: Chart) -> None:
     assert "--list-type-attributes" in ds["spec"]["template"]["spec"]["containers"][0]["args"]
 
 
+def test_evict_on_fatal_value_reaches_the_agent(chart: Chart) -> None:
+    """Issue 32 point 3: NoExecute for fatal faults is opt-in."""
+    ds = _one(chart.template(), "DaemonSet", "fabricdra-node")
+    assert "--evict-on-fatal" not in ds["spec"]["template"]["spec"]["containers"][0]["args"]
+    ds = _one(chart.template({"evictOnFatal": True}), "DaemonSet", "fabricdra-node")
+    assert "--evict-on-fatal" in ds["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
 def test_the_node_agent_may_read_pods(chart: Chart) -> None:
     """Issue 32 point 4: prepare reads an RDMA claim's pods for their PodGroup."""
     role = _one(chart.template(), "ClusterRole", "fabricdra-node-devices")

@@ -96,6 +96,12 @@ def test_list_type_attributes_are_off_unless_asked_for(monkeypatch: pytest.Monke
     assert _config("--list-type-attributes").list_type_attributes is True  # type: ignore[attr-defined]
 
 
+def test_eviction_on_fatal_faults_is_off_unless_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FABRICDRA_EVICT_ON_FATAL", raising=False)
+    assert _config().evict_on_fatal is False  # type: ignore[attr-defined]
+    assert _config("--evict-on-fatal").evict_on_fatal is True  # type: ignore[attr-defined]
+
+
 def test_dynamic_mig_is_off_unless_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 20 point 2: dynamic MIG stays behind a flag until proven on hardware."""
     monkeypatch.delenv("FABRICDRA_DYNAMIC_MIG", raising=False)

@@ -158,6 +158,14 @@ def register(sub: Any) -> None:
         "[FABRICDRA_LIST_TYPE_ATTRIBUTES=true]",
     )
     a(
+        "--evict-on-fatal",
+        action="store_true",
+        default=env_bool("EVICT_ON_FATAL", False),
+        help="a fatal fault (a GPU lost, uncorrectable memory errors, a reset or reboot the "
+        "driver asks for) taints its device NoExecute, so running pods that use it are evicted; "
+        "off: NoSchedule, as every fault [FABRICDRA_EVICT_ON_FATAL=true]",
+    )
+    a(
         "--discovery-interval",
         type=float,
         default=env_float("DISCOVERY_INTERVAL", 30),
@@ -300,6 +308,7 @@ def build_config(args: argparse.Namespace) -> Any:
         devices=devices,
         device_metadata=args.device_metadata,
         list_type_attributes=args.list_type_attributes,
+        evict_on_fatal=args.evict_on_fatal,
         discovery_interval=args.discovery_interval,
         sweep_interval=args.claim_sweep_interval,
         dcgm_url=args.dcgm_exporter_url or None,

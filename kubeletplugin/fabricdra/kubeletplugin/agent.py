@@ -136,6 +136,9 @@ class AgentConfig:
     # DRAListTypeAttributes is on in the cluster (alpha in 1.36): list values (a Grace GPU's
     # NUMA nodes) may be published.
     list_type_attributes: bool = False
+    # Fatal faults (a GPU lost, uncorrectable memory errors, a reset NVML asks for) taint
+    # NoExecute, so the device taint eviction controller evicts the pods using the device.
+    evict_on_fatal: bool = False
     discovery_interval: float = 30.0
     dcgm_url: str | None = None
     metrics_port: int | None = None  # None or 0: no metrics HTTP server
@@ -203,7 +206,11 @@ class Agent:
                 else ApiFeatures(config.resource_model, list_attributes=lists)
             )
             publisher = NodePublisher(
-                api, config.node_name, features=features, list_attributes=lists
+                api,
+                config.node_name,
+                features=features,
+                list_attributes=lists,
+                evict_on_fatal=config.evict_on_fatal,
             )
         self.publisher = publisher
         self.health = HealthBroadcaster(resend_seconds=config.health_resend_seconds)

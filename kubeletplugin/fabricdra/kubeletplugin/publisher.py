@@ -99,11 +99,13 @@ class NodePublisher:
         driver_name: str = DRIVER_NAME,
         features: ApiFeatures | None = None,
         list_attributes: bool = False,
+        evict_on_fatal: bool = False,
     ) -> None:
         """`features` None: chosen from the server's version on the first sync (1.36+ →
         the current model, older → basic), with `list_attributes` (DRAListTypeAttributes,
         which the version does not tell); pass one to override (docs/attributes.md)."""
         self.list_attributes = list_attributes
+        self.evict_on_fatal = evict_on_fatal  # --evict-on-fatal: fatal faults taint NoExecute
         # Every write is counted by the REST layer (and fed to the metric) in one place.
         self.rest = metrics.counting_rest(api)
         self.node_name = node_name
@@ -279,7 +281,12 @@ class NodePublisher:
         )
         live = {s["metadata"]["name"]: s for s in live_list.get("items", [])}
         plan = build_slices(
-            devices, self.node_name, driver=self.driver, features=features, gate=gate
+            devices,
+            self.node_name,
+            driver=self.driver,
+            features=features,
+            gate=gate,
+            evict_on_fatal=self.evict_on_fatal,
         )
         for device, omitted in plan.omitted.items():
             log.warning("attributes omitted: over the API's limits", device=device, omitted=omitted)

@@ -65,6 +65,32 @@ MAX_OBJECT_NAME = 253
 
 TAINT_KEY = "fabricdra.io/unhealthy"
 TAINT_EFFECT = "NoSchedule"
+# Health Unknown informs and blocks nothing (effect None, resource.k8s.io/v1 since 1.35).
+UNKNOWN_TAINT_KEY = "fabricdra.io/health-unknown"
+INFO_EFFECT = "None"
+# --evict-on-fatal: the Unhealthy taint of a fatal fault evicts running pods (NoExecute).
+FATAL_EFFECT = "NoExecute"
+# Causes after which the GPU's running work is lost or its memory cannot be trusted: the GPU
+# left the bus or NVML cannot reach it, uncorrectable memory (ECC, a failed row remap,
+# Xid 48 double-bit ECC, Xid 95 uncontained ECC, Xid 79 fallen off the bus: NVIDIA's Xid
+# catalogue, https://docs.nvidia.com/deploy/xid-errors/), and a reset or reboot the driver
+# asks for. Pending row remaps, PCIe/NVLink error bursts, other Xids: NoSchedule only.
+FATAL_CAUSES = frozenset(
+    {
+        "lost",
+        "unreadable",
+        "ecc",
+        "row-remap-failed",
+        "xid-48",
+        "xid-79",
+        "xid-95",
+        "recovery-gpu-reset",
+        "recovery-node-reboot",
+        "recovery-drain-and-reset",
+        "recovery-bus-reset",
+        "recovery-system-reboot",
+    }
+)
 # The verification gate (docs/verification.md): every device of a node that is not verified
 # carries this taint (current model) or `verified: false` (basic model, which the DeviceClasses
 # require to be true where present).
@@ -166,9 +192,11 @@ def build_slices(
     features: ApiFeatures = ApiFeatures(),  # frozen: one shared default is safe
     generation: int = 0,
     gate: Gate | None = None,
+    evict_on_fatal: bool = False,
 ) -> SlicePlan:
     """The ResourceSlice objects (plain dicts, wire field names) for this node's pool.
-    `gate` None: no verification gate (library use, `fabricdra inventory`)."""
+    `gate` None: no verification gate (library use, `fabricdra inventory`).
+    `evict_on_fatal` (--evict-on-fatal): fatal faults taint NoExecute."""
     omitted: dict[str, dict[str, str]] = {}
     dropped: list[str] = []
     devices: list[dict[str, Any]] = []
@@ -179,7 +207,9 @@ def build_slices(
             dropped.append(device.name)  # not created yet (or the whole GPU): nothing to offer
             continue
         use = kind.counters(device) if features.partitionable_devices else None
-        published = _published(device, inventory.shared_holders, features, omitted, use)
+        published = _published(
+            device, inventory.shared_holders, features, omitted, use, evict_on_fatal
+        )
         devices.extend(_gated(d, gate, features) for d in published)
         if use is not None:
             counter_sets[use.counter_set] = {
@@ -229,6 +259,7 @@ def _published(
     features: ApiFeatures,
     omitted: dict[str, dict[str, str]],
     use: CounterUse | None = None,
+    evict_on_fatal: bool = False,
 ) -> list[dict[str, Any]]:
     kind = kind_of(device)
     attrs, why = device_attributes(device, features.list_attributes)
@@ -263,7 +294,11 @@ def _published(
             {"counterSet": use.counter_set, "counters": _counters(dict(use.consumed))}
         ]
     if features.device_taints and device.health == "Unhealthy":
-        out["taints"] = [_taint(device)]
+        out["taints"] = [_taint(device, evict_on_fatal)]
+    elif features.device_taints and device.health == "Unknown":
+        out["taints"] = [
+            {"key": UNKNOWN_TAINT_KEY, "value": taint_value(device), "effect": INFO_EFFECT}
+        ]
     return [out]
 
 
@@ -294,11 +329,16 @@ def taint_value(device: Device) -> str:
     return kind_of(device).taint_value(device)
 
 
-def _taint(device: Device) -> dict[str, Any]:
+def fatal(device: Device) -> bool:
+    """Whether an Unhealthy device's fault is fatal to the work running on it."""
+    return device.lost or bool(FATAL_CAUSES.intersection(device.health_causes))
+
+
+def _taint(device: Device, evict_on_fatal: bool = False) -> dict[str, Any]:
     taint: dict[str, Any] = {
         "key": TAINT_KEY,
         "value": taint_value(device),
-        "effect": TAINT_EFFECT,
+        "effect": FATAL_EFFECT if evict_on_fatal and fatal(device) else TAINT_EFFECT,
     }
     # A failed link carries the time it was first seen, stable while it persists: the taint
     # says when trouble started. Otherwise the API server stamps the time of the first write

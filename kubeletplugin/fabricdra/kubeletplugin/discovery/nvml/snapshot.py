@@ -108,6 +108,10 @@ class SnapshotGpu(Record):
     pcieReplayCounter: int | None = None
     nvlinkErrors: int | None = None
     thermalViolation: bool | None = None
+    # What the driver says the GPU needs (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, r550+), in
+    # NVML's words: none, gpu_reset, node_reboot, drain_p2p, drain_and_reset, ...; None: the
+    # driver does not report it.
+    recoveryAction: str | None = None
     # Xid events: whether the GPU accepted a registration for Xid critical errors (None: not
     # recorded), why not, and the events seen while recording (replayed in order, once each).
     xidEventsSupported: bool | None = None
