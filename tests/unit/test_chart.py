@@ -219,28 +219,23 @@ def test_dynamic_mig_value_reaches_the_agent(chart: Chart) -> None:
     assert "--dynamic-mig" in args({"dynamicMIG": True})
 
 
-def test_device_metadata_value_reaches_the_agent(chart: Chart) -> None:
-    """Issue 32 point 5: KEP-5304 metadata is opt-in (`deviceMetadata: true`)."""
-    ds = _one(chart.template(), "DaemonSet", "fabricdra-node")
-    assert "--device-metadata" not in ds["spec"]["template"]["spec"]["containers"][0]["args"]
-    ds = _one(chart.template({"deviceMetadata": True}), "DaemonSet", "fabricdra-node")
-    assert "--device-metadata" in ds["spec"]["template"]["spec"]["containers"][0]["args"]
+@pytest.mark.parametrize(
+    ("value", "flag"),
+    [
+        ("deviceMetadata", "--device-metadata"),  # issue 32 point 5 (KEP-5304)
+        ("listTypeAttributes", "--list-type-attributes"),  # point 2 (alpha gate in 1.36)
+        ("evictOnFatal", "--evict-on-fatal"),  # point 3
+    ],
+)
+def test_opt_in_values_reach_the_agent(chart: Chart, value: str, flag: str) -> None:
+    """Off by default (no flag at all); `<value>: true` passes the flag."""
 
+    def args(values: dict[str, Any] | None = None) -> list[str]:
+        ds = _one(chart.template(values), "DaemonSet", "fabricdra-node")
+        return list(ds["spec"]["template"]["spec"]["containers"][0]["args"])
 
-def test_list_type_attributes_value_reaches_the_agent(chart: Chart) -> None:
-    """Issue 32 point 2: off by default (DRAListTypeAttributes is alpha in 1.36)."""
-    ds = _one(chart.template(), "DaemonSet", "fabricdra-node")
-    assert "--list-type-attributes" not in ds["spec"]["template"]["spec"]["containers"][0]["args"]
-    ds = _one(chart.template({"listTypeAttributes": True}), "DaemonSet", "fabricdra-node")
-    assert "--list-type-attributes" in ds["spec"]["template"]["spec"]["containers"][0]["args"]
-
-
-def test_evict_on_fatal_value_reaches_the_agent(chart: Chart) -> None:
-    """Issue 32 point 3: NoExecute for fatal faults is opt-in."""
-    ds = _one(chart.template(), "DaemonSet", "fabricdra-node")
-    assert "--evict-on-fatal" not in ds["spec"]["template"]["spec"]["containers"][0]["args"]
-    ds = _one(chart.template({"evictOnFatal": True}), "DaemonSet", "fabricdra-node")
-    assert "--evict-on-fatal" in ds["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert flag not in args()
+    assert flag in args({value: True})
 
 
 def test_the_node_agent_may_read_pods(chart: Chart) -> None:

@@ -9,14 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fabricdra.kubeletplugin.devices import GpuHealth, build_devices, gpu_info
-from fabricdra.kubeletplugin.discovery.node import discover
-from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
-from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
-from fabricdra.kubeletplugin.health import gpu_health
+from fabricdra.kubeletplugin.devices import GpuHealth
 from fabricdra.kubeletplugin.resourceslices import ApiFeatures, build_slices
-from tests.sysfs.builder import SysfsBuilder
-from tests.sysfs.nodes import h100_snapshot, hgx_h100, write_json
+from tests.unit.test_health_reasons import judged_inventory
 
 GPU = ["gpu-0000-18-00-0", "gpu-0000-3a-00-0", "gpu-0000-4b-00-0", "gpu-0000-5c-00-0"]
 
@@ -30,18 +25,7 @@ def _taints(
     features: ApiFeatures | None = None,
 ) -> dict[str, list[tuple[str, str, str]]]:
     """Device name -> its taints as (key, value, effect), for the devices that carry one."""
-    b = SysfsBuilder(tmp_path / "sys")
-    hgx = hgx_h100(b)
-    snap = h100_snapshot(hgx.gpus)
-    for i, fields in edit.items():
-        snap[hgx.gpus[i]].update(fields)
-    readings = load_snapshot(write_json(tmp_path / "nvml.json", snap))
-    d = discover(SysfsTree(str(b.root)), nvml_source=lambda: readings)
-    judged = gpu_health(d.nvml, None)
-    judged.update({hgx.gpus[i]: h for i, h in (health or {}).items()})
-    inventory = build_devices(
-        d.interfaces or [], d.accelerators or [], gpu_health=judged, gpu_info=gpu_info(d.nvml)
-    )
+    inventory = judged_inventory(tmp_path, edit, health=health)
     plan = build_slices(
         inventory, "n", features=features or ApiFeatures(), evict_on_fatal=evict_on_fatal
     )
