@@ -265,9 +265,29 @@ class NodePublisher:
                 self._sync_slices_once(devices, owner, gate)
                 return
             except ApiError as e:
+                if self._lists_refused(e):
+                    continue  # the same pass again, with scalars
                 if not e.conflict or attempt == SLICE_ATTEMPTS:
                     raise
                 log.info("slice write conflicted; listing again", attempt=attempt, error=str(e))
+
+    def _lists_refused(self, e: ApiError) -> bool:
+        """A server with DRAListTypeAttributes off drops list values, and then refuses the
+        attribute left without one (422 "exactly one value must be specified"): publish the
+        scalars from now on, rather than no pool at all, and say so."""
+        features = self.features
+        if features is None or not features.list_attributes:
+            return False
+        if e.status != 422 or "exactly one value must be specified" not in e.message:
+            return False
+        log.error(
+            "--list-type-attributes: the API server refuses list attributes "
+            "(DRAListTypeAttributes is off); publishing single values",
+            error=e.message,
+        )
+        self.features = replace(features, list_attributes=False)
+        self.list_attributes = False
+        return True
 
     def _sync_slices_once(
         self,
