@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from fabricdra.kubeletplugin.devices import DeviceInventory, GpuHealth, build_devices
+from fabricdra.kubeletplugin.devices import DeviceInventory, GpuHealth, build_devices, gpu_info
 from fabricdra.kubeletplugin.discovery.node import discover
 from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
@@ -39,7 +39,9 @@ def judged_inventory(
     d = discover(SysfsTree(str(b.root)), nvml_source=lambda: readings)
     judged = gpu_health(d.nvml, None)
     judged.update({hgx.gpus[i]: h for i, h in (health or {}).items()})
-    return build_devices(d.interfaces or [], d.accelerators or [], gpu_health=judged)
+    return build_devices(
+        d.interfaces or [], d.accelerators or [], gpu_health=judged, gpu_info=gpu_info(d.nvml)
+    )
 
 
 def _taints(

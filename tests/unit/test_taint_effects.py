@@ -46,6 +46,15 @@ def test_health_unknown_informs_with_effect_none(tmp_path: Path) -> None:
     assert GPU[1] not in taints  # healthy: nothing at all
 
 
+def test_application_xids_inform_beside_a_fault(tmp_path: Path) -> None:
+    taints = _taints(tmp_path, {0: {"xidErrors": [43, 13]}, 1: {"xidErrors": [13, 79]}})
+    assert taints[GPU[0]] == [("fabricdra.io/xid", "gpu-xid-13.xid-43", "None")]
+    assert taints[GPU[1]] == [
+        ("fabricdra.io/unhealthy", "gpu-xid-79", "NoSchedule"),
+        ("fabricdra.io/xid", "gpu-xid-13", "None"),
+    ]
+
+
 def test_the_basic_model_has_no_taints_at_all(tmp_path: Path) -> None:
     taints = _taints(tmp_path, {0: {"xidEventsSupported": False}}, features=ApiFeatures("basic"))
     assert taints == {}

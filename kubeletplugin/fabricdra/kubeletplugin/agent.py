@@ -343,9 +343,10 @@ class Agent:
         """Swap in this pass's inventory and tell kubelet about device health."""
         for part, reason in discovery.failures.items():
             log.error("discovery failed; keeping the previous record", part=part, error=reason)
+        nvml = self.xids.apply(discovery.nvml)  # with the Xids seen: health and GpuInfo
         gpus = keep_unhealthy(
             gpu_health(
-                self.xids.apply(discovery.nvml),
+                nvml,
                 self.config.dcgm_url,
                 state=self.dcgm_state,
                 expected=nvidia_bound(discovery.accelerators),
@@ -371,7 +372,7 @@ class Agent:
                 discovery.accelerators or [],
                 config,
                 gpus,
-                gpu_info(discovery.nvml),
+                gpu_info(nvml),
                 lost=lost,
                 held=held,
                 created_mig=created_mig,

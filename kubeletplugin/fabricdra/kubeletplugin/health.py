@@ -49,6 +49,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fabricdra.api.inventory import Accelerator
 
+from .devices import APPLICATION_XIDS as _APPLICATION_XIDS
 from .devices import GpuHealth
 from .discovery.backends.amd import AmdReadings
 from .discovery.nvml import NvmlReadings, normalise_bus_id
@@ -61,7 +62,7 @@ DCGM_ROW_REMAP_FAILURE = "DCGM_FI_DEV_ROW_REMAP_FAILURE"
 SCRAPE_TIMEOUT = 2.0
 
 # Xids an application causes (bad address, illegal instruction, ...): not the GPU's fault.
-APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+APPLICATION_XIDS = _APPLICATION_XIDS
 COUNTER_LIMIT = 100  # PCIe replays / NVLink errors per pass above which a GPU is unhealthy
 
 

@@ -47,7 +47,7 @@ from typing import Any, Literal
 
 from .devices import Device, DeviceInventory, holder_name
 from .kinds import kind_of
-from .kinds.base import STANDARD, CounterUse, NumaNodes, Value, Version
+from .kinds.base import STANDARD, CounterUse, NumaNodes, Value, Version, causes_value
 
 __all__ = ["STANDARD", "Value", "Version"]  # re-exported: callers import them from here
 
@@ -68,6 +68,8 @@ TAINT_EFFECT = "NoSchedule"
 # Health Unknown informs and blocks nothing (effect None, resource.k8s.io/v1 since 1.35).
 UNKNOWN_TAINT_KEY = "fabricdra.io/health-unknown"
 INFO_EFFECT = "None"
+# Application Xids seen since boot inform too (effect None): `gpu-xid-13.xid-43`.
+XID_TAINT_KEY = "fabricdra.io/xid"
 # --evict-on-fatal: the Unhealthy taint of a fatal fault evicts running pods (NoExecute).
 FATAL_EFFECT = "NoExecute"
 # Causes after which the GPU's running work is lost or its memory cannot be trusted: the GPU
@@ -293,13 +295,27 @@ def _published(
         out["consumesCounters"] = [
             {"counterSet": use.counter_set, "counters": _counters(dict(use.consumed))}
         ]
-    if features.device_taints and device.health == "Unhealthy":
-        out["taints"] = [_taint(device, evict_on_fatal)]
-    elif features.device_taints and device.health == "Unknown":
-        out["taints"] = [
-            {"key": UNKNOWN_TAINT_KEY, "value": taint_value(device), "effect": INFO_EFFECT}
-        ]
+    if features.device_taints:
+        taints = _health_taints(device, evict_on_fatal)
+        if taints:
+            out["taints"] = taints
     return [out]
+
+
+def _health_taints(device: Device, evict_on_fatal: bool) -> list[dict[str, Any]]:
+    """Unhealthy: what blocks (or evicts); Unknown and application Xids: what informs."""
+    taints = []
+    if device.health == "Unhealthy":
+        taints.append(_taint(device, evict_on_fatal))
+    elif device.health == "Unknown":
+        taints.append(
+            {"key": UNKNOWN_TAINT_KEY, "value": taint_value(device), "effect": INFO_EFFECT}
+        )
+    app = device.info.application_xids if device.info is not None else ()
+    if app:
+        value = causes_value("gpu", "gpu", [f"xid-{x}" for x in app])
+        taints.append({"key": XID_TAINT_KEY, "value": value, "effect": INFO_EFFECT})
+    return taints
 
 
 def _gated(device: dict[str, Any], gate: Gate | None, features: ApiFeatures) -> dict[str, Any]:

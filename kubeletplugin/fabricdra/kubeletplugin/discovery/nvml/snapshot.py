@@ -103,6 +103,8 @@ class SnapshotGpu(Record):
     # recorded but is not a fault (the GPU protects itself and recovers).
     eccUncorrectable: int | None = None
     xidErrors: list[int] | None = None
+    # Application Xids seen since boot (13, 31, 43, 45, 68, 109): informative, never a fault.
+    applicationXids: list[int] | None = None
     rowRemapFailure: bool | None = None
     rowRemapPending: bool | None = None
     pcieReplayCounter: int | None = None
