@@ -18,6 +18,7 @@ import yaml
 from kubernetes import client
 
 from e2e.harness.controlplane import wait_for
+from e2e.harness.images import TEST_IMAGE
 from fabricdra.kubeletplugin.healthevents import COMPONENT as HEALTH_COMPONENT
 from fabricdra.kubeletplugin.kubelet import PluginPaths
 from tests.e2e.installkit import (
@@ -262,20 +263,6 @@ def _health_events(api: client.ApiClient, node: str, device: str) -> list[Any]:
     ]
 
 
-def _pod_health(api: client.ApiClient, ns: str, pod: str, device: str) -> tuple[str, str] | None:
-    """(health, message) kubelet shows for `device` in the pod's
-    `status.containerStatuses[].allocatedResourcesStatus` (ResourceHealthStatus, on by
-    default in 1.36), from the pod's JSON: the field is newer than the client's models."""
-    raw = client.CoreV1Api(api).read_namespaced_pod(pod, ns, _preload_content=False)
-    status = json.loads(raw.data).get("status") or {}
-    for c in status.get("containerStatuses") or []:
-        for entry in c.get("allocatedResourcesStatus") or []:
-            for r in entry.get("resources") or []:
-                if str(r.get("resourceID", "")).endswith(f"/{device}"):
-                    return str(r.get("health", "")), str(r.get("message", ""))
-    return None
-
-
 def test_a_link_going_down_taints_the_device_and_the_running_pod_keeps_it(
     installed: Installed,
 ) -> None:
@@ -283,9 +270,7 @@ def test_a_link_going_down_taints_the_device_and_the_running_pod_keeps_it(
     link: the next discovery pass taints that device in the ResourceSlice (1.36 model:
     NoSchedule, so nothing running is evicted), its value the reason's cause
     (`rdma-link-down`, docs/attributes.md); the pod keeps running and its claim stays
-    allocated and reserved for it; kubelet shows the device Unhealthy in the
-    pod's allocatedResourcesStatus (the health stream). With the files restored, the taint goes
-    away and the pod's status says Healthy again. The Node gets
+    allocated and reserved for it. With the files restored, the taint goes away. The Node gets
     exactly one fabricdra Event per change: `Warning DeviceUnhealthy` naming the device, the
     reason in full and the taint, then `Normal DeviceHealthy` (only fabricdra's Events about
     this device are counted: the controller manager writes its own on the Node)."""
@@ -318,15 +303,6 @@ def test_a_link_going_down_taints_the_device_and_the_running_pod_keeps_it(
                 what=f"the link taint on {name}",
             )
             wait_for(lambda: new_events("DeviceUnhealthy"), what="the DeviceUnhealthy Event")
-            # The health stream (registration advertises v1 and v1alpha1 health: this 1.36
-            # kubelet takes v1alpha1) carries it into the pod's status.
-            sick = wait_for(
-                lambda: (
-                    h if (h := _pod_health(api, ns, "p", name)) and h[0] == "Unhealthy" else None
-                ),
-                timeout=120,
-                what=f"{name} Unhealthy in the pod's allocatedResourcesStatus",
-            )
             still = core.read_namespaced_pod("p", ns)
             kept = resource.read_namespaced_resource_claim("nic", ns)
         finally:
@@ -337,15 +313,9 @@ def test_a_link_going_down_taints_the_device_and_the_running_pod_keeps_it(
             what=f"the taint on {name} to go",
         )
         events = wait_for(lambda: new_events("DeviceHealthy"), what="the DeviceHealthy Event")
-        wait_for(
-            lambda: (_pod_health(api, ns, "p", name) or ("",))[0] == "Healthy",
-            timeout=120,
-            what=f"{name} Healthy again in the pod's allocatedResourcesStatus",
-        )
         after = core.read_namespaced_pod("p", ns)
 
     assert [t.effect for t in _link_taint(tainted)] == ["NoSchedule"]
-    assert sick[0] == "Unhealthy"
     assert still.status.phase == "Running"
     assert still.status.container_statuses[0].restart_count == 0
     assert [r.uid for r in kept.status.reserved_for] == [before.metadata.uid]
@@ -363,6 +333,92 @@ def test_a_link_going_down_taints_the_device_and_the_running_pod_keeps_it(
     assert "(taint fabricdra.io/unhealthy=rdma-link-down)" in down.message
     up = next(e for e in events if e.reason == "DeviceHealthy")
     assert up.message.startswith(f"device {name} (rdma) is Healthy, was Unhealthy")
+
+
+# -- issue 32 point 1: device health in the pod's status -----------------------------------
+
+
+def _pod_health(api: client.ApiClient, ns: str, pod: str, device: str) -> str | None:
+    """The health kubelet shows for `device` in the pod's
+    `status.containerStatuses[].allocatedResourcesStatus` (ResourceHealthStatus, on by default
+    in 1.36), read from the pod's JSON (the field is newer than the client's models). kubelet
+    names a device by its first CDI id (`…/device=<device>-<claim uid>`) when it has one."""
+    raw = client.CoreV1Api(api).read_namespaced_pod(pod, ns, _preload_content=False)
+    status = json.loads(raw.data).get("status") or {}
+    for c in status.get("containerStatuses") or []:
+        for entry in c.get("allocatedResourcesStatus") or []:
+            for r in entry.get("resources") or []:
+                rid = str(r.get("resourceID", ""))
+                if rid.endswith(f"/{device}") or f"={device}-" in rid:
+                    return str(r.get("health", ""))
+    return None
+
+
+def test_a_devices_health_reaches_the_pods_status(installed: Installed) -> None:
+    """The health stream on a 1.36 kubelet: the registration advertises `v1.DRAResourceHealth`
+    (1.37) before `v1alpha1.DRAResourceHealth`; this kubelet knows only v1alpha1 and takes
+    it. A NIC's link goes down under a running pod: kubelet shows the device Unhealthy in the
+    pod's allocatedResourcesStatus, and Healthy again once the link is back. The claim comes
+    from a template: kubelet 1.36 finds a container's claim for this status only through the
+    pod's `status.resourceClaimStatuses`, which only generated claims have."""
+    node = installed.cluster.node_name
+    with namespace(installed, "health") as (api, ns):
+        resource, core = client.ResourceV1Api(api), client.CoreV1Api(api)
+        wait_for(lambda: offered_untainted(api, node), timeout=120, what="untainted devices")
+        template = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "nic"},
+            "spec": {"spec": claim("nic", "rdma.fabricdra.io")["spec"]},
+        }
+        resource.create_namespaced_resource_claim_template(ns, template)
+        pod = {
+            "metadata": {"name": "p"},
+            "spec": {
+                "restartPolicy": "Never",
+                "resourceClaims": [{"name": "dev", "resourceClaimTemplateName": "nic"}],
+                "containers": [
+                    {
+                        "name": "c",
+                        "image": TEST_IMAGE,
+                        "imagePullPolicy": "Never",
+                        "command": ["sh", "-c", "sleep 3600"],
+                        "resources": {"claims": [{"name": "dev"}]},
+                    }
+                ],
+            },
+        }
+        core.create_namespaced_pod(ns, pod)
+        running = wait_running(core, ns, "p")
+        (generated,) = [s.resource_claim_name for s in running.status.resource_claim_statuses]
+        name = allocated_device(api, ns, generated)
+        healthy = wait_for(
+            lambda: _pod_health(api, ns, "p", name) == "Healthy",
+            timeout=120,
+            what=f"{name} Healthy in the pod's allocatedResourcesStatus",
+        )
+        rdma_device = next(
+            d.attributes["rdmaDevice"].string
+            for s in own_slices(api, node)
+            for d in s.spec.devices or []
+            if d.name == name
+        )
+        files = _link_files(installed, rdma_device)
+        try:
+            _write_down(files)
+            sick = wait_for(
+                lambda: _pod_health(api, ns, "p", name) == "Unhealthy",
+                timeout=120,
+                what=f"{name} Unhealthy in the pod's allocatedResourcesStatus",
+            )
+        finally:
+            _restore(files)
+        healed = wait_for(
+            lambda: _pod_health(api, ns, "p", name) == "Healthy",
+            timeout=120,
+            what=f"{name} Healthy again in the pod's allocatedResourcesStatus",
+        )
+    assert (healthy, sick, healed) == (True, True, True)
 
 
 # -- scenario 6: the agent killed during a prepare -----------------------------------------
