@@ -75,22 +75,31 @@ def _numa_as_stored(node: Node) -> dict[str, Any]:
     }
 
 
-def test_a_grace_gpu_publishes_its_numa_nodes_as_a_list(
-    lists_on: ControlPlane, tmp_path: Path
-) -> None:
-    node = _grace_node(lists_on, tmp_path)
+def _published_twice(cp: ControlPlane, root: Path) -> tuple[Node, dict[str, Any]]:
+    """Publish the Grace node: the first pass succeeds, the second writes nothing (stored as
+    sent). The node (its client closed) and each GPU's numaNode as stored, by GPU index."""
+    node = _grace_node(cp, root)
     try:
         result = _publish(node)
         assert result.ok, result.errors
         stored = _numa_as_stored(node)
-        gpu0 = "gpu-" + node.hgx.gpus[0].replace(":", "-").replace(".", "-")
-        gpu1 = "gpu-" + node.hgx.gpus[1].replace(":", "-").replace(".", "-")
-        assert stored[gpu0] == {"ints": [0, 4, 5]}
-        assert stored[gpu1] == {"int": 0}  # one node: the scalar, as before
-        # Stored as sent: the next pass writes nothing.
         assert _publish(node).writes == {}
     finally:
         node.api.close()
+    gpus = [_bus_name(bus) for bus in node.hgx.gpus]
+    return node, {str(i): stored[name] for i, name in enumerate(gpus)}
+
+
+def _bus_name(bus: str) -> str:
+    return "gpu-" + bus.replace(":", "-").replace(".", "-")
+
+
+def test_a_grace_gpu_publishes_its_numa_nodes_as_a_list(
+    lists_on: ControlPlane, tmp_path: Path
+) -> None:
+    _, numa = _published_twice(lists_on, tmp_path)
+    assert numa["0"] == {"ints": [0, 4, 5]}
+    assert numa["1"] == {"int": 0}  # one node: the scalar, as before
 
 
 @pytest.mark.usefixtures("installed")
@@ -100,15 +109,7 @@ def test_where_the_gate_is_off_the_agent_falls_back_to_single_values(
     """The 1.36 default: the server drops `ints`, then refuses the attribute left empty (422
     "exactly one value must be specified"). The pool is published anyway, with the scalar,
     in the same pass, and stays so."""
-    node = _grace_node(control_plane, tmp_path)
-    try:
-        result = _publish(node)
-        assert result.ok, result.errors
-        stored = _numa_as_stored(node)
-        gpu0 = "gpu-" + node.hgx.gpus[0].replace(":", "-").replace(".", "-")
-        assert stored[gpu0] == {"int": 0}
-        assert node.publisher.features is not None
-        assert not node.publisher.features.list_attributes
-        assert _publish(node).writes == {}
-    finally:
-        node.api.close()
+    node, numa = _published_twice(control_plane, tmp_path)
+    assert numa["0"] == {"int": 0}
+    assert node.publisher.features is not None
+    assert not node.publisher.features.list_attributes
