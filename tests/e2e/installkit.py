@@ -73,9 +73,10 @@ def own_slices(api: client.ApiClient, node: str) -> list[Any]:
 
 
 def offered_untainted(api: client.ApiClient, node: str) -> list[Any] | None:
-    """The node's devices once every one is offered without a taint (verification passed)."""
+    """The node's devices once every one is offered without a taint that blocks (verification
+    passed; an informative `None` taint, health Unknown, blocks nothing)."""
     devices = [d for s in own_slices(api, node) for d in s.spec.devices or []]
-    if not devices or any(d.taints for d in devices):
+    if not devices or any(t.effect != "None" for d in devices for t in d.taints or []):
         return None
     return devices
 

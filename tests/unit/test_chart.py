@@ -235,6 +235,31 @@ def test_gpu_shares_value_reaches_the_agent(chart: Chart) -> None:
         chart.template({"gpus": {"shares": 1}})
 
 
+@pytest.mark.parametrize(
+    ("value", "flag"),
+    [
+        ("deviceMetadata", "--device-metadata"),  # issue 32 point 5 (KEP-5304)
+        ("listTypeAttributes", "--list-type-attributes"),  # point 2 (alpha gate in 1.36)
+        ("evictOnFatal", "--evict-on-fatal"),  # point 3
+    ],
+)
+def test_opt_in_values_reach_the_agent(chart: Chart, value: str, flag: str) -> None:
+    """Off by default (no flag at all); `<value>: true` passes the flag."""
+
+    def args(values: dict[str, Any] | None = None) -> list[str]:
+        ds = _one(chart.template(values), "DaemonSet", "fabricdra-node")
+        return list(ds["spec"]["template"]["spec"]["containers"][0]["args"])
+
+    assert flag not in args()
+    assert flag in args({value: True})
+
+
+def test_the_node_agent_may_read_pods(chart: Chart) -> None:
+    """Issue 32 point 4: prepare reads an RDMA claim's pods for their PodGroup."""
+    role = _one(chart.template(), "ClusterRole", "fabricdra-node-devices")
+    assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]} in role["rules"]
+
+
 def test_rdma_overrides_and_vfs_reach_the_agent(chart: Chart) -> None:
     """Issue 20 point 4: per-NIC modes and the VF switch (the node label needs no value)."""
     args = _one(chart.template(), "DaemonSet", "fabricdra-node")["spec"]["template"]["spec"][

@@ -133,6 +133,14 @@ def register(sub: Any) -> None:
         "one claim per GPU (default) [FABRICDRA_GPU_SHARES]",
     )
     a(
+        "--device-metadata",
+        action="store_true",
+        default=env_bool("DEVICE_METADATA", False),
+        help="KEP-5304: mount each claim request's device metadata (the devices and their "
+        "ResourceSlice attributes, DeviceMetadata JSON) read-only into the containers under "
+        "/var/run/kubernetes.io/dra-device-attributes [FABRICDRA_DEVICE_METADATA=true]",
+    )
+    a(
         "--claim-sweep-interval",
         type=float,
         default=env_float("CLAIM_SWEEP_INTERVAL", 600),
@@ -158,6 +166,23 @@ def register(sub: Any) -> None:
         choices=["auto", "current", "basic"],
         help="ResourceSlice model: current (1.36+: consumable capacity, device taints), basic "
         "(1.34/1.35 defaults), auto = from the API server's version [FABRICDRA_RESOURCE_MODEL]",
+    )
+    a(
+        "--list-type-attributes",
+        action="store_true",
+        default=env_bool("LIST_TYPE_ATTRIBUTES", False),
+        help="the cluster has DRAListTypeAttributes on (KEP-5491; alpha in 1.36): a device on "
+        "several NUMA nodes (a Grace GPU: its CPU's and its memory's) publishes "
+        "resource.kubernetes.io/numaNode as a list; off: the PCI function's node "
+        "[FABRICDRA_LIST_TYPE_ATTRIBUTES=true]",
+    )
+    a(
+        "--evict-on-fatal",
+        action="store_true",
+        default=env_bool("EVICT_ON_FATAL", False),
+        help="a fatal fault (a GPU lost, uncorrectable memory errors, a reset or reboot the "
+        "driver asks for) taints its device NoExecute, so running pods that use it are evicted; "
+        "off: NoSchedule, as every fault [FABRICDRA_EVICT_ON_FATAL=true]",
     )
     a(
         "--discovery-interval",
@@ -303,6 +328,9 @@ def build_config(args: argparse.Namespace) -> Any:
         dev_root=Path(args.dev_root),
         proc_root=Path(args.proc_root),
         devices=devices,
+        device_metadata=args.device_metadata,
+        list_type_attributes=args.list_type_attributes,
+        evict_on_fatal=args.evict_on_fatal,
         discovery_interval=args.discovery_interval,
         sweep_interval=args.claim_sweep_interval,
         dcgm_url=args.dcgm_exporter_url or None,

@@ -145,6 +145,15 @@ class AgentConfig:
     dev_root: Path = Path("/dev")
     proc_root: Path = Path("/proc")
     devices: DeviceConfig = field(default_factory=DeviceConfig)
+    # KEP-5304: each request's device metadata file mounted into the containers (under
+    # plugin_dir, which the chart mounts at the same path on the host).
+    device_metadata: bool = False
+    # DRAListTypeAttributes is on in the cluster (alpha in 1.36): list values (a Grace GPU's
+    # NUMA nodes) may be published.
+    list_type_attributes: bool = False
+    # Fatal faults (a GPU lost, uncorrectable memory errors, a reset NVML asks for) taint
+    # NoExecute, so the device taint eviction controller evicts the pods using the device.
+    evict_on_fatal: bool = False
     discovery_interval: float = 30.0
     dcgm_url: str | None = None
     metrics_port: int | None = None  # None or 0: no metrics HTTP server
@@ -208,10 +217,19 @@ class Agent:
             from .publisher import NodePublisher
             from .resourceslices import ApiFeatures
 
+            lists = config.list_type_attributes
             features = (
-                None if config.resource_model == "auto" else ApiFeatures(config.resource_model)
+                None
+                if config.resource_model == "auto"
+                else ApiFeatures(config.resource_model, list_attributes=lists)
             )
-            publisher = NodePublisher(api, config.node_name, features=features)
+            publisher = NodePublisher(
+                api,
+                config.node_name,
+                features=features,
+                list_attributes=lists,
+                evict_on_fatal=config.evict_on_fatal,
+            )
         self.publisher = publisher
         self.health = HealthBroadcaster(resend_seconds=config.health_resend_seconds)
         self.dcgm_state = DcgmState()
@@ -280,6 +298,9 @@ class Agent:
             toolkit=ToolkitSpecs(config.toolkit_cdi_dirs),
             devices=config.devices,
             events=reader,
+            # PodGroup links (KEP-5729) are read where the claims are: from the API server.
+            pods=reader if claims is None else None,
+            metadata_dir=config.plugin_dir / "metadata" if config.device_metadata else None,
             # Only where claims are read from the API server is there one to write to.
             network=None
             if claims is not None
@@ -349,9 +370,10 @@ class Agent:
         """Swap in this pass's inventory and tell kubelet about device health."""
         for part, reason in discovery.failures.items():
             log.error("discovery failed; keeping the previous record", part=part, error=reason)
+        nvml = self.xids.apply(discovery.nvml)  # with the Xids seen: health and GpuInfo
         gpus = keep_unhealthy(
             gpu_health(
-                self.xids.apply(discovery.nvml),
+                nvml,
                 self.config.dcgm_url,
                 state=self.dcgm_state,
                 expected=nvidia_bound(discovery.accelerators),
@@ -378,7 +400,7 @@ class Agent:
                 discovery.accelerators or [],
                 config,
                 gpus,
-                gpu_info(discovery.nvml),
+                gpu_info(nvml),
                 lost=lost,
                 held=held,
                 created_mig=created_mig,

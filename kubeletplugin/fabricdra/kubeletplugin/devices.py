@@ -155,6 +155,11 @@ class GpuHealth:
     causes: tuple[str, ...] = ()
 
 
+# Xids an application causes (bad address, illegal instruction, ...): not the GPU's fault (the
+# NVIDIA device plugin's rule); health.py and xids.py use the same set.
+APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+
+
 @dataclass(frozen=True)
 class GpuInfo:
     """What NVML says about one NVIDIA GPU beyond the inventory record: the facts users of
@@ -169,6 +174,10 @@ class GpuInfo:
     addressing_mode: str | None = None  # "HMM", "ATS", "None": NVML's answer
     # The GPUs this one reaches over NVLink inside the node (discovery/nvlink.py); None: none.
     nvlink_group: str | None = None
+    # NUMA nodes of the GPU's own memory (Grace HBM); empty: none known.
+    memory_numa_nodes: tuple[int, ...] = ()
+    # Application Xids seen since boot: published as an informative taint (effect None).
+    application_xids: tuple[int, ...] = ()
     mig_capacity: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     # Each MIG instance's GPU instance placement start (memory slice), keyed by its UUID, where
     # NVML reported it (nvmlGpuInstanceGetInfo): what dynamic MIG adopts an instance at.
@@ -191,6 +200,13 @@ def gpu_info(nvml: NvmlReadings | None) -> dict[str, GpuInfo]:
             brand=g.brand,
             addressing_mode=g.addressingMode,
             nvlink_group=groups.get(bus),
+            memory_numa_nodes=tuple(sorted(set(g.memoryNumaNodes or ()))),
+            application_xids=tuple(
+                sorted(
+                    set(g.applicationXids or ())
+                    | {x for x in g.xidErrors or () if x in APPLICATION_XIDS}
+                )
+            ),
             mig_capacity={
                 m.uuid: {
                     k: v

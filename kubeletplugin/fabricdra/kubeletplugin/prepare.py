@@ -51,16 +51,17 @@ import json
 import threading
 import uuid as uuidlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
 import structlog
 
-from fabricdra.kube.rest import CLAIMS, EVENTS, ApiError
+from fabricdra.kube.rest import CLAIMS, EVENTS, PODS, ApiError
 
-from . import exclusivity, gpusharing, kinds, metrics, ncclenv
+from . import devicemetadata, exclusivity, gpusharing, kinds, metrics, ncclenv
+from .devicemetadata import Granted, MetadataFiles
 from .devices import Device, DeviceConfig, DeviceInventory
 from .dynamicmig import DynamicMig, JournalUnreadable
 from .hostdevices import DeviceNodeError, HostLayout
@@ -71,6 +72,7 @@ from .kubelet.cdi import CdiDevice, CdiSpec, CdiWriter
 from .kubelet.checkpoint import Checkpoint, ClaimEntry, PreparedRecord
 from .kubelet.claims import (
     ClaimReader,
+    api_timeout,
     drop_other_boots,
     ensure_wanted,
     read_claim,
@@ -95,6 +97,13 @@ class EventRecorder(Protocol):
         ...
 
 
+class PodReader(Protocol):
+    def read_pod(self, namespace: str, name: str, timeout: float) -> dict[str, Any]:
+        """The Pod as JSON, in one attempt within `timeout` seconds; raise when it cannot be
+        read."""
+        ...
+
+
 class ApiClaimReader:
     """Reads claims from the API server as raw JSON, not the client's models (cheaper, and
     fields newer than the client library survive), and records events about them."""
@@ -106,6 +115,9 @@ class ApiClaimReader:
     def read_claim(self, namespace: str, name: str, timeout: float) -> dict[str, Any]:
         # No retries: urllib3's default of 3 would make the timeout up to 4x as long.
         return self._rest.call("GET", CLAIMS.path(namespace, name), timeout=timeout, retries=False)
+
+    def read_pod(self, namespace: str, name: str, timeout: float) -> dict[str, Any]:
+        return self._rest.call("GET", PODS.path(namespace, name), timeout=timeout, retries=False)
 
     def warn(self, claim: dict[str, Any], reason: str, message: str, timeout: float) -> None:
         meta = claim.get("metadata") or {}
@@ -170,14 +182,24 @@ class DevicesDriver:
     dynamic_mig: DynamicMig | None = None
     # How this node offers its devices: kinds whose container edits depend on it read it.
     devices: DeviceConfig = field(default_factory=DeviceConfig)
+    # Reads the pods an RDMA claim is reserved for, for their PodGroup (KEP-5729: ncclenv);
+    # None: no PodGroup links are made.
+    pods: PodReader | None = None
+    # --device-metadata (KEP-5304): where each request's metadata file is written on the host
+    # (devicemetadata.py); None: no metadata for containers.
+    metadata_dir: Path | None = None
     # Reads happen outside the lock; resolving, the in-use check and writing inside it.
     locks_itself = True
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _metadata: MetadataFiles | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         # Entries of another boot: their containers are gone; so must their spec files be
         # (only inside our own CDI folder, whatever the checkpoint names).
         drop_other_boots(self.checkpoint, self.cdi)
+        if self.metadata_dir is not None:
+            self._metadata = MetadataFiles(self.metadata_dir, DRIVER_NAME)
+            self._metadata.keep_only(e.uid for e in self.checkpoint.entries())
 
     @property
     def driver_name(self) -> str:
@@ -190,6 +212,7 @@ class DevicesDriver:
         if done is not None:
             return done
         obj = read_claim(self.claims, claim)  # before any lock: one slow read delays no one
+        pod_groups = self._pod_groups(obj)  # also before the lock
         # The file lock too: another agent pod may serve kubelet during a rolling update.
         with self._lock, self.checkpoint.exclusive():
             ensure_wanted()
@@ -199,7 +222,9 @@ class DevicesDriver:
             grants = self.grants(claim, obj)
             self._refuse_in_use(claim, grants)
             own = [kinds.kind_of(g.device).nccl_hca(g.device) for g in grants]
-            hcas, companions = ncclenv.pod_hcas(self.checkpoint.entries(), claim.uid, obj, own)
+            hcas, companions = ncclenv.pod_hcas(
+                self.checkpoint.entries(), claim.uid, obj, own, pod_groups
+            )
             # Only a claim with placements reads the journal (an unreadable one fails them).
             placements = any(is_placement(g.device) for g in grants)
             made_before = self._mig_made(claim.uid) if placements else set()
@@ -209,9 +234,12 @@ class DevicesDriver:
                         spec, prepared = self.build(claim, grants, hcas)
                 except DeviceNodeError as e:
                     raise PrepareError(str(e)) from None
+                spec, prepared = self._with_metadata(claim, obj, grants, spec, prepared)
                 ncclenv.widen_all(companions, hcas)  # before ours is recorded: see ncclenv
-                self._record(claim, obj, grants, spec, prepared)
+                self._record(claim, obj, grants, spec, prepared, pod_groups)
             except Exception:
+                if self._metadata is not None:
+                    self._metadata.remove(claim.uid)
                 # Nothing half-made: MIG instances this call created (a claim's second
                 # placement refused, device nodes missing) go again; kubelet retries.
                 if placements:
@@ -220,6 +248,78 @@ class DevicesDriver:
         if self.network is not None:
             self.network.write(claim.namespace, claim.name, grants)
         return prepared
+
+    def _pod_groups(self, obj: dict[str, Any]) -> dict[str, str | None]:
+        """The PodGroup (`spec.schedulingGroup.podGroupName`, KEP-5729) of each pod an RDMA
+        claim is reserved for: pod name -> group name, None when the pod is in none. Only a
+        claim with an RDMA device carries an NCCL_IB_HCA list, so only such a claim's pods are
+        read; a pod that cannot be read fails the prepare (kubelet retries) rather than leave
+        a group's claim out of the pod's list."""
+        if self.pods is None:
+            return {}
+        pods = ncclenv.reserved_pods(obj)
+        if not pods or not self._has_hca(obj):
+            return {}
+        namespace = str((obj.get("metadata") or {}).get("namespace", ""))
+        out: dict[str, str | None] = {}
+        for r in pods:
+            name = str(r.get("name", ""))
+            try:
+                pod = self.pods.read_pod(namespace, name, api_timeout())
+            except ApiError as e:
+                raise PrepareError(
+                    f"cannot read pod {namespace}/{name} (the claim is reserved for it) "
+                    f"for its PodGroup: {e}"
+                ) from None
+            group = ((pod.get("spec") or {}).get("schedulingGroup") or {}).get("podGroupName")
+            out[name] = str(group) if group else None
+        return out
+
+    def _has_hca(self, obj: dict[str, Any]) -> bool:
+        """Whether an allocation result of this driver and node names an NCCL HCA (read
+        before the lock, from the current inventory)."""
+        results = (((obj.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
+            "results"
+        ) or []
+        inventory = self.inventory()
+        for r in results:
+            if r.get("driver") != self.driver_name or r.get("pool") != self.node_name:
+                continue
+            device = inventory.get(str(r.get("device")))
+            if device is not None and kinds.kind_of(device).nccl_hca(device):
+                return True
+        return False
+
+    def _with_metadata(
+        self,
+        claim: ClaimRef,
+        obj: dict[str, Any],
+        grants: Sequence[Grant],
+        spec: CdiSpec | None,
+        prepared: list[PreparedDevice],
+    ) -> tuple[CdiSpec | None, list[PreparedDevice]]:
+        """With --device-metadata (KEP-5304): each request's metadata file written, and one
+        CDI device per request that mounts it, included by every device of the request."""
+        if self._metadata is None:
+            return spec, prepared
+        by_request: dict[str, list[Granted]] = {}
+        for g in grants:
+            by_request.setdefault(g.request, []).append(Granted(g.device_name, g.device))
+        devices = list(spec.devices) if spec is not None else []
+        ids: dict[str, str] = {}
+        for request, granted in by_request.items():
+            doc = devicemetadata.document(DRIVER_NAME, self.node_name, obj, request, granted)
+            self._metadata.write(claim.uid, request, doc)
+            name = devicemetadata.device_name(request, claim.uid)
+            devices.append(CdiDevice(name, self._metadata.edits(obj, claim.uid, request)))
+            ids[request] = self.cdi.device_id(name)
+        out = [
+            replace(p, cdi_device_ids=(*p.cdi_device_ids, ids[p.request_names[0]]))
+            if p.request_names and p.request_names[0] in ids
+            else p
+            for p in prepared
+        ]
+        return CdiSpec(kind=self.cdi.kind, devices=tuple(devices)), out
 
     def _mig_made(self, claim_uid: str, created: bool = False) -> set[str]:
         """The devices the journal names for this claim (`created`: only those whose
@@ -269,13 +369,10 @@ class DevicesDriver:
         grants: Sequence[Grant],
         spec: CdiSpec | None,
         prepared: Sequence[PreparedDevice],
+        pod_groups: dict[str, str | None] | None = None,
     ) -> None:
         path = self.cdi.path_for(claim.uid)
-        consumers = tuple(
-            str(r["uid"])
-            for r in (obj.get("status") or {}).get("reservedFor") or []
-            if isinstance(r, dict) and r.get("uid")
-        )
+        consumers = ncclenv.consumers(obj, pod_groups or {})
         entry = ClaimEntry(
             uid=claim.uid,
             namespace=claim.namespace,
@@ -486,6 +583,8 @@ class DevicesDriver:
             if entry is not None:
                 remove_recorded_specs(entry, self.cdi)
             self.cdi.remove(claim.uid)  # its own spec name, also without a checkpoint entry
+            if self._metadata is not None:
+                self._metadata.remove(claim.uid)
             if self.dynamic_mig is not None:
                 # Only instances the journal says this claim had created; adopted ones never.
                 try:

@@ -35,6 +35,7 @@ from .base import (
     Value,
     Version,
     causes_value,
+    numa_value,
     pci_values,
 )
 
@@ -264,7 +265,15 @@ def accelerator_values(device: Device) -> list[tuple[str, Value]]:
         ("architecture", info.architecture if info else None),
         ("brand", info.brand if info else None),
         ("addressingMode", info.addressing_mode if info else None),
-        *pci_values(acc.topology, acc.pciBusId, acc.numaNode),
+        # A whole GPU's memory NUMA nodes (Grace) join its CPU's node; a MIG instance's memory
+        # is one part of it, so it keeps the CPU's node alone (never a node it may not use).
+        *pci_values(
+            acc.topology,
+            acc.pciBusId,
+            numa_value(
+                acc.numaNode, info.memory_numa_nodes if info and not mig and not placement else ()
+            ),
+        ),
         ("vendor", acc.vendor),
         ("deviceClass", _device_class(acc, mig, placement)),
         ("productName", (mig.name if mig else None) or _placement_product(acc, placement)),
