@@ -31,6 +31,7 @@ MODULES = {
     "dra_v1": "dra/v1",
     "dra_v1beta1": "dra/v1beta1",
     "dra_health_v1alpha1": "dra-health/v1alpha1",
+    "dra_health_v1": "dra-health/v1",
 }
 
 GEN_INIT = '"""Generated from proto/upstream by proto/generate.py; do not edit."""\n'

@@ -35,6 +35,11 @@ k8s_version=$(cd "$here/kubernetes" && go list -m -f '{{.Version}}' k8s.io/kuber
 CACHE=${FABRICDRA_CACHE:-$HOME/.cache/fabricdra}
 BIN="$CACHE/k8s-$k8s_version/bin"
 mkdir -p "$BIN"
+# One build at a time per cache: test sessions started together (each fixture builds what is
+# missing) built the same binary into the same temporary file, and the slower one's `mv`
+# failed ("cannot stat .kube-apiserver.tmp"). The second waits, then reuses what the first built.
+exec 9>"$CACHE/.build.lock"
+flock 9
 export GOTOOLCHAIN=${GOTOOLCHAIN:-local} GOFLAGS=-mod=readonly
 log() { printf '[build.sh %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
@@ -43,8 +48,8 @@ log() { printf '[build.sh %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 build_tool() {
   [ -x "$BIN/$3" ] && return 0
   log "building $3 ($2)"
-  (cd "$1" && CGO_ENABLED=0 go build -trimpath -ldflags "${4:--s -w}" -o "$BIN/.$3.tmp" "$2")
-  mv "$BIN/.$3.tmp" "$BIN/$3"
+  (cd "$1" && CGO_ENABLED=0 go build -trimpath -ldflags "${4:--s -w}" -o "$BIN/.$3.tmp.$$" "$2")
+  mv "$BIN/.$3.tmp.$$" "$BIN/$3"
 }
 
 # Kubernetes, with the version stamped the way hack/lib/version.sh stamps it.

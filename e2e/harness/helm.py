@@ -8,7 +8,9 @@ chart.install(kubeconfig, namespace, values=...)  # helm upgrade --install --wai
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +22,48 @@ from e2e.harness.errors import HarnessError
 CHART_DIR = Path(__file__).resolve().parents[2] / "charts" / "fabricdra"
 # Rendering needs a cluster version; ours is the pinned one (the chart requires >= 1.34).
 KUBE_VERSION = binaries.kubernetes_version()
+# The last commit whose chart was 0.1.0, the version before the chart was versioned: what an
+# upgrade test upgrades from.
+PREVIOUS_CHART = "4fc26846819e62d997da06d562e42cea05f256b2"
+
+
+def chart_at(rev: str, dest: Path) -> Path:
+    """The chart as commit `rev` of this repository had it, unpacked under `dest`."""
+    repo = CHART_DIR.parents[1]
+    archive = subprocess.run(
+        ["git", "-C", str(repo), "archive", rev, "charts/fabricdra"],
+        capture_output=True,
+        check=False,
+    )
+    if archive.returncode != 0:
+        raise HarnessError(f"git archive {rev} failed: {archive.stderr.decode().strip()}")
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    return dest / "charts" / "fabricdra"
+
+
+# What every install by the harness says, as an operator's values file would: its nodes run
+# no device plugin (the chart refuses to offer devices without it; docs/coexistence.md).
+BASE_VALUES: dict[str, Any] = {"devicePlugins": {"absent": True}}
+
+
+def merged(base: dict[str, Any], values: dict[str, Any] | None) -> dict[str, Any]:
+    """`values` over `base`, maps merged key by key (as helm merges values files)."""
+    out = dict(base)
+    for k, v in (values or {}).items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = merged(out[k], v)
+        else:
+            out[k] = v
+    return out
 
 
 class Chart:
-    def __init__(self, chart_dir: Path = CHART_DIR) -> None:
+    def __init__(
+        self, chart_dir: Path = CHART_DIR, *, base_values: dict[str, Any] | None = None
+    ) -> None:
+        """`base_values`: under every call's values (default BASE_VALUES; {} for none)."""
         self.chart_dir = chart_dir
+        self.base_values = BASE_VALUES if base_values is None else base_values
         self.helm = binaries.ensure(binaries.HELM, helm=True) / "helm"
 
     def run(self, *args: str, check: bool = True, timeout: float = 600) -> str:
@@ -39,10 +78,17 @@ class Chart:
 
     def _values(self, values: dict[str, Any] | None) -> list[str]:
         # --set-json per top-level key: exact types, no helm --set string parsing.
-        return [f"--set-json={k}={json.dumps(v)}" for k, v in (values or {}).items()]
+        values = merged(self.base_values, values)
+        return [f"--set-json={k}={json.dumps(v)}" for k, v in values.items()]
 
     def lint(self) -> str:
-        return self.run("lint", "--strict", f"--kube-version={KUBE_VERSION}", str(self.chart_dir))
+        return self.run(
+            "lint",
+            "--strict",
+            f"--kube-version={KUBE_VERSION}",
+            *self._values(None),
+            str(self.chart_dir),
+        )
 
     def render(
         self,
@@ -72,6 +118,27 @@ class Chart:
     ) -> list[dict[str, Any]]:
         rendered = self.render(values, namespace=namespace, kube_version=kube_version)
         return [d for d in yaml.safe_load_all(rendered) if d]
+
+    def notes(
+        self, values: dict[str, Any] | None = None, *, namespace: str = "fabricdra-system"
+    ) -> str:
+        """templates/NOTES.txt as `helm install` would print it. `helm template` renders no
+        notes, so a copy of the chart carries the same text as a named template, rendered
+        into a ConfigMap."""
+        with tempfile.TemporaryDirectory() as tmp:
+            copy = Path(tmp) / "fabricdra"
+            shutil.copytree(self.chart_dir, copy)
+            text = (copy / "templates" / "NOTES.txt").read_text()
+            (copy / "templates" / "_notes.tpl").write_text(
+                '{{- define "harness.notes" -}}\n' + text + "{{- end }}\n"
+            )
+            (copy / "templates" / "harness-notes.yaml").write_text(
+                "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: harness-notes}\n"
+                'data: {notes: {{ include "harness.notes" . | quote }}}\n'
+            )
+            docs = Chart(copy).template(values, namespace=namespace)
+        (found,) = [d for d in docs if d["metadata"]["name"] == "harness-notes"]
+        return str(found["data"]["notes"])
 
     def install(
         self,
@@ -130,7 +197,7 @@ def harness_values(
         "node": {"hostNetwork": True, "deviceNodeLabels": []},
         "controller": {"hostNetwork": True, "replicas": 1},
         "cleanup": {"hostNetwork": True},
-        # The made-up node has no GPU or RDMA tools (and no verification image is built here):
-        # the active probes off, so its devices verify on the probes that read files.
-        "verification": {"activeProbes": False},
+        # No verification image is built here: with the default `verification.activeProbes:
+        # auto` the active probes are then off, and the made-up node's devices verify on the
+        # probes that read files, as on a newcomer's first install.
     }

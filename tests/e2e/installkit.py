@@ -73,9 +73,10 @@ def own_slices(api: client.ApiClient, node: str) -> list[Any]:
 
 
 def offered_untainted(api: client.ApiClient, node: str) -> list[Any] | None:
-    """The node's devices once every one is offered without a taint (verification passed)."""
+    """The node's devices once every one is offered without a taint that blocks (verification
+    passed; an informative `None` taint, health Unknown, blocks nothing)."""
     devices = [d for s in own_slices(api, node) for d in s.spec.devices or []]
-    if not devices or any(d.taints for d in devices):
+    if not devices or any(t.effect != "None" for d in devices for t in d.taints or []):
         return None
     return devices
 
@@ -112,3 +113,19 @@ def wait_running(core: client.CoreV1Api, ns: str, name: str) -> Any:
         return pod if pod.status.phase == "Running" else None
 
     return wait_for(running, timeout=120, what=f"pod {ns}/{name} to run")
+
+
+def gpu_claim(
+    name: str, expression: str | None = None, capacity: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """A claim for one GPU of class gpu.fabricdra.io, with a CEL selector and capacity
+    requests where given (as users write them)."""
+    exactly: dict[str, Any] = {"deviceClassName": "gpu.fabricdra.io"}
+    if expression is not None:
+        exactly["selectors"] = [{"cel": {"expression": expression}}]
+    if capacity is not None:
+        exactly["capacity"] = {"requests": capacity}
+    return {
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}},
+    }

@@ -150,10 +150,10 @@ def test_helm_upgrade_keeps_running_claims_and_new_pods_start(installed: Install
         core.delete_namespace(ns)
 
     assert ds.spec.template.spec.containers[0].args[0] == "--log-level=debug"
-    # The roll surged (maxSurge 1): the old pod exited only after the new one was Ready, and
-    # its exit removed its own sockets only. The new pod's containers never restarted, so the
-    # sockets they made at start are the ones still there.
-    assert ds.spec.update_strategy.rolling_update.max_surge == 1
+    # The roll surged (maxSurge 10%: this one node): the old pod exited only after the new one
+    # was Ready, and its exit removed its own sockets only. The new pod's containers never
+    # restarted, so the sockets they made at start are the ones still there.
+    assert ds.spec.update_strategy.rolling_update.max_surge == "10%"
     assert all(c.restart_count == 0 for c in new.status.container_statuses)
     assert sockets == _expected_sockets(installed, new.metadata.uid)
     assert old.metadata.uid != new.metadata.uid

@@ -148,6 +148,23 @@ def test_domain_pods_share_the_node_and_a_second_domain_waits_for_it(
                 timeout=120,
                 what="the first domain Ready (its IMEX daemon reporting ready)",
             )
+            # Its probes run in the product image (issue 29, point 11): the startup probe
+            # (its loop's heartbeat file) passed, then readiness (IMEX READY: here "no
+            # fabric", ready) made the container ready.
+            selector = f"{cd.DOMAIN_LABEL}={first['metadata']['uid']}"
+            daemon = wait_for(
+                lambda: next(
+                    (
+                        st
+                        for p in core.list_namespaced_pod(NAMESPACE, label_selector=selector).items
+                        for st in p.status.container_statuses or []
+                        if st.started and st.ready
+                    ),
+                    None,
+                ),
+                timeout=120,
+                what="the IMEX daemon container started and ready",
+            )
 
             second = create_domain(rest, ns, "second")
             domain_pod(core, ns, "b1", "second")
@@ -185,6 +202,10 @@ def test_domain_pods_share_the_node_and_a_second_domain_waits_for_it(
         ), name
     assert held == first["metadata"]["uid"]
     assert len(daemons.items) == 1  # managed mode: the domain's IMEX DaemonSet
+    probes = daemons.items[0].spec.template.spec.containers[0]
+    assert probes.startup_probe is not None
+    assert probes.liveness_probe is not None
+    assert daemon.started
     assert condition_true(ready, cd.DAEMONS_READY)
     daemons_ready = next(c for c in ready["status"]["conditions"] if c["type"] == cd.DAEMONS_READY)
     assert daemons_ready["reason"] == "NoFabric"

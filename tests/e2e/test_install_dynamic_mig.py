@@ -157,7 +157,8 @@ def gpu_devices(api: client.ApiClient, node: str) -> dict[str, Any]:
         for d in s.spec.devices or []
         if d.attributes.get("type") and d.attributes["type"].string in ("gpu", "mig")
     }
-    if not devices or any(d.taints for d in devices.values()):
+    # An informative taint (effect None: health Unknown) blocks nothing.
+    if not devices or any(t.effect != "None" for d in devices.values() for t in d.taints or []):
         return {}
     return devices
 

@@ -18,6 +18,7 @@ import yaml
 from kubernetes import client
 
 from e2e.harness.controlplane import wait_for
+from e2e.harness.images import TEST_IMAGE
 from fabricdra.kubeletplugin.healthevents import COMPONENT as HEALTH_COMPONENT
 from fabricdra.kubeletplugin.kubelet import PluginPaths
 from tests.e2e.installkit import (
@@ -332,6 +333,92 @@ def test_a_link_going_down_taints_the_device_and_the_running_pod_keeps_it(
     assert "(taint fabricdra.io/unhealthy=rdma-link-down)" in down.message
     up = next(e for e in events if e.reason == "DeviceHealthy")
     assert up.message.startswith(f"device {name} (rdma) is Healthy, was Unhealthy")
+
+
+# -- issue 32 point 1: device health in the pod's status -----------------------------------
+
+
+def _pod_health(api: client.ApiClient, ns: str, pod: str, device: str) -> str | None:
+    """The health kubelet shows for `device` in the pod's
+    `status.containerStatuses[].allocatedResourcesStatus` (ResourceHealthStatus, on by default
+    in 1.36), read from the pod's JSON (the field is newer than the client's models). kubelet
+    names a device by its first CDI id (`…/device=<device>-<claim uid>`) when it has one."""
+    raw = client.CoreV1Api(api).read_namespaced_pod(pod, ns, _preload_content=False)
+    status = json.loads(raw.data).get("status") or {}
+    for c in status.get("containerStatuses") or []:
+        for entry in c.get("allocatedResourcesStatus") or []:
+            for r in entry.get("resources") or []:
+                rid = str(r.get("resourceID", ""))
+                if rid.endswith(f"/{device}") or f"={device}-" in rid:
+                    return str(r.get("health", ""))
+    return None
+
+
+def test_a_devices_health_reaches_the_pods_status(installed: Installed) -> None:
+    """The health stream on a 1.36 kubelet: the registration advertises `v1.DRAResourceHealth`
+    (1.37) before `v1alpha1.DRAResourceHealth`; this kubelet knows only v1alpha1 and takes
+    it. A NIC's link goes down under a running pod: kubelet shows the device Unhealthy in the
+    pod's allocatedResourcesStatus, and Healthy again once the link is back. The claim comes
+    from a template: kubelet 1.36 finds a container's claim for this status only through the
+    pod's `status.resourceClaimStatuses`, which only generated claims have."""
+    node = installed.cluster.node_name
+    with namespace(installed, "health") as (api, ns):
+        resource, core = client.ResourceV1Api(api), client.CoreV1Api(api)
+        wait_for(lambda: offered_untainted(api, node), timeout=120, what="untainted devices")
+        template = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "nic"},
+            "spec": {"spec": claim("nic", "rdma.fabricdra.io")["spec"]},
+        }
+        resource.create_namespaced_resource_claim_template(ns, template)
+        pod = {
+            "metadata": {"name": "p"},
+            "spec": {
+                "restartPolicy": "Never",
+                "resourceClaims": [{"name": "dev", "resourceClaimTemplateName": "nic"}],
+                "containers": [
+                    {
+                        "name": "c",
+                        "image": TEST_IMAGE,
+                        "imagePullPolicy": "Never",
+                        "command": ["sh", "-c", "sleep 3600"],
+                        "resources": {"claims": [{"name": "dev"}]},
+                    }
+                ],
+            },
+        }
+        core.create_namespaced_pod(ns, pod)
+        running = wait_running(core, ns, "p")
+        (generated,) = [s.resource_claim_name for s in running.status.resource_claim_statuses]
+        name = allocated_device(api, ns, generated)
+        healthy = wait_for(
+            lambda: _pod_health(api, ns, "p", name) == "Healthy",
+            timeout=120,
+            what=f"{name} Healthy in the pod's allocatedResourcesStatus",
+        )
+        rdma_device = next(
+            d.attributes["rdmaDevice"].string
+            for s in own_slices(api, node)
+            for d in s.spec.devices or []
+            if d.name == name
+        )
+        files = _link_files(installed, rdma_device)
+        try:
+            _write_down(files)
+            sick = wait_for(
+                lambda: _pod_health(api, ns, "p", name) == "Unhealthy",
+                timeout=120,
+                what=f"{name} Unhealthy in the pod's allocatedResourcesStatus",
+            )
+        finally:
+            _restore(files)
+        healed = wait_for(
+            lambda: _pod_health(api, ns, "p", name) == "Healthy",
+            timeout=120,
+            what=f"{name} Healthy again in the pod's allocatedResourcesStatus",
+        )
+    assert (healthy, sick, healed) == (True, True, True)
 
 
 # -- scenario 6: the agent killed during a prepare -----------------------------------------

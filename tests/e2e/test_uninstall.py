@@ -1,5 +1,5 @@
-"""In-cluster scenario 8 of the install: `helm uninstall` leaves nothing fabricdra made but the
-CRDs it keeps (`crds.keep`).
+"""In-cluster scenario 8 of the install: `helm uninstall` leaves nothing the release made but the
+CRDs it keeps (`crds.keep`), and keeps what the user made: the ComputeDomain, released.
 
 The release is installed (`installed`), a ComputeDomain with a running pod makes the controller
 create its objects and hold the node, then the release is uninstalled and every kind fabricdra
@@ -140,9 +140,15 @@ def test_helm_uninstall_leaves_nothing_fabricdra_made(installed: Installed) -> N
             # helm --wait returns once its own objects are gone; pods of its DaemonSets may still
             # be terminating. What is left after that is what the assertion below lists.
             with contextlib.suppress(AssertionError):
-                wait_for(lambda: set(leftovers(rest)) <= {"crds"}, timeout=60, what="nothing left")
+                wait_for(
+                    lambda: set(leftovers(rest)) <= {"crds", "computedomains"},
+                    timeout=60,
+                    what="nothing left but the CRDs and the user's domain",
+                )
             after = leftovers(rest)
             namespace_left = names(rest, CLAIM_TEMPLATES, ns)
+            kept = rest.get_or_none(COMPUTE_DOMAINS, "job", ns) or {"metadata": {}}
+            kept_finalizers = kept["metadata"].get("finalizers") or []
         finally:
             # A failure must not leave the node held for the next scenario.
             with contextlib.suppress(Exception):
@@ -161,7 +167,8 @@ def test_helm_uninstall_leaves_nothing_fabricdra_made(installed: Installed) -> N
     assert before["computedomains"] == [f"{ns}/job"]
     assert before["crds"]
     assert before["clusterroles"]
-    # The CRDs alone stay (crds.keep, the default: deleting a CRD deletes every object of its
-    # kind); every ComputeDomain and NodeDevices object is gone all the same.
-    assert after == {"crds": before["crds"]}
+    # The CRDs stay (crds.keep, the default) and the user's ComputeDomain with them, released:
+    # nothing the release made for it is left, and no finalizer waits on a controller.
+    assert after == {"crds": before["crds"], "computedomains": [f"{ns}/job"]}
+    assert cd.FINALIZER not in kept_finalizers
     assert namespace_left == []

@@ -205,6 +205,7 @@ def allocate_claim(
     name: str,
     *,
     binding_conditions: bool = False,
+    allocated_at: float | None = None,
 ) -> ClaimRef:
     """A claim made from `template` and allocated on `node`, as the KCM's claim controller and
     kube-scheduler would make it (for tests that run without them)."""
@@ -213,12 +214,21 @@ def allocate_claim(
         "spec": template["spec"]["spec"],
     }
     created = rest.create(CLAIMS, body, ns)
-    allocate(rest, ns, name, node, binding_conditions=binding_conditions)
+    allocate(rest, ns, name, node, binding_conditions=binding_conditions, at=allocated_at)
     return ClaimRef(ns, name, created["metadata"]["uid"])
 
 
-def allocate(rest: Rest, ns: str, name: str, node: str, *, binding_conditions: bool) -> None:
-    """Allocate the existing claim `name` on `node`, as kube-scheduler would."""
+def allocate(
+    rest: Rest,
+    ns: str,
+    name: str,
+    node: str,
+    *,
+    binding_conditions: bool,
+    at: float | None = None,
+) -> None:
+    """Allocate the existing claim `name` on `node`, as kube-scheduler would (its
+    `allocationTimestamp` now, or `at`, epoch seconds: a claim allocated that long ago)."""
     spec = rest.get(CLAIMS, name, ns)["spec"]
     request = spec["devices"]["requests"][0]
     device = cd.CHANNEL_DEVICE if request["name"] == "channel" else cd.DAEMON_DEVICE
@@ -240,7 +250,7 @@ def allocate(rest: Rest, ns: str, name: str, node: str, *, binding_conditions: b
                 {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
             ]
         },
-        "allocationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "allocationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at)),
     }
     rest.patch(
         CLAIMS,

@@ -18,6 +18,11 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="session")
 def installed(control_plane: ControlPlane) -> None:
     """The NodeDevices CRD and the DeviceClasses, applied as a deployment would."""
+    install(control_plane)
+
+
+def install(control_plane: ControlPlane) -> None:
+    """Apply the NodeDevices CRD and the DeviceClasses to `control_plane`."""
     with control_plane.api_client() as api:
         ext = client.ApiextensionsV1Api(api)
         try:

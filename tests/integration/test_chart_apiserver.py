@@ -137,14 +137,70 @@ def _wait_for_policies(cp: ControlPlane, inst: Installed) -> None:
 def test_every_rendered_manifest_passes_server_side_dry_run(control_plane: ControlPlane) -> None:
     ns = f"fdra-dry-{uuid.uuid4().hex[:6]}"
     control_plane.create_namespace(ns)
-    for values in ({}, {"gpus": {"enabled": False}, "rdma": {"mode": "shared"}}):
+    # The third: the lifecycle values (issue 30 points 2, 8, 9) as the API server takes them
+    # (the ServiceMonitor needs the Prometheus Operator's CRD, not installed here).
+    lifecycle = {
+        "fullnameOverride": "acme",
+        "image": {"digest": "sha256:" + "ab" * 32},
+        "podAnnotations": {"example.com/owner": "gpu-team"},
+        "podLabels": {"team": "gpu"},
+        "serviceAccount": {"annotations": {"example.com/role": "arn:x"}},
+        "networkPolicy": {
+            "enabled": True,
+            "metricsFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}],
+        },
+        "node": {"maxSurge": 0, "maxUnavailable": "5%"},
+        "controller": {"replicas": 3, "podDisruptionBudget": {"minAvailable": "50%"}},
+    }
+    for values, stem in (
+        ({}, "fabricdra"),
+        ({"gpus": {"enabled": False}, "rdma": {"mode": "shared"}}, "fabricdra"),
+        (lifecycle, "acme"),
+    ):
         manifests = Chart().render(values, namespace=ns)
         done = _kubectl(
             control_plane, "apply", "--server-side", "--dry-run=server", "-f", "-", stdin=manifests
         )
         assert done.returncode == 0, done.stderr
         assert "DaemonSet" not in done.stderr
-        assert "daemonset.apps/fabricdra-node serverside-applied (server dry run)" in done.stdout
+        assert f"daemonset.apps/{stem}-node serverside-applied (server dry run)" in done.stdout
+    assert "networkpolicy.networking.k8s.io/acme-controller serverside-applied" in done.stdout
+    assert "poddisruptionbudget.policy/acme-controller serverside-applied" in done.stdout
+
+
+@pytest.mark.parametrize(
+    "node",
+    [
+        {"maxSurge": 1, "maxUnavailable": 1},
+        {"maxSurge": 0, "maxUnavailable": 0},
+        {"maxSurge": "150%", "maxUnavailable": 0},
+        {"maxSurge": -1, "maxUnavailable": 0},
+        {"maxSurge": "abc", "maxUnavailable": 0},
+    ],
+)
+def test_the_rollouts_the_schema_refuses_are_those_the_api_server_rejects(
+    control_plane: ControlPlane, node: dict[str, Any]
+) -> None:
+    """values.schema.json mirrors the API server's DaemonSet validation: each rollout the
+    schema refuses (tests/unit/test_chart_lifecycle.py), rendered past the schema, is rejected
+    by the server, which helm would only have met part way through an upgrade."""
+    chart = Chart()
+    ns = f"fdra-roll-{uuid.uuid4().hex[:6]}"
+    control_plane.create_namespace(ns)
+    manifests = chart.run(
+        "template",
+        "fabricdra",
+        str(chart.chart_dir),
+        f"--namespace={ns}",
+        "--skip-schema-validation",
+        "--show-only=templates/node-daemonset.yaml",
+        f"--set-json=node={json.dumps(node)}",
+    )
+    done = _kubectl(
+        control_plane, "apply", "--server-side", "--dry-run=server", "-f", "-", stdin=manifests
+    )
+    assert done.returncode != 0, done.stdout
+    assert "spec.updateStrategy.rollingUpdate" in done.stderr
 
 
 def _token(cp: ControlPlane, ns: str, pod: dict[str, Any] | None, sa: str = NODE_SA) -> str:

@@ -609,50 +609,56 @@ def test_an_incomplete_gang_is_released_after_the_timeout(
             assert cd.ADMITTED_CONDITION not in _conds(rest, ns, claim)
 
 
-def test_a_gang_waiting_at_binding_across_a_leader_change_is_timed_out_by_the_new_leader(
-    control_plane: ControlPlane, rest: Rest
+def _replica(
+    cp: ControlPlane, driver_ns: str, lease: str, identity: str, gang_timeout: float
+) -> Controller:
+    """One controller replica of a pair sharing the Lease `lease`."""
+    cfg = ControllerConfig(
+        namespace=driver_ns,
+        daemon=DaemonSettings(namespace=driver_ns),
+        resync_seconds=5.0,
+        lease_name=lease,
+        identity=identity,
+        gang_timeout_seconds=gang_timeout,
+    )
+    return Controller(cp.api_client(), cfg)
+
+
+def _gang_released_by_the_new_leader(
+    cp: ControlPlane, rest: Rest, name: str, new_timeout: float, allocated_at: float | None
 ) -> None:
-    """The gang timer lives in the leader's memory: a leader that goes while a gang waits at
-    binding takes its timer with it. The new leader starts one of its own for the held claims
-    (the gang waits up to one more timeout), so the gang is released, never held for ever.
-    The first leader's timeout is longer than the test, so the release can only be the new
-    leader's."""
-    ns, driver_ns = new_namespace(control_plane, "cd-gangha"), unique("cd-system")
-    nodes = [unique("gang-ha"), unique("gang-ha"), unique("gang-ha")]
+    """A gang of 3 with claims allocated (at `allocated_at`, epoch seconds; None: now) on two
+    nodes, held by a first leader whose own timeout is longer than the test; that leader
+    goes (a clean hand-over), and the new one, with `new_timeout`, must release both claims
+    with GangTimeout within the test's waits."""
+    ns, driver_ns = new_namespace(cp, f"cd-{name}"), unique("cd-system")
+    nodes = [unique(f"gang-{name}") for _ in range(3)]
     for n in nodes:
-        create_plugin_node(control_plane, n, "fabric-gangha")
+        create_plugin_node(cp, n, f"fabric-{name}")
     lease = unique("cd-lease")
-
-    def replica(identity: str, gang_timeout: float) -> Controller:
-        cfg = ControllerConfig(
-            namespace=driver_ns,
-            daemon=DaemonSettings(namespace=driver_ns),
-            resync_seconds=5.0,
-            lease_name=lease,
-            identity=identity,
-            gang_timeout_seconds=gang_timeout,
-        )
-        return Controller(control_plane.api_client(), cfg)
-
-    first, second = replica("one", 3600.0), replica("two", 3.0)
+    first = _replica(cp, driver_ns, lease, "one", 3600.0)
+    second = _replica(cp, driver_ns, lease, "two", new_timeout)
     first.start()
     try:
         assert first.elector is not None
         assert first.elector.leading.wait(30)
         second.start()
-        rest.create(COMPUTE_DOMAINS, domain_body("ha", mode="host", num_nodes=3), ns)
-        template = _workload_template(rest, _wait_channel(rest, ns, "ha"))
-        for i, n in enumerate(nodes[:2]):
-            allocate_claim(rest, ns, template, n, f"h{i}", binding_conditions=True)
+        rest.create(COMPUTE_DOMAINS, domain_body(name, mode="host", num_nodes=3), ns)
+        template = _workload_template(rest, _wait_channel(rest, ns, name))
+        claims = [f"{name}{i}" for i in range(2)]
+        for claim, n in zip(claims, nodes, strict=False):
+            allocate_claim(
+                rest, ns, template, n, claim, binding_conditions=True, allocated_at=allocated_at
+            )
         wait_for(
-            lambda: len(rest.get(COMPUTE_DOMAINS, "ha", ns)["status"].get("nodes") or []) == 2,
+            lambda: len(rest.get(COMPUTE_DOMAINS, name, ns)["status"].get("nodes") or []) == 2,
             what="both nodes held by the first leader",
         )
-        assert all(cd.CONFLICT_CONDITION not in _conds(rest, ns, f"h{i}") for i in range(2))
+        assert all(cd.CONFLICT_CONDITION not in _conds(rest, ns, c) for c in claims)
         first.stop()  # releases the Lease: the standby takes over at once
         assert second.elector is not None
         assert second.elector.leading.wait(30)
-        for claim in ("h0", "h1"):
+        for claim in claims:
             released = wait_for(
                 lambda claim=claim: _conds(rest, ns, claim).get(cd.CONFLICT_CONDITION),
                 what=f"{claim} released by the new leader",
@@ -662,6 +668,29 @@ def test_a_gang_waiting_at_binding_across_a_leader_change_is_timed_out_by_the_ne
     finally:
         first.stop()
         second.stop()
+
+
+def test_a_gang_waiting_at_binding_across_a_leader_change_is_timed_out_by_the_new_leader(
+    control_plane: ControlPlane, rest: Rest
+) -> None:
+    """A leader that goes while a gang waits at binding: the new leader releases the gang
+    (its timer runs from the claims' allocation time, the next test), never holds it for
+    ever. The first leader's timeout is longer than the test, so the release can only be
+    the new leader's."""
+    _gang_released_by_the_new_leader(control_plane, rest, "ha", 3.0, None)
+
+
+def test_a_gang_timer_runs_from_its_claims_allocation_not_from_the_leader_change(
+    control_plane: ControlPlane, rest: Rest
+) -> None:
+    """Issue 29, point 7: the gang timer starts from the claims' allocation time, which the
+    claims record (`status.allocation.allocationTimestamp`), so a failover does not restart
+    it. The gang's claims were allocated 200 s ago and held by the first leader (whose own
+    timeout is longer than the test); the new leader's timeout is 120 s, already past for
+    them: it releases them at once. A timer restarted at the takeover would hold them for
+    120 s more (beyond this test's 60 s waits): one late failover after another would keep
+    a gang past kube-scheduler's binding timeout (600 s) without ever releasing it."""
+    _gang_released_by_the_new_leader(control_plane, rest, "ts", 120.0, time.time() - 200)
 
 
 # -- point 13: the size limit comes from the fabric -------------------------------------------

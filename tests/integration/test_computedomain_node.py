@@ -195,6 +195,26 @@ def test_prepare_injects_exactly_the_domains_channel(
             wait_gone(lambda name=name: rest.get_or_none(COMPUTE_DOMAINS, name, ns), name)
 
 
+def _plugin(
+    cp: ControlPlane, node: str, roots: dict[str, Path], tmp_path: Path
+) -> ComputeDomainPlugin:
+    """The compute-domain plugin of `node` (not serving: prepare is called directly), with a
+    short IMEX wait and no host report."""
+    return ComputeDomainPlugin(
+        PluginConfig(
+            node_name=node,
+            cdi_dir=roots["cdi"],
+            plugin_dir=roots["plugin"],
+            registry_dir=tmp_path / "registry",
+            proc_root=roots["proc"],
+            dev_root=roots["dev"],
+            imex_wait_seconds=1.0,
+            host_imex_interval=0,
+        ),
+        cp.api_client(),
+    )
+
+
 def test_the_plugin_follows_its_nodes_fabric_label_for_the_imex_gate(
     control_plane: ControlPlane, roots: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -209,19 +229,7 @@ def test_the_plugin_follows_its_nodes_fabric_label_for_the_imex_gate(
     control_plane.create_namespace(ns)
     node = unique("fresh")
     create_plugin_node(control_plane, node)  # no fabric label yet: the agent has not run
-    plugin = ComputeDomainPlugin(
-        PluginConfig(
-            node_name=node,
-            cdi_dir=roots["cdi"],
-            plugin_dir=roots["plugin"],
-            registry_dir=tmp_path / "registry",
-            proc_root=roots["proc"],
-            dev_root=roots["dev"],
-            imex_wait_seconds=1.0,
-            host_imex_interval=0,
-        ),
-        control_plane.api_client(),
-    )
+    plugin = _plugin(control_plane, node, roots, tmp_path)
     # The devices agent's first pass: the node's NVLink fabric domain.
     rest.patch(NODES, node, {"metadata": {"labels": {labels.FABRIC_DOMAIN: unique("rack")}}})
     with running_controller(control_plane, driver_ns):
@@ -235,6 +243,56 @@ def test_the_plugin_follows_its_nodes_fabric_label_for_the_imex_gate(
         assert plugin.driver.checkpoint.get(ref.uid) is None
         rest.delete(COMPUTE_DOMAINS, "fresh", ns)
         wait_gone(lambda: rest.get_or_none(COMPUTE_DOMAINS, "fresh", ns), "fresh")
+
+
+def test_the_imex_gate_follows_the_domains_row_when_the_fabric_label_drops(
+    control_plane: ControlPlane, roots: dict[str, Path], tmp_path: Path
+) -> None:
+    """Issue 29, point 8. The gate followed the node's fabric label: when discovery dropped
+    the label (one GPU lost its fabric registration), prepare saw "no fabric" and let the
+    workload start though the node's row in the domain (the clique its IMEX ensemble was
+    formed in, kept while held) said IMEX was not ready. It gates on the row: with the label
+    gone, prepare still refuses until the row is ready, then prepares."""
+    rest = Rest(control_plane.api_client())
+    install_crd(rest)
+    ns, driver_ns = unique("cd-row"), unique("cd-system")
+    control_plane.create_namespace(ns)
+    node, rack = unique("tray"), unique("rack")
+    create_plugin_node(control_plane, node, fabric=rack)
+    plugin = _plugin(control_plane, node, roots, tmp_path)
+    with running_controller(control_plane, driver_ns):
+        rest.create(COMPUTE_DOMAINS, domain_body("row", rct="row-imex"), ns)
+        template = wait_for(
+            lambda: rest.get_or_none(CLAIM_TEMPLATES, "row-imex", ns), what="template"
+        )
+        ref = allocate_claim(rest, ns, template, node, "row-0")
+
+        def row() -> dict[str, object] | None:
+            rows = rest.get(COMPUTE_DOMAINS, "row", ns).get("status", {}).get("nodes") or []
+            return next((r for r in rows if r["name"] == node), None)
+
+        wait_for(lambda: (r := row()) is not None and r["fabricDomain"] == rack, what="row")
+        # Discovery drops the label; the held node keeps its row (and clique), not ready.
+        rest.patch(NODES, node, {"metadata": {"labels": {labels.FABRIC_DOMAIN: None}}})
+        wait_for(
+            lambda: labels.FABRIC_DOMAIN not in rest.get(NODES, node)["metadata"].get("labels", {}),
+            what="label gone",
+        )
+        held = row()
+        assert held is not None
+        assert held["fabricDomain"] == rack
+        assert not held["ready"]
+        with pytest.raises(PrepareError, match=r"IMEX .* is not ready on node"):
+            plugin.driver.prepare(ref)
+        assert plugin.driver.checkpoint.get(ref.uid) is None
+        uid = rest.get(COMPUTE_DOMAINS, "row", ns)["metadata"]["uid"]
+        report_daemon(rest, driver_ns, uid, node, ready=True, message="READY")
+        wait_for(lambda: (r := row()) is not None and r["ready"], what="row ready")
+        prepared = plugin.driver.prepare(ref)
+        assert [(p.pool_name, p.device_name) for p in prepared] == [(node, cd.CHANNEL_DEVICE)]
+        plugin.driver.unprepare(ref)
+        rest.delete(COMPUTE_DOMAINS, "row", ns)
+        wait_gone(lambda: rest.get_or_none(COMPUTE_DOMAINS, "row", ns), "row")
 
 
 def _uid(rest: Rest, ns: str, name: str) -> str:
@@ -637,6 +695,11 @@ def test_imex_daemon_watches_its_domain_instead_of_polling(
                 timeout=30,
             )
             assert (settings.config_dir / "ready").exists()
+            # The startup and liveness probes' file (issue 29, point 11): touched at every
+            # turn of the loop, so its modification time moves on.
+            alive = settings.config_dir / "alive"
+            first = alive.stat().st_mtime_ns
+            wait_for(lambda: alive.stat().st_mtime_ns > first, what="the loop's heartbeat")
             time.sleep(1.0)  # five more intervals: none may read the domain again
         finally:
             stop.set()

@@ -4,6 +4,7 @@ placed again without the nodes that failed it."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
@@ -341,3 +342,26 @@ def test_a_timed_out_gang_whose_pods_stay_is_retried_where_their_claims_can_go(
             )
             assert answer == {cd.ADMITTED_CONDITION: "Admitted"}, answer
         assert _placed(rest, ns, "job") == racks[0]
+
+
+def test_gangs_of_12_17_and_18_all_place_on_racks_of_18_17_and_12(
+    control_plane: ControlPlane, rest: Rest
+) -> None:
+    """Issue 28 point 4b, the review's sequence through the real controller: racks with 18, 17
+    and 12 usable nodes (in name order), gangs of 12, 17 and 18 created one after another.
+    First fit by name put the 12 in the 18-node rack and the 18 waited for ever; best fit
+    puts each gang in the tightest hole that holds it, so every gang is placed."""
+    ns, driver_ns = new_namespace(control_plane, "cd-fit"), unique("cd-system")
+    sizes = {unique("0000fita"): 18, unique("0000fitb"): 17, unique("0000fitc"): 12}
+    racks = sorted(sizes)
+    assert [sizes[r] for r in racks] == [18, 17, 12]
+    for rack, size in sizes.items():
+        for _ in range(size):
+            create_plugin_node(control_plane, unique("fit"), rack)
+    with running_controller(control_plane, driver_ns, leader_election=False):
+        for want in (12, 17, 18):
+            name = f"gang{want}"
+            rest.create(COMPUTE_DOMAINS, domain_body(name, mode="host", num_nodes=want), ns)
+            wait_for(functools.partial(_placed, rest, ns, name), what=f"{name} placed")
+        placed = {want: _placed(rest, ns, f"gang{want}") for want in (12, 17, 18)}
+    assert placed == {12: racks[2], 17: racks[1], 18: racks[0]}

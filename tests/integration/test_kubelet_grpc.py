@@ -23,6 +23,8 @@ from fabricdra.kubeletplugin.kubelet.cdi import CdiWriter
 from fabricdra.kubeletplugin.kubelet.checkpoint import Checkpoint
 from fabricdra.kubeletplugin.nvidiacdi import ToolkitSpecs
 from fabricdra.kubeletplugin.prepare import CDI_KIND, ApiClaimReader, DevicesDriver
+from fabricdra.proto.gen.dra_health_v1 import api_pb2 as health_v1_pb2
+from fabricdra.proto.gen.dra_health_v1 import api_pb2_grpc as health_v1_grpc
 from fabricdra.proto.gen.dra_health_v1alpha1 import api_pb2 as health_pb2
 from fabricdra.proto.gen.dra_health_v1alpha1 import api_pb2_grpc as health_grpc
 from fabricdra.proto.gen.dra_v1 import api_pb2 as v1_pb2
@@ -81,7 +83,9 @@ class Plugin:
         toolkit_dirs: tuple[Path, ...] = (),
         boot_id: str | None = "boot-1",
         instance: str | None = None,
+        metadata: bool = False,
     ) -> None:
+        self.metadata_dir = base / "plugin" / "metadata" if metadata else None
         self.base, self.host, self.api, self.node = base, host, api, node
         self.inventory = inventory
         self.toolkit_dirs = toolkit_dirs
@@ -106,6 +110,8 @@ class Plugin:
             checkpoint=Checkpoint(self.checkpoint_path, boot_id=self.boot_id),
             host=self.host.layout,
             toolkit=ToolkitSpecs(self.toolkit_dirs),
+            pods=reader,
+            metadata_dir=self.metadata_dir,
         )
         self.server = PluginServer(self.driver, self.paths, health=self.health)
         self.server.start()
@@ -178,6 +184,7 @@ def test_registration_answers_kubelet(plugin: Plugin) -> None:
     assert list(info.supported_versions) == [
         "v1.DRAPlugin",
         "v1beta1.DRAPlugin",
+        "v1.DRAResourceHealth",
         "v1alpha1.DRAResourceHealth",
     ]
     assert plugin.server is not None
@@ -515,11 +522,43 @@ def test_mig_without_toolkit_gets_its_capability_nodes(plugin: Plugin, api: Any,
     assert "env" not in dev["containerEdits"]  # no NUMA/CPU claims for a MIG slice
 
 
+# -- device metadata (issue 32 point 5, KEP-5304) ---------------------------------------------
+
+
+def test_device_metadata_reaches_the_container_through_the_cdi_ids_kubelet_gets(
+    tmp_path_factory: pytest.TempPathFactory, host: Host, api: Any, ns: str
+) -> None:
+    p = Plugin(tmp_path_factory.mktemp("md"), host, api, host.inventory(), metadata=True)
+    p.start()
+    try:
+        uid = create_claim(api, ns, "train", [result("gpu", GPU0)])
+        (device,) = p.prepare([(ns, "train", uid)]).claims[uid].devices
+        name = f"metadata-gpu-{uid}"
+        assert list(device.cdi_device_ids)[-1] == f"k8s.devices.fabricdra.io/device={name}"
+        (mount,) = edits_by_device(p.spec(uid))[name]["mounts"]  # the spec validates as CDI
+        assert mount["containerPath"] == (
+            "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/train/gpu/"
+            "devices.fabricdra.io-metadata.json"
+        )
+        doc = json.loads(Path(mount["hostPath"]).read_text())
+        assert doc["metadata"]["uid"] == uid
+        assert [d["name"] for d in doc["requests"][0]["devices"]] == [GPU0]
+        assert p.unprepare([(ns, "train", uid)]).claims[uid].error == ""
+        assert not Path(mount["hostPath"]).exists()
+    finally:
+        p.stop()
+
+
 # -- health -----------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("health_grpc", "health_pb2"),
+    [(health_v1_grpc, health_v1_pb2), (health_grpc, health_pb2)],
+    ids=["v1", "v1alpha1"],
+)
 def test_health_stream_reports_a_failed_link_unhealthy(
-    tmp_path_factory: pytest.TempPathFactory, api: Any
+    tmp_path_factory: pytest.TempPathFactory, api: Any, health_grpc: Any, health_pb2: Any
 ) -> None:
     host = build_host(tmp_path_factory.mktemp("hb"), vf_nics=(), broken_nics=(2,))
     p = Plugin(tmp_path_factory.mktemp("ph"), host, api, host.inventory())

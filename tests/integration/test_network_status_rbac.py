@@ -15,6 +15,7 @@ from kubernetes import client
 from e2e.harness.controlplane import ControlPlane
 from fabricdra.kube.rest import CLAIMS, ApiError, Rest
 from fabricdra.kubeletplugin.networkstatus import DRIVER
+from fabricdra.kubeletplugin.prepare import ApiClaimReader
 from tests.integration.test_chart_apiserver import Installed, _agent_on, installed  # noqa: F401
 
 pytestmark = pytest.mark.integration
@@ -85,3 +86,21 @@ def test_the_agent_writes_network_status_on_its_own_node_only(
     with control_plane.api_client() as api:
         claim = client.ResourceV1Api(api).read_namespaced_resource_claim(mine, ns)
     assert claim.status.devices[0].network_data.ips == ["192.0.2.10/24"]
+
+
+def test_the_agent_may_read_the_pods_a_claim_is_reserved_for(
+    control_plane: ControlPlane,
+    installed: Installed,  # noqa: F811 - the chart-applying fixture imported above
+) -> None:
+    """Issue 32 point 4: prepare reads an RDMA claim's pods for their PodGroup (KEP-5729)."""
+    ns = f"podrbac-{uuid.uuid4().hex[:6]}"
+    control_plane.create_namespace(ns)
+    pod = {
+        "metadata": {"name": "trainer-0"},
+        "spec": {"containers": [{"name": "c", "image": "registry.invalid/x"}]},
+    }
+    with control_plane.api_client() as api:
+        client.CoreV1Api(api).create_namespaced_pod(ns, pod)
+    with _agent_on(control_plane, installed, installed.node_a) as api:
+        got = ApiClaimReader(api).read_pod(ns, "trainer-0", timeout=30)
+    assert got["metadata"]["name"] == "trainer-0"

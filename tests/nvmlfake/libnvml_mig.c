@@ -480,3 +480,18 @@ int nvmlDeviceGetUUID(void *device, char *uuid, unsigned int length) {
     snprintf(uuid, length, "MIG-fake-gi%u-ci%u-m%u", g->id, g->ci_id, g->start);
     return SUCCESS;
 }
+
+/* How the GPU reaches system memory (nvml.h nvmlDeviceAddressingMode_t, version 1: the
+ * version and the mode's value, filled by reference). The stand-in answers HMM (1), as an x86
+ * host with the open kernel modules does; a structure of another version is refused. */
+typedef struct {
+    unsigned int version;
+    unsigned int value;
+} addressing_mode_t;
+
+int nvmlDeviceGetAddressingMode(void *device, addressing_mode_t *mode) {
+    if (!is_gpu(device) || !mode) return ERROR_INVALID_ARGUMENT;
+    if (mode->version != STRUCT_VERSION(addressing_mode_t, 1)) return ERROR_ARGUMENT_VERSION_MISMATCH;
+    mode->value = 1;
+    return SUCCESS;
+}

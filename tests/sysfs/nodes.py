@@ -178,6 +178,16 @@ def dgx_h100(
     return out
 
 
+H100_IDENTITY: dict[str, Any] = {
+    "driverVersion": "550.54.15",
+    "cudaDriverVersion": 12040,
+    "cudaComputeCapability": "9.0",
+    "architecture": "Hopper",
+    "brand": "Nvidia",
+    "addressingMode": "HMM",
+}
+
+
 def h100_snapshot(
     gpus: list[str], *, fabric: dict[str, Any] | None = None, mig_gpu: int | None = None
 ) -> dict[str, Any]:
@@ -196,6 +206,11 @@ def h100_snapshot(
                 "state": "not_supported",
                 "status": "success",
             },
+            # Identity NVML reports for an H100 SXM on driver 550.54.15 (CUDA 12.4); HMM:
+            # x86 hosts with the open kernel modules (r535+) and Linux 6.1.24+ (NVIDIA's HMM
+            # announcement, developer.nvidia.com/blog/simplifying-gpu-application-development-
+            # with-heterogeneous-memory-management).
+            **H100_IDENTITY,
             "eccUncorrectable": 0,
             "thermalViolation": False,
             # H100 SXM: 18 NVLink 4 links, all up (the verification probe's expected count),

@@ -13,7 +13,7 @@ import pytest
 
 from fabricdra.api.deviceclasses import load_device_classes
 from fabricdra.api.inventory import Accelerator
-from fabricdra.kubeletplugin.agent import Agent, AgentConfig
+from fabricdra.kubeletplugin.agent import Agent
 from fabricdra.kubeletplugin.devices import GpuHealth, build_devices
 from fabricdra.kubeletplugin.discovery import accelerators as accel
 from fabricdra.kubeletplugin.discovery.backends import AMD, NVIDIA, registry
@@ -33,6 +33,7 @@ from tests.sysfs.nodes import (
     discover_at,
     mi300x_unique_id,
 )
+from tests.unit.agentkit import offline_config
 
 KFD = "devices/virtual/kfd/kfd/topology/nodes"
 MI300X_MIB = MI300X_VRAM_BYTES // (1024 * 1024)  # 196592
@@ -315,18 +316,7 @@ class _Captured:
 def test_the_agent_judges_amd_gpus_each_pass(tmp_path: Path) -> None:
     b = SysfsBuilder(tmp_path / "sys")
     node = amd_mi300x(b, amdgpu=True)
-    (tmp_path / "boot_id").write_text("boot-1\n")
-    config = AgentConfig(
-        node_name="n1",
-        sysfs_root=tmp_path / "sys",
-        cdi_dir=tmp_path / "cdi",
-        toolkit_cdi_dirs=(),
-        plugin_dir=tmp_path / "plugin",
-        registry_dir=tmp_path / "registry",
-        state_dir=tmp_path / "state",
-        verification_gate=False,
-        boot_id_file=tmp_path / "boot_id",
-    )
+    config = offline_config(tmp_path, tmp_path / "sys")
     agent = Agent(config, None, publisher=_Captured())
     name = "gpu-" + node.gpus[0].replace(":", "-").replace(".", "-")
     umc = f"{_fn(node.gpus[0])}/ras/umc_err_count"

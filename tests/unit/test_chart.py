@@ -184,10 +184,12 @@ def test_the_verification_image_gives_the_agent_a_pod_on_its_node_and_nothing_mo
         return list(ds["spec"]["template"]["spec"]["containers"][0]["args"])
 
     plain = chart.template({})
-    assert "--verify-active=on" in args(plain)
+    # activeProbes `auto`: off without an image (test_chart_lifecycle.py), on with one.
+    assert "--verify-active=off" in args(plain)
     assert not [a for a in args(plain) if a.startswith("--verify-image")]
     assert "fabricdra-node-verification" not in _kinds(plain).get("Role", [])
     docs = chart.template({"verification": {"image": image, "runtimeClassName": "nvidia"}})
+    assert "--verify-active=on" in args(docs)
     assert f"--verify-image={image}" in args(docs)
     assert "--verify-runtime-class=nvidia" in args(docs)
     assert [a for a in args(docs) if a.startswith("--verify-namespace=")]
@@ -217,6 +219,45 @@ def test_dynamic_mig_value_reaches_the_agent(chart: Chart) -> None:
 
     assert "--dynamic-mig" not in args()
     assert "--dynamic-mig" in args({"dynamicMIG": True})
+
+
+def test_gpu_shares_value_reaches_the_agent(chart: Chart) -> None:
+    """Issue 32 point 6: no flag by default (GPUs not shared), `gpus.shares: N` passes it, and
+    helm refuses 1 (a GPU shared by one claim is not shared) naming the key."""
+
+    def args(values: dict[str, Any] | None = None) -> list[str]:
+        ds = _one(chart.template(values), "DaemonSet", "fabricdra-node")
+        return list(ds["spec"]["template"]["spec"]["containers"][0]["args"])
+
+    assert not [a for a in args() if a.startswith("--gpu-shares")]
+    assert "--gpu-shares=8" in args({"gpus": {"shares": 8}})
+    with pytest.raises(HarnessError, match=re.escape("gpus/shares")):
+        chart.template({"gpus": {"shares": 1}})
+
+
+@pytest.mark.parametrize(
+    ("value", "flag"),
+    [
+        ("deviceMetadata", "--device-metadata"),  # issue 32 point 5 (KEP-5304)
+        ("listTypeAttributes", "--list-type-attributes"),  # point 2 (alpha gate in 1.36)
+        ("evictOnFatal", "--evict-on-fatal"),  # point 3
+    ],
+)
+def test_opt_in_values_reach_the_agent(chart: Chart, value: str, flag: str) -> None:
+    """Off by default (no flag at all); `<value>: true` passes the flag."""
+
+    def args(values: dict[str, Any] | None = None) -> list[str]:
+        ds = _one(chart.template(values), "DaemonSet", "fabricdra-node")
+        return list(ds["spec"]["template"]["spec"]["containers"][0]["args"])
+
+    assert flag not in args()
+    assert flag in args({value: True})
+
+
+def test_the_node_agent_may_read_pods(chart: Chart) -> None:
+    """Issue 32 point 4: prepare reads an RDMA claim's pods for their PodGroup."""
+    role = _one(chart.template(), "ClusterRole", "fabricdra-node-devices")
+    assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]} in role["rules"]
 
 
 def test_rdma_overrides_and_vfs_reach_the_agent(chart: Chart) -> None:
@@ -440,7 +481,10 @@ def test_node_pods_roll_with_a_surge_and_per_pod_sockets(chart: Chart) -> None:
     this pod's own socket, not any socket of the driver."""
     for values in ({}, {"node": {"hostNetwork": True}}):
         ds = _one(chart.template(values=values), "DaemonSet", "fabricdra-node")
-        assert ds["spec"]["updateStrategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+        assert ds["spec"]["updateStrategy"]["rollingUpdate"] == {
+            "maxSurge": "10%",
+            "maxUnavailable": 0,
+        }
         pod = ds["spec"]["template"]["spec"]
         for c in pod["containers"]:
             uid = [e for e in c["env"] if e["name"] == "FABRICDRA_POD_UID"]
@@ -608,20 +652,24 @@ def test_the_fabric_check_is_on_exactly_with_the_active_probes(chart: Chart) -> 
         deploy = _one(chart.template(values), "Deployment", "fabricdra-controller")
         return list(deploy["spec"]["template"]["spec"]["containers"][0]["args"])
 
-    plain = args({})
+    # activeProbes `auto` (the default) without an image: no probes, no check.
+    assert [a for a in args({}) if a.startswith("--fabric-check")] == ["--fabric-check=false"]
+    plain = args({"verification": {"activeProbes": True}})
     assert "--fabric-check=true" in plain
     assert "--fabric-check-timeout-seconds=600" in plain
+    assert "--fabric-check-concurrency=16" in plain
     assert "--fabric-check-imex-mode=managed" in plain
     assert not [a for a in plain if a.startswith(("--fabric-check-image", "--fabric-check-runt"))]
     given = args(
         {
             "verification": {"image": "reg/verify:1", "runtimeClassName": "nvidia",
-                             "fabricCheck": {"timeoutSeconds": 900}},
+                             "fabricCheck": {"timeoutSeconds": 900, "concurrency": 4}},
             "computeDomains": {"hostImex": {"enabled": True}},
         }
     )  # fmt: skip
     for arg in ("--fabric-check-image=reg/verify:1", "--fabric-check-runtime-class=nvidia",
-                "--fabric-check-timeout-seconds=900", "--fabric-check-imex-mode=host"):  # fmt: skip
+                "--fabric-check-timeout-seconds=900", "--fabric-check-imex-mode=host",
+                "--fabric-check-concurrency=4"):  # fmt: skip
         assert arg in given
     off = args({"verification": {"activeProbes": False, "image": "reg/verify:1"}})
     assert [a for a in off if a.startswith("--fabric-check")] == ["--fabric-check=false"]
@@ -636,3 +684,5 @@ def test_the_fabric_check_is_on_exactly_with_the_active_probes(chart: Chart) -> 
     assert [a for a in skipped if a.startswith("--fabric-check")] == ["--fabric-check=false"]
     with pytest.raises(Exception, match="required"):
         args({"verification": {"fabricCheck": {"required": "sometimes"}}})
+    with pytest.raises(Exception, match="concurrency"):
+        args({"verification": {"fabricCheck": {"concurrency": 0}}})

@@ -84,31 +84,7 @@ def test_no_container_writes_its_termination_message_into_dev(
         assert not path.startswith("/dev/"), c["name"]
 
 
-# -- point 4: the driver root ----------------------------------------------------------------
-
-
-@pytest.mark.parametrize("root", ["/", "/run/nvidia/driver"])
-def test_only_the_driver_roots_usr_tree_is_mounted_with_host_propagation(
-    chart: Chart, root: str
-) -> None:
-    """Never the whole host `/` (control-plane keys, kubelet credentials): NVML's library and
-    the nvidia-imex binaries are under <driverRoot>/usr. HostToContainer: the GPU operator
-    mounts its driver under /run/nvidia/driver after the node pod may have started."""
-    pod = _node_pod(chart.template({"driverRoot": root}))
-    host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
-    assert "/" not in host_paths.values()
-    assert root.rstrip("/") + "/usr" in host_paths.values()
-    for c in pod["containers"]:
-        driver = [m for m in c["volumeMounts"] if m["mountPath"].startswith("/driver-root")]
-        assert driver, c["name"]
-        for m in driver:
-            assert host_paths[m["name"]] == root.rstrip("/") + "/usr"
-            assert m["mountPath"] == "/driver-root/usr"
-            assert m["readOnly"] is True
-            assert m["mountPropagation"] == "HostToContainer"
-    cd = _container(pod, "compute-domain")
-    assert f"--driver-root={root}" in cd["args"]
-    assert "--container-driver-root=/driver-root" in cd["args"]
+# -- point 4: the driver root: tests/unit/test_chart_driver_root.py (issue 30 point 3) ------
 
 
 # -- point 5: placement ----------------------------------------------------------------------
@@ -128,12 +104,24 @@ def test_node_pods_go_to_gpu_or_rdma_nodes_never_control_planes(chart: Chart) ->
         assert vendor[0]["operator"] == "In"
         assert vendor[0]["values"] == ["true"]
         keys.append(vendor[0]["key"])
-    # NFD's PCI vendor labels: NVIDIA GPUs (10de), NVIDIA/Mellanox NICs (15b3).
+    # NFD's PCI vendor labels: NVIDIA GPUs (10de), NVIDIA/Mellanox NICs (15b3), AMD GPUs (1002);
+    # the AMD GPU Operator's rule label; NFD's rdma.capable for every other RDMA NIC (Broadcom,
+    # Intel, AWS EFA): the project's AMD and EFA kinds and non-Mellanox NICs get a node pod.
     assert keys == [
         "feature.node.kubernetes.io/pci-10de.present",
         "feature.node.kubernetes.io/pci-15b3.present",
+        "feature.node.kubernetes.io/pci-1002.present",
+        "feature.node.kubernetes.io/amd-gpu",
+        "feature.node.kubernetes.io/rdma.capable",
     ]
-    assert "affinity" not in _node_pod(chart.template({"node": {"deviceNodeLabels": []}}))
+    # No label rule: only the GPU Operator's driver-upgrade eviction rule (GPUs on), or nothing.
+    everywhere = _node_pod(chart.template({"node": {"deviceNodeLabels": []}}))["affinity"]
+    terms = everywhere["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert [[e["key"] for e in t["matchExpressions"]] for t in terms["nodeSelectorTerms"]] == [
+        ["nvidia.com/gpu.deploy.client"]
+    ]
+    no_gpus = {"node": {"deviceNodeLabels": []}, "gpus": {"enabled": False}}
+    assert "affinity" not in _node_pod(chart.template(no_gpus))
     own = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}
     assert _node_pod(chart.template({"node": {"affinity": own}}))["affinity"] == own
 
@@ -278,7 +266,11 @@ def test_global_values_are_accepted_and_the_chart_works_as_a_subchart(
     (parent / "Chart.yaml").write_text(
         "apiVersion: v2\nname: platform\nversion: 1.0.0\nkubeVersion: '>=1.34.0-0'\n"
     )
-    (parent / "values.yaml").write_text("global:\n  imageRegistry: registry.example\n")
+    # An umbrella chart answers the subchart's device plugin question under its name.
+    (parent / "values.yaml").write_text(
+        "global:\n  imageRegistry: registry.example\n"
+        "fabricdra:\n  devicePlugins:\n    absent: true\n"
+    )
     shutil.copytree(CHART_DIR, parent / "charts" / "fabricdra")
     out = chart.run(
         "template", "platform", str(parent), "--namespace=gpu-ops", "--kube-version=v1.36.0"
@@ -302,7 +294,7 @@ def test_compute_domain_plugin_has_a_liveness_probe_on_its_own_socket(chart: Cha
 def test_helm_template_needs_no_kube_version(chart: Chart) -> None:
     """The helm build.sh builds defaults to the Kubernetes version of its own client-go (as
     helm's release builds do), not 1.20, which the chart's kubeVersion refuses."""
-    out = chart.run("template", "fabricdra", str(CHART_DIR))
+    out = chart.run("template", "fabricdra", str(CHART_DIR), "--set=devicePlugins.absent=true")
     assert "kind: DaemonSet" in out
 
 

@@ -272,7 +272,7 @@ def test_node_name_slices_carry_recorded_xid_events(
     capsys: pytest.CaptureFixture[str], hgx: tuple[Path, Path]
 ) -> None:
     """`--node-name` prints what the agent publishes: a recorded critical Xid taints its GPU;
-    a GPU recorded as unable to report Xids is Unknown, which is never tainted."""
+    a GPU recorded as unable to report Xids is Unknown, which only informs (effect None)."""
     root, snap = hgx
     doc = json.loads(snap.read_text())
     first, second = sorted(doc)[:2]
@@ -284,7 +284,9 @@ def test_node_name_slices_carry_recorded_xid_events(
     gpu = devices["gpu-" + first.replace(":", "-").replace(".", "-")]
     assert [t["value"] for t in gpu.get("taints", [])] == ["gpu-xid-79"]
     other = devices["gpu-" + second.replace(":", "-").replace(".", "-")]
-    assert other.get("taints", []) == []
+    assert other.get("taints", []) == [
+        {"key": "fabricdra.io/health-unknown", "value": "gpu", "effect": "None"}
+    ]
 
 
 def test_node_name_slices_carry_amd_health(

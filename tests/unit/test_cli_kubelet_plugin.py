@@ -82,6 +82,26 @@ def test_rdma_mode_off_overrides_and_vfs(monkeypatch: pytest.MonkeyPatch) -> Non
         _config("--rdma-override", "ens1f0=sometimes")
 
 
+def test_device_metadata_is_off_unless_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FABRICDRA_DEVICE_METADATA", raising=False)
+    assert _config().device_metadata is False  # type: ignore[attr-defined]
+    assert _config("--device-metadata").device_metadata is True  # type: ignore[attr-defined]
+    monkeypatch.setenv("FABRICDRA_DEVICE_METADATA", "true")
+    assert _config().device_metadata is True  # type: ignore[attr-defined]
+
+
+def test_list_type_attributes_are_off_unless_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FABRICDRA_LIST_TYPE_ATTRIBUTES", raising=False)
+    assert _config().list_type_attributes is False  # type: ignore[attr-defined]
+    assert _config("--list-type-attributes").list_type_attributes is True  # type: ignore[attr-defined]
+
+
+def test_eviction_on_fatal_faults_is_off_unless_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FABRICDRA_EVICT_ON_FATAL", raising=False)
+    assert _config().evict_on_fatal is False  # type: ignore[attr-defined]
+    assert _config("--evict-on-fatal").evict_on_fatal is True  # type: ignore[attr-defined]
+
+
 def test_dynamic_mig_is_off_unless_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 20 point 2: dynamic MIG stays behind a flag until proven on hardware."""
     monkeypatch.delenv("FABRICDRA_DYNAMIC_MIG", raising=False)

@@ -314,25 +314,46 @@ def test_imex_daemons_run_as_root_without_escalation() -> None:
 
 
 # -- gang placement --------------------------------------------------------------------------
-def test_gangs_are_placed_first_fit_counting_what_other_gangs_still_expect() -> None:
+def test_gangs_are_placed_counting_what_other_gangs_still_expect() -> None:
     """Two racks of 4 nodes, gangs of 3: today's scheduler-only placement let both start in
-    rack-a and split it (neither reaches 3); placed first fit, the second goes to rack-b, and a
-    third fits nowhere (1 free node in each rack) instead of taking a partial place."""
+    rack-a and split it (neither reaches 3); placed one at a time, the second goes to rack-b,
+    and a third fits nowhere (1 free node in each rack) instead of taking a partial place."""
     fabrics = {"rack-a": ["a0", "a1", "a2", "a3"], "rack-b": ["b0", "b1", "b2", "b3"]}
     owners = {n: cd.FREE_OWNER for nodes in fabrics.values() for n in nodes}
     free = placement.free_nodes(fabrics, owners, [], "x")
-    assert placement.first_fit(3, free) == "rack-a"
+    assert placement.best_fit(3, free) == "rack-a"
     x = placement.Gang("x", 3, "rack-a")
     free = placement.free_nodes(fabrics, owners, [x], "y")
     assert free == {"rack-a": 1, "rack-b": 4}
-    assert placement.first_fit(3, free) == "rack-b"
+    assert placement.best_fit(3, free) == "rack-b"
     y = placement.Gang("y", 3, "rack-b")
-    assert placement.first_fit(3, placement.free_nodes(fabrics, owners, [x, y], "z")) is None
+    assert placement.best_fit(3, placement.free_nodes(fabrics, owners, [x, y], "z")) is None
     # Nodes a gang already holds count once (held, not also expected); a node another
     # domain holds is not free; the gang's own nodes are.
     owners.update({"a0": "x", "a1": "x", "a3": "elastic"})
     assert placement.free_nodes(fabrics, owners, [x], "y") == {"rack-a": 0, "rack-b": 4}
     assert placement.free_nodes(fabrics, owners, [x], "x")["rack-a"] == 1 + 2
+
+
+def test_best_fit_leaves_the_largest_gangs_placeable() -> None:
+    """Issue 28 point 4b, the review's sequence: racks with 18, 17 and 12 usable trays (in
+    name order), gangs of 12, 17 and 18 arriving in that order. First fit by name put the 12
+    in the 18-tray rack and the 18 waited for ever; best fit puts each gang in the tightest
+    hole, and all three are placed."""
+    fabrics = {
+        rack: [f"{rack}-{i}" for i in range(size)]
+        for rack, size in (("rack-a", 18), ("rack-b", 17), ("rack-c", 12))
+    }
+    owners = {n: cd.FREE_OWNER for nodes in fabrics.values() for n in nodes}
+    gangs: list[placement.Gang] = []
+    for uid, want in (("g12", 12), ("g17", 17), ("g18", 18)):
+        fabric = placement.best_fit(want, placement.free_nodes(fabrics, owners, gangs, uid))
+        assert fabric is not None, f"gang of {want} waits: {gangs}"
+        gangs.append(placement.Gang(uid, want, fabric))
+    assert {g.uid: g.fabric for g in gangs} == {"g12": "rack-c", "g17": "rack-b", "g18": "rack-a"}
+    # Ties go by name, and a gang that fits nowhere is not placed.
+    assert placement.best_fit(4, {"b": 5, "a": 5, "c": 9}) == "a"
+    assert placement.best_fit(19, {"a": 18}) is None
 
 
 def test_a_placed_gang_records_its_fabric_and_too_large_wins_over_waiting() -> None:

@@ -3,7 +3,9 @@ with the stand-in executables in tests/imex."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import stat
 from collections.abc import Iterator
@@ -168,6 +170,32 @@ def test_imex_failure_is_reported_with_its_message(
     assert not state.ready
     assert "exited with status 3" in state.message
     assert "lost connection" in state.message
+
+
+def test_a_hung_imex_is_killed_and_restarted(supervisor: ImexSupervisor) -> None:
+    """Issue 29, point 11: a hung nvidia-imex (alive, answering nothing) was never restarted
+    (only an exit was). Stopped with SIGSTOP it answers no query; after `hang_seconds` the
+    supervisor kills it, says why, and a new IMEX becomes READY."""
+    supervisor.settings.hang_seconds = 1.0
+    _until_ready(supervisor, ["10.0.0.1"])
+    hung = supervisor.pid()
+    assert hung is not None
+    os.kill(hung, signal.SIGSTOP)
+    said: list[str] = []
+
+    def restarted() -> bool:
+        state = supervisor.step(["10.0.0.1"])
+        said.append(state.message)
+        return state.ready and supervisor.pid() not in (None, hung)
+
+    try:
+        wait_for(restarted, what="the hung IMEX replaced by a ready one", interval=0.2)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # left stopped only if the test failed
+            os.kill(hung, signal.SIGCONT)
+    assert any("answered no query for 1s while running (hung); killed" in m for m in said), said
+    with pytest.raises(ProcessLookupError):  # killed and reaped, not left beside the new one
+        os.kill(hung, 0)
 
 
 def test_missing_binary_is_a_clear_state_not_a_crash(tmp_path: Path) -> None:

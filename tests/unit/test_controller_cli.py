@@ -51,3 +51,15 @@ def test_a_fabric_check_timeout_that_is_not_positive_is_refused(
     )
     assert code == 2
     assert "--fabric-check-timeout-seconds must be positive" in capsys.readouterr().err
+
+
+def test_racks_are_checked_sixteen_at_a_time_unless_told(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 29 point 10c: checks of different fabric domains run side by side, bounded."""
+    assert build_parser().parse_args(["controller"]).fabric_check_concurrency == 16
+    monkeypatch.setenv("FABRICDRA_FABRIC_CHECK_CONCURRENCY", "4")
+    assert build_parser().parse_args(["controller"]).fabric_check_concurrency == 4
+    code = main(["controller", "--kubeconfig", "/nonexistent", "--fabric-check-concurrency", "0"])
+    assert code == 2
+    assert "--fabric-check-concurrency must be at least 1, got 0" in capsys.readouterr().err

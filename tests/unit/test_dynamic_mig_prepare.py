@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fabricdra.kubeletplugin.agent import Agent, AgentConfig
+from fabricdra.kubeletplugin.agent import Agent
 from fabricdra.kubeletplugin.devices import DeviceConfig, DeviceInventory, build_devices, gpu_info
 from fabricdra.kubeletplugin.discovery.node import discover
 from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
@@ -25,6 +25,7 @@ from fabricdra.kubeletplugin.mignvml import LiveMigNvml
 from fabricdra.kubeletplugin.prepare import CDI_KIND, DevicesDriver
 from tests.integration.kubelethost import build_host
 from tests.nvmlfake.mig import FakeMigGpu, FakeNvml
+from tests.unit.agentkit import offline_config
 from tests.unit.test_prepare import Claims
 
 MIG_GPU = 7  # /dev/nvidia7; the host has capability nodes for gi1/ci0 (cap1, cap2), gi2/ci0
@@ -188,18 +189,10 @@ class _NoPublisher:
 
 def _agent(tmp_path: Path, *, dynamic_mig: bool, snapshot: bool) -> Agent:
     (tmp_path / "sys").mkdir(parents=True)
-    (tmp_path / "boot_id").write_text("boot-1\n")
-    config = AgentConfig(
-        node_name="n1",
-        sysfs_root=tmp_path / "sys",
+    config = offline_config(
+        tmp_path,
+        tmp_path / "sys",
         nvml_snapshot=tmp_path / "nvml.json" if snapshot else None,
-        cdi_dir=tmp_path / "cdi",
-        toolkit_cdi_dirs=(),
-        plugin_dir=tmp_path / "plugin",
-        registry_dir=tmp_path / "registry",
-        state_dir=tmp_path / "state",
-        verification_gate=False,
-        boot_id_file=tmp_path / "boot_id",
         devices=DeviceConfig(dynamic_mig=dynamic_mig),
     )
     return Agent(config, None, publisher=_NoPublisher())

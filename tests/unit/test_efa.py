@@ -177,30 +177,24 @@ def test_the_agent_offers_efa_from_its_pass_and_prepares_with_its_settings(
 ) -> None:
     import json
 
-    from fabricdra.kubeletplugin.agent import Agent, AgentConfig
+    from fabricdra.kubeletplugin.agent import Agent
     from tests.sysfs.nodes import h100_snapshot
+    from tests.unit.agentkit import offline_config
     from tests.unit.test_xid_events import Captured
 
     b = SysfsBuilder(tmp_path / "sys")
     node = aws_efa_node(b, efas=2)
     (tmp_path / "nvml.json").write_text(json.dumps(h100_snapshot(node.gpus)))
-    (tmp_path / "boot_id").write_text("boot-1\n")
     claims = Claims()
     dev = tmp_path / "dev"
     for i in range(2):
         mknod(dev / "infiniband" / f"uverbs{i}", UVERBS_MAJOR, 192 + i)
-    config = AgentConfig(
+    config = offline_config(
+        tmp_path,
+        b.root,
         node_name="node-a",
-        sysfs_root=b.root,
         nvml_snapshot=tmp_path / "nvml.json",
         dev_root=dev,
-        cdi_dir=tmp_path / "cdi",
-        toolkit_cdi_dirs=(),
-        plugin_dir=tmp_path / "plugin",
-        registry_dir=tmp_path / "registry",
-        state_dir=tmp_path / "state",
-        verification_gate=False,
-        boot_id_file=tmp_path / "boot_id",
         devices=DeviceConfig(efa=True, efa_device_rdma=True),
     )
     agent = Agent(config, None, publisher=Captured(), claims=claims)

@@ -5,6 +5,7 @@ with in-memory caches and a runner that answers what a real run would have found
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -26,7 +27,7 @@ from fabricdra.controller.fabriccheck import (
 )
 from fabricdra.controller.indexes import BY_FABRIC, BY_NODE
 from fabricdra.controller.status import Event
-from tests.fleetdata import GB200, _gpu, _slice
+from tests.fleetdata import GB200, _claim, _gpu, _nic, _slice
 
 RACK = "nvlink-0123-1"
 NOW = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
@@ -146,7 +147,10 @@ def test_a_pass_labels_and_records_every_checked_node() -> None:
     assert json.loads(patch["metadata"]["annotations"][labels.FABRIC_CHECK])["passed"] is True
 
 
-def test_a_failure_unlabels_the_whole_domain_and_names_the_pair() -> None:
+def test_a_failure_unlabels_only_the_trays_it_measured_and_names_the_pair() -> None:
+    """Issue 29 point 10a: t3, labelled by an earlier check and held by a running domain now,
+    was not in this check: nothing was measured on it, so it keeps its label and record (it
+    used to lose the label with the whole domain)."""
     busy = _checked(_node("t3"), "h3")  # labelled by an earlier check, busy now
     nodes = [_node("t1"), _node("t2"), busy]
     fps = {"t1": "h1", "t2": "h2"}
@@ -159,8 +163,7 @@ def test_a_failure_unlabels_the_whole_domain_and_names_the_pair() -> None:
         ("t1", "t2"),
     )
     w = outcome(RACK, p, result, nodes, fps, 335.0, NOW)
-    assert [(x.node, x.label) for x in w.nodes] == [("t1", False), ("t2", False), ("t3", False)]
-    assert w.nodes[2].record is None  # not checked: its own record stays as it was
+    assert [(x.node, x.label) for x in w.nodes] == [("t1", False), ("t2", False)]
     assert fc.node_patch(w.nodes[0])["metadata"]["labels"] == {labels.FABRIC_VERIFIED: None}
     assert {n for n, _ in w.events} == {"t1", "t2"}
     ev = w.events[0][1]
@@ -198,7 +201,14 @@ class _Cache:
 
     def by_index(self, name: str, value: str) -> list[dict[str, Any]]:
         assert name == self.index
+        if self.key is None:  # claims: indexed by the pools of their results
+            return [o for o in self.objs.values() if value in _pools(o)]
         return [o for o in self.objs.values() if self.key(o) == value]
+
+
+def _pools(claim: dict[str, Any]) -> set[str]:
+    results = claim.get("status", {}).get("allocation", {}).get("devices", {}).get("results", [])
+    return {r["pool"] for r in results}
 
 
 class _Runner:
@@ -240,6 +250,7 @@ class _Cluster:
         for s in slices:
             s["metadata"]["name"] = s["spec"]["nodeName"]
         self.slices = _Cache(slices, BY_NODE, lambda o: o["spec"]["nodeName"])
+        self.claims = _Cache([], BY_NODE, None)  # every claim's allocation, by node (pool)
         self.events: list[tuple[str, Event]] = []
         self.requeued: list[tuple[str, float]] = []
         self.clock = 1000.0
@@ -261,6 +272,7 @@ class _Cluster:
             nodes=self.nodes,
             node_devices=self.node_devices,
             device_slices=self.slices,
+            allocations=self.claims,
             held=_no_one_holds,
             runner=runner,
             require_verified_nodes=True,
@@ -393,3 +405,125 @@ def test_a_subset_of_the_failed_nodes_waits_out_the_backoff() -> None:
     busy.reconcile(RACK)
     assert len(runner.calls) == 1
     assert cluster.requeued[-1] == (RACK, 50.0)
+
+
+def test_a_node_running_a_gpu_job_is_not_idle_and_is_not_checked() -> None:
+    """Issue 29 point 10b: "idle" meant "held by no ComputeDomain", so the check's privileged
+    workers, with every GPU, shared a tray with a single-node GPU job (a claim of one GPU,
+    no ComputeDomain). A node with any GPU (or MIG device) claim allocated is busy; a NIC
+    claim or an admin-access GPU claim (monitoring) leaves it idle."""
+    cluster = _Cluster(["t1", "t2", "t3", "t4"])
+    cluster.slices.objs["t4"]["spec"]["devices"].append(_nic("rdma-0"))
+    job = _claim("train", "team-a", [("t3", "gpu-2")])
+    nic_only = _claim("nic", "team-b", [("t4", "rdma-0")])
+    watcher = _claim("dcgm", "monitoring", [("t1", "gpu-0")])
+    watcher["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+    for c in (job, nic_only, watcher):
+        cluster.claims.objs[c["metadata"]["name"]] = c
+    runner = _Runner(CheckResult("Passed", "ok", 797.7))
+    FabricCheck(cluster.deps(runner)).reconcile(RACK)
+    assert runner.calls == [(RACK, ("t1", "t2", "t4"), 335.0)]
+    assert cluster.labelled() == ["t1", "t2", "t4"]
+    assert fc.gpu_claims("t3", cluster.slices.by_index(BY_NODE, "t3"), [job]) == ["team-a/train"]
+
+
+def test_the_check_says_what_it_is_doing_for_the_gangs_that_wait_for_it() -> None:
+    """Issue 29 point 10d: the cause a waiting gang's status names (placement.py reads
+    `state`): waiting for a second idle node, did not run (no verification image), failed
+    with its pair; nothing once passed. Each change is announced (waiting gangs re-say it)."""
+    cluster = _Cluster(["t1", "t2"])
+    changed: list[str] = []
+    no_image = "no verification image is configured to run it from"
+    runner = _Runner(
+        CheckResult("NotRun", no_image),
+        CheckResult("Failed", "t1/GPU 0 <- t2/GPU 3: 12.50 GB/s, below 335 GB/s", 12.5),
+        CheckResult("Passed", "ok", 797.7),
+    )
+    deps = FabricCheckDeps(**{**cluster.deps(runner).__dict__, "state_changed": changed.append})
+    check = FabricCheck(deps)
+    assert check.state(RACK) == ""
+    one_busy = FabricCheck(FabricCheckDeps(**{**deps.__dict__, "held": lambda n: n == "t2"}))
+    one_busy.reconcile(RACK)
+    assert one_busy.state(RACK) == (
+        "the check waits: a second idle verified node of the domain is needed to check against"
+    )
+    check.reconcile(RACK)
+    assert check.state(RACK) == f"the check did not run: {no_image}"
+    cluster.clock += 60
+    check.reconcile(RACK)
+    assert check.state(RACK) == (
+        "the check failed: t1/GPU 0 <- t2/GPU 3: 12.50 GB/s, below 335 GB/s"
+    )
+    cluster.clock += 120
+    check.reconcile(RACK)
+    assert check.state(RACK) == ""
+    assert len(changed) >= 4
+    assert set(changed) == {RACK}
+
+
+def test_on_a_failed_rack_only_elastic_and_multi_clique_claims_are_refused() -> None:
+    """Issue 29 point 10e (the decision; the integration test runs it against the API
+    server): a pending claim of an elastic or multi-clique domain on a node whose check failed
+    is refused; a gang's (placed) and a one-node domain's are not, nor the check's own domain
+    (labelled, in the driver's namespace) — a look-alike in a tenant namespace is — nor a
+    claim already admitted; and nothing is refused without --fabric-check."""
+    from fabricdra.controller.admission import ClaimOnNode
+    from fabricdra.controller.fabriccheckrun import RUN_LABEL
+    from fabricdra.controller.indexes import BY_UID
+    from fabricdra.controller.nodes import NodeReconciler
+    from fabricdra.controller.ownership import Ownership
+    from tests.unit.test_reconciler_deps import MemApi, MemCache, node_deps
+
+    def domain(
+        uid: str, ns: str = "team", labels_: dict[str, str] | None = None, **spec: Any
+    ) -> dict[str, Any]:
+        meta = {"name": uid, "namespace": ns, "uid": uid, "labels": labels_ or {}}
+        return {"metadata": meta, "spec": spec}
+
+    run = {RUN_LABEL: "fabricdra-fabric-check-x"}
+    domains = MemCache(
+        [
+            domain("elastic"),
+            domain("spans", allowMultipleCliques=True, numNodes=4),
+            domain("gang", numNodes=2),
+            domain("one", numNodes=1),
+            domain("check", "fabricdra-system", run),
+            domain("look-alike", "team", run),
+        ],
+        {BY_UID: lambda o: [o["metadata"]["uid"]]},
+    )
+    node = _node("t1")
+    node["metadata"]["annotations"][labels.FABRIC_CHECK] = json.dumps(
+        {
+            "fabric": RACK,
+            "passed": False,
+            "reason": "t1/GPU 0 <- t2/GPU 3: 12.50 GB/s, below 335 GB/s",
+            "time": "2026-12-01T00:00:00Z",
+            "fingerprint": "f",
+        }
+    )
+    api, nodes, own = MemApi(), MemCache([node]), Ownership()
+
+    def reconciler(fabric_check: bool) -> NodeReconciler:
+        deps = node_deps(api, domains, nodes, own, namespace="fabricdra-system")
+        return NodeReconciler(dataclasses.replace(deps, fabric_check=fabric_check))
+
+    views = [
+        ClaimOnNode(f"ns/{uid}", uid, "pending", "t")
+        for uid in ("elastic", "spans", "gang", "one", "check", "look-alike")
+    ] + [ClaimOnNode("ns/running", "elastic", "admitted", "t")]
+    refused = reconciler(True)._fabric_check_refusals(node, views)
+    assert sorted(refused) == ["ns/elastic", "ns/look-alike", "ns/spans"]
+    assert refused["ns/elastic"] == (
+        f"node t1: fabric domain {RACK} failed its multi-node NVLink check: t1/GPU 0 <- t2/GPU "
+        "3: 12.50 GB/s, below 335 GB/s; an elastic ComputeDomain is not admitted there until a "
+        "check of that fabric domain passes"
+    )
+    assert "a multi-clique ComputeDomain" in refused["ns/spans"]
+    assert reconciler(False)._fabric_check_refusals(node, views) == {}
+    passed = _checked(copy_of(node), "h1")  # a later check passed with it
+    assert reconciler(True)._fabric_check_refusals(passed, views) == {}
+
+
+def copy_of(obj: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(json.dumps(obj))  # type: ignore[no-any-return]

@@ -6,12 +6,16 @@ floor, and the launch's one-off SSH key."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from fabricdra.controller import sshkey
 from fabricdra.controller.fabriccheckrun import (
@@ -207,3 +211,38 @@ def test_openssh_reads_the_private_key_and_derives_the_same_public_key(tmp_path:
     out = subprocess.run(["ssh-keygen", "-y", "-f", str(path)], capture_output=True, text=True,
                          check=True)  # fmt: skip
     assert out.stdout.split()[:2] == public.split()[:2]
+
+
+def test_the_ssh_key_comes_from_a_maintained_library_the_image_carries() -> None:
+    # Issue 30, point 10: no hand-written curve arithmetic in the controller; the library is a
+    # declared dependency and pinned, with a hash per architecture, in the image's lock.
+    source = Path(sshkey.__file__).read_text()
+    assert "from cryptography.hazmat.primitives.asymmetric.ed25519 import" in source
+    assert "2**255 - 19" not in source
+    repo = Path(__file__).resolve().parents[2]
+    deps = tomllib.loads((repo / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert any(d.startswith("cryptography") for d in deps)
+    lock = (repo / "deployments/container/requirements.lock").read_text()
+    entry = re.search(r"^cryptography==\S+ \\\n((?:    --hash=sha256:\w+(?: \\)?\n)+)", lock, re.M)
+    assert entry is not None, "cryptography is not pinned in the image's lock"
+    assert entry.group(1).count("--hash=") == 2  # an abi3 wheel per architecture
+
+
+def test_the_private_key_file_loads_and_holds_the_seed_it_was_made_from() -> None:
+    seed = bytes.fromhex("9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60")
+    private, public = sshkey.openssh_pair(seed, comment="c")
+    assert private.startswith("-----BEGIN OPENSSH PRIVATE KEY-----\n")
+    key = serialization.load_ssh_private_key(private.encode(), password=None)
+    assert isinstance(key, Ed25519PrivateKey)
+    raw = key.private_bytes(
+        serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+    )
+    assert raw == seed
+    kind, blob, comment = public.split()
+    assert (kind, comment) == ("ssh-ed25519", "c")
+    loaded = serialization.load_ssh_public_key(f"{kind} {blob}".encode())
+    assert loaded.public_bytes(
+        serialization.Encoding.Raw, serialization.PublicFormat.Raw
+    ) == sshkey.public_key(seed)
+    with pytest.raises(ValueError, match="32 bytes, not 31"):
+        sshkey.public_key(seed[:31])

@@ -141,21 +141,26 @@ def test_a_verified_node_of_an_unchecked_fabric_domain_is_not_offered_under_the_
     )
 
 
-def test_a_failed_fabric_check_is_the_reason_given() -> None:
+def _failed(node: dict[str, Any], reason: str) -> dict[str, Any]:
+    """The node with a failed check's record for the fabric domain it is in."""
     import json
 
-    node = _node("tray", "nvlink-abc-1", verified=True)
-    node["metadata"]["annotations"] = {
-        labels.FABRIC_CHECK: json.dumps(
-            {
-                "fabric": "nvlink-abc-1",
-                "passed": False,
-                "reason": "t1 GPU 0 <- t2 GPU 3: 12.5 GB/s, below 600 GB/s",
-                "time": "2026-01-01T00:00:00Z",
-                "fingerprint": "f",
-            }
-        )
+    record = {
+        "fabric": node["metadata"]["labels"][labels.FABRIC_DOMAIN],
+        "passed": False,
+        "reason": reason,
+        "time": "2026-01-01T00:00:00Z",
+        "fingerprint": "f",
     }
+    node["metadata"]["annotations"] = {labels.FABRIC_CHECK: json.dumps(record)}
+    return node
+
+
+def test_a_failed_fabric_check_is_the_reason_given() -> None:
+    node = _failed(
+        _node("tray", "nvlink-abc-1", verified=True),
+        "t1 GPU 0 <- t2 GPU 3: 12.5 GB/s, below 600 GB/s",
+    )
     why = unusable(node, require_fabric_verified=True)
     assert why == (
         "fabric domain nvlink-abc-1 failed its multi-node NVLink check: "
@@ -184,3 +189,45 @@ def test_usable_by_fabric_counts_only_fabric_checked_nodes_under_the_fabric_chec
         "rack-a": [],
         "rack-b": ["b1", "b2"],
     }
+
+
+def test_what_holds_nodes_back_under_the_fabric_check_is_said_per_fabric_domain() -> None:
+    """Issue 29 point 10d: a gang waiting under the fabric check said only "no room". Now its
+    message names the cause per fabric domain: what the domain's check is doing (no
+    verification image, waiting, failed with its pair), else its nodes' records; domains
+    with the same cause are named together, so 277 racks make one line."""
+    from fabricdra.controller.capacity import held_back_by_fabric_check
+
+    failed = _failed(
+        _node("c1", "rack-c", verified=True), "c1/GPU 0 <- c2/GPU 3: 12.50 GB/s, below 335 GB/s"
+    )
+    nodes = {
+        "a1": _node("a1", "rack-a", verified=True),
+        "b1": _node("b1", "rack-b", verified=True),
+        "c1": failed,
+        "d1": _node("d1", "rack-d", verified=True),
+        "e1": _fabric_checked(_node("e1", "rack-e", verified=True)),
+    }
+    no_image = "the check did not run: no verification image is configured"
+    states = {"rack-a": no_image, "rack-b": no_image}
+    counted = {"rack-a": [], "rack-b": [], "rack-c": [], "rack-d": [], "rack-e": ["e1"]}
+    unchecked_too = {f: [n for n, o in nodes.items() if _fabric(o) == f] for f in counted}
+    said = held_back_by_fabric_check(counted, unchecked_too, nodes.get, lambda f: states.get(f, ""))
+    assert said == (
+        "the multi-node NVLink check (--fabric-check) has not passed with nodes that would "
+        f"count: fabric domains rack-a, rack-b: {no_image}; fabric domain rack-c: the check "
+        "failed: c1/GPU 0 <- c2/GPU 3: 12.50 GB/s, below 335 GB/s; fabric domain rack-d: not "
+        "checked yet (fabricdra.io/fabric-verified is not 'true')"
+    )
+    # Many racks with one cause: a few named, the rest counted.
+    many = {f"rack-{i:03d}": [f"n{i}"] for i in range(277)}
+    line = held_back_by_fabric_check(
+        {f: [] for f in many}, many, lambda n: None, lambda f: no_image
+    )
+    assert line.endswith(f"rack-000, rack-001, rack-002 and 274 more: {no_image}")
+    # Nothing held back by the check: nothing said.
+    assert held_back_by_fabric_check(counted, counted, nodes.get, states.get) == ""
+
+
+def _fabric(node: dict[str, Any]) -> str:
+    return str(node["metadata"]["labels"].get(labels.FABRIC_DOMAIN, ""))

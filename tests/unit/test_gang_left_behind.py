@@ -158,3 +158,29 @@ def test_a_gang_whose_node_fails_stays_while_its_pods_claims_can_only_go_there()
     assert world.place() == "rack-a"
     world.pods_gone()
     assert world.place() == "rack-b"
+
+
+def test_a_gang_timer_runs_from_its_claims_allocation_time() -> None:
+    """Issue 29, point 7: a fresh Ownership (a restarted or newly elected controller) that
+    first sees a gang's claims 250 s after they were allocated has 50 s left of a 300 s
+    timeout, not 300; the earliest allocation of the gang starts its one timer; a claim
+    allocated after a release starts a new one."""
+    from fabricdra.controller.claims import allocated_at
+
+    gang, t0 = (UID, "fabric-a"), 1_000_000.0
+    own = Ownership()
+    assert own.gang_hold("team/b", gang, 300, allocated_at=t0 + 10, now=t0 + 250) == 60
+    assert own.gang_hold("team/a", gang, 300, allocated_at=t0, now=t0 + 250) == 50
+    assert own.gang_hold("team/b", gang, 300, allocated_at=t0 + 10, now=t0 + 251) == 49
+    assert own.gang_hold("team/a", gang, 300, allocated_at=t0, now=t0 + 300) is None
+    assert own.gang_hold("team/b", gang, 300, allocated_at=t0 + 10, now=t0 + 301) is None
+    assert own.gang_hold("team/b", gang, 300, allocated_at=t0 + 320, now=t0 + 330) == 290
+    # Unknown allocation time (the API does not say): from now; a stamp ahead of our clock
+    # never extends the wait.
+    other = Ownership()
+    assert other.gang_hold("team/c", ("u2", "f"), 300, now=t0) == 300
+    assert other.gang_hold("team/d", ("u3", "f"), 300, allocated_at=t0 + 99, now=t0) == 300
+    # The API keeps whole seconds: the end of the recorded second.
+    stamped = {"status": {"allocation": {"allocationTimestamp": "2026-12-07T00:00:00Z"}}}
+    assert allocated_at(stamped) == 1796601601.0
+    assert allocated_at({"status": {"allocation": {}}}) is None

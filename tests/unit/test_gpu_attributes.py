@@ -13,7 +13,7 @@ from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
 from fabricdra.kubeletplugin.resourceslices import ApiFeatures, build_slices
 from tests.sysfs.builder import SysfsBuilder
-from tests.sysfs.nodes import h100_snapshot, hgx_h100, rdma_node, write_json
+from tests.sysfs.nodes import H100_IDENTITY, h100_snapshot, hgx_h100, rdma_node, write_json
 
 IDENTITY = {
     "driverVersion": "550.54.15",
@@ -70,12 +70,46 @@ def test_gpus_carry_nvidias_attribute_names_and_types(tmp_path: Path) -> None:
 def test_facts_nvml_did_not_give_are_absent(tmp_path: Path) -> None:
     b = SysfsBuilder(tmp_path / "sys")
     hgx = hgx_h100(b)
+    snap = h100_snapshot(hgx.gpus)
+    for entry in snap.values():  # a driver that answers none of the identity calls
+        for key in H100_IDENTITY:
+            entry.pop(key)
+    readings = load_snapshot(write_json(tmp_path / "nvml.json", snap))
+    d = discover(SysfsTree(str(b.root)), nvml_source=lambda: readings)
+    inventory = build_devices(d.interfaces or [], d.accelerators or [], gpu_info=gpu_info(d.nvml))
+    devs = {x["name"]: x for s in build_slices(inventory, "n").slices for x in s["spec"]["devices"]}
+    attrs = devs["gpu-0000-18-00-0"]["attributes"]
+    assert not {*H100_IDENTITY, "cudaComputeCapability"} & set(attrs)
+
+
+def test_addressing_mode_is_published_as_nvml_reports_it(tmp_path: Path) -> None:
+    """Issue 32 point 7: NVIDIA's `addressingMode`, from nvmlDeviceGetAddressingMode, on
+    whole GPUs and MIG instances alike; absent where NVML did not answer."""
+    devs = _slices(tmp_path / "hmm")
+    assert devs["gpu-0000-18-00-0"]["attributes"]["addressingMode"] == {"string": "HMM"}
+    assert devs["mig-0000-3a-00-0-gi1-ci0"]["attributes"]["addressingMode"] == {"string": "HMM"}
+    ats = _slices(tmp_path / "ats", addressingMode="ATS")
+    assert ats["gpu-0000-18-00-0"]["attributes"]["addressingMode"] == {"string": "ATS"}
+    none = _slices(tmp_path / "none", addressingMode=None)
+    assert "addressingMode" not in none["gpu-0000-18-00-0"]["attributes"]
+
+
+def test_the_recorded_h100_answers_what_users_select_on(tmp_path: Path) -> None:
+    """Issue 32 point 7: the snapshot every test and the harness's installed node use records
+    the identity NVML reports, so selectors on it are proven wherever it is replayed."""
+    b = SysfsBuilder(tmp_path / "sys")
+    hgx = hgx_h100(b)
     readings = load_snapshot(write_json(tmp_path / "nvml.json", h100_snapshot(hgx.gpus)))
     d = discover(SysfsTree(str(b.root)), nvml_source=lambda: readings)
     inventory = build_devices(d.interfaces or [], d.accelerators or [], gpu_info=gpu_info(d.nvml))
     devs = {x["name"]: x for s in build_slices(inventory, "n").slices for x in s["spec"]["devices"]}
     attrs = devs["gpu-0000-18-00-0"]["attributes"]
-    assert not {"driverVersion", "cudaDriverVersion", "architecture", "brand"} & set(attrs)
+    assert attrs["driverVersion"] == {"version": "550.54.15"}
+    assert attrs["cudaDriverVersion"] == {"version": "12.4.0"}
+    assert attrs["cudaComputeCapability"] == {"version": "9.0.0"}
+    assert attrs["architecture"] == {"string": "Hopper"}
+    assert attrs["brand"] == {"string": "Nvidia"}
+    assert attrs["addressingMode"] == {"string": "HMM"}
 
 
 def test_versions_are_semver() -> None:

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from fabricdra.kubeletplugin.devices import GpuHealth, build_devices
+from fabricdra.kubeletplugin.devices import DeviceInventory, GpuHealth, build_devices, gpu_info
 from fabricdra.kubeletplugin.discovery.node import discover
 from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
@@ -20,15 +20,16 @@ from tests.sysfs.nodes import h100_snapshot, hgx_h100, write_json
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 
-def _taints(
+def judged_inventory(
     tmp_path: Path,
     edit: dict[int, dict[str, Any]],
     *,
     mig_gpu: int | None = None,
     broken_nics: tuple[int, ...] = (),
     health: dict[int, GpuHealth] | None = None,
-) -> dict[str, str]:
-    """Device name -> its unhealthy taint's value, for the devices that carry one."""
+) -> DeviceInventory:
+    """The HGX fixture's devices, judged as the agent judges them, from NVML answers edited
+    per GPU index (`edit`) and health given outright (`health`)."""
     b = SysfsBuilder(tmp_path / "sys")
     hgx = hgx_h100(b, broken_nics=broken_nics)
     snap = h100_snapshot(hgx.gpus, mig_gpu=mig_gpu)
@@ -38,7 +39,23 @@ def _taints(
     d = discover(SysfsTree(str(b.root)), nvml_source=lambda: readings)
     judged = gpu_health(d.nvml, None)
     judged.update({hgx.gpus[i]: h for i, h in (health or {}).items()})
-    inventory = build_devices(d.interfaces or [], d.accelerators or [], gpu_health=judged)
+    return build_devices(
+        d.interfaces or [], d.accelerators or [], gpu_health=judged, gpu_info=gpu_info(d.nvml)
+    )
+
+
+def _taints(
+    tmp_path: Path,
+    edit: dict[int, dict[str, Any]],
+    *,
+    mig_gpu: int | None = None,
+    broken_nics: tuple[int, ...] = (),
+    health: dict[int, GpuHealth] | None = None,
+) -> dict[str, str]:
+    """Device name -> its unhealthy taint's value, for the devices that carry one."""
+    inventory = judged_inventory(
+        tmp_path, edit, mig_gpu=mig_gpu, broken_nics=broken_nics, health=health
+    )
     out = {}
     for s in build_slices(inventory, "n").slices:
         for dev in s["spec"].get("devices", []):

@@ -153,6 +153,7 @@ def test_chart_host_imex_mounts_the_socket_folder_read_only_without_host_network
     pod = _node_pod(chart, values)
     cd = _container(pod, "compute-domain")
     assert "--host-imex-socket=/etc/nvidia-imex/imex_ctrl.sock" in cd["args"]
+    assert "--host-imex-interval=30" in cd["args"]  # host mode on: the report (issue 29)
     mount = next(m for m in cd["volumeMounts"] if m["name"] == "host-imex")
     assert mount == {"name": "host-imex", "mountPath": "/etc/nvidia-imex", "readOnly": True}
     volume = next(v for v in pod["volumes"] if v["name"] == "host-imex")
@@ -175,6 +176,9 @@ def test_chart_without_host_imex_mounts_nothing_of_it(chart: Chart) -> None:
     cd = _container(pod, "compute-domain")
     assert not [a for a in cd["args"] if a.startswith("--host-imex-socket")]
     assert all(v["name"] != "host-imex" for v in pod["volumes"])
+    # Host mode off: no report (the plugin's default interval, 0), so no API request for it.
+    assert not [a for a in cd["args"] if a.startswith("--host-imex-interval")]
+    assert build_parser().parse_args(["compute-domain-plugin"]).host_imex_interval == 0
 
 
 def test_chart_refuses_a_socket_in_the_root_folder(chart: Chart) -> None:

@@ -224,11 +224,16 @@ def test_health_maps_to_a_taint(kind: DeviceKind, built: Any) -> None:
             assert t["value"] == kind.taint_value(sick)
             assert t["value"].endswith("-cause")
             assert re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?", t["value"])
+    # Unknown informs and blocks nothing (issue 32 point 3): effect None, its own key.
     unknown = replace(device, health="Unknown", health_causes=())
     plan = build_slices(build_devices_of(unknown), "n")
-    assert not [
+    informs = [
         t for s in plan.slices for x in s["spec"].get("devices", []) for t in x.get("taints", [])
     ]
+    assert informs
+    for t in informs:
+        assert (t["key"], t["effect"]) == ("fabricdra.io/health-unknown", "None")
+        assert t["value"] == kind.taint_value(unknown)
     basic = build_slices(build_devices_of(sick), "n", features=ApiFeatures("basic"))
     for s in basic.slices:
         for x in s["spec"].get("devices", []):

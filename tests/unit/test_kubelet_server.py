@@ -27,6 +27,8 @@ from fabricdra.kubeletplugin.kubelet import (
     PrepareError,
 )
 from fabricdra.kubeletplugin.kubelet.server import MAX_SOCKET_PATH
+from fabricdra.proto.gen.dra_health_v1 import api_pb2 as health_v1_pb2
+from fabricdra.proto.gen.dra_health_v1 import api_pb2_grpc as health_v1_grpc
 from fabricdra.proto.gen.dra_health_v1alpha1 import api_pb2 as health_pb2
 from fabricdra.proto.gen.dra_health_v1alpha1 import api_pb2_grpc as health_grpc
 from fabricdra.proto.gen.dra_v1 import api_pb2 as v1_pb2
@@ -94,9 +96,11 @@ def test_sockets_and_registration(server: tuple[PluginServer, RecordingDriver]) 
         assert info.type == "DRAPlugin"
         assert info.name == "test.fabricdra.io"
         assert info.endpoint == str(srv.paths.dra_socket)
+        # Health newest first: a 1.37 kubelet takes v1, a 1.34-1.36 one v1alpha1.
         assert list(info.supported_versions) == [
             "v1.DRAPlugin",
             "v1beta1.DRAPlugin",
+            "v1.DRAResourceHealth",
             "v1alpha1.DRAResourceHealth",
         ]
         stub.NotifyRegistrationStatus(reg_pb2.RegistrationStatus(plugin_registered=True))
@@ -214,6 +218,39 @@ def test_health_stream_sends_snapshot_changes_and_refreshes(
         ]
         assert refresh.devices[0].last_updated_time >= second.devices[0].last_updated_time
         stream.cancel()
+
+
+@pytest.mark.parametrize(
+    ("grpc_mod", "pb"),
+    [(health_v1_grpc, health_v1_pb2), (health_grpc, health_pb2)],
+    ids=["v1", "v1alpha1"],
+)
+def test_both_health_versions_stream_the_same_snapshot(
+    server: tuple[PluginServer, RecordingDriver], grpc_mod: Any, pb: Any
+) -> None:
+    srv, _ = server
+    assert srv.health is not None
+    srv.health.publish(
+        [
+            DeviceHealth("node-a", "gpu-0", "Unknown", "no NVML reading"),
+            DeviceHealth("node-a", "rdma-0", "Unhealthy", "link down"),
+            DeviceHealth("node-a", "rdma-1", "Healthy"),
+        ]
+    )
+    with channel(srv.paths.dra_socket) as ch:
+        stream = grpc_mod.DRAResourceHealthStub(ch).NodeWatchResources(
+            pb.NodeWatchResourcesRequest(), timeout=60
+        )
+        first = next(stream)
+        stream.cancel()
+    assert [
+        (d.device.pool_name, d.device.device_name, d.health, d.message) for d in first.devices
+    ] == [
+        ("node-a", "gpu-0", pb.UNKNOWN, "no NVML reading"),
+        ("node-a", "rdma-0", pb.UNHEALTHY, "link down"),
+        ("node-a", "rdma-1", pb.HEALTHY, ""),
+    ]
+    assert all(d.last_updated_time > 0 for d in first.devices)
 
 
 def test_unchanged_publish_is_not_a_change() -> None:

@@ -104,6 +104,8 @@ def test_mig_gpu_without_instances_is_offered_whole_and_as_every_placement(
     assert out["probes"]["pcie-link"] == "Passed"
     devices = out["devices"]
     assert f"gpu-{STEM}" in devices
+    # nvmlDeviceGetAddressingMode through pynvml's versioned structure (issue 32 point 7).
+    assert devices[f"gpu-{STEM}"]["attributes"]["addressingMode"] == "HMM"
     placements = sorted(n for n in devices if n.startswith(f"mig-{STEM}-"))
     # H100 80GB: 7 + 4 + 3 + 2 + 1 + 1 placements (+me profiles not offered)
     assert len(placements) == 18, placements

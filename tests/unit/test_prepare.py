@@ -22,8 +22,9 @@ import pytest
 import structlog
 import yaml
 
+from fabricdra.kube.rest import ApiError
 from fabricdra.kubeletplugin.devices import DeviceInventory
-from fabricdra.kubeletplugin.kubelet import ClaimRef, PreparedDevice
+from fabricdra.kubeletplugin.kubelet import ClaimRef, PreparedDevice, PrepareError
 from fabricdra.kubeletplugin.kubelet.cdi import CdiWriter
 from fabricdra.kubeletplugin.kubelet.checkpoint import Checkpoint
 from fabricdra.kubeletplugin.nvidiacdi import ToolkitSpecs
@@ -45,9 +46,23 @@ class Claims:
     """ResourceClaims as the API server would return them."""
 
     objs: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    pod_reads: list[str] = field(default_factory=list)
 
-    def add(self, name: str, results: list[dict[str, Any]], pods: Sequence[str] = ()) -> ClaimRef:
+    def add(
+        self,
+        name: str,
+        results: list[dict[str, Any]],
+        pods: Sequence[str] = (),
+        groups: Sequence[str] = (),
+    ) -> ClaimRef:
         uid = f"{len(self.objs):08d}-aaaa-4bbb-8ccc-{name[:12].ljust(12, '0')}"
+        reserved = [{"resource": "pods", "name": p, "uid": f"uid-{p}"} for p in pods]
+        # KEP-5729: a claim of a PodGroup is reserved for the group, not for its pods.
+        reserved += [
+            {"apiGroup": "scheduling.k8s.io", "resource": "podgroups", "name": g, "uid": f"g-{g}"}
+            for g in groups
+        ]
         self.objs[(NS, name)] = {
             "metadata": {"name": name, "namespace": NS, "uid": uid},
             "status": {
@@ -56,13 +71,28 @@ class Claims:
                         "results": [{"driver": DRIVER, "pool": "node-a", **r} for r in results]
                     }
                 },
-                "reservedFor": [{"resource": "pods", "name": p, "uid": f"uid-{p}"} for p in pods],
+                "reservedFor": reserved,
             },
         }
         return ClaimRef(NS, name, uid)
 
+    def add_pod(self, name: str, group: str | None = None) -> None:
+        spec = {"schedulingGroup": {"podGroupName": group}} if group else {}
+        self.pods[(NS, name)] = {
+            "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}"},
+            "spec": spec,
+        }
+
     def read_claim(self, namespace: str, name: str, timeout: float) -> dict[str, Any]:
         return copy.deepcopy(self.objs[(namespace, name)])
+
+    def read_pod(self, namespace: str, name: str, timeout: float) -> dict[str, Any]:
+        self.pod_reads.append(name)
+        if name == "gone":
+            raise ApiError(404, f'pods "{name}" not found')
+        if (namespace, name) not in self.pods:
+            self.add_pod(name)  # a pod in no PodGroup
+        return copy.deepcopy(self.pods[(namespace, name)])
 
 
 class Cdi:
@@ -117,6 +147,7 @@ class Node:
     host: Host | RdmaHost
     claims: Claims = field(default_factory=Claims)
     toolkit_dir: Path | None = None
+    metadata: bool = False  # --device-metadata
 
     def __post_init__(self) -> None:
         self.inventory: DeviceInventory = self.host.inventory()
@@ -128,6 +159,8 @@ class Node:
             checkpoint=Checkpoint(self.base / "state" / "checkpoint.json", boot_id="boot-1"),
             host=self.host.layout,
             toolkit=ToolkitSpecs((self.toolkit_dir,) if self.toolkit_dir else ()),
+            pods=self.claims,
+            metadata_dir=self.base / "plugin" / "metadata" if self.metadata else None,
         )
 
     def prepare(self, claim: ClaimRef) -> list[PreparedDevice]:
@@ -263,6 +296,45 @@ def test_one_container_with_two_claims_of_its_pod_gets_every_hca(
     # a repeated prepare answers from the checkpoint and leaves the widened specs as they are
     assert nic_node.prepare(left) == by_claim["left"]
     assert nic_node.cdi().env_values(ids, "NCCL_IB_HCA") == {"=mlx5_0,mlx5_1,mlx5_5"}
+
+
+@pytest.mark.parametrize("order", ["group-first", "pod-first"])
+def test_a_pod_groups_claim_and_a_pods_own_claim_carry_one_hca_list(
+    nic_node: Node, dgx_nics: RdmaHost, order: str
+) -> None:
+    """KEP-5729: a claim shared by a PodGroup is reserved for the group, the pod's own claim
+    for the pod; a container of the pod using both still sees one list with every HCA."""
+    d = dgx_nics.device
+    nic_node.claims.add_pod("trainer-0", group="trainers")
+    nic_node.claims.add_pod("web")
+    group = nic_node.claims.add(
+        "fabric", [{"request": "nic", "device": d("mlx5_0")}], groups=["trainers"]
+    )
+    own = nic_node.claims.add(
+        "own", [{"request": "nic", "device": d("mlx5_5")}], pods=["trainer-0"]
+    )
+    other = nic_node.claims.add("other", [{"request": "nic", "device": d("mlx5_9")}], pods=["web"])
+    claims = [group, own] if order == "group-first" else [own, group]
+    by_claim = {c.name: nic_node.prepare(c) for c in [other, *claims]}
+    cdi = nic_node.cdi()
+    ids = kubelet_ids(by_claim["fabric"]) + kubelet_ids(by_claim["own"])
+    assert cdi.env_values(ids, "NCCL_IB_HCA") == {"=mlx5_0,mlx5_5"}
+    assert cdi.env_values(kubelet_ids(by_claim["fabric"]), "NCCL_IB_HCA") == {"=mlx5_0,mlx5_5"}
+    # a pod outside the group is neither widened nor widens
+    assert cdi.env_values(kubelet_ids(by_claim["other"]), "NCCL_IB_HCA") == {"=mlx5_9"}
+
+
+def test_only_an_rdma_claims_pods_are_read_and_an_unreadable_one_fails_it(
+    gpu_node: Node,
+) -> None:
+    gpu_node.claims.add_pod("a")
+    gpu = gpu_node.claims.add("g", [{"request": "gpu", "device": GPU0}], pods=["a"])
+    gpu_node.prepare(gpu)
+    assert gpu_node.claims.pod_reads == []  # no NCCL list: no PodGroup to look for
+    nic = gpu_node.claims.add("n", [{"request": "nic", "device": NIC0}], pods=["gone"])
+    with pytest.raises(PrepareError, match=r"cannot read pod team/gone .* for its PodGroup: 404"):
+        gpu_node.prepare(nic)
+    assert not gpu_node.driver.cdi.path_for(nic.uid).exists()
 
 
 # -- point 2: NVIDIA_VISIBLE_DEVICES=void only with GPUs ---------------------------------------
@@ -409,3 +481,63 @@ def test_a_file_that_becomes_a_toolkit_spec_is_picked_up(tmp_path: Path) -> None
     assert specs.gpu_id(None, 3) == "nvidia.com/gpu=3"
     (folder / "x.json").unlink()
     assert specs.gpu_id(None, 3) is None
+
+
+# -- KEP-5304: the devices' metadata in the container ---------------------------------------
+
+META = "/var/run/kubernetes.io/dra-device-attributes"
+
+
+def mounts(node: Node, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """containerPath -> mount, over the CDI devices `ids` resolve to."""
+    return {m["containerPath"]: m for e in node.cdi().edits(ids) for m in e.get("mounts", [])}
+
+
+def test_each_request_gets_its_devices_metadata_file(tmp_path: Path, hgx: Host) -> None:
+    node = Node(tmp_path, hgx, metadata=True)
+    claim = node.claims.add(
+        "train", [{"request": "gpu", "device": GPU0}, {"request": "nic", "device": NIC0}]
+    )
+    devices = node.prepare(claim)
+    gpu_path = f"{META}/resourceclaims/train/gpu/{DRIVER}-metadata.json"
+    nic_path = f"{META}/resourceclaims/train/nic/{DRIVER}-metadata.json"
+    # a container bound to one request sees only that request's file
+    assert set(mounts(node, kubelet_ids(devices, "gpu"))) == {gpu_path}
+    assert set(mounts(node, kubelet_ids(devices, "nic"))) == {nic_path}
+    mount = mounts(node, kubelet_ids(devices))[gpu_path]
+    assert mount["options"] == ["ro", "bind"]
+    doc = json.loads(Path(mount["hostPath"]).read_text())
+    assert (doc["apiVersion"], doc["kind"]) == (
+        "metadata.resource.k8s.io/v1alpha1",
+        "DeviceMetadata",
+    )
+    assert doc["metadata"] == {"name": "train", "namespace": NS, "uid": claim.uid, "generation": 1}
+    assert "podClaimName" not in doc
+    ((request,),) = [doc["requests"]]
+    assert request["name"] == "gpu"
+    (device,) = request["devices"]
+    assert (device["driver"], device["pool"], device["name"]) == (DRIVER, "node-a", GPU0)
+    # the attributes the ResourceSlice publishes, in their wire form
+    assert device["attributes"]["resource.kubernetes.io/pciBusID"] == {"string": "0000:18:00.0"}
+    assert device["attributes"]["type"] == {"string": "gpu"}
+    # unprepare removes the files with the spec
+    node.driver.unprepare(claim)
+    assert not Path(mount["hostPath"]).exists()
+    assert list((tmp_path / "plugin" / "metadata").iterdir()) == []
+
+
+def test_a_template_claims_file_is_under_the_pods_claim_name(tmp_path: Path, hgx: Host) -> None:
+    node = Node(tmp_path, hgx, metadata=True)
+    claim = node.claims.add("trainer-0-gpu-x7k2p", [{"request": "gpu", "device": GPU0}])
+    meta = node.claims.objs[(NS, claim.name)]["metadata"]
+    meta["annotations"] = {"resource.kubernetes.io/pod-claim-name": "gpu"}
+    devices = node.prepare(claim)
+    path = f"{META}/resourceclaimtemplates/gpu/gpu/{DRIVER}-metadata.json"
+    (mount,) = mounts(node, kubelet_ids(devices)).values()
+    assert mount["containerPath"] == path
+    assert json.loads(Path(mount["hostPath"]).read_text())["podClaimName"] == "gpu"
+
+
+def test_no_metadata_unless_asked(gpu_node: Node) -> None:
+    devices = gpu_node.prepare(gpu_node.claims.add("plain", [{"request": "gpu", "device": GPU0}]))
+    assert mounts(gpu_node, kubelet_ids(devices)) == {}

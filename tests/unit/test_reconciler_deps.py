@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -155,6 +156,28 @@ def _placement(api: MemApi, domains: MemCache, nodes: MemCache, own: Ownership) 
     )
 
 
+def node_deps(
+    api: MemApi, domains: MemCache, nodes: MemCache, own: Ownership, **kw: Any
+) -> NodeDeps:
+    """The node reconciler's deps over in-memory ones (`kw`: the settings to change)."""
+    deps = NodeDeps(
+        rest=api,
+        writer=Writer(api, "test"),  # type: ignore[arg-type]
+        domains=domains,
+        claims=MemCache(),
+        nodes=nodes,
+        slices=MemCache(),
+        ownership=own,
+        placement=_placement(api, domains, nodes, own),
+        gang_timeout_seconds=300.0,
+        require_synced=lambda: None,
+        enqueue_domain=lambda key: None,
+        enqueue_node=lambda key: None,
+        enqueue_node_after=lambda key, delay: None,
+    )
+    return dataclasses.replace(deps, **kw)
+
+
 def test_domain_reconciler_from_its_deps_alone() -> None:
     api = MemApi()
     live = api.create(
@@ -204,21 +227,7 @@ def test_node_reconciler_from_its_deps_alone() -> None:
     nodes, own = MemCache([node]), Ownership()
     synced: list[bool] = []
     reconciler = NodeReconciler(
-        NodeDeps(
-            rest=api,
-            writer=Writer(api, "test"),  # type: ignore[arg-type]
-            domains=domains,
-            claims=MemCache(),
-            nodes=nodes,
-            slices=MemCache(),
-            ownership=own,
-            placement=_placement(api, domains, nodes, own),
-            gang_timeout_seconds=300.0,
-            require_synced=lambda: synced.append(True),
-            enqueue_domain=lambda key: None,
-            enqueue_node=lambda key: None,
-            enqueue_node_after=lambda key, delay: None,
-        )
+        node_deps(api, domains, nodes, own, require_synced=lambda: synced.append(True))
     )
     reconciler.reconcile("n1")
     assert synced == [True]

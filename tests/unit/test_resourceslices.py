@@ -92,7 +92,10 @@ def test_hgx_slice_is_one_pool_with_every_device(tmp_path: Path) -> None:
     assert a["pciSwitch"] == {"string": "0000:17:00.0"}
     assert a["fabricDomain"] == {"string": "nvlink-5b0e112233445566778899aabbccddef-1"}
     assert gpu["capacity"] == {"memory": {"value": "81559Mi"}}
-    assert "taints" not in gpu
+    # no health reading was given: Unknown informs, blocks nothing
+    assert gpu["taints"] == [
+        {"key": "fabricdra.io/health-unknown", "value": "gpu", "effect": "None"}
+    ]
     nic = devs["rdma-0000-19-00-0"]
     n = nic["attributes"]
     assert n["type"] == {"string": "rdma"}
@@ -244,8 +247,10 @@ def test_failed_link_taints_the_device_with_its_first_seen_time(tmp_path: Path) 
     assert taint["value"] == "rdma-link-down"
     assert taint["effect"] == "NoSchedule"
     assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$", taint["timeAdded"])
-    healthy = [x for x in devs.values() if x is not broken]
-    assert all("taints" not in x for x in healthy)
+    others = [x for x in devs.values() if x is not broken]
+    # the rest carry no taint but, where their health is unknown (GPUs without a reading
+    # here), one that only informs
+    assert all(t["effect"] == "None" for x in others for t in x.get("taints", []))
     # 1.34/1.35: no taints at all (the API server would drop the field).
     basic = _devices(build_slices(inv, "n", features=ApiFeatures("basic")).slices)
     assert all("taints" not in x for x in basic.values())
@@ -412,3 +417,59 @@ def test_the_verification_gate_taints_every_device_or_sets_verified(tmp_path: Pa
     assert {x["attributes"]["verified"]["bool"] for x in opened.values()} == {True}
     assert all("taints" not in x for x in closed.values())
     assert hgx.gpus
+
+
+# -- issue 32 point 2: NUMA as a list (KEP-5491, DRAListTypeAttributes) ---------------------
+
+NUMA = "resource.kubernetes.io/numaNode"
+
+
+def _bus_name(prefix: str, bus: str) -> str:
+    return prefix + bus.replace(":", "-").replace(".", "-")
+
+
+def test_a_gpu_whose_memory_is_numa_nodes_publishes_them_where_lists_are_on(
+    tmp_path: Path,
+) -> None:
+    b = SysfsBuilder(tmp_path / "sys")
+    hgx = hgx_h100(b)
+    snap = h100_snapshot(hgx.gpus)
+    # Grace: the GPU's HBM is onlined as CPU-less NUMA nodes beside its CPU's node.
+    snap[hgx.gpus[0]]["memoryNumaNodes"] = [5, 4]
+    readings = load_snapshot(write_json(tmp_path / "nvml.json", snap))
+    d = discover(SysfsTree(str(b.root)), nvml_source=lambda: readings)
+    inv = _inventory(d, gpu_info=gpu_info(d.nvml))
+    gpu0, gpu1 = _bus_name("gpu-", hgx.gpus[0]), _bus_name("gpu-", hgx.gpus[1])
+    nic0 = _bus_name("rdma-", hgx.nics[0])
+
+    off = build_slices(inv, "n")
+    on = build_slices(inv, "n", features=ApiFeatures(list_attributes=True))
+    cpu = _devices(off.slices)[gpu0]["attributes"][NUMA]
+    assert cpu == {"int": 0}  # lists off: the CPU's node, as the kernel names it for the GPU
+    assert _devices(on.slices)[gpu0]["attributes"][NUMA] == {"ints": [0, 4, 5]}
+    # one node only: a scalar either way; NICs unchanged
+    for name in (gpu1, nic0):
+        assert (
+            _devices(on.slices)[name]["attributes"][NUMA]
+            == (_devices(off.slices)[name]["attributes"][NUMA])
+        )
+        assert "int" in _devices(on.slices)[name]["attributes"][NUMA]
+    assert on.omitted == off.omitted == {}
+
+
+def test_a_gpu_with_only_memory_numa_nodes_publishes_no_scalar_it_cannot_know(
+    tmp_path: Path,
+) -> None:
+    b = SysfsBuilder(tmp_path / "sys")
+    hgx = hgx_h100(b, numa=False)
+    snap = h100_snapshot(hgx.gpus)
+    snap[hgx.gpus[0]]["memoryNumaNodes"] = [4, 5]
+    readings = load_snapshot(write_json(tmp_path / "nvml.json", snap))
+    d = discover(SysfsTree(str(b.root)), nvml_source=lambda: readings)
+    inv = _inventory(d, gpu_info=gpu_info(d.nvml))
+    gpu0 = _bus_name("gpu-", hgx.gpus[0])
+    off = build_slices(inv, "n")
+    assert NUMA not in _devices(off.slices)[gpu0]["attributes"]
+    assert "lists are off" in off.omitted[gpu0][NUMA]
+    on = build_slices(inv, "n", features=ApiFeatures(list_attributes=True))
+    assert _devices(on.slices)[gpu0]["attributes"][NUMA] == {"ints": [4, 5]}

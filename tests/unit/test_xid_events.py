@@ -115,14 +115,25 @@ def test_a_replayed_critical_xid_taints_the_gpu(node: Node) -> None:
     assert agent.pass_once().get(GPU0).health == "Unhealthy"  # type: ignore[union-attr]
 
 
-def test_an_application_xid_does_not_taint(node: Node) -> None:
+def test_an_application_xid_informs_and_blocks_nothing(node: Node) -> None:
+    """Issue 32 point 3: an application's Xid is not the GPU's fault (Healthy, no blocking
+    taint) but is published as an informative taint (effect None), for the rest of the boot."""
     agent, _ = node.agent()
     agent.pass_once()
     for xid in (13, 31, 43, 45, 68, 109):
         node.xid(0, xid)
     inventory = agent.pass_once()
     assert inventory.get(GPU0).health == "Healthy"  # type: ignore[union-attr]
-    assert taints(inventory, GPU0) == []
+    informs = {
+        "key": "fabricdra.io/xid",
+        "value": "gpu-xid-13.xid-31.xid-43.xid-45.xid-68.xid-109",
+        "effect": "None",
+    }
+    assert taints(inventory, GPU0) == [informs]
+    agent.xids.close()
+    node.restarted()
+    restarted, _ = node.agent()
+    assert taints(restarted.pass_once(), GPU0) == [informs]
 
 
 def test_a_gpu_that_cannot_register_for_xid_events_is_unknown_not_healthy(node: Node) -> None:

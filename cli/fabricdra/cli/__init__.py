@@ -46,6 +46,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "run IMEX for one ComputeDomain on this node (started by the controller)",
     ),
     "cleanup": ("cleanup", "remove what fabricdra made in the cluster (run by `helm uninstall`)"),
+    "wait-for-driver": (
+        "driverwait",
+        "wait until the NVIDIA driver is under the driver root (node pods' init container)",
+    ),
 }
 
 

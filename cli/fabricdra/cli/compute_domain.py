@@ -79,9 +79,11 @@ def register(sub: Any) -> None:
     a(
         "--host-imex-interval",
         type=float,
-        default=env_float("HOST_IMEX_INTERVAL", 30, empty=0),
-        help="seconds between reports on the host's IMEX service, for host-mode domains; "
-        "0 disables the report (default 30) [FABRICDRA_HOST_IMEX_INTERVAL]",
+        default=env_float("HOST_IMEX_INTERVAL", 0, empty=0),
+        help="host IMEX mode: seconds between checks of the host's IMEX service, reported "
+        "(when the answer changes, and as a heartbeat) for host-mode domains; the chart "
+        "passes 30 with computeDomains.hostImex.enabled; 0 (default): host mode off, no "
+        "report [FABRICDRA_HOST_IMEX_INTERVAL]",
     )
     p.set_defaults(run=run_plugin)
 
@@ -173,7 +175,7 @@ def run_plugin(args: argparse.Namespace) -> int:
         report_namespace=args.report_namespace,
         host_imex_interval=args.host_imex_interval,
     )
-    api = api_client(args.kubeconfig, "fabricdra-compute-domain-plugin/0.1.0")
+    api = api_client(args.kubeconfig, "fabricdra-compute-domain-plugin/0.2.0")
     try:
         plugin = ComputeDomainPlugin(config, api)
         plugin.run(stop_event())

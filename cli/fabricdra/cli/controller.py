@@ -15,6 +15,7 @@ from fabricdra.cli.common import env as _env
 from fabricdra.controller.objects import (
     DEFAULT_DAEMON_CPU,
     DEFAULT_DAEMON_MEMORY,
+    DEFAULT_DAEMON_MEMORY_LIMIT,
     DEFAULT_IMAGE,
 )
 
@@ -63,14 +64,21 @@ def register(sub: Any) -> None:
     a(
         "--imex-daemon-cpu",
         default=_env("IMEX_DAEMON_CPU", DEFAULT_DAEMON_CPU),
-        help="CPU request and limit of each IMEX daemon container, a Kubernetes quantity "
+        help="CPU request of each IMEX daemon container (no CPU limit), a Kubernetes quantity "
         f"(default {DEFAULT_DAEMON_CPU}) [FABRICDRA_IMEX_DAEMON_CPU]",
     )
     a(
         "--imex-daemon-memory",
         default=_env("IMEX_DAEMON_MEMORY", DEFAULT_DAEMON_MEMORY),
-        help="memory request and limit of each IMEX daemon container, a Kubernetes quantity "
+        help="memory request of each IMEX daemon container, a Kubernetes quantity "
         f"(default {DEFAULT_DAEMON_MEMORY}) [FABRICDRA_IMEX_DAEMON_MEMORY]",
+    )
+    a(
+        "--imex-daemon-memory-limit",
+        default=_env("IMEX_DAEMON_MEMORY_LIMIT", DEFAULT_DAEMON_MEMORY_LIMIT),
+        help="memory limit of each IMEX daemon container, a Kubernetes quantity, at least "
+        f"--imex-daemon-memory (default {DEFAULT_DAEMON_MEMORY_LIMIT}) "
+        "[FABRICDRA_IMEX_DAEMON_MEMORY_LIMIT]",
     )
     a(
         "--daemon-env",
@@ -158,6 +166,13 @@ def register(sub: Any) -> None:
         "[FABRICDRA_FABRIC_CHECK_TIMEOUT_SECONDS]",
     )
     a(
+        "--fabric-check-concurrency",
+        type=int,
+        default=env_int("FABRIC_CHECK_CONCURRENCY", 16),
+        help="how many fabric domains (racks) are checked at once (default 16) "
+        "[FABRICDRA_FABRIC_CHECK_CONCURRENCY]",
+    )
+    a(
         "--fabric-check-imex-mode",
         default=env_choice("FABRIC_CHECK_IMEX_MODE", "managed", ["managed", "host"]),
         choices=["managed", "host"],
@@ -208,15 +223,29 @@ def run(args: argparse.Namespace) -> int:
     for flag, value in (
         ("--imex-daemon-cpu", args.imex_daemon_cpu),
         ("--imex-daemon-memory", args.imex_daemon_memory),
+        ("--imex-daemon-memory-limit", args.imex_daemon_memory_limit),
     ):
         if not QUANTITY.match(value or ""):
             raise UsageError(
                 f"{flag} must be a Kubernetes quantity such as 100m or 128Mi, got {value!r}"
             )
+    from kubernetes.utils.quantity import parse_quantity
+
+    quantity: Any = parse_quantity  # the client's function is untyped
+    if quantity(args.imex_daemon_memory_limit) < quantity(args.imex_daemon_memory):
+        # The API server would refuse every IMEX DaemonSet: say so now.
+        raise UsageError(
+            f"--imex-daemon-memory-limit ({args.imex_daemon_memory_limit}) must be at least "
+            f"--imex-daemon-memory ({args.imex_daemon_memory})"
+        )
     if args.fabric_check_timeout_seconds <= 0:
         raise UsageError(
             "--fabric-check-timeout-seconds must be positive, "
             f"got {args.fabric_check_timeout_seconds:g}"
+        )
+    if args.fabric_check_concurrency < 1:
+        raise UsageError(
+            f"--fabric-check-concurrency must be at least 1, got {args.fabric_check_concurrency}"
         )
     daemon_env = _daemon_env(args.daemon_env)
     api = api_client(args.kubeconfig)
@@ -230,6 +259,7 @@ def run(args: argparse.Namespace) -> int:
             image_pull_policy=args.image_pull_policy,
             cpu=args.imex_daemon_cpu,
             memory=args.imex_daemon_memory,
+            memory_limit=args.imex_daemon_memory_limit,
             extra_env=daemon_env,
         ),
         domain_workers=args.workers,
@@ -246,6 +276,7 @@ def run(args: argparse.Namespace) -> int:
             imex_mode=args.fabric_check_imex_mode,
             runtime_class=args.fabric_check_runtime_class,
         ),
+        fabric_check_concurrency=args.fabric_check_concurrency,
         **({"identity": args.identity} if args.identity else {}),
     )
     controller = Controller(api, cfg)

@@ -18,7 +18,7 @@ from fabricdra.kube.rest import ApiError, Rest
 from .common import UsageError, api_client, env_choice, print_json, stop_event
 from .common import env as _env
 
-USER_AGENT = "fabricdra-fleet/0.1.0"
+USER_AGENT = "fabricdra-fleet/0.2.0"
 
 
 def register(sub: Any) -> None:

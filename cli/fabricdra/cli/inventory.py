@@ -141,7 +141,7 @@ def _resource_slices(
         gpu_health=gpu_health(
             nvml, None, expected=nvidia_bound(result.accelerators), amd=result.amd
         ),
-        gpu_info=gpu_info(result.nvml),
+        gpu_info=gpu_info(nvml),
     )
     plan = build_slices(inventory, node_name)
     for device, omitted in plan.omitted.items():

@@ -28,7 +28,7 @@ from fabricdra.cli.common import env as _env
 
 log = structlog.get_logger("fabricdra.kubelet-plugin")
 
-USER_AGENT = "fabricdra-kubelet-plugin/0.1.0"
+USER_AGENT = "fabricdra-kubelet-plugin/0.2.0"
 
 
 def register(sub: Any) -> None:
@@ -80,6 +80,17 @@ def register(sub: Any) -> None:
         "comma-separated]",
     )
     a(
+        "--device-plugin-resource",
+        action="append",
+        metavar="GROUP=RESOURCE",
+        default=[r for r in (_env("DEVICE_PLUGIN_RESOURCES", "") or "").split(",") if r],
+        help="a device plugin resource name (a trailing * matches any name with that start) "
+        "whose count above 0 in the Node's capacity withholds GROUP (nvidia-gpu, amd-gpu, "
+        "rdma, efa) on that node, besides the built-in names (nvidia.com/gpu, amd.com/gpu, "
+        "rdma/*, ...), e.g. rdma=nvidia.com/sriov_rdma_vf; repeatable "
+        "[FABRICDRA_DEVICE_PLUGIN_RESOURCES, comma-separated]",
+    )
+    a(
         "--rdma-vfs",
         default=env_choice("RDMA_VFS", "true", ["true", "false"]),
         choices=["true", "false"],
@@ -114,6 +125,22 @@ def register(sub: Any) -> None:
         "default until proven on hardware [FABRICDRA_DYNAMIC_MIG=true]",
     )
     a(
+        "--gpu-shares",
+        type=int,
+        default=env_int("GPU_SHARES", 0),
+        help="offer each whole NVIDIA GPU to up to N claims at once, with consumable memory "
+        "and shares (Kubernetes 1.36+; a claim asking no memory takes the whole GPU); 0: "
+        "one claim per GPU (default) [FABRICDRA_GPU_SHARES]",
+    )
+    a(
+        "--device-metadata",
+        action="store_true",
+        default=env_bool("DEVICE_METADATA", False),
+        help="KEP-5304: mount each claim request's device metadata (the devices and their "
+        "ResourceSlice attributes, DeviceMetadata JSON) read-only into the containers under "
+        "/var/run/kubernetes.io/dra-device-attributes [FABRICDRA_DEVICE_METADATA=true]",
+    )
+    a(
         "--claim-sweep-interval",
         type=float,
         default=env_float("CLAIM_SWEEP_INTERVAL", 600),
@@ -139,6 +166,23 @@ def register(sub: Any) -> None:
         choices=["auto", "current", "basic"],
         help="ResourceSlice model: current (1.36+: consumable capacity, device taints), basic "
         "(1.34/1.35 defaults), auto = from the API server's version [FABRICDRA_RESOURCE_MODEL]",
+    )
+    a(
+        "--list-type-attributes",
+        action="store_true",
+        default=env_bool("LIST_TYPE_ATTRIBUTES", False),
+        help="the cluster has DRAListTypeAttributes on (KEP-5491; alpha in 1.36): a device on "
+        "several NUMA nodes (a Grace GPU: its CPU's and its memory's) publishes "
+        "resource.kubernetes.io/numaNode as a list; off: the PCI function's node "
+        "[FABRICDRA_LIST_TYPE_ATTRIBUTES=true]",
+    )
+    a(
+        "--evict-on-fatal",
+        action="store_true",
+        default=env_bool("EVICT_ON_FATAL", False),
+        help="a fatal fault (a GPU lost, uncorrectable memory errors, a reset or reboot the "
+        "driver asks for) taints its device NoExecute, so running pods that use it are evicted; "
+        "off: NoSchedule, as every fault [FABRICDRA_EVICT_ON_FATAL=true]",
     )
     a(
         "--discovery-interval",
@@ -238,6 +282,7 @@ def register(sub: Any) -> None:
 
 def build_config(args: argparse.Namespace) -> Any:
     from fabricdra.kubeletplugin.agent import AgentConfig
+    from fabricdra.kubeletplugin.coexistence import BUILTIN_RULES, parse_rule
     from fabricdra.kubeletplugin.devices import DeviceConfig, parse_override
     from fabricdra.kubeletplugin.verification import Tools
 
@@ -262,9 +307,11 @@ def build_config(args: argparse.Namespace) -> Any:
             efa=args.efa,
             efa_device_rdma=args.efa_device_rdma,
             dynamic_mig=args.dynamic_mig,
+            gpu_shares=args.gpu_shares,
             offer_gpus=args.gpus == "true",
             offer_rdma=args.rdma == "true",
         )
+        rules = BUILTIN_RULES + tuple(parse_rule(r) for r in args.device_plugin_resource)
     except ValueError as e:
         raise UsageError(str(e)) from None
     expect = expected_profile(args.verify_expect, args.verify_expect_json)
@@ -281,6 +328,9 @@ def build_config(args: argparse.Namespace) -> Any:
         dev_root=Path(args.dev_root),
         proc_root=Path(args.proc_root),
         devices=devices,
+        device_metadata=args.device_metadata,
+        list_type_attributes=args.list_type_attributes,
+        evict_on_fatal=args.evict_on_fatal,
         discovery_interval=args.discovery_interval,
         sweep_interval=args.claim_sweep_interval,
         dcgm_url=args.dcgm_exporter_url or None,
@@ -297,6 +347,7 @@ def build_config(args: argparse.Namespace) -> Any:
         verify_namespace=args.verify_namespace,
         verify_runtime_class=args.verify_runtime_class or None,
         verify_expect=expect,
+        device_plugin_rules=rules,
     )
 
 

@@ -42,7 +42,7 @@ from fabricdra.kubeletplugin.verification.runner import run_once
 from .common import UsageError, api_client, print_json
 from .common import env as _env
 
-USER_AGENT = "fabricdra-verify/0.1.0"
+USER_AGENT = "fabricdra-verify/0.2.0"
 
 
 def register(sub: Any) -> None:

@@ -31,7 +31,7 @@ the placement's part (`placement.free_nodes`): that is ownership, not the node's
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Set
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,10 +121,69 @@ def fabric_unchecked(node: JSON) -> str:
     node_labels = (node.get("metadata") or {}).get("labels") or {}
     if not fabric or node_labels.get(labels.FABRIC_VERIFIED) == "true":
         return ""
+    return fabric_check_failed(node) or (
+        f"fabric domain {fabric} not checked yet ({labels.FABRIC_VERIFIED} is not 'true')"
+    )
+
+
+# A claim's refusal reason (and its domain's Degraded reason) where its node's fabric domain
+# failed the multi-node NVLink check (nodes.py).
+FABRIC_CHECK_FAILED = "FabricCheckFailed"
+
+
+def fabric_check_failed(node: JSON) -> str:
+    """Why the node's fabric domain check failed with it ("" unless its record says so for
+    the domain it is in now and no later check labelled it)."""
+    fabric = in_fabric(node)
+    node_labels = (node.get("metadata") or {}).get("labels") or {}
+    if not fabric or node_labels.get(labels.FABRIC_VERIFIED) == "true":
+        return ""
     record = record_of(node)
     if record is not None and not record.passed and record.fabric == fabric:
         return f"fabric domain {fabric} failed its multi-node NVLink check: {record.reason}"
-    return f"fabric domain {fabric} not checked yet ({labels.FABRIC_VERIFIED} is not 'true')"
+    return ""
+
+
+def held_back_by_fabric_check(
+    counted: Mapping[str, Sequence[str]],
+    unchecked_too: Mapping[str, Sequence[str]],
+    node: Callable[[str], JSON | None],
+    check_state: Callable[[str], str],
+) -> str:
+    """Why the multi-node NVLink check keeps nodes from gangs, in words ("" when it keeps none):
+    for each fabric domain whose nodes count without the check (`unchecked_too`) but not with
+    it (`counted`), what its check is doing (`check_state`, fabriccheck.FabricCheck.state:
+    waiting, running, did not run and why, failed), else what its nodes' records say. Fabric
+    domains with the same cause are named together (277 racks without a verification image
+    make one line, not 277)."""
+    groups: dict[str, list[str]] = {}
+    for fabric in sorted(unchecked_too):
+        back = sorted(set(unchecked_too[fabric]) - set(counted.get(fabric, ())))
+        if not back:
+            continue
+        why = check_state(fabric) or _record_cause(node(back[0]) or {}, fabric)
+        groups.setdefault(why, []).append(fabric)
+    parts = []
+    for why, fabrics in list(groups.items())[:5]:
+        names = ", ".join(fabrics[:3]) + (
+            f" and {len(fabrics) - 3} more" if len(fabrics) > 3 else ""
+        )
+        parts.append(f"fabric domain{'s' if len(fabrics) > 1 else ''} {names}: {why}")
+    if len(groups) > 5:
+        parts.append(f"{len(groups) - 5} more causes")
+    if not parts:
+        return ""
+    return (
+        "the multi-node NVLink check (--fabric-check) has not passed with nodes that would "
+        "count: " + "; ".join(parts)
+    )
+
+
+def _record_cause(node: JSON, fabric: str) -> str:
+    record = record_of(node)
+    if record is not None and not record.passed and record.fabric == fabric:
+        return f"the check failed: {record.reason}"
+    return f"not checked yet ({labels.FABRIC_VERIFIED} is not 'true')"
 
 
 def usable_by_fabric(

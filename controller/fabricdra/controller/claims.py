@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from fabricdra.api import computedomain as cd
 from fabricdra.api import labels as node_labels
 from fabricdra.api import opaque
@@ -20,6 +22,21 @@ def dev_key(d: JSON) -> tuple[str, str, str, str]:
 def results(claim: JSON) -> list[JSON]:
     allocation = (claim.get("status") or {}).get("allocation") or {}
     return list((allocation.get("devices") or {}).get("results") or [])
+
+
+def allocated_at(claim: JSON) -> float | None:
+    """When the claim was allocated (epoch seconds), from `status.allocation.
+    allocationTimestamp` (kube-scheduler writes it with binding conditions on); None when
+    the claim does not say. The API keeps whole seconds, so the end of that second: a timer
+    from it never runs out before the real allocation time plus its length."""
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    stamp = allocation.get("allocationTimestamp")
+    if not isinstance(stamp, str) or not stamp:
+        return None
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() + 1.0
+    except ValueError:
+        return None
 
 
 def claim_nodes(claim: JSON) -> set[str]:

@@ -3,32 +3,38 @@ removes the components themselves (the chart runs it as its pre-delete hook Job)
 
 Helm deletes only the objects of its chart. The components made more: ResourceSlices of both
 drivers, a NodeDevices per node, node labels, and per ComputeDomain claim templates and IMEX
-DaemonSets. The order below is what makes their removal clean:
+DaemonSets. What the release made goes; what users made stays: a user's ComputeDomain is kept,
+released (the objects the controller made for it deleted, its finalizer dropped), so neither a
+CRD deletion nor a reinstall waits on a controller that is gone. The order below is what makes
+the removal clean:
 
-1. Every ComputeDomain is deleted while the controller still runs, so the controller finalizes
-   each one as it always does (claim templates, IMEX DaemonSet), and the IMEX daemon pods'
-   claims are unprepared by a node plugin that is still there. A domain the controller has not
-   finalized within `domain_timeout` (no controller, a stuck one) is finalized here: its
-   objects deleted by the domain label, then its finalizer dropped.
-2. The release's components (its DaemonSets and Deployments) are deleted and their pods awaited:
-   after that nothing publishes again what step 3 removes.
-3. What they published is deleted: slices, NodeDevices, labels by prefix, leftover domain
+1. The controller is stopped (the release's Deployment deleted, its pods awaited): it would
+   otherwise make again, for the kept domains, what step 2 deletes.
+2. Every ComputeDomain is released: the objects carrying its domain label (claim templates,
+   IMEX DaemonSet) deleted, then its finalizer dropped; the IMEX daemon pods' claims are
+   unprepared by the node plugin, which still runs. Domains the release made itself (the
+   controller's fabric check, labelled with its run) are deleted.
+3. The node DaemonSet is stopped and its pods awaited: after that nothing publishes again what
+   step 4 removes.
+4. What they published is deleted: slices, NodeDevices, labels by prefix, leftover domain
    objects, the report and leader Leases, and the DeviceClasses the controller created.
 
-Every step is idempotent (a second run after a failure finishes the job) and an object already
-gone is not an error.
+Lists are read a page at a time (`page_size`), as the informer reads them: the Job's memory
+stays one page, not the fleet's slices, NodeDevices and Nodes at once. Every step is idempotent
+(a second run after a failure finishes the job) and an object already gone is not an error.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from fabricdra.api import computedomain as cd
 from fabricdra.api import labels
+from fabricdra.controller.fabriccheckrun import RUN_LABEL
 from fabricdra.kube.rest import (
     CLAIM_TEMPLATES,
     COMPUTE_DOMAINS,
@@ -50,19 +56,26 @@ log = logging.getLogger("fabricdra.cleanup")
 DEVICES_DRIVER = "devices.fabricdra.io"
 DRIVERS = (DEVICES_DRIVER, cd.DRIVER)
 LABEL_PREFIXES = (labels.PREFIX, "compute-domain.fabricdra.io/")
+# The node labels the controller writes: who holds the node, and the fabric check's verdict.
+CONTROLLER_NODE_LABELS = frozenset({cd.DOMAIN_LABEL, labels.FABRIC_VERIFIED})
 DEPLOYMENTS = Kind("apps", "v1", "deployments", True)
 # The controller's leader Lease (ControllerConfig.lease_name); the reports carry the domain label.
 CONTROLLER_LEASE = "fabricdra-compute-domain-controller"
 COMPONENTS = "(node,controller)"  # app.kubernetes.io/component of the chart's workloads
+PAGE_SIZE = 500  # objects per LIST page (the informer's default)
+# A continue token the server no longer honours (410 Expired, after etcd compaction) restarts
+# the list this many times: every step is idempotent, so objects seen twice are harmless.
+RELIST_TRIES = 3
 
 
 @dataclass
 class CleanupConfig:
     namespace: str  # the release's namespace: components, IMEX DaemonSets, Leases
     release: str  # the Helm release whose DaemonSets and Deployments are stopped
-    domain_timeout: float = 60.0  # how long the controller gets to finalize the domains
+    domain_timeout: float = 60.0  # how long the released domains' IMEX daemon pods get to go
     stop_timeout: float = 120.0  # how long the components' pods get to terminate
     poll: float = 1.0
+    page_size: int = PAGE_SIZE  # objects per LIST page
 
 
 @dataclass
@@ -70,35 +83,48 @@ class Report:
     """What was removed, by kind (printed as the command's output)."""
 
     removed: dict[str, list[str]] = field(default_factory=dict)
-    forced_domains: list[str] = field(default_factory=list)
+    released_domains: list[str] = field(default_factory=list)
 
     def add(self, kind: str, name: str) -> None:
         self.removed.setdefault(kind, []).append(name)
         log.info("removed %s %s", kind, name)
 
     def as_json(self) -> dict[str, Any]:
-        return {"removed": self.removed, "forcedDomains": self.forced_domains}
+        return {"removed": self.removed, "releasedDomains": self.released_domains}
 
 
 class CleanupError(Exception):
     """Cleanup could not finish; the message says what is left and why."""
 
 
-def _items(rest: Rest, kind: Kind, namespace: str | None = None, **selectors: str) -> list[Any]:
-    """The objects of `kind`, or [] when the kind is not served (its CRD already gone)."""
-    try:
-        listing = rest.list(
-            kind,
-            namespace,
-            label_selector=selectors.get("label_selector"),
-            field_selector=selectors.get("field_selector"),
-        )
-        items: list[Any] = listing.get("items", [])
-    except ApiError as e:
-        if e.not_found:
-            return []
-        raise
-    return items
+def _items(
+    rest: Rest,
+    kind: Kind,
+    namespace: str | None = None,
+    *,
+    label_selector: str | None = None,
+    field_selector: str | None = None,
+    page_size: int = PAGE_SIZE,
+) -> Iterator[Any]:
+    """The objects of `kind`, a page at a time; none when the kind is not served (its CRD
+    already gone)."""
+    for attempt in range(RELIST_TRIES):
+        try:
+            for page in rest.pages(
+                kind,
+                namespace,
+                label_selector=label_selector,
+                field_selector=field_selector,
+                limit=page_size,
+            ):
+                yield from page.get("items") or []
+            return
+        except ApiError as e:
+            if e.not_found:
+                return
+            if not e.gone or attempt == RELIST_TRIES - 1:
+                raise
+            log.info("the list of %s expired part way: listing again", kind.plural)
 
 
 def _key(obj: dict[str, Any]) -> str:
@@ -121,12 +147,16 @@ class Cleanup:
         self.report = Report()
 
     def run(self) -> Report:
-        self.remove_domains()
-        self.stop_components()
+        self.stop_components("controller")
+        self.release_domains()
+        self.stop_components("node")
         self.remove_published()
         return self.report
 
     # -- helpers -------------------------------------------------------------------------
+    def _each(self, kind: Kind, namespace: str | None = None, **selectors: str) -> Iterator[Any]:
+        return _items(self.rest, kind, namespace, page_size=self.config.page_size, **selectors)
+
     def _delete(self, kind: Kind, obj: dict[str, Any]) -> None:
         meta = obj["metadata"]
         if self.rest.delete(kind, meta["name"], meta.get("namespace")):
@@ -142,38 +172,49 @@ class Cleanup:
             remaining = left()
         return remaining
 
-    # -- 1. ComputeDomains ---------------------------------------------------------------
-    def remove_domains(self) -> None:
-        ns = self.config.namespace
-        domains = _items(self.rest, COMPUTE_DOMAINS)
-        for d in domains:
-            if not d["metadata"].get("deletionTimestamp"):
-                self._delete(COMPUTE_DOMAINS, d)
-            else:
-                log.info("ComputeDomain %s is already being deleted", _key(d))
-        if domains:
-            left = self._wait(
-                "the controller to finalize the ComputeDomains",
-                self.config.domain_timeout,
-                lambda: [_key(d) for d in _items(self.rest, COMPUTE_DOMAINS)],
+    # -- 1. and 3. the components ----------------------------------------------------------
+    def stop_components(self, component: str) -> None:
+        """Delete the release's workloads of `component` (node or controller; never the
+        cleanup Job's own pod) and wait for their pods."""
+        ns, release = self.config.namespace, self.config.release
+        selector = f"app.kubernetes.io/instance={release},app.kubernetes.io/component={component}"
+        for kind in (DAEMON_SETS, DEPLOYMENTS):
+            for obj in self._each(kind, ns, label_selector=selector):
+                self._delete(kind, obj)
+        left = self._wait(
+            f"the {component} pods to terminate",
+            self.config.stop_timeout,
+            lambda: [_key(p) for p in self._each(PODS, ns, label_selector=selector)],
+        )
+        if left:
+            # A pod still running may make again what the next steps remove: do not pretend.
+            raise CleanupError(
+                f"{component} pods of release {release} in {ns} did not terminate within "
+                f"{self.config.stop_timeout:.0f}s: {', '.join(left)}; nothing they made was "
+                "removed (run the cleanup again once they are gone)"
             )
-            for d in _items(self.rest, COMPUTE_DOMAINS):
-                log.warning("ComputeDomain %s not finalized by the controller: finalizing", _key(d))
-                self._force_finalize(d)
-            if left:
-                self.report.forced_domains.extend(left)
+
+    # -- 2. ComputeDomains -----------------------------------------------------------------
+    def release_domains(self) -> None:
+        """Every ComputeDomain loses what the release made for it and its finalizer; users'
+        domains are kept, the release's own (the fabric check's) deleted."""
+        ns = self.config.namespace
+        for d in self._each(COMPUTE_DOMAINS):
+            self._release(d)
+            if RUN_LABEL in (d["metadata"].get("labels") or {}):
+                self._delete(COMPUTE_DOMAINS, d)
         # The IMEX daemon pods' claims are unprepared by the node plugin: let them go first.
         leftover = self._wait(
             "the IMEX daemon pods to terminate",
-            self.config.stop_timeout,
-            lambda: [_key(p) for p in _items(self.rest, PODS, ns, label_selector=cd.DOMAIN_LABEL)],
+            self.config.domain_timeout,
+            lambda: [_key(p) for p in self._each(PODS, ns, label_selector=cd.DOMAIN_LABEL)],
         )
         if leftover:
             log.warning("IMEX daemon pods still terminating: %s", ", ".join(leftover))
 
-    def _force_finalize(self, domain: dict[str, Any]) -> None:
-        """The controller's finalization, for a domain it did not finalize: delete the objects
-        carrying the domain's label, then drop the finalizer."""
+    def _release(self, domain: dict[str, Any]) -> None:
+        """The controller's finalization, without the deletion: delete the objects carrying
+        the domain's label, then drop the finalizer."""
         uid = domain["metadata"]["uid"]
         selector = f"{cd.DOMAIN_LABEL}={uid}"
         for kind, ns in (
@@ -181,74 +222,67 @@ class Cleanup:
             (CLAIM_TEMPLATES, self.config.namespace),
             (DAEMON_SETS, self.config.namespace),
         ):
-            for obj in _items(self.rest, kind, ns, label_selector=selector):
+            for obj in self._each(kind, ns, label_selector=selector):
                 self._delete(kind, obj)
-        finalizers = domain["metadata"].get("finalizers") or []
-        if cd.FINALIZER not in finalizers:
+        name, namespace = domain["metadata"]["name"], domain["metadata"]["namespace"]
+        for _ in range(RELIST_TRIES):
+            finalizers = domain["metadata"].get("finalizers") or []
+            if cd.FINALIZER not in finalizers:
+                return
+            idx = finalizers.index(cd.FINALIZER)
+            patch = [
+                {"op": "test", "path": f"/metadata/finalizers/{idx}", "value": cd.FINALIZER},
+                {"op": "remove", "path": f"/metadata/finalizers/{idx}"},
+            ]
+            try:
+                self.rest.patch(COMPUTE_DOMAINS, name, patch, namespace, content_type=JSON_PATCH)
+            except ApiError as e:
+                if e.not_found:
+                    return
+                if e.status not in (409, 422):
+                    raise
+                # Its finalizers changed meanwhile: read it again and retry.
+                fresh = self.rest.get_or_none(COMPUTE_DOMAINS, name, namespace)
+                if fresh is None:
+                    return
+                domain = fresh
+                continue
+            self.report.add("computedomains/finalizer", _key(domain))
+            self.report.released_domains.append(_key(domain))
             return
-        idx = finalizers.index(cd.FINALIZER)
-        patch = [
-            {"op": "test", "path": f"/metadata/finalizers/{idx}", "value": cd.FINALIZER},
-            {"op": "remove", "path": f"/metadata/finalizers/{idx}"},
-        ]
-        try:
-            self.rest.patch(
-                COMPUTE_DOMAINS,
-                domain["metadata"]["name"],
-                patch,
-                domain["metadata"]["namespace"],
-                content_type=JSON_PATCH,
-            )
-        except ApiError as e:
-            if not (
-                e.not_found or e.status in (409, 422)
-            ):  # gone, or the controller got there first
-                raise
-        self.report.add("computedomains/finalizer", _key(domain))
+        raise CleanupError(f"ComputeDomain {_key(domain)}: its finalizer kept changing; run again")
 
-    # -- 2. the components -----------------------------------------------------------------
-    def stop_components(self) -> None:
-        ns, release = self.config.namespace, self.config.release
-        # The chart's node DaemonSet and controller Deployment (not the cleanup Job's own pod).
-        selector = (
-            f"app.kubernetes.io/instance={release},app.kubernetes.io/component in {COMPONENTS}"
-        )
-        for kind in (DAEMON_SETS, DEPLOYMENTS):
-            for obj in _items(self.rest, kind, ns, label_selector=selector):
-                self._delete(kind, obj)
-        left = self._wait(
-            "the components' pods to terminate",
-            self.config.stop_timeout,
-            lambda: [_key(p) for p in _items(self.rest, PODS, ns, label_selector=selector)],
-        )
-        if left:
-            # A pod still running may publish again what step 3 removes: do not pretend.
-            raise CleanupError(
-                f"pods of release {release} in {ns} did not terminate within "
-                f"{self.config.stop_timeout:.0f}s: {', '.join(left)}; nothing they published "
-                "was removed (run the cleanup again once they are gone)"
-            )
-
-    # -- 3. what they published ------------------------------------------------------------
+    # -- 4. what they published ------------------------------------------------------------
     def remove_published(self) -> None:
-        ns = self.config.namespace
         for driver in DRIVERS:
-            for s in _items(self.rest, SLICES, field_selector=f"spec.driver={driver}"):
-                self._delete(SLICES, s)
-        for record in _items(self.rest, NODE_DEVICES):
+            self._remove_slices(driver)
+        for record in self._each(NODE_DEVICES):
             self._delete(NODE_DEVICES, record)
-        for node in _items(self.rest, NODES):
-            keys = [k for k in node["metadata"].get("labels", {}) if k.startswith(LABEL_PREFIXES)]
+        self._remove_node_labels(lambda key: key.startswith(LABEL_PREFIXES))
+        self.remove_controller_objects()
+
+    def _remove_slices(self, driver: str) -> None:
+        for s in self._each(SLICES, field_selector=f"spec.driver={driver}"):
+            self._delete(SLICES, s)
+
+    def _remove_node_labels(self, ours: Callable[[str], bool]) -> None:
+        for node in self._each(NODES):
+            keys = [k for k in node["metadata"].get("labels", {}) if ours(k)]
             if keys:
                 patch = {"metadata": {"labels": dict.fromkeys(keys)}}
                 self.rest.patch(NODES, node["metadata"]["name"], patch)
                 for k in keys:
                     self.report.add("nodes/labels", f"{node['metadata']['name']}:{k}")
-        # Objects of domains the controller finalized no more (it was gone before the domain).
+
+    def remove_controller_objects(self) -> None:
+        """What the controller made that no domain holds: objects of domains released no more
+        (a domain deleted while no controller ran), report and leader Leases, its
+        DeviceClasses."""
+        ns = self.config.namespace
         for kind, where in ((CLAIM_TEMPLATES, None), (DAEMON_SETS, ns)):
-            for obj in _items(self.rest, kind, where, label_selector=cd.DOMAIN_LABEL):
+            for obj in self._each(kind, where, label_selector=cd.DOMAIN_LABEL):
                 self._delete(kind, obj)
-        for lease in _items(self.rest, LEASES, ns, label_selector=cd.DOMAIN_LABEL):
+        for lease in self._each(LEASES, ns, label_selector=cd.DOMAIN_LABEL):
             self._delete(LEASES, lease)
         leader = self.rest.get_or_none(LEASES, CONTROLLER_LEASE, ns)
         if leader is not None:
@@ -257,3 +291,19 @@ class Cleanup:
             cls = self.rest.get_or_none(DEVICE_CLASSES, name)
             if cls is not None:
                 self._delete(DEVICE_CLASSES, cls)
+
+    # -- computeDomains.enabled turned off ---------------------------------------------------
+    def run_compute_domains(self) -> Report:
+        """An upgrade that turns `computeDomains.enabled` off (the chart's pre-upgrade hook):
+        the controller stopped, every domain released as on uninstall, then what the
+        controller made removed: the compute-domain slices (it publishes them), its node
+        labels (the node hold and `fabricdra.io/fabric-verified`), leftover domain objects,
+        Leases and DeviceClasses. The node pods keep running (their devices plugin is still
+        wanted); the compute-domain plugin's own `compute-domain.fabricdra.io/plugin` label
+        stays, as that plugin sets it while it runs, until each node pod is replaced."""
+        self.stop_components("controller")
+        self.release_domains()
+        self._remove_slices(cd.DRIVER)
+        self._remove_node_labels(CONTROLLER_NODE_LABELS.__contains__)
+        self.remove_controller_objects()
+        return self.report

@@ -87,6 +87,8 @@ class Writes(Protocol):
 
     def event(self, domain: ComputeDomain, ev: Event) -> None: ...
 
+    def domain_event(self, meta: JSON, ev: Event) -> None: ...
+
 
 @dataclass(frozen=True)
 class DomainDeps:
@@ -126,6 +128,10 @@ class NodeDeps:
     enqueue_domain: Enqueue
     enqueue_node: Enqueue
     enqueue_node_after: EnqueueAfter
+    # Under --fabric-check, elastic and multi-clique domains (never placed) are refused nodes
+    # whose fabric domain's check failed; the check's own domain (in `namespace`) is not.
+    fabric_check: bool = False
+    namespace: str = ""
 
 
 @dataclass(frozen=True)
@@ -144,6 +150,9 @@ class PlacementDeps:
     # Nodes of a fabric domain count only once its multi-node NVLink check passed with them
     # (the controller's --fabric-check; capacity.fabric_unchecked).
     require_fabric_verified: bool = False
+    # Fabric domain -> what its check is doing, for a waiting gang's message ("" when nothing
+    # to say: fabriccheck.FabricCheck.state).
+    fabric_check_state: Callable[[str], str] = lambda fabric: ""
 
 
 @dataclass(frozen=True)
@@ -155,6 +164,7 @@ class FabricCheckDeps:
     nodes: Cache  # the compute-domain plugin's Nodes, indexed BY_FABRIC
     node_devices: Cache  # NodeDevices (fabriccheck.node_devices_view), by node name
     device_slices: Cache  # the devices plugin's slices, indexed BY_NODE
+    allocations: Cache  # every claim's allocation, by node (BY_NODE): GPU jobs there
     held: Callable[[str], bool]  # whether a ComputeDomain holds the node
     runner: Runner
     require_verified_nodes: bool
@@ -162,3 +172,5 @@ class FabricCheckDeps:
     requeue_after: EnqueueAfter  # the fabric queue's add_after
     clock: Callable[[], float] = time.monotonic
     now: Callable[[], datetime] = lambda: datetime.now(UTC)
+    # A fabric domain's check state (FabricCheck.state) changed: waiting gangs say it.
+    state_changed: Callable[[str], None] = lambda fabric: None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections import Counter
+from importlib.metadata import version
 
 from pydantic import ValidationError
 
@@ -24,14 +25,25 @@ from fabricdra.kube.rest import (
     Kind,
 )
 
-from . import channels, metrics, objects, records, status
-from .claims import channel_of, claim_nodes, domain_uid, node_addresses, node_fabric, node_ip
+from . import capacity, channels, metrics, objects, records, status
+from .claims import (
+    channel_of,
+    claim_nodes,
+    dev_key,
+    domain_uid,
+    node_addresses,
+    node_fabric,
+    node_ip,
+    results,
+)
 from .deps import Cache, DomainDeps
 from .indexes import BY_DOMAIN, BY_FABRIC, BY_NODE
 from .placement import FINISHED, Placed, is_gang
 from .writes import now
 
 log = logging.getLogger("fabricdra.controller")
+# Ready's reason (and the Warning Event's) for a ComputeDomain this controller cannot read.
+UNREADABLE = "Unreadable"
 
 
 class NotOurs(Exception):
@@ -49,13 +61,15 @@ class DomainReconciler:
         obj = d.domains.get(key)
         if obj is None:
             return
+        if obj["metadata"].get("deletionTimestamp"):
+            # From the object as stored: deletion cleans up also after a domain this
+            # controller cannot read.
+            self._finalize(obj)
+            return
         try:
             domain = ComputeDomain.model_validate(obj)
-        except ValidationError as e:  # the CRD's schema should have refused it
-            log.error("ComputeDomain %s is invalid: %s", key, e)
-            return
-        if domain.deleting:
-            self._finalize(domain)
+        except ValidationError as e:
+            self._unreadable(obj, key, e)
             return
         if cd.FINALIZER not in domain.metadata.get("finalizers", []):
             # Go on from the version the patch returned: every later write is conditional.
@@ -77,6 +91,54 @@ class DomainReconciler:
             ready, reason, message = self._ensure_objects(domain, channel, placed)
         self._update_status(domain, key, ready, reason, message, channel)
         self._count_domains()
+
+    def _unreadable(self, obj: JSON, key: str, error: ValidationError) -> None:
+        """A ComputeDomain this controller's model refuses: the API server's CRD admitted it,
+        so it is newer than this controller (a field or value a newer release's CRD allows,
+        left after a rollback), never the user's typo. Nothing is decided for it (whatever it
+        holds stays held: its channel in its status, its nodes by their claims); Ready says
+        why, with a Warning Event when that is first said. Deletion still cleans up
+        (`_finalize` reads the stored object, not the model)."""
+        fields = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '(object)'}: {err['msg']}"
+            for err in error.errors()[:5]
+        )
+        why = (
+            f"fabricdra {version('fabricdra')} cannot read this ComputeDomain ({fields}): it was "
+            "written for a newer fabricdra (a rollback?). Nothing is handed out or changed for "
+            "it until a controller that reads it runs; deleting it still removes its objects"
+        )
+        log.error("ComputeDomain %s: %s", key, why)
+        meta = obj["metadata"]
+        conditions = list((obj.get("status") or {}).get("conditions") or [])
+        ready = next((c for c in conditions if c.get("type") == cd.READY), None)
+        if (
+            ready is not None
+            and ready.get("status") == "False"
+            and ready.get("reason") == UNREADABLE
+            and ready.get("message") == why
+        ):
+            return  # said already: nothing rewritten
+        new = {
+            "type": cd.READY,
+            "status": "False",
+            "reason": UNREADABLE,
+            "message": why,
+            "lastTransitionTime": now(),
+        }
+        conditions = [c for c in conditions if c.get("type") != cd.READY] + [new]
+        patch = {
+            "metadata": {"resourceVersion": meta["resourceVersion"]},
+            "status": {"conditions": conditions},
+        }
+        try:
+            self.d.rest.patch(COMPUTE_DOMAINS, meta["name"], patch, meta["namespace"], sub="status")
+        except ApiError as e:
+            if e.conflict or e.not_found:  # changed meanwhile: its event queues it again
+                self.d.requeue_after(key, 0.1)
+                return
+            raise
+        self.d.writer.domain_event(meta, status.Event("Warning", UNREADABLE, why))
 
     def _count_domains(self) -> None:
         counts = {"True": 0, "False": 0, "Unknown": 0}
@@ -369,6 +431,26 @@ class DomainReconciler:
                     )
         return sorted(out)
 
+    def _fabric_check_refused(self, domain: ComputeDomain) -> list[str]:
+        """Claims of the domain refused at binding on a node whose fabric domain failed its
+        multi-node NVLink check (nodes.py), with why, while they are still allocated there."""
+        out = []
+        for claim in self.d.claims.by_index(BY_DOMAIN, domain.uid):
+            meta = claim["metadata"]
+            if domain_uid(claim) != domain.uid or meta["namespace"] != domain.namespace:
+                continue
+            allocated = {dev_key(r) for r in results(claim)}
+            for dev in (claim.get("status") or {}).get("devices") or []:
+                if dev_key(dev) not in allocated:
+                    continue
+                for c in dev.get("conditions") or []:
+                    if (
+                        c.get("type") == cd.CONFLICT_CONDITION
+                        and c.get("reason") == capacity.FABRIC_CHECK_FAILED
+                    ):
+                        out.append(f"claim {meta['name']}: {c.get('message', '')}")
+        return sorted(out)
+
     def _too_large(self, domain: ComputeDomain) -> str:
         """numNodes is limited by the fabric, not by a constant (status.too_large), counted
         from the nodes carrying a fabricdra.io/fabric.domain label."""
@@ -401,6 +483,7 @@ class DomainReconciler:
             self._held_nodes(domain),
             reports,
             fabric_conflicts=self._fabric_conflicts(domain),
+            fabric_check_refused=self._fabric_check_refused(domain),
             objects_reason=reason,
             unpin=self.d.ownership.pin_of(domain.uid) is None
             and not self._has_allocated_claims(domain),
@@ -431,47 +514,62 @@ class DomainReconciler:
         for ev in events:
             self.d.writer.event(domain, ev)
 
-    def _finalize(self, domain: ComputeDomain) -> None:
+    def _finalize(self, obj: JSON) -> None:
         """Delete in order: workload claim template, daemon objects; then drop the finalizer.
-        Each step is checked against the API, so a crash between steps resumes here."""
+        Each step is checked against the API, so a crash between steps resumes here. From
+        the stored object, not the model: a domain this controller cannot read (`_unreadable`)
+        is cleaned up too."""
         d = self.d
-        if cd.FINALIZER not in domain.metadata.get("finalizers", []):
+        meta = obj["metadata"]
+        name, namespace, uid = meta["name"], meta["namespace"], str(meta.get("uid", ""))
+        if cd.FINALIZER not in meta.get("finalizers", []):
             return
         remaining = []
-        rct = domain.spec.channel.resourceClaimTemplate.name
-        live = d.writer.get(CLAIM_TEMPLATES, rct, domain.namespace)
-        if (
-            live is not None
-            and live["metadata"].get("labels", {}).get(cd.DOMAIN_LABEL) == domain.uid
-        ):
-            d.rest.delete(CLAIM_TEMPLATES, rct, domain.namespace)
-            remaining.append(f"ResourceClaimTemplate {rct}")
+        for rct in self._workload_templates(obj):
+            if rct["metadata"].get("labels", {}).get(cd.DOMAIN_LABEL) == uid:
+                d.rest.delete(CLAIM_TEMPLATES, rct["metadata"]["name"], namespace)
+                remaining.append(f"ResourceClaimTemplate {rct['metadata']['name']}")
         ns = d.namespace
         for kind in (DAEMON_SETS, CLAIM_TEMPLATES):
-            listing = d.rest.list(kind, ns, label_selector=f"{cd.DOMAIN_LABEL}={domain.uid}")
-            for obj in listing.get("items", []):
-                if not obj["metadata"].get("deletionTimestamp"):
-                    d.rest.delete(kind, obj["metadata"]["name"], ns)
-                remaining.append(f"{kind.plural}/{obj['metadata']['name']}")
+            listing = d.rest.list(kind, ns, label_selector=f"{cd.DOMAIN_LABEL}={uid}")
+            for item in listing.get("items", []):
+                if not item["metadata"].get("deletionTimestamp"):
+                    d.rest.delete(kind, item["metadata"]["name"], ns)
+                remaining.append(f"{kind.plural}/{item['metadata']['name']}")
         if remaining:
             # Deletion was requested; come back to check it happened before letting go.
-            d.requeue_after(f"{domain.namespace}/{domain.name}", 0.2)
+            d.requeue_after(f"{namespace}/{name}", 0.2)
             return
-        finalizers = [f for f in domain.metadata.get("finalizers", []) if f != cd.FINALIZER]
-        idx = domain.metadata["finalizers"].index(cd.FINALIZER)
+        finalizers = [f for f in meta.get("finalizers", []) if f != cd.FINALIZER]
+        idx = meta["finalizers"].index(cd.FINALIZER)
         patch = [
             {"op": "test", "path": f"/metadata/finalizers/{idx}", "value": cd.FINALIZER},
             {"op": "replace", "path": "/metadata/finalizers", "value": finalizers},
         ]
         try:
-            d.rest.patch(
-                COMPUTE_DOMAINS, domain.name, patch, domain.namespace, content_type=JSON_PATCH
-            )
+            d.rest.patch(COMPUTE_DOMAINS, name, patch, namespace, content_type=JSON_PATCH)
         except ApiError as e:
             if not e.not_found:
                 raise
-        d.ownership.forget_domain(domain.uid)
-        d.placement.forget(f"{domain.namespace}/{domain.name}", domain.uid)
+        d.ownership.forget_domain(uid)
+        d.placement.forget(f"{namespace}/{name}", uid)
+
+    def _workload_templates(self, obj: JSON) -> list[JSON]:
+        """The domain's workload claim template(s) in its namespace: the one its spec names,
+        or, when the spec does not say in a way this controller reads, those carrying its
+        UID label."""
+        meta = obj["metadata"]
+        spec, channel = obj.get("spec"), None
+        if isinstance(spec, dict):
+            channel = spec.get("channel")
+        ref = channel.get("resourceClaimTemplate") if isinstance(channel, dict) else None
+        rct = ref.get("name") if isinstance(ref, dict) else None
+        if isinstance(rct, str) and rct:
+            live = self.d.writer.get(CLAIM_TEMPLATES, rct, meta["namespace"])
+            return [live] if live is not None else []
+        selector = f"{cd.DOMAIN_LABEL}={meta.get('uid', '')}"
+        listing = self.d.rest.list(CLAIM_TEMPLATES, meta["namespace"], label_selector=selector)
+        return list(listing.get("items", []))
 
 
 def _duration(lease: JSON) -> float:

@@ -7,26 +7,28 @@ NVIDIA's multi-node nvbandwidth across the domain's idle, verified nodes (fabric
 and labels each node the check passed with `fabricdra.io/fabric-verified=true`, the label
 gang placement requires (capacity.fabric_unchecked).
 
-When: a node of the domain that can take a pod, holds no ComputeDomain and passed its per-node
-gate (a *member*) is *covered* when it carries the label and its record
-(`fabricdra.io/fabric-check`, api/fabriccheck.py) says a check passed with it in this domain on
-the hardware it has now (its NodeDevices `currentFingerprint`). A domain with an uncovered
-member is checked, over all its members (so a tray added or repaired is measured against the
-others); one whose members are all covered is left alone: a node that went busy and idle
-again, or a restarted controller, runs nothing. The membership fingerprint (every member and
-its hardware fingerprint) is recorded with the result.
+When: a node of the domain that can take a pod, is idle (no ComputeDomain holds it and no claim
+holds a GPU of its: the check's workers are privileged with every GPU, and never share a tray
+with a job, single-node ones included) and passed its per-node gate (a *member*) is *covered*
+when it carries the label and its record (`fabricdra.io/fabric-check`, api/fabriccheck.py) says
+a check passed with it in this domain on the hardware it has now (its NodeDevices
+`currentFingerprint`). A domain with an uncovered member is checked, over all its members (so a
+tray added or repaired is measured against the others); one whose members are all covered is
+left alone: a node that went busy and idle again, or a restarted controller, runs nothing. The
+membership fingerprint (every member and its hardware fingerprint) is recorded with the result.
 
 Outcome: passed -> every checked node labelled, with its record; failed -> the label removed
-from every node of the domain, a record on each checked node, and a Warning Event naming the
-GPU pair, its figure and the floor; not run (no verification image, a launch that failed) ->
-nothing changes but a Warning Event. A failed or not-run check is tried again after 60 s, then
-120 s, ... up to an hour (as the per-node verification retries), at once when a node joins or
-its hardware changes (a subset of the nodes, some of them busy, waits out the backoff). A
-domain with a single node has no trunk to check: that node is labelled with the reason "one
-node, no trunk to check" (a ComputeDomain of one never crosses the trunk). A domain whose GPU
-classes have no GPU-to-GPU figure (`gpuBandwidthGBs`, verification.json) holds nothing: its
-members are labelled, saying so. With two nodes or more but one member only, the check waits
-for a second idle verified node to measure against.
+from the nodes the check measured (only those: a tray a running domain holds was not in it), a
+record on each of them, and a Warning Event naming the GPU pair, its figure and the floor; not
+run (no verification image, a launch that failed) -> nothing changes but a Warning Event. A
+failed or not-run check is tried again after 60 s, then 120 s, ... up to an hour (as the per-
+node verification retries), at once when a node joins or its hardware changes (a subset of the
+nodes, some of them busy, waits out the backoff). A domain with a single node has no trunk to
+check: that node is labelled with the reason "one node, no trunk to check" (a ComputeDomain of
+one never crosses the trunk). A domain whose GPU classes have no GPU-to-GPU figure
+(`gpuBandwidthGBs`, verification.json) holds nothing: its members are labelled, saying so. With
+two nodes or more but one member only, the check waits for a second idle verified node to
+measure against.
 
 The decisions (`members`, `plan`, `outcome`) are pure; `FabricCheck` reads the caches, runs
 the check (a Runner) and writes. Leader-only: it runs in a worker the controller starts once
@@ -96,7 +98,8 @@ def members(
     require_verified: bool,
 ) -> dict[str, str]:
     """Node -> hardware fingerprint, for the domain's nodes the check may use now: they can take
-    a pod (capacity.unusable, with the per-node label where required), hold no ComputeDomain,
+    a pod (capacity.unusable, with the per-node label where required), are idle (`held`
+    false: no ComputeDomain holds them and no claim holds a GPU of theirs, FabricCheck.busy),
     and their per-node gate is open (`hardware`: hardware_fingerprint, "" otherwise)."""
     out: dict[str, str] = {}
     for node in nodes:
@@ -106,6 +109,27 @@ def members(
             continue
         out[name] = fp
     return out
+
+
+def gpu_claims(node: str, slices: Iterable[JSON], claims: Iterable[JSON]) -> list[str]:
+    """The claims (`namespace/name`) allocated a GPU or MIG device of `node` (its
+    devices.fabricdra.io slices): a job runs there, and the check's workers, privileged with
+    every GPU, would share the tray with it. Admin access (monitoring) holds nothing."""
+    gpus = {dev.name for dev in capacity.devices(slices).values() if dev.type in capacity.GPU_TYPES}
+    out = set()
+    for claim in claims:
+        for r in (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
+            "results"
+        ) or []:
+            if (
+                r.get("driver") == capacity.DRIVER
+                and r.get("pool") == node
+                and r.get("device") in gpus
+                and r.get("adminAccess") is not True
+            ):
+                meta = claim.get("metadata") or {}
+                out.add(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
+    return sorted(out)
 
 
 def membership_fingerprint(member_fps: Mapping[str, str]) -> str:
@@ -223,12 +247,9 @@ def outcome(
     if result.outcome == "NotRun":
         ev = Event("Warning", "FabricCheckNotRun", f"fabric domain {fabric}: {result.reason}")
         return Writes([], [(n, ev) for n in p.nodes])
+    # Only the trays it measured: one a running domain holds was not in the check, nothing
+    # was measured on it, and its own passed record still stands (issue 29 point 10).
     writes = [NodeWrite(n, False, record(n, False)) for n in p.nodes]
-    for node in domain_nodes:  # the domain's other nodes lose the label too
-        name = node["metadata"]["name"]
-        node_labels = (node.get("metadata") or {}).get("labels") or {}
-        if name not in p.nodes and labels.FABRIC_VERIFIED in node_labels:
-            writes.append(NodeWrite(name, False))
     ev = Event(
         "Warning",
         "FabricCheckFailed",
@@ -315,6 +336,32 @@ class FabricCheck:
         self._lock = threading.Lock()
         self._backoff: dict[str, _Backoff] = {}
         self._pending: dict[str, _Pending] = {}
+        self._state: dict[str, str] = {}  # fabric -> what its check is doing (`state`)
+
+    def state(self, fabric: str) -> str:
+        """What the fabric domain's check is doing, in words, for a gang that waits for it
+        ("" when nothing to say: passed, or not reconciled yet). Leader memory: a new leader
+        says it again at its first reconcile of the domain."""
+        with self._lock:
+            return self._state.get(fabric, "")
+
+    def _say(self, fabric: str, state: str) -> None:
+        with self._lock:
+            before = self._state.get(fabric, "")
+            if state:
+                self._state[fabric] = state
+            else:
+                self._state.pop(fabric, None)
+        if before != state:
+            self.d.state_changed(fabric)
+
+    def busy(self, node: str) -> bool:
+        """Not idle: a ComputeDomain holds the node, or a claim holds one of its GPUs (a
+        single-node GPU job has no ComputeDomain)."""
+        if self.d.held(node):
+            return True
+        slices = self.d.device_slices.by_index(BY_NODE, node)
+        return bool(gpu_claims(node, slices, self.d.allocations.by_index(BY_NODE, node)))
 
     def gpus(self, nodes: Iterable[str]) -> dict[str, list[str]]:
         """Node -> the device classes of the GPUs it publishes (capacity.devices), one entry
@@ -356,16 +403,18 @@ class FabricCheck:
             for n in domain_nodes
         }
         member_fps = members(
-            domain_nodes, hardware, d.held, require_verified=d.require_verified_nodes
+            domain_nodes, hardware, self.busy, require_verified=d.require_verified_nodes
         )
         gpus = self.gpus(member_fps)
         classes = sorted({c for found in gpus.values() for c in found})
         floor = threshold(classes)
         p = plan(fabric, domain_nodes, member_fps, floor, classes)
         if p.action == "none":
+            self._say(fabric, "")
             return
         if p.action == "wait":
             log.info("fabric check of %s waits: %s (%s)", fabric, p.reason, ", ".join(p.nodes))
+            self._say(fabric, f"the check waits: {p.reason}")
             return
         if p.action == "pass":
             result = CheckResult("Passed", p.reason)
@@ -379,6 +428,8 @@ class FabricCheck:
                     return
             assert floor is not None
             log.info("fabric check of %s over %s", fabric, ", ".join(p.nodes))
+            if b is None:  # a retry keeps saying why the last try failed or did not run
+                self._say(fabric, f"the check is running over {len(p.nodes)} nodes")
             result = d.runner.run(fabric, {n: len(gpus.get(n, [])) for n in p.nodes}, floor)
         writes = outcome(fabric, p, result, domain_nodes, member_fps, floor, d.now())
         written: dict[str, str] = {}
@@ -391,6 +442,10 @@ class FabricCheck:
                 self._pending[fabric] = _Pending(written, d.clock() + PENDING_WAIT)
         for node, ev in writes.events:
             d.node_event(node, ev)
+        said = {"Passed": "", "Failed": "the check failed", "NotRun": "the check did not run"}
+        self._say(
+            fabric, f"{said[result.outcome]}: {result.reason}" if said[result.outcome] else ""
+        )
         if result.outcome == "Passed":
             log.info("fabric check of %s passed: %s", fabric, result.reason)
             with self._lock:

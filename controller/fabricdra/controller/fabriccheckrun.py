@@ -448,8 +448,8 @@ class KubeRunner:
         if not self.settings.image:
             return CheckResult(
                 "NotRun",
-                "no verification image to run the check from (the controller's "
-                "--fabric-check-image, the chart's verification.image)",
+                "no verification image is configured to run it from (the chart's "
+                "verification.image, the controller's --fabric-check-image)",
             )
         nodes = list(gpus)
         per_node = min(gpus.values()) if gpus else 0

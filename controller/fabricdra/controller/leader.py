@@ -12,9 +12,15 @@ controller replicas never act at once:
 - every write is conditional on the resourceVersion read, so two replicas racing for an
   expired lease produce one winner.
 
-The `kubernetes` package's own `leaderelection` module was considered: it judges expiry from
-the holder's `renewTime`, has no bound on a renew request, and builds on the typed client this
-code base avoids (api/rest.py); this module is the same algorithm as client-go's, in ~150 lines.
+The `kubernetes` package's own `leaderelection` module (37.x, the version pyproject.toml
+requires) was considered. It now judges expiry by observed time as well (older releases judged
+it from the holder's `renewTime`; that is no longer a reason), but two still hold: a renew
+request has no time bound (its renew loop checks the deadline only between requests, so one
+request hung past `renew_deadline` keeps a replica leading after a standby may have taken
+over), and its `LeaseLock` builds on the typed `CoordinationV1Api` with the process-wide
+default configuration, not the `Rest` client every part of this code base shares
+(kube/rest.py: per-call timeouts, typed errors, counted writes). This module is the same
+algorithm as client-go's, in ~150 lines.
 """
 
 from __future__ import annotations

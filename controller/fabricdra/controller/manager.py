@@ -62,7 +62,7 @@ from .writes import Writer, counting_rest
 __all__ = ["Controller", "ControllerConfig", "NotOurs", "NotSynced"]
 
 log = logging.getLogger("fabricdra.controller")
-USER_AGENT = "fabricdra-controller/0.1.0"
+USER_AGENT = "fabricdra-controller/0.2.0"
 
 
 def _domain_label(obj: JSON) -> list[str]:
@@ -131,6 +131,9 @@ class ControllerConfig:
     # counting a fabric domain's nodes only once it passed with them.
     fabric_check: bool = False
     fabric_run: RunSettings = field(default_factory=RunSettings)  # its namespace: `namespace`
+    # How many fabric domains are checked at once (one worker each; a check runs for minutes
+    # and a rack's key is never in two workers: workqueue.py).
+    fabric_check_concurrency: int = 16
 
 
 class Controller:
@@ -211,7 +214,7 @@ class Controller:
         # sweep still ends within it (workqueue.py).
         self.domain_queue = WorkQueue(resync_max_wait=self.config.resync_seconds / 4)
         self.node_queue = WorkQueue(resync_max_wait=self.config.resync_seconds / 4)
-        # Fabric domains to check (fabriccheck.py): one worker, a check runs for minutes.
+        # Fabric domains to check (fabriccheck.py): `fabric_check_concurrency` workers.
         self.fabric_queue = WorkQueue(resync_max_wait=self.config.resync_seconds / 4)
         self.ownership = Ownership()
         self.heartbeats = Heartbeats()
@@ -228,6 +231,9 @@ class Controller:
                 require_verified_nodes=self.config.require_verified_nodes,
                 enqueue_domain=self.domain_queue.add,
                 require_fabric_verified=self.config.fabric_check,
+                fabric_check_state=lambda f: (
+                    self.fabric_check.state(f) if self.fabric_check is not None else ""
+                ),
             )
         )
         self.domain_reconciler = DomainReconciler(
@@ -264,6 +270,8 @@ class Controller:
                 enqueue_domain=self.domain_queue.add,
                 enqueue_node=self.node_queue.add,
                 enqueue_node_after=self.node_queue.add_after,
+                fabric_check=self.config.fabric_check,
+                namespace=self.config.namespace,
             )
         )
         self.fabric_check: FabricCheck | None = None
@@ -276,6 +284,7 @@ class Controller:
                     nodes=self.nodes,
                     node_devices=self.node_devices,
                     device_slices=self.device_slices,
+                    allocations=self.allocations,
                     held=lambda n: own.owner(n) != cd.FREE_OWNER,
                     runner=fabric_runner
                     or KubeRunner(
@@ -286,6 +295,8 @@ class Controller:
                     require_verified_nodes=self.config.require_verified_nodes,
                     require_synced=self.require_synced,
                     requeue_after=self.fabric_queue.add_after,
+                    # Waiting gangs say what the check is doing (placement.py).
+                    state_changed=lambda f: self.placement.room_may_have_freed(),
                 )
             )
         self._stop = threading.Event()
@@ -410,7 +421,15 @@ class Controller:
             before = ((old or {}).get("status") or {}).get("allocation")
             after = ((new or {}).get("status") or {}).get("allocation")
             if before != after:
-                self.placement.devices_changed(device_nodes(old or {}) | device_nodes(new or {}))
+                changed = device_nodes(old or {}) | device_nodes(new or {})
+                self.placement.devices_changed(changed)
+                if self.fabric_check is not None:
+                    # A GPU job started or ended there: the node went busy or idle again, a
+                    # member of its fabric domain's check or not (fabriccheck.py).
+                    for name in changed:
+                        fabric = node_fabric(self.nodes.get(name) or {})
+                        if fabric:
+                            self.fabric_queue.add(fabric, resync=event == "SYNC")
             if event != "SYNC" and before != after:
                 self.placement.room_may_have_freed()
 
@@ -514,9 +533,9 @@ class Controller:
             )
         self._spawn("node-worker", self._worker, self.node_queue, self.reconcile_node, "node")
         if self.fabric_check is not None:
-            self._spawn("fabric-worker", self._fabric_worker)
+            self._spawn("fabric-start", self._fabric_workers)
 
-    def _fabric_worker(self) -> None:
+    def _fabric_workers(self) -> None:
         assert self.fabric_check is not None
         try:
             # What a controller that stopped mid-check left behind: a new leader deletes it
@@ -527,7 +546,16 @@ class Controller:
         for node in self.nodes.items():
             if node_fabric(node):
                 self.fabric_queue.add(node_fabric(node))
-        self._worker(self.fabric_queue, self.reconcile_fabric, "fabric")
+        # Racks are checked side by side up to the bound: one at a time, the last of 277
+        # racks waited a day at first install.
+        for i in range(max(1, self.config.fabric_check_concurrency)):
+            self._spawn(
+                f"fabric-worker-{i}",
+                self._worker,
+                self.fabric_queue,
+                self.reconcile_fabric,
+                "fabric",
+            )
 
     def _spawn(self, name: str, target: Callable[..., None], *args: Any) -> None:
         t = threading.Thread(target=target, args=args, daemon=True, name=name)

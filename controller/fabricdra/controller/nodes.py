@@ -8,13 +8,13 @@ import logging
 from collections.abc import Iterable
 
 from fabricdra.api import computedomain as cd
-from fabricdra.api.computedomain import ComputeDomain
 from fabricdra.api.jsontypes import JSON
 from fabricdra.kube.rest import CLAIMS, NODES, SLICES, ApiError
 
-from . import admission, metrics, objects, records
-from .claims import claim_views, dev_key, domain_uid, node_fabric
+from . import admission, capacity, metrics, objects, records
+from .claims import allocated_at, claim_views, dev_key, domain_uid, node_fabric
 from .deps import Cache, NodeDeps
+from .fabriccheckrun import RUN_LABEL
 from .indexes import BY_NODE, BY_UID
 from .status import Event
 from .writes import FIELD_MANAGER, now
@@ -102,6 +102,8 @@ class NodeReconciler:
         for view in views:  # claims made before their gang was placed may move it here
             if view.state == "pending" and view.domain:
                 d.placement.follow(view.domain, fabric)
+        refused = self._fabric_check_refusals(node, views)
+        views = [v for v in views if v.key not in refused]
         live, multi = self.live_domains([*(v.domain for v in views), previous])
         names = {uid: key for uid in live if (key := d.ownership.key_of(uid))}
         decision = admission.decide(
@@ -147,6 +149,12 @@ class NodeReconciler:
             self._answer(by_key[key], name, cd.CONFLICT_CONDITION, "NodeHeld", why)
             metrics.ADMISSIONS.labels("conflict").inc()
             self._conflict_event(by_key[key], why)
+        for key, why in sorted(refused.items()):
+            self._answer(
+                by_key[key], name, cd.CONFLICT_CONDITION, capacity.FABRIC_CHECK_FAILED, why
+            )
+            metrics.ADMISSIONS.labels("conflict").inc()
+            self._conflict_event(by_key[key], why)
         metrics.HELD_NODES.set(d.ownership.held_count())
         if previous != cd.FREE_OWNER and decision.owner == cd.FREE_OWNER:
             d.placement.room_may_have_freed()
@@ -154,6 +162,37 @@ class NodeReconciler:
             domain_key = d.ownership.key_of(uid)
             if domain_key:
                 d.enqueue_domain(domain_key)
+
+    def _fabric_check_refusals(
+        self, node: JSON, views: Iterable[admission.ClaimOnNode]
+    ) -> dict[str, str]:
+        """Claim key -> why it is refused: under --fabric-check, a pending claim of an
+        elastic (no numNodes) or multi-clique domain on a node whose fabric domain's check
+        failed. Gang placement keeps gangs off such a rack; these domains are never placed,
+        so the scheduler may put them there, across a trunk that failed its measurement.
+        The check's own domain (labelled, in the driver's namespace) measures exactly such
+        racks again, and is not refused. Admitted claims stay: a running job is not evicted."""
+        d = self.d
+        failed = capacity.fabric_check_failed(node) if d.fabric_check else ""
+        if not failed:
+            return {}
+        out = {}
+        for view in views:
+            if view.state != "pending" or not view.domain:
+                continue
+            for obj in d.domains.by_index(BY_UID, view.domain):
+                meta, spec = obj["metadata"], obj.get("spec") or {}
+                spans = spec.get("allowMultipleCliques") is True
+                if not spans and spec.get("numNodes") is not None:
+                    continue  # a gang (placed) or a domain of one node (no trunk crossed)
+                if meta.get("namespace") == d.namespace and RUN_LABEL in (meta.get("labels") or {}):
+                    continue
+                out[view.key] = (
+                    f"node {node['metadata']['name']}: {failed}; "
+                    f"{'a multi-clique' if spans else 'an elastic'} ComputeDomain is not "
+                    "admitted there until a check of that fabric domain passes"
+                )
+        return out
 
     def _want(self, claim: JSON) -> int:
         """The claim's domain's numNodes (1 when unset or unknown)."""
@@ -201,7 +240,9 @@ class NodeReconciler:
                 for n in members - {node}:  # their held claims can go too
                     d.enqueue_node(n)
                 continue
-            left = d.ownership.gang_hold(key, gang, d.gang_timeout_seconds)
+            left = d.ownership.gang_hold(
+                key, gang, d.gang_timeout_seconds, allocated_at=allocated_at(claim)
+            )
             if left is None:
                 # Placed again without the nodes that failed it (or kept where its pods'
                 # claims can only go); a multi-clique gang is never placed.
@@ -297,9 +338,8 @@ class NodeReconciler:
     def _conflict_event(self, claim: JSON, why: str) -> None:
         key = self.d.ownership.key_of(domain_uid(claim))
         obj = self.d.domains.get(key) if key else None
-        if obj is not None:
-            domain = ComputeDomain.model_validate(obj)
-            self.d.writer.event(
-                domain,
+        if obj is not None:  # from its metadata: also a domain this controller cannot read
+            self.d.writer.domain_event(
+                obj["metadata"],
                 Event("Warning", "NodeConflict", f"claim {claim['metadata']['name']}: {why}"),
             )

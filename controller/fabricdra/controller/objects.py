@@ -22,11 +22,15 @@ from fabricdra.api.jsontypes import JSON
 
 # The IMEX daemons run the controller's own release, never a moving tag: `latest` would let a
 # node pull a different build than the one the controller was tested with.
+CONFIG_DIR = "/imexd"  # the daemon's per-domain host folder, as its container sees it
 DEFAULT_IMAGE = f"ghcr.io/fabricdra/fabricdra:{version('fabricdra')}"
 
 
-DEFAULT_DAEMON_CPU = "200m"
-DEFAULT_DAEMON_MEMORY = "256Mi"
+# The IMEX daemon container's requests, and a memory limit (no CPU limit): docs/
+# compute-domains.md, "Sizing the IMEX daemon", says where each figure comes from.
+DEFAULT_DAEMON_CPU = "100m"
+DEFAULT_DAEMON_MEMORY = "128Mi"
+DEFAULT_DAEMON_MEMORY_LIMIT = "1Gi"
 
 
 @dataclass(frozen=True)
@@ -38,11 +42,13 @@ class DaemonSettings:
     image_pull_policy: str = "IfNotPresent"
     service_account: str = "fabricdra-imex-daemon"
     priority_class: str = "system-node-critical"
-    # The daemon container's requests, equal to its limits (Guaranteed QoS: the last to be
-    # killed when the node runs out of memory). Sized from bench/imexdaemon.py; see
-    # docs/compute-domains.md, "Sizing the IMEX daemon".
+    # The daemon container's requests, and its memory limit. No CPU limit: it would stretch
+    # the start-up burst and IMEX's peer handling, and buys no protection (the pod is
+    # system-node-critical, which kubelet ranks with Guaranteed pods for the OOM killer).
+    # See docs/compute-domains.md, "Sizing the IMEX daemon".
     cpu: str = DEFAULT_DAEMON_CPU
     memory: str = DEFAULT_DAEMON_MEMORY
+    memory_limit: str = DEFAULT_DAEMON_MEMORY_LIMIT
     # Extra environment of the daemon containers (the chart's `extraEnv`, e.g. the API server's
     # address where pods cannot reach the `kubernetes` Service), after the daemon's own.
     extra_env: tuple[JSON, ...] = ()
@@ -243,19 +249,54 @@ def daemon_set(domain: ComputeDomain, settings: DaemonSettings) -> JSON:
                             "env": [*env, *settings.extra_env],
                             "resources": {
                                 "requests": {"cpu": settings.cpu, "memory": settings.memory},
-                                "limits": {"cpu": settings.cpu, "memory": settings.memory},
+                                "limits": {"memory": settings.memory_limit},
                                 "claims": [{"name": "imex"}],
                             },
-                            # A file check, not a Python start-up (that cost 0.55 s CPU and
-                            # 54 MB per probe): the daemon keeps the file while IMEX is READY.
-                            "readinessProbe": {
-                                "exec": {"command": ["test", "-e", "/imexd/ready"]},
-                                "periodSeconds": 5,
-                            },
+                            **daemon_probes(),
                         }
                     ],
                 },
             },
+        },
+    }
+
+
+# The daemon's loop touches /imexd/alive at every turn (daemon.py); older than this, the
+# daemon is stuck (a turn takes at most two API calls of 30 s and a 5 s IMEX query).
+ALIVE_WITHIN_SECONDS = 120
+
+
+def daemon_probes() -> JSON:
+    """The IMEX daemon container's probes. File checks, not a Python start-up per probe (that
+    cost 0.55 s CPU and 54 MB each). Readiness: IMEX answers READY (the daemon keeps
+    /imexd/ready while it does). Startup: the daemon's loop has turned once (/imexd/alive
+    exists; until then liveness is not asked). Liveness: the loop still turns (the file is
+    younger than ALIVE_WITHIN_SECONDS), else kubelet restarts the container. A hung
+    nvidia-imex is restarted by the daemon itself (imex.py, `hang_seconds`), which a
+    liveness probe asking IMEX could not tell from an IMEX waiting for its peers or not run
+    on purpose (no fabric, old driver)."""
+    alive = f"{CONFIG_DIR}/alive"
+    return {
+        "startupProbe": {
+            "exec": {"command": ["test", "-e", alive]},
+            "periodSeconds": 2,
+            "failureThreshold": 150,
+        },
+        "livenessProbe": {
+            "exec": {
+                "command": [
+                    "sh",
+                    "-c",
+                    f'test $(( $(date +%s) - $(stat -c %Y "{alive}") )) -lt {ALIVE_WITHIN_SECONDS}',
+                ]
+            },
+            "periodSeconds": 10,
+            "timeoutSeconds": 5,
+            "failureThreshold": 3,
+        },
+        "readinessProbe": {
+            "exec": {"command": ["test", "-e", f"{CONFIG_DIR}/ready"]},
+            "periodSeconds": 5,
         },
     }
 

@@ -29,7 +29,9 @@ class Ownership:
         self._reserved: dict[str, int] = {}  # domain UID -> channel, until status shows it
         self._keys: dict[str, str] = {}  # domain UID -> "namespace/name"
         self._waiting_for_channel: set[str] = set()  # domain keys refused a channel
-        self._gang_since: dict[str, float] = {}  # claim key -> monotonic time first held
+        # Gang timers in wall-clock seconds: they start from the claims' allocation time,
+        # which the API records (kube-scheduler's clock), not from when this process saw them.
+        self._gang_since: dict[str, float] = {}  # claim key -> when it was allocated
         self._gang_start: dict[tuple[str, str], float] = {}  # (uid, fabric) -> timer start
         self._gang_cut: dict[tuple[str, str], float] = {}  # (uid, fabric) -> last release
 
@@ -101,20 +103,36 @@ class Ownership:
             return self._keys.get(uid)
 
     # -- gangs -----------------------------------------------------------------------------
-    # One timer per gang (domain, fabric domain), started when its first claim is held: when it
-    # runs out, every claim held before that moment is released together, so the whole job is
+    # One timer per gang (domain, fabric domain), started when its first claim was allocated
+    # (the claim's `status.allocation.allocationTimestamp`, so a restarted or newly elected
+    # controller goes on with the same timer instead of starting a new one): when it runs
+    # out, every claim held before that moment is released together, so the whole job is
     # placed again (releasing claims one by one would leave the rest pinning the job there).
-    def gang_hold(self, claim_key: str, gang: tuple[str, str], timeout: float) -> float | None:
+    def gang_hold(
+        self,
+        claim_key: str,
+        gang: tuple[str, str],
+        timeout: float,
+        allocated_at: float | None = None,
+        now: float | None = None,
+    ) -> float | None:
         """Hold `claim_key` for `gang`: seconds left to wait, or None when it must be
-        released now (the gang's time ran out, now or for an earlier cut)."""
-        now = time.monotonic()
+        released now (the gang's time ran out, now or for an earlier cut). `allocated_at`:
+        when the claim was allocated (epoch seconds; None when the API does not say: from
+        now); never later than now (a scheduler clock ahead of ours does not extend it)."""
+        now = time.time() if now is None else now
+        start_at = now if allocated_at is None else min(allocated_at, now)
         with self._lock:
-            held_at = self._gang_since.setdefault(claim_key, now)
+            if allocated_at is None:
+                held_at = self._gang_since.setdefault(claim_key, start_at)
+            else:  # the claim says: also after it was allocated again
+                held_at = self._gang_since[claim_key] = start_at
             cut = self._gang_cut.get(gang)
             if cut is not None and held_at <= cut:
                 self._gang_since.pop(claim_key, None)
                 return None
-            start = self._gang_start.setdefault(gang, held_at)
+            start = min(self._gang_start.get(gang, held_at), held_at)
+            self._gang_start[gang] = start
             left = start + timeout - now
             if left > 0:
                 return left

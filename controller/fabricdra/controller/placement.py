@@ -10,8 +10,9 @@ claim template after the first admission comes too late: the claims were made fr
 unpinned template when the pods were created.
 
 So a gang domain is placed when it is first reconciled, before its workload claim template
-exists: first fit (fabric domains in name order) on the nodes that are free for it, counting
-the nodes other gangs placed in that fabric domain still expect. The template is created
+exists: best fit (the fabric domain left with the fewest free nodes, ties by name) on the
+nodes that are free for it, counting the nodes other gangs placed in that fabric domain still
+expect. The template is created
 pinned to that fabric domain, so every claim made from it can only be allocated there. A
 domain that fits nowhere now gets no template (its pods wait for their claims, quietly
 Pending) and `Ready=False, WaitingForFabric`; it is placed as soon as room appears (a domain
@@ -44,7 +45,7 @@ from .capacity import FINISHED, finished
 from .indexes import BY_DOMAIN, BY_FABRIC, BY_NODE
 from .objects import pinned_fabric
 
-__all__ = ["FINISHED", "Gang", "Placed", "Placement", "finished", "first_fit", "free_nodes"]
+__all__ = ["FINISHED", "Gang", "Placed", "Placement", "best_fit", "finished", "free_nodes"]
 
 if TYPE_CHECKING:
     from .deps import Cache, PlacementDeps
@@ -82,9 +83,13 @@ def free_nodes(
     return free
 
 
-def first_fit(want: int, free: Mapping[str, int]) -> str | None:
-    """The first fabric domain (by name) with room for `want` nodes."""
-    return next((f for f in sorted(free) if free[f] >= want), None)
+def best_fit(want: int, free: Mapping[str, int]) -> str | None:
+    """The fabric domain with room for `want` nodes that is left with the fewest free nodes
+    (ties by name): the tightest hole, so the larger holes stay whole for larger gangs. First
+    fit by name put a gang of 12 in the first rack (18 free) and left racks of 17 and 12, so a
+    gang of 18 arriving later waited for ever although the 12 fitted the last rack exactly."""
+    fitting = [f for f in free if free[f] >= want]
+    return min(fitting, key=lambda f: (free[f] - want, f), default=None)
 
 
 @dataclass(frozen=True)
@@ -212,13 +217,38 @@ class Placement:
                 gangs.append(Gang(meta["uid"], want, placed))
         return fabrics, owners, gangs
 
+    def _held_back(self, for_uid: str) -> str:
+        """Why the multi-node NVLink check keeps nodes from the gang (capacity
+        .held_back_by_fabric_check; "" without --fabric-check): a gang waiting for a check
+        that cannot run (no verification image) or failed says so, not only "no room"."""
+        d = self.d
+        if not d.require_fabric_verified:
+            return ""
+        nodes, keep = d.nodes.items(), set(d.ownership.nodes_of(for_uid))
+
+        def counted(fabric_checked: bool) -> dict[str, list[str]]:
+            return capacity.usable_by_fabric(
+                nodes,
+                require_verified=d.require_verified_nodes,
+                require_fabric_verified=fabric_checked,
+                gpu_room=self._room,
+                keep=keep,
+            )
+
+        return capacity.held_back_by_fabric_check(
+            counted(True),
+            counted(False),
+            d.nodes.get,
+            d.fabric_check_state,
+        )
+
     def devices_changed(self, nodes: Iterable[str]) -> None:
         """A GPU slice or a claim's allocation on `nodes` changed: their GPU room is computed
         again when next read."""
         self._room.changed(nodes)
 
     def place(self, domain: ComputeDomain, key: str) -> Placed:
-        """The gang's fabric domain, placing it now (first fit) if it has none yet."""
+        """The gang's fabric domain, placing it now (best fit) if it has none yet."""
         if not is_gang(domain):
             return Placed(None)
         want = domain.spec.numNodes or 1
@@ -235,24 +265,25 @@ class Placement:
                 self._waiting.discard(key)
                 return Placed(None)
             free = free_nodes(fabrics, owners, gangs, domain.uid)
-            fabric = first_fit(want, free)
+            fabric = best_fit(want, free)
             if fabric is None and self._excluded.get(domain.uid):
                 # The nodes that failed it are a preference, not a ban: with nowhere else
                 # to go, it is placed as if they had not (they may work now).
                 fabrics, owners, gangs = self._view(domain.uid, exclude=False)
                 free = free_nodes(fabrics, owners, gangs, domain.uid)
-                fabric = first_fit(want, free)
+                fabric = best_fit(want, free)
             if fabric is None:
                 self._waiting.add(key)
                 log.info("ComputeDomain %s (numNodes %d) fits nowhere yet: %s", key, want, free)
                 # A message without the counts: it is written to status, which must not
                 # change (and be rewritten) every time another node is held or freed.
-                return Placed(
-                    None,
+                waiting = (
                     f"numNodes {want}: no NVLink fabric domain has {want} nodes free now "
                     "(counting the nodes other gangs placed there still expect); waiting "
-                    "for room; the claim template is created once the domain is placed",
+                    "for room; the claim template is created once the domain is placed"
                 )
+                held_back = self._held_back(domain.uid)
+                return Placed(None, f"{waiting}; {held_back}" if held_back else waiting)
             self._waiting.discard(key)
             if domain.uid in self._again and domain.uid in self._timed_out:
                 # Its Ready message said where it stayed, or that it would move: now it has.
@@ -269,7 +300,7 @@ class Placement:
         """The gang's fabric domain, after checking a placement that has not got all its nodes
         yet: if a node of it failed (NotReady, cordoned, deleted: capacity.unusable) so that
         `current` no longer has room for the whole gang, and another fabric domain has, the
-        gang moves there (first fit; domains.py records it and re-pins the template). With
+        gang moves there (best fit; domains.py records it and re-pins the template). With
         nowhere else to go it stays: the node may come back. A gang that holds all its nodes
         (all its pods were admitted) never moves. Node state and other gangs only: a node or
         GPUs an elastic domain takes are the gang timeout's business, as before."""
@@ -297,7 +328,7 @@ class Placement:
             return current
         fabrics, owners, gangs = self._view(uid)
         free = free_nodes(fabrics, owners, gangs, uid)
-        other = first_fit(want, {f: n for f, n in free.items() if f != current})
+        other = best_fit(want, {f: n for f, n in free.items() if f != current})
         if other is None:
             return current
         left = self._left_behind(uid, current)
@@ -420,7 +451,7 @@ class Placement:
                 return False
             # Recorded before the claim is admitted under it (records.py); raises if not.
             records.record_fabric(d.rest, d.ownership, uid, fabric, replace=True)
-            self._again.discard(uid)  # placed: by its claim, not by first fit
+            self._again.discard(uid)  # placed: by its claim, not by best fit
             d.ownership.pin(uid, fabric)
         log.info("ComputeDomain %s follows its first claim to fabric domain %s", key, fabric)
         assert key is not None

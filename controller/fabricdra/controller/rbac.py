@@ -127,7 +127,7 @@ CLEANUP: list[Rule] = [
     {
         "apiGroups": [cd.GROUP],
         "resources": ["computedomains"],
-        "verbs": ["list", "delete", "patch"],
+        "verbs": ["get", "list", "delete", "patch"],
     },
     {"apiGroups": [cd.GROUP], "resources": ["nodedevices"], "verbs": ["list", "delete"]},
     {

@@ -55,6 +55,9 @@ class Observed:
     placed: str | None = None  # a gang's fabric domain (placement.py), recorded in status
     finished: bool = False  # a gang that ran and whose pods are gone (domains.py)
     gang_timeout: str = ""  # what its last gang timeout did, until it runs (placement.py)
+    # Its claims refused a node whose fabric domain failed the multi-node NVLink check
+    # (nodes.py, elastic and multi-clique domains), with why.
+    fabric_check_refused: Sequence[str] = ()
 
 
 @dataclass(frozen=True)
@@ -262,6 +265,8 @@ def compute(
     ]
     if obs.fabric_conflicts:
         degraded = (True, "FabricConflict", "; ".join(obs.fabric_conflicts[:10]))
+    elif obs.fabric_check_refused:
+        degraded = (True, "FabricCheckFailed", "; ".join(obs.fabric_check_refused[:10]))
     elif moved:
         degraded = (True, "CliqueChanged", moved)
     elif silent:

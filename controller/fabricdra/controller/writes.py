@@ -58,14 +58,19 @@ class Writer:
 
     def event(self, domain: ComputeDomain, ev: Event) -> None:
         """A best-effort Event on a ComputeDomain."""
+        self.domain_event(domain.metadata, ev)
+
+    def domain_event(self, meta: JSON, ev: Event) -> None:
+        """The same from the domain's metadata alone (a domain this controller cannot read)."""
+        name, namespace = str(meta.get("name", "")), str(meta.get("namespace", ""))
         involved = {
             "apiVersion": cd.API_VERSION,
             "kind": cd.KIND,
-            "name": domain.name,
-            "namespace": domain.namespace,
-            "uid": domain.uid,
+            "name": name,
+            "namespace": namespace,
+            "uid": str(meta.get("uid", "")),
         }
-        self._event(domain.namespace, domain.name, involved, ev)
+        self._event(namespace, name, involved, ev)
 
     def node_event(self, node: str, ev: Event) -> None:
         """A best-effort Event on a Node (in `default`, where the kubelet's node Events go)."""

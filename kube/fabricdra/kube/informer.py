@@ -205,21 +205,18 @@ class Informer:
     def _list(self) -> tuple[list[JSON], str]:
         """Every object (transformed page by page) and the list's resourceVersion."""
         objects: list[JSON] = []
-        token: str | None = None
-        while True:
-            page = self.rest.list(
-                self.kind,
-                self.namespace,
-                label_selector=self.label_selector,
-                field_selector=self.field_selector,
-                limit=self.page_size,
-                continue_token=token,
-            )
+        version = ""
+        for page in self.rest.pages(
+            self.kind,
+            self.namespace,
+            label_selector=self.label_selector,
+            field_selector=self.field_selector,
+            limit=self.page_size,
+        ):
             objects.extend(map(self._transformed, page.get("items") or []))
-            meta = page.get("metadata") or {}
-            token = meta.get("continue") or None
-            if token is None:  # the last page (all pages are one snapshot, one version)
-                return objects, str(meta.get("resourceVersion", ""))
+            # the last page's (all pages are one snapshot, one version)
+            version = str((page.get("metadata") or {}).get("resourceVersion", ""))
+        return objects, version
 
     def _relist(self) -> str:
         objects, version = self._list()

@@ -205,6 +205,32 @@ class Rest:
         }
         return self.call("GET", kind.path(namespace), query=query)
 
+    def pages(
+        self,
+        kind: Kind,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        limit: int = 500,
+    ) -> Iterator[JSON]:
+        """Every page of one LIST, `limit` objects each (all pages one snapshot): a fleet's
+        objects never all in memory at once. The last page carries the list's version."""
+        token: str | None = None
+        while True:
+            page = self.list(
+                kind,
+                namespace,
+                label_selector=label_selector,
+                field_selector=field_selector,
+                limit=limit,
+                continue_token=token,
+            )
+            yield page
+            token = (page.get("metadata") or {}).get("continue") or None
+            if token is None:
+                return
+
     def create(
         self,
         kind: Kind,

@@ -18,12 +18,18 @@ registration — kubelet deletes the node's slices when it starts):
    until this process ends, and across a restart while a prepared claim holds it
    (seengpus.py). The node's RDMA mode (the Node's `fabricdra.io/rdma-mode` label; absent:
    `--rdma-mode`; invalid: an error log, a Warning event on the NodeDevices record, and
-   `--rdma-mode`; unreadable: the last mode read), the reverify annotation and which holds'
-   claims are gone from the API are the last values read by apifacts.py, on its own thread
-   once the agent runs (a read that changed one starts a pass); RDMA endpoints prepared claims
+   `--rdma-mode`; unreadable: the last mode read), the reverify annotation, the device plugins
+   on the Node's capacity and which holds' claims are gone from the API are the last values
+   read by apifacts.py (one read of the Node gives the first three), on its own thread once
+   the agent runs (a read that changed one starts a pass); RDMA endpoints prepared claims
    hold (the checkpoint) keep the mode they are held in until unprepared; one whose claim is
    gone from the API is withheld until unprepared (only the claims whose hold changes what is
-   offered are read, `pins_mode`);
+   offered are read, `pins_mode`). Devices another advertiser hands out on this node are
+   withheld (coexistence.py: a device plugin's resource in the Node's capacity, as last read:
+   unreadable, the last answer; never read, every group it decides; for RDMA and EFA, the
+   RDMA subsystem in exclusive namespace mode, read from sysfs each pass), with a log line and
+   a `DevicesWithheld` Warning event on the Node when that set changes, both once the pass
+   has published (the event never comes before health or the slices);
 4. `NodePublisher.sync` (slices, NodeDevices, labels; it compares with the live objects, so
    a pass that changes nothing writes nothing, and slices kubelet deleted come back).
 Verification (docs/verification.md) runs whenever it is due (`verification.runner.Schedule`):
@@ -53,7 +59,7 @@ from __future__ import annotations
 import errno
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -65,6 +71,17 @@ from fabricdra.api.verification import SystemProfile
 
 from . import metrics
 from .apifacts import ApiFacts, Facts
+from .coexistence import (
+    BUILTIN_RULES,
+    GROUPS,
+    Conflict,
+    Group,
+    NetnsMode,
+    Rule,
+    netns_conflicts,
+    read_netns_mode,
+    withhold,
+)
 from .devices import (
     DeviceConfig,
     DeviceInventory,
@@ -126,6 +143,15 @@ class AgentConfig:
     dev_root: Path = Path("/dev")
     proc_root: Path = Path("/proc")
     devices: DeviceConfig = field(default_factory=DeviceConfig)
+    # KEP-5304: each request's device metadata file mounted into the containers (under
+    # plugin_dir, which the chart mounts at the same path on the host).
+    device_metadata: bool = False
+    # DRAListTypeAttributes is on in the cluster (alpha in 1.36): list values (a Grace GPU's
+    # NUMA nodes) may be published.
+    list_type_attributes: bool = False
+    # Fatal faults (a GPU lost, uncorrectable memory errors, a reset NVML asks for) taint
+    # NoExecute, so the device taint eviction controller evicts the pods using the device.
+    evict_on_fatal: bool = False
     discovery_interval: float = 30.0
     dcgm_url: str | None = None
     metrics_port: int | None = None  # None or 0: no metrics HTTP server
@@ -146,6 +172,9 @@ class AgentConfig:
     # The system profile the node is held to (None: the built-in one its DMI model names).
     verify_expect: SystemProfile | None = None
     boot_id_file: Path = BOOT_ID_PATH  # the kernel's boot id: state of another boot is dropped
+    # Device plugin resources whose advertisement on the Node withholds a group of devices
+    # (coexistence.py; the built-in table plus `--device-plugin-resource`).
+    device_plugin_rules: tuple[Rule, ...] = BUILTIN_RULES
 
     @property
     def checkpoint_path(self) -> Path:
@@ -192,10 +221,19 @@ class Agent:
             from .publisher import NodePublisher
             from .resourceslices import ApiFeatures
 
+            lists = config.list_type_attributes
             features = (
-                None if config.resource_model == "auto" else ApiFeatures(config.resource_model)
+                None
+                if config.resource_model == "auto"
+                else ApiFeatures(config.resource_model, list_attributes=lists)
             )
-            publisher = NodePublisher(api, config.node_name, features=features)
+            publisher = NodePublisher(
+                api,
+                config.node_name,
+                features=features,
+                list_attributes=lists,
+                evict_on_fatal=config.evict_on_fatal,
+            )
         self.publisher = publisher
         self.health = HealthBroadcaster(resend_seconds=config.health_resend_seconds)
         self.dcgm_state = DcgmState()
@@ -232,6 +270,16 @@ class Agent:
         self.wake = threading.Event()
         self._rechecks: list[float] = []  # monotonic times of extra passes still due
         self.passes = 0  # discovery passes done
+        # Coexistence (coexistence.py): the RDMA namespace mode of the last readable reading
+        # (the device plugins on the Node's capacity are API facts, apifacts.py), this pass's
+        # conflicts and withheld devices, and the withheld set a report was last made for.
+        self._netns_mode: NetnsMode | None = None
+        self._netns_known = False
+        self._withheld_report: (
+            tuple[Mapping[str, Any] | None, list[Conflict], dict[Group, list[str]]] | None
+        ) = None
+        self._reported_withheld: tuple[str, ...] = ()
+        self.withheld: dict[str, list[str]] = {}  # group -> device names, this pass
         reader = ApiClaimReader(api)
         checkpoint = Checkpoint(config.checkpoint_path, boot_id=boot_id)
         # Dynamic MIG creates instances through NVML itself; with recorded NVML answers
@@ -251,6 +299,9 @@ class Agent:
             toolkit=ToolkitSpecs(config.toolkit_cdi_dirs),
             devices=config.devices,
             events=reader,
+            # PodGroup links (KEP-5729) are read where the claims are: from the API server.
+            pods=reader if claims is None else None,
+            metadata_dir=config.plugin_dir / "metadata" if config.device_metadata else None,
             # Only where claims are read from the API server is there one to write to.
             network=None
             if claims is not None
@@ -259,14 +310,17 @@ class Agent:
             ),
             dynamic_mig=dynamic_mig,
         )
-        # The API reads a pass uses (RDMA mode label, reverify annotation, gone holds): their
-        # own thread once the agent runs, so a hung API server never holds up health or taints.
+        # The API reads a pass uses (the Node: RDMA mode label, reverify annotation, device
+        # plugins on its capacity; gone holds): their own thread once the agent runs, so a hung
+        # API server never holds up health or taints.
         self.facts = ApiFacts(
             metrics.counting_rest(api),
             config.node_name,
             config.devices.rdma_mode,
             self.driver.claims,
             self.wake.set,
+            rules=config.device_plugin_rules,
+            offline=api is None,  # without an API (offline, unit tests) no Node to read
         )
         # Its own thread: a hung claim read never holds up discovery, Xid or health updates.
         self.sweeper = ClaimSweeper(
@@ -302,6 +356,7 @@ class Agent:
             inventory = self._take(discovery, start, tree)
             if not self.config.verification_gate:
                 self._publish(discovery, inventory, None)
+                self._report_withheld()
                 return inventory
             answered = self._collect_verification()
             why = self._verification_due(tree, discovery)
@@ -321,6 +376,7 @@ class Agent:
                 self._answered_reverify(self._reverify)
             if answered is not None:
                 self._answered_reverify(answered)
+            self._report_withheld()
         finally:
             tree.close()
         return inventory
@@ -329,9 +385,10 @@ class Agent:
         """Swap in this pass's inventory and tell kubelet about device health."""
         for part, reason in discovery.failures.items():
             log.error("discovery failed; keeping the previous record", part=part, error=reason)
+        nvml = self.xids.apply(discovery.nvml)  # with the Xids seen: health and GpuInfo
         gpus = keep_unhealthy(
             gpu_health(
-                self.xids.apply(discovery.nvml),
+                nvml,
                 self.config.dcgm_url,
                 state=self.dcgm_state,
                 expected=nvidia_bound(discovery.accelerators),
@@ -350,6 +407,7 @@ class Agent:
         if lost:
             log.warning("GPUs left the PCI bus; kept, tainted", gpus=[a.pciBusId for a in lost])
         created_mig = self._created_mig()
+        netns = self._netns(tree)  # a local read (sysfs), once per pass
 
         def inventory_for(facts: Facts) -> tuple[DeviceInventory, list[ClaimEntry]]:
             """This pass's inventory under `facts`, and the claims whose hold changes what
@@ -362,7 +420,7 @@ class Agent:
                     discovery.accelerators or [],
                     config,
                     gpus,
-                    gpu_info(discovery.nvml),
+                    gpu_info(nvml),
                     lost=lost,
                     held=held,
                     created_mig=created_mig,
@@ -381,7 +439,7 @@ class Agent:
                 inventory = replace(
                     inventory, devices=tuple(d for d in inventory if d.name not in withheld)
                 )
-            return inventory, pinning
+            return self._coexist(inventory, facts, netns), pinning
 
         # Health first, from local facts and the last-known API facts: no API read comes
         # before kubelet hears about a device (issue 29 point 4).
@@ -390,7 +448,10 @@ class Agent:
         self._swap(inventory)
         age = facts.age()
         if self.facts.running and age is not None and age > 3 * self.config.discovery_interval:
-            log.warning("node not read for a while; its last RDMA mode applies", age_s=int(age))
+            log.warning(
+                "node not read for a while; its last RDMA mode and device plugins apply",
+                age_s=int(age),
+            )
         if not self.facts.request(pinning):
             # A lone pass (the first, before the sockets open; or a test's): the reads
             # happen here, after health, and the pass applies what they found.
@@ -410,6 +471,65 @@ class Agent:
         self.inventory = inventory
         self.health.publish(health_reports(self.config.node_name, inventory))
         _count_devices(inventory)
+
+    def _netns(self, tree: SysfsTree) -> list[Conflict]:
+        """The groups the RDMA subsystem's namespace mode withholds (coexistence.py), read from
+        this pass's sysfs; unreadable: the last reading; never readable: RDMA and EFA."""
+        try:
+            self._netns_mode, self._netns_known = read_netns_mode(tree), True
+        except ValueError as e:
+            log.warning("RDMA namespace mode unreadable; last reading kept", error=str(e))
+        if not self._netns_known:
+            return [Conflict(g, "the RDMA namespace mode is unreadable") for g in ("rdma", "efa")]
+        return netns_conflicts(self._netns_mode)
+
+    def _coexist(
+        self, inventory: DeviceInventory, facts: Facts, netns: list[Conflict]
+    ) -> DeviceInventory:
+        """This pass's inventory without the devices another advertiser hands out here: a
+        device plugin on the Node's capacity (as last read, apifacts.py), or an RDMA
+        subsystem in exclusive namespace mode (`netns`). The Node never read: the groups it
+        decides are withheld (unknown is not "no device plugin"). The report of a change (a
+        log line, an event on the Node) waits until the pass has published
+        (`_report_withheld`)."""
+        plugins = facts.plugins
+        if plugins is None:
+            plugins = tuple(Conflict(g, "the Node could not be read yet") for g in GROUPS)
+        conflicts = [*plugins, *netns]
+        kept, dropped = withhold(inventory, conflicts)
+        self.withheld = dict(dropped.items())
+        self._withheld_report = (facts.node, conflicts, dropped)
+        return kept
+
+    def _report_withheld(self) -> None:
+        """A log line and a Warning event on the Node each time the withheld set changes: after
+        the pass has told kubelet and published, so an API write never delays either."""
+        if self._withheld_report is None:
+            return
+        node, conflicts, dropped = self._withheld_report
+        reasons = {g: [c.reason for c in conflicts if c.group == g] for g in dropped}
+        key = tuple(f"{g}={len(dropped[g])}:{';'.join(reasons[g])}" for g in sorted(dropped))
+        if key == self._reported_withheld:
+            return
+        if not dropped:
+            log.info("no device withheld: no other advertiser on this node")
+            self._reported_withheld = key
+            return
+        for group in sorted(dropped):
+            log.warning(
+                "devices withheld: another advertiser hands them out on this node",
+                group=group,
+                devices=len(dropped[group]),
+                because=reasons[group],
+            )
+        message = "; ".join(
+            f"{len(dropped[g])} {g} device(s) not offered by devices.fabricdra.io: "
+            + ", ".join(reasons[g])
+            for g in sorted(dropped)
+        )
+        message += " (docs/coexistence.md)"
+        if node is None or self.facts.event(node, "DevicesWithheld", message[:1024]):
+            self._reported_withheld = key
 
     def _publish(
         self, discovery: Discovery, inventory: DeviceInventory, gate: GateInput | None

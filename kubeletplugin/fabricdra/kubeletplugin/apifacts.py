@@ -1,13 +1,17 @@
 """What a discovery pass needs from the API server, read off the pass's path.
 
 A pass tells kubelet about device health (the DRA health stream) and hands the devices and
-their taints to the publisher from local facts only; the three things it takes from the API
-are read here, and the pass uses their last-known values (`ApiFacts.current()`):
+their taints to the publisher from local facts only; what it takes from the API is read here,
+and the pass uses the last-known values (`ApiFacts.current()`):
 
 - the node's RDMA mode, from the Node's `fabricdra.io/rdma-mode` label (absent: the flag's
   mode; invalid: the flag's mode, an error log and one Warning event on the NodeDevices record
   per value; unreadable: the last mode read);
-- the Node's `fabricdra.io/reverify` annotation (one read of the Node gives both);
+- the Node's `fabricdra.io/reverify` annotation;
+- the device plugins advertising on this node, from the Node's `status.capacity`
+  (coexistence.py, `device_plugin_conflicts`; unreadable: the last answer; never read: unknown,
+  `None`, which the pass never takes for "no device plugin");
+- one read of the Node gives those three (and the Node's reference, for events about it);
 - which checkpointed claims whose hold keeps a NIC in its old mode (`agent.pins_mode`) are gone
   from the API (a claim found gone is not read again; one that cannot be read counts as
   there).
@@ -25,7 +29,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -35,6 +39,7 @@ import structlog
 from fabricdra.api import labels as label_keys
 from fabricdra.kube.rest import EVENTS, NODE_DEVICES, NODES
 
+from .coexistence import BUILTIN_RULES, Conflict, Rule, device_plugin_conflicts
 from .devices import RdmaMode, parse_rdma_mode
 from .kubelet.checkpoint import ClaimEntry
 from .kubelet.claims import ClaimReader, is_gone
@@ -52,6 +57,12 @@ class Facts:
     reverify: str | None  # the reverify request to answer (None: none)
     gone: frozenset[str]  # UIDs of checkpointed claims found gone from the API
     node_read_at: float | None  # time.monotonic() of the last good read of the Node
+    # The groups a device plugin advertises on the Node's capacity (coexistence.py), as last
+    # read; None: the Node was never read, so unknown (never "no device plugin").
+    plugins: tuple[Conflict, ...] | None = None
+    # The Node as last read, reduced to what an event about it names (None: not read yet, or
+    # it does not exist).
+    node: Mapping[str, Any] | None = None
 
     def age(self) -> float | None:
         """Seconds since the Node was last read (None: never read)."""
@@ -66,12 +77,18 @@ class ApiFacts:
         default_mode: RdmaMode,
         claims: ClaimReader,
         wake: Callable[[], None],
+        *,
+        rules: Sequence[Rule] = BUILTIN_RULES,
+        offline: bool = False,
     ) -> None:
         self.rest = rest
         self.node_name = node_name
         self.default_mode = default_mode
         self.claims = claims
         self.wake = wake
+        self.rules = tuple(rules)
+        # No API server (offline, unit tests): no Node to read, so no device plugin to see.
+        self.offline = offline
         self._lock = threading.Lock()
         self._mode: RdmaMode = default_mode
         self._mode_known = False
@@ -79,6 +96,8 @@ class ApiFacts:
         self._forgotten = 0  # bumped when a reverify request is answered
         self._gone: set[str] = set()
         self._read_at: float | None = None
+        self._plugins: tuple[Conflict, ...] | None = () if offline else None
+        self._node: dict[str, Any] | None = None
         self._warned_label: str | None = None  # the invalid value an event was sent for
         self._pinning: list[ClaimEntry] = []
         self._kick = threading.Event()
@@ -95,13 +114,23 @@ class ApiFacts:
         unprepared is forgotten)."""
         with self._lock:
             self._gone &= set(uids)
-            return Facts(self._mode, self._reverify, frozenset(self._gone), self._read_at)
+            return Facts(
+                self._mode,
+                self._reverify,
+                frozenset(self._gone),
+                self._read_at,
+                self._plugins,
+                self._node,
+            )
 
     # -- the reads ---------------------------------------------------------------------------
 
     def refresh_node(self) -> bool:
-        """Read the Node (RDMA mode label, reverify annotation); whether anything a pass uses
-        changed. Unreadable: the last values are kept."""
+        """Read the Node (RDMA mode label, reverify annotation, device plugins on its
+        capacity); whether anything a pass uses changed. Unreadable: the last values are
+        kept."""
+        if self.offline:
+            return False
         with self._lock:
             forgotten = self._forgotten
         try:
@@ -111,17 +140,31 @@ class ApiFacts:
             if not not_found:
                 with self._lock:
                     mode = self._mode
-                log.warning("node unreadable; RDMA mode kept", mode=mode, error=str(e))
+                log.warning(
+                    "node unreadable; its RDMA mode and device plugins kept",
+                    mode=mode,
+                    error=str(e),
+                )
                 return False
             node = None
         meta = (node or {}).get("metadata") or {}
         mode = self._mode_of((meta.get("labels") or {}).get(label_keys.RDMA_MODE))
         request = (meta.get("annotations") or {}).get(REVERIFY_ANNOTATION)
         request = request if isinstance(request, str) else None
+        plugins = tuple(device_plugin_conflicts(node or {}, self.rules))
+        ref = None
+        if node is not None:
+            ref = {
+                "apiVersion": node.get("apiVersion", "v1"),
+                "kind": node.get("kind", "Node"),
+                "metadata": {"name": meta.get("name", self.node_name), "uid": meta.get("uid")},
+            }
         with self._lock:
             changed = mode != self._mode or not self._mode_known
             if changed:
                 log.info("RDMA mode of this node", mode=mode)
+            changed |= plugins != self._plugins
+            self._plugins, self._node = plugins, ref
             if self._forgotten == forgotten:  # not a request answered while we read
                 changed |= request is not None and request != self._reverify
                 self._reverify = request
@@ -155,30 +198,42 @@ class ApiFacts:
         not sent, e.g. no record yet, so the next read tries again)."""
         try:
             record = self.rest.get_or_none(NODE_DEVICES, self.node_name)
-            if record is None:
-                return False
+        except Exception as e:
+            log.warning("cannot record event", reason="InvalidRdmaMode", error=str(e))
+            return False
+        if record is None:
+            return False
+        message = (
+            f"node label {label_keys.RDMA_MODE}={value!r} is not exclusive, "
+            f"shared or off; RDMA endpoints are offered in the default mode {default!r}"
+        )
+        return self.event(record, "InvalidRdmaMode", message)
+
+    def event(self, about: Mapping[str, Any], reason: str, message: str) -> bool:
+        """A Warning event on `about` (this node's Node or NodeDevices) in `default`, where
+        cluster-scoped objects' events go; False: not recorded."""
+        try:
             now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-            meta = record["metadata"]
+            meta = about["metadata"]
             body = {
                 "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:12]}"},
                 "involvedObject": {
-                    "apiVersion": record["apiVersion"],
-                    "kind": record["kind"],
+                    "apiVersion": about.get("apiVersion", "v1"),
+                    "kind": about.get("kind", "Node"),
                     "name": meta["name"],
                     "uid": meta.get("uid"),
                 },
                 "type": "Warning",
-                "reason": "InvalidRdmaMode",
-                "message": f"node label {label_keys.RDMA_MODE}={value!r} is not exclusive, "
-                f"shared or off; RDMA endpoints are offered in the default mode {default!r}",
-                "source": {"component": "fabricdra-kubelet-plugin", "host": meta["name"]},
+                "reason": reason,
+                "message": message,
+                "source": {"component": "fabricdra-kubelet-plugin", "host": self.node_name},
                 "firstTimestamp": now,
                 "lastTimestamp": now,
                 "count": 1,
             }
             self.rest.create(EVENTS, body, "default", timeout=10.0, retries=False)
         except Exception as e:  # an event is advice: the log line already says it
-            log.warning("cannot record event", reason="InvalidRdmaMode", error=str(e))
+            log.warning("cannot record event", reason=reason, error=str(e))
             return False
         return True
 

@@ -132,8 +132,15 @@ class DeviceConfig:
     # model migprofiles.py knows is offered whole and as every profile placement, all drawing
     # on one counter set; off: MIG instances are offered as they exist (static MIG).
     dynamic_mig: bool = False
+    # GPU sharing (`--gpu-shares`, gpusharing.py): each whole NVIDIA GPU is offered to up to
+    # this many claims at once, with consumable memory and shares (1.36 model); 0: one claim.
+    gpu_shares: int = 0
 
     def __post_init__(self) -> None:
+        if self.gpu_shares < 0 or self.gpu_shares == 1:
+            raise ValueError(
+                f"GPU shares must be 0 (GPUs not shared) or at least 2, not {self.gpu_shares}"
+            )
         for mode in (self.rdma_mode, *(o.mode for o in self.rdma_overrides)):
             if mode not in RDMA_MODES:
                 raise ValueError(f"rdma mode must be exclusive, shared or off, not {mode!r}")
@@ -152,6 +159,11 @@ class GpuHealth:
     causes: tuple[str, ...] = ()
 
 
+# Xids an application causes (bad address, illegal instruction, ...): not the GPU's fault (the
+# NVIDIA device plugin's rule); health.py and xids.py use the same set.
+APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+
+
 @dataclass(frozen=True)
 class GpuInfo:
     """What NVML says about one NVIDIA GPU beyond the inventory record: the facts users of
@@ -163,8 +175,13 @@ class GpuInfo:
     cuda_compute_capability: str | None = None  # "9.0.0"
     architecture: str | None = None
     brand: str | None = None
+    addressing_mode: str | None = None  # "HMM", "ATS", "None": NVML's answer
     # The GPUs this one reaches over NVLink inside the node (discovery/nvlink.py); None: none.
     nvlink_group: str | None = None
+    # NUMA nodes of the GPU's own memory (Grace HBM); empty: none known.
+    memory_numa_nodes: tuple[int, ...] = ()
+    # Application Xids seen since boot: published as an informative taint (effect None).
+    application_xids: tuple[int, ...] = ()
     mig_capacity: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     # Each MIG instance's GPU instance placement start (memory slice), keyed by its UUID, where
     # NVML reported it (nvmlGpuInstanceGetInfo): what dynamic MIG adopts an instance at.
@@ -185,7 +202,15 @@ def gpu_info(nvml: NvmlReadings | None) -> dict[str, GpuInfo]:
             cuda_compute_capability=semver(g.cudaComputeCapability),
             architecture=g.architecture,
             brand=g.brand,
+            addressing_mode=g.addressingMode,
             nvlink_group=groups.get(bus),
+            memory_numa_nodes=tuple(sorted(set(g.memoryNumaNodes or ()))),
+            application_xids=tuple(
+                sorted(
+                    set(g.applicationXids or ())
+                    | {x for x in g.xidErrors or () if x in APPLICATION_XIDS}
+                )
+            ),
             mig_capacity={
                 m.uuid: {
                     k: v
@@ -246,6 +271,8 @@ class Device:
     # `mig` is set where the instance exists (adopted at start, or created by prepare).
     dynamic_mig: bool = False
     placement: Placement | None = None
+    # gpu: offered to up to this many claims at once (gpusharing.py); 0: to one claim.
+    shares: int = 0
 
 
 @dataclass(frozen=True)

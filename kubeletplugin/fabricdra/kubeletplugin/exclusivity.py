@@ -32,6 +32,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from . import gpusharing
 from .devices import Device
 from .kinds import kind_of
 from .kubelet import PrepareError
@@ -61,13 +62,13 @@ def grant_hold(
     """What an allocation result asks to hold; refuses a shared allocation of a device this
     node does not publish shared."""
     shared_allocation = share_id is not None or allocated_name != device.name
-    if shared_allocation and device.mode != "shared":
+    if shared_allocation and not gpusharing.offered_shared(device):
         how = f"shareID {share_id}" if share_id is not None else "a holder name"
         raise PrepareError(
             f"device {allocated_name} was allocated as a share ({how}), but this "
-            "node does not offer it shared (its RDMA mode changed since, or it is never "
-            "shared): refusing to hand it out beside an exclusive holder; delete and recreate "
-            "the claim"
+            "node does not offer it shared (its RDMA mode or GPU sharing changed since, or it "
+            "is never shared): refusing to hand it out beside an exclusive holder; delete and "
+            "recreate the claim"
         )
     kind: HoldKind = "admin" if admin_access else "shared" if shared_allocation else "exclusive"
     return Hold(device.name, within(device), kind)
@@ -151,4 +152,31 @@ def find_conflict(
         for earlier in wanted[:i]:
             if not may_coexist(w, earlier):
                 return Conflict(i, None, earlier)
+    return None
+
+
+def find_over_capacity(
+    uid: str,
+    wanted: Sequence[tuple[Device, Hold, dict[str, int] | None]],
+    entries: Iterable[ClaimEntry],
+) -> tuple[int, str] | None:
+    """The first share of a shared GPU among `wanted` (claim `uid`'s devices with their holds
+    and consumed capacities, in allocation order) whose consumed capacity does not fit beside
+    the shares other prepared claims (and this claim's earlier devices) hold on the same GPU,
+    and why; None: all fit. A recorded share without a record of what it consumes counts as
+    the whole GPU (gpusharing.over_capacity)."""
+    held: dict[str, list[dict[str, int]]] = {}
+    for entry in entries:
+        if entry.uid == uid:
+            continue
+        for r in entry.devices or ():
+            if recorded_hold(r).kind == "shared":
+                held.setdefault(r.base_name, []).append(dict(r.consumed or ()))
+    for i, (device, hold, use) in enumerate(wanted):
+        if use is None or hold.kind != "shared":
+            continue
+        why = gpusharing.over_capacity(device, use, held.get(device.name, []))
+        if why is not None:
+            return i, why
+        held.setdefault(device.name, []).append(use)
     return None

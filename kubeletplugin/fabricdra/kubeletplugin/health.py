@@ -28,6 +28,10 @@ AMD GPUs, from the AMD backend's readings (discovery/backends/amd.py): the amdgp
 error counts per block (`amd_health`): an uncorrectable error in any block is Unhealthy,
 corrected errors are not; a count that cannot be read, or no RAS at all, is Unknown.
 
+- a recovery action the driver reports (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, r550+): anything
+  but `none` (`recovery-gpu-reset`, `recovery-node-reboot`, `recovery-drain-p2p`, ...);
+  resets and reboots are fatal faults (`FATAL_CAUSES` in resourceslices.py).
+
 Each problem also has a short cause token (`GpuHealth.causes`: `ecc`, `xid-<n>`,
 `row-remap-failed`, `row-remap-pending`, `pcie-errors`, `nvlink-errors`, `unreadable`, `lost`;
 AMD: `ecc`, `ras-<block>`),
@@ -45,6 +49,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fabricdra.api.inventory import Accelerator
 
+from .devices import APPLICATION_XIDS as _APPLICATION_XIDS
 from .devices import GpuHealth
 from .discovery.backends.amd import AmdReadings
 from .discovery.nvml import NvmlReadings, normalise_bus_id
@@ -57,7 +62,7 @@ DCGM_ROW_REMAP_FAILURE = "DCGM_FI_DEV_ROW_REMAP_FAILURE"
 SCRAPE_TIMEOUT = 2.0
 
 # Xids an application causes (bad address, illegal instruction, ...): not the GPU's fault.
-APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+APPLICATION_XIDS = _APPLICATION_XIDS
 COUNTER_LIMIT = 100  # PCIe replays / NVLink errors per pass above which a GPU is unhealthy
 
 
@@ -165,6 +170,10 @@ def nvml_health(nvml: NvmlReadings | None, state: DcgmState | None = None) -> di
         if gpu.rowRemapPending:
             reasons.append("row remapping pending (the GPU needs a reset)")
             causes.append("row-remap-pending")
+        if gpu.recoveryAction and gpu.recoveryAction != "none":
+            # The driver's own verdict on what the GPU needs: any action is a fault.
+            reasons.append(f"the driver asks for recovery: {gpu.recoveryAction}")
+            causes.append("recovery-" + gpu.recoveryAction.replace("_", "-"))
         for key, what, value in (
             ("pcie", "PCIe replays", gpu.pcieReplayCounter),
             ("nvlink", "NVLink errors", gpu.nvlinkErrors),

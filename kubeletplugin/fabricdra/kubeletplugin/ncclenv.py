@@ -20,6 +20,12 @@ list whatever order they are applied in. kubelet prepares a pod's claims of one 
 call, one after the other, so the last one prepared widens all of them before kubelet creates a
 container.
 
+A claim of a PodGroup (KEP-5729: `reservedFor` names the group, `scheduling.k8s.io`
+`podgroups`, not its pods) is a companion of the claims of the group's pods: the pods a claim is
+reserved for are read (`spec.schedulingGroup.podGroupName`) and their group recorded beside
+their UIDs (`consumers`). Two pods' own claims are not companions because the pods share a
+group: only a claim of the group links them to it.
+
 Names are exact (`=` prefix: NCCL otherwise matches prefixes, `mlx5_1` also selecting
 `mlx5_10` ... `mlx5_17`) and in natural order (`mlx5_2` before `mlx5_10`), so equal sets give
 equal strings.
@@ -29,7 +35,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,33 +77,94 @@ def names_in(env_entries: Iterable[str]) -> set[str]:
     return out
 
 
+# How a checkpoint entry's `consumers` name what is not a pod's UID (a UID has no colon).
+GROUP = "podgroup:"  # the claim is reserved for this PodGroup: podgroup:<namespace>/<name>
+MEMBER = "in-podgroup:"  # a pod it is reserved for belongs to this PodGroup
+
+
+def reserved_pods(claim: dict[str, Any]) -> list[dict[str, Any]]:
+    """The `reservedFor` entries of the claim that name a Pod (core group, `pods`)."""
+    return [
+        r
+        for r in (claim.get("status") or {}).get("reservedFor") or []
+        if isinstance(r, dict) and r.get("resource") == "pods" and not r.get("apiGroup")
+    ]
+
+
+def reserved_groups(claim: dict[str, Any]) -> list[str]:
+    """The PodGroups (KEP-5729) the claim is reserved for, as `<namespace>/<name>`."""
+    namespace = (claim.get("metadata") or {}).get("namespace", "")
+    return [
+        f"{namespace}/{r['name']}"
+        for r in (claim.get("status") or {}).get("reservedFor") or []
+        if isinstance(r, dict)
+        and r.get("resource") == "podgroups"
+        and r.get("apiGroup") == "scheduling.k8s.io"
+        and r.get("name")
+    ]
+
+
+def consumers(claim: dict[str, Any], pod_groups: Mapping[str, str | None]) -> tuple[str, ...]:
+    """What the claim is reserved for, as the checkpoint records it: its pods' UIDs, its
+    PodGroups (`GROUP`) and the groups of its pods (`MEMBER`; `pod_groups`: pod name -> group
+    name, for the pods that were read)."""
+    namespace = (claim.get("metadata") or {}).get("namespace", "")
+    pods = reserved_pods(claim)
+    out = [str(r["uid"]) for r in pods if r.get("uid")]
+    out += [GROUP + g for g in reserved_groups(claim)]
+    for r in pods:
+        group = pod_groups.get(str(r.get("name")))
+        if group:
+            out.append(f"{MEMBER}{namespace}/{group}")
+    return tuple(dict.fromkeys(out))
+
+
+def _split(consumers: Iterable[str]) -> tuple[set[str], set[str], set[str]]:
+    pods, groups, members = set(), set(), set()
+    for c in consumers:
+        if c.startswith(GROUP):
+            groups.add(c[len(GROUP) :])
+        elif c.startswith(MEMBER):
+            members.add(c[len(MEMBER) :])
+        else:
+            pods.add(c)
+    return pods, groups, members
+
+
+def linked(a: Iterable[str], b: Iterable[str]) -> bool:
+    """Whether one pod may use claims with these consumers together: a pod in both, a
+    PodGroup in both, or one claim's group holding a pod of the other."""
+    pods_a, groups_a, members_a = _split(a)
+    pods_b, groups_b, members_b = _split(b)
+    return bool(pods_a & pods_b or groups_a & (groups_b | members_b) or members_a & groups_b)
+
+
 def companions(
     entries: Iterable[ClaimEntry], claim_uid: str, consumers: Sequence[str]
 ) -> list[ClaimEntry]:
-    """Prepared claims (other than `claim_uid`) reserved for one of the same pods."""
-    pods = set(consumers)
-    if not pods:
+    """Prepared claims (other than `claim_uid`) a pod of this claim may use with it
+    (`linked`)."""
+    if not consumers:
         return []
-    return [e for e in entries if e.uid != claim_uid and pods.intersection(e.consumers)]
+    return [e for e in entries if e.uid != claim_uid and linked(consumers, e.consumers)]
 
 
 def pod_hcas(
-    entries: Iterable[ClaimEntry], claim_uid: str, claim: dict[str, Any], own: Iterable[str | None]
+    entries: Iterable[ClaimEntry],
+    claim_uid: str,
+    claim: dict[str, Any],
+    own: Iterable[str | None],
+    pod_groups: Mapping[str, str | None] | None = None,
 ) -> tuple[list[str], list[str]]:
     """The names the NCCL_IB_HCA of claim `claim_uid` (the ResourceClaim `claim`, whose RDMA
-    devices are `own`) selects: its own and those of the prepared claims reserved for the same
-    pods; and the spec files of those claims, to `widen_all` to them. ([], []) for a claim
+    devices are `own`) selects: its own and those of the prepared claims a pod of it may use
+    with it; and the spec files of those claims, to `widen_all` to them. ([], []) for a claim
     without RDMA devices: it carries no list."""
     names = {n for n in own if n}
     if not names:
         return [], []
-    consumers = [
-        str(r["uid"])
-        for r in (claim.get("status") or {}).get("reservedFor") or []
-        if isinstance(r, dict) and r.get("uid")
-    ]
     specs = []
-    for entry in companions(entries, claim_uid, consumers):
+    for entry in companions(entries, claim_uid, consumers(claim, pod_groups or {})):
         for path in entry.cdi_specs:
             theirs = spec_hcas(path)
             if theirs:

@@ -25,9 +25,12 @@ against the *current* `DeviceInventory`, and write one CDI spec for the claim:
 
 Refusals (the driver is the last line of defence): a device that overlaps one another
 prepared claim holds — the same device, a GPU and its MIG instances, a PF and its VFs — unless
-both are shares of a device offered shared or either request has admin access, and a share of
-a device not offered shared (exclusivity.py); opaque configuration addressed to this driver (it
-takes none); anything not offered by this node, or a GPU that left the PCI bus.
+both are shares of a device offered shared or either request has admin access, a share of a
+device not offered shared, and a share of a shared GPU whose consumed capacity does not fit
+beside the shares already prepared on it (exclusivity.py, gpusharing.py); opaque
+configuration addressed to this driver other than a `GpuConfig` sharing strategy it can honour
+(gpusharing.py: MPS adds a `sharing-<device>-<claim>` CDI device); anything not offered by this
+node, or a GPU that left the PCI bus.
 
 Never stalling kubelet (the shared rules of `kubelet/claims.py`): the claim is read before any
 lock, in one attempt, within `READ_BUDGET` and at least `DEADLINE_MARGIN` before kubelet's
@@ -47,16 +50,17 @@ from __future__ import annotations
 import json
 import uuid as uuidlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
 import structlog
 
-from fabricdra.kube.rest import CLAIMS, EVENTS, ApiError
+from fabricdra.kube.rest import CLAIMS, EVENTS, PODS, ApiError
 
-from . import exclusivity, kinds, metrics, ncclenv
+from . import devicemetadata, exclusivity, gpusharing, kinds, metrics, ncclenv
+from .devicemetadata import Granted, MetadataFiles
 from .devices import Device, DeviceConfig, DeviceInventory
 from .dynamicmig import DynamicMig, JournalUnreadable
 from .hostdevices import DeviceNodeError, HostLayout
@@ -67,6 +71,7 @@ from .kubelet.cdi import CdiDevice, CdiSpec, CdiWriter
 from .kubelet.checkpoint import Checkpoint, ClaimEntry, PreparedRecord
 from .kubelet.claims import (
     ClaimReader,
+    api_timeout,
     drop_other_boots,
     ensure_wanted,
     read_claim,
@@ -92,6 +97,13 @@ class EventRecorder(Protocol):
         ...
 
 
+class PodReader(Protocol):
+    def read_pod(self, namespace: str, name: str, timeout: float) -> dict[str, Any]:
+        """The Pod as JSON, in one attempt within `timeout` seconds; raise when it cannot be
+        read."""
+        ...
+
+
 class ApiClaimReader:
     """Reads claims from the API server as raw JSON, not the client's models (cheaper, and
     fields newer than the client library survive), and records events about them."""
@@ -103,6 +115,9 @@ class ApiClaimReader:
     def read_claim(self, namespace: str, name: str, timeout: float) -> dict[str, Any]:
         # No retries: urllib3's default of 3 would make the timeout up to 4x as long.
         return self._rest.call("GET", CLAIMS.path(namespace, name), timeout=timeout, retries=False)
+
+    def read_pod(self, namespace: str, name: str, timeout: float) -> dict[str, Any]:
+        return self._rest.call("GET", PODS.path(namespace, name), timeout=timeout, retries=False)
 
     def warn(self, claim: dict[str, Any], reason: str, message: str, timeout: float) -> None:
         meta = claim.get("metadata") or {}
@@ -142,6 +157,10 @@ class Grant:
     device_name: str  # as allocated (a shared holder name resolves to its endpoint)
     share_id: str | None
     admin_access: bool = False
+    # A share of a shared GPU: what it consumes (gpusharing.consumed); None otherwise.
+    consumed: dict[str, int] | None = None
+    # The claim's sharing strategy for this GPU (opaque GpuConfig); None: none set.
+    sharing: gpusharing.Sharing | None = None
 
 
 @dataclass
@@ -163,13 +182,23 @@ class DevicesDriver:
     dynamic_mig: DynamicMig | None = None
     # How this node offers its devices: kinds whose container edits depend on it read it.
     devices: DeviceConfig = field(default_factory=DeviceConfig)
+    # Reads the pods an RDMA claim is reserved for, for their PodGroup (KEP-5729: ncclenv);
+    # None: no PodGroup links are made.
+    pods: PodReader | None = None
+    # --device-metadata (KEP-5304): where each request's metadata file is written on the host
+    # (devicemetadata.py); None: no metadata for containers.
+    metadata_dir: Path | None = None
     # Reads happen outside the lock; resolving, the in-use check and writing inside it.
     locks_itself = True
+    _metadata: MetadataFiles | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         # Entries of another boot: their containers are gone; so must their spec files be
         # (only inside our own CDI folder, whatever the checkpoint names).
         drop_other_boots(self.checkpoint, self.cdi)
+        if self.metadata_dir is not None:
+            self._metadata = MetadataFiles(self.metadata_dir, DRIVER_NAME)
+            self._metadata.keep_only(e.uid for e in self.checkpoint.entries())
 
     @property
     def driver_name(self) -> str:
@@ -182,6 +211,7 @@ class DevicesDriver:
         if done is not None:
             return done
         obj = read_claim(self.claims, claim)  # before any lock: one slow read delays no one
+        pod_groups = self._pod_groups(obj)  # also before the lock
         # The file lock too: another agent pod may serve kubelet during a rolling update.
         with self.checkpoint.exclusive():  # serializes our threads too, boundedly
             ensure_wanted()
@@ -191,7 +221,9 @@ class DevicesDriver:
             grants = self.grants(claim, obj)
             self._refuse_in_use(claim, grants)
             own = [kinds.kind_of(g.device).nccl_hca(g.device) for g in grants]
-            hcas, companions = ncclenv.pod_hcas(self.checkpoint.entries(), claim.uid, obj, own)
+            hcas, companions = ncclenv.pod_hcas(
+                self.checkpoint.entries(), claim.uid, obj, own, pod_groups
+            )
             # Only a claim with placements reads the journal (an unreadable one fails them).
             placements = any(is_placement(g.device) for g in grants)
             made_before = self._mig_made(claim.uid) if placements else set()
@@ -201,9 +233,12 @@ class DevicesDriver:
                         spec, prepared = self.build(claim, grants, hcas)
                 except DeviceNodeError as e:
                     raise PrepareError(str(e)) from None
+                spec, prepared = self._with_metadata(claim, obj, grants, spec, prepared)
                 ncclenv.widen_all(companions, hcas)  # before ours is recorded: see ncclenv
-                self._record(claim, obj, grants, spec, prepared)
+                self._record(claim, obj, grants, spec, prepared, pod_groups)
             except Exception:
+                if self._metadata is not None:
+                    self._metadata.remove(claim.uid)
                 # Nothing half-made: MIG instances this call created (a claim's second
                 # placement refused, device nodes missing) go again; kubelet retries.
                 if placements:
@@ -212,6 +247,78 @@ class DevicesDriver:
         if self.network is not None:
             self.network.write(claim.namespace, claim.name, grants)
         return prepared
+
+    def _pod_groups(self, obj: dict[str, Any]) -> dict[str, str | None]:
+        """The PodGroup (`spec.schedulingGroup.podGroupName`, KEP-5729) of each pod an RDMA
+        claim is reserved for: pod name -> group name, None when the pod is in none. Only a
+        claim with an RDMA device carries an NCCL_IB_HCA list, so only such a claim's pods are
+        read; a pod that cannot be read fails the prepare (kubelet retries) rather than leave
+        a group's claim out of the pod's list."""
+        if self.pods is None:
+            return {}
+        pods = ncclenv.reserved_pods(obj)
+        if not pods or not self._has_hca(obj):
+            return {}
+        namespace = str((obj.get("metadata") or {}).get("namespace", ""))
+        out: dict[str, str | None] = {}
+        for r in pods:
+            name = str(r.get("name", ""))
+            try:
+                pod = self.pods.read_pod(namespace, name, api_timeout())
+            except ApiError as e:
+                raise PrepareError(
+                    f"cannot read pod {namespace}/{name} (the claim is reserved for it) "
+                    f"for its PodGroup: {e}"
+                ) from None
+            group = ((pod.get("spec") or {}).get("schedulingGroup") or {}).get("podGroupName")
+            out[name] = str(group) if group else None
+        return out
+
+    def _has_hca(self, obj: dict[str, Any]) -> bool:
+        """Whether an allocation result of this driver and node names an NCCL HCA (read
+        before the lock, from the current inventory)."""
+        results = (((obj.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
+            "results"
+        ) or []
+        inventory = self.inventory()
+        for r in results:
+            if r.get("driver") != self.driver_name or r.get("pool") != self.node_name:
+                continue
+            device = inventory.get(str(r.get("device")))
+            if device is not None and kinds.kind_of(device).nccl_hca(device):
+                return True
+        return False
+
+    def _with_metadata(
+        self,
+        claim: ClaimRef,
+        obj: dict[str, Any],
+        grants: Sequence[Grant],
+        spec: CdiSpec | None,
+        prepared: list[PreparedDevice],
+    ) -> tuple[CdiSpec | None, list[PreparedDevice]]:
+        """With --device-metadata (KEP-5304): each request's metadata file written, and one
+        CDI device per request that mounts it, included by every device of the request."""
+        if self._metadata is None:
+            return spec, prepared
+        by_request: dict[str, list[Granted]] = {}
+        for g in grants:
+            by_request.setdefault(g.request, []).append(Granted(g.device_name, g.device))
+        devices = list(spec.devices) if spec is not None else []
+        ids: dict[str, str] = {}
+        for request, granted in by_request.items():
+            doc = devicemetadata.document(DRIVER_NAME, self.node_name, obj, request, granted)
+            self._metadata.write(claim.uid, request, doc)
+            name = devicemetadata.device_name(request, claim.uid)
+            devices.append(CdiDevice(name, self._metadata.edits(obj, claim.uid, request)))
+            ids[request] = self.cdi.device_id(name)
+        out = [
+            replace(p, cdi_device_ids=(*p.cdi_device_ids, ids[p.request_names[0]]))
+            if p.request_names and p.request_names[0] in ids
+            else p
+            for p in prepared
+        ]
+        return CdiSpec(kind=self.cdi.kind, devices=tuple(devices)), out
 
     def _mig_made(self, claim_uid: str, created: bool = False) -> set[str]:
         """The devices the journal names for this claim (`created`: only those whose
@@ -247,13 +354,10 @@ class DevicesDriver:
         grants: Sequence[Grant],
         spec: CdiSpec | None,
         prepared: Sequence[PreparedDevice],
+        pod_groups: dict[str, str | None] | None = None,
     ) -> None:
         path = self.cdi.path_for(claim.uid)
-        consumers = tuple(
-            str(r["uid"])
-            for r in (obj.get("status") or {}).get("reservedFor") or []
-            if isinstance(r, dict) and r.get("uid")
-        )
+        consumers = ncclenv.consumers(obj, pod_groups or {})
         entry = ClaimEntry(
             uid=claim.uid,
             namespace=claim.namespace,
@@ -268,6 +372,7 @@ class DevicesDriver:
                     share_id=p.share_id,
                     admin_access=g.admin_access,
                     within=exclusivity.within(g.device),
+                    consumed=None if g.consumed is None else tuple(sorted(g.consumed.items())),
                 )
                 for g, p in zip(grants, prepared, strict=True)
             ),
@@ -304,7 +409,7 @@ class DevicesDriver:
         ours = [r for r in results if r.get("driver") == self.driver_name]
         if not ours:
             raise PrepareError(f"the allocation has no devices of driver {self.driver_name}")
-        self._refuse_config(devices.get("config") or [], ours)
+        sharing = self._sharing_config(devices.get("config") or [], ours)
         inventory = self.inventory()
         grants = []
         for r in ours:
@@ -326,21 +431,36 @@ class DevicesDriver:
                     "(it fell off the bus; published, tainted, until the agent restarts): "
                     "nothing to hand over"
                 )
+            request = str(r.get("request", "")).split("/", 1)[0]
+            strategy = sharing.get(request)
+            if strategy is not None and not (device.type == "gpu" and device.mig is None):
+                raise PrepareError(
+                    f"device {name} (request {request}): a GpuConfig sharing strategy applies "
+                    "to whole NVIDIA GPUs only"
+                )
+            share_id = r.get("shareID")
             grants.append(
                 Grant(
-                    request=str(r.get("request", "")).split("/", 1)[0],
+                    request=request,
                     device=device,
                     device_name=name,
-                    share_id=r.get("shareID"),
+                    share_id=share_id,
                     admin_access=bool(r.get("adminAccess")),
+                    consumed=gpusharing.consumed(r, device) if share_id is not None else None,
+                    sharing=strategy,
                 )
             )
         return grants
 
-    def _refuse_config(self, config: Sequence[Any], ours: Sequence[dict[str, Any]]) -> None:
-        """This driver takes no configuration: opaque parameters addressed to it are a
-        mistake the user must hear about, not something to ignore."""
+    def _sharing_config(
+        self, config: Sequence[Any], ours: Sequence[dict[str, Any]]
+    ) -> dict[str, gpusharing.Sharing]:
+        """The GPU sharing strategy of each request (opaque `GpuConfig`, gpusharing.py); a
+        later entry beats an earlier one (the API lists the class's, then the claim's).
+        Anything else addressed to this driver is a mistake the user must hear about, not
+        something to ignore."""
         requests = {str(r.get("request", "")).split("/", 1)[0] for r in ours}
+        out: dict[str, gpusharing.Sharing] = {}
         for c in config:
             opaque = (c or {}).get("opaque") or {}
             if opaque.get("driver") != self.driver_name:
@@ -348,12 +468,20 @@ class DevicesDriver:
             applies = [str(x).split("/", 1)[0] for x in c.get("requests") or []]
             if applies and not requests.intersection(applies):
                 continue
-            raise PrepareError(
-                f"opaque configuration for driver {self.driver_name} "
-                f"(source {c.get('source', '?')}, requests {applies or 'all'}) is not "
-                "understood: this driver takes no configuration parameters; remove it from "
-                "the claim or its DeviceClass"
-            )
+            try:
+                strategy = gpusharing.parse_gpu_config(opaque.get("parameters"))
+            except PrepareError as e:
+                raise PrepareError(
+                    f"opaque configuration for driver {self.driver_name} (source "
+                    f"{c.get('source', '?')}, requests {applies or 'all'}): {e}; fix or remove "
+                    "it from the claim or its DeviceClass"
+                ) from None
+            for request in applies or requests:
+                if strategy is None:
+                    out.pop(request, None)
+                else:
+                    out[request] = strategy
+        return out
 
     def _refuse_in_use(self, claim: ClaimRef, grants: Sequence[Grant]) -> None:
         """The checkpoint says which claims hold which devices: a device that would overlap
@@ -368,6 +496,14 @@ class DevicesDriver:
             g = grants[conflict.index]
             label = f"{g.device_name} (request {g.request})"
             raise PrepareError(conflict.reason(wanted[conflict.index], label))
+        uses = [(g.device, w, g.consumed) for g, w in zip(grants, wanted, strict=True)]
+        over = exclusivity.find_over_capacity(claim.uid, uses, self.checkpoint.entries())
+        if over is not None:
+            g = grants[over[0]]
+            raise PrepareError(
+                f"device {g.device_name} (request {g.request}) was allocated as a share, but "
+                f"{over[1]}: refusing what the GPU cannot honour"
+            )
 
     def build(
         self, claim: ClaimRef, grants: Sequence[Grant], hcas: Sequence[str] | None = None
@@ -397,6 +533,11 @@ class DevicesDriver:
                 ids.append(self.cdi.device_id(served.group.device_name(claim.uid)))
                 if served.group not in used:
                     used.append(served.group)
+            if g.sharing is not None:
+                edits = g.sharing.edits(sum(1 for x in grants if x.sharing == g.sharing))
+                if not edits.empty():
+                    cdi_devices.append(CdiDevice(f"sharing-{name}", edits))
+                    ids.append(self.cdi.device_id(f"sharing-{name}"))
             hca = kind.nccl_hca(dev)
             if hca:
                 own_hcas.append(hca)
@@ -427,6 +568,8 @@ class DevicesDriver:
             if entry is not None:
                 remove_recorded_specs(entry, self.cdi)
             self.cdi.remove(claim.uid)  # its own spec name, also without a checkpoint entry
+            if self._metadata is not None:
+                self._metadata.remove(claim.uid)
             if self.dynamic_mig is not None:
                 # Only instances the journal says this claim had created; adopted ones never.
                 try:

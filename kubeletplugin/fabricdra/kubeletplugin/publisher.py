@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
@@ -98,9 +98,14 @@ class NodePublisher:
         *,
         driver_name: str = DRIVER_NAME,
         features: ApiFeatures | None = None,
+        list_attributes: bool = False,
+        evict_on_fatal: bool = False,
     ) -> None:
         """`features` None: chosen from the server's version on the first sync (1.36+ →
-        the current model, older → basic); pass one to override (docs/attributes.md)."""
+        the current model, older → basic), with `list_attributes` (DRAListTypeAttributes,
+        which the version does not tell); pass one to override (docs/attributes.md)."""
+        self.list_attributes = list_attributes
+        self.evict_on_fatal = evict_on_fatal  # --evict-on-fatal: fatal faults taint NoExecute
         # Every write is counted by the REST layer (and fed to the metric) in one place.
         self.rest = metrics.counting_rest(api)
         self.node_name = node_name
@@ -227,7 +232,10 @@ class NodePublisher:
     def _features(self) -> ApiFeatures:
         if self.features is None:
             version = self.rest.call("GET", "/version")
-            self.features = ApiFeatures.for_server_version(version["major"], version["minor"])
+            self.features = replace(
+                ApiFeatures.for_server_version(version["major"], version["minor"]),
+                list_attributes=self.list_attributes,
+            )
             log.info(
                 "resource API model chosen from the server version",
                 model=self.features.model,
@@ -250,9 +258,29 @@ class NodePublisher:
                 self._sync_slices_once(devices, owner, gate)
                 return
             except ApiError as e:
+                if self._lists_refused(e):
+                    continue  # the same pass again, with scalars
                 if not e.conflict or attempt == SLICE_ATTEMPTS:
                     raise
                 log.info("slice write conflicted; listing again", attempt=attempt, error=str(e))
+
+    def _lists_refused(self, e: ApiError) -> bool:
+        """A server with DRAListTypeAttributes off drops list values, and then refuses the
+        attribute left without one (422 "exactly one value must be specified"): publish the
+        scalars from now on, rather than no pool at all, and say so."""
+        features = self.features
+        if features is None or not features.list_attributes:
+            return False
+        if e.status != 422 or "exactly one value must be specified" not in e.message:
+            return False
+        log.error(
+            "--list-type-attributes: the API server refuses list attributes "
+            "(DRAListTypeAttributes is off); publishing single values",
+            error=e.message,
+        )
+        self.features = replace(features, list_attributes=False)
+        self.list_attributes = False
+        return True
 
     def _sync_slices_once(
         self,
@@ -266,7 +294,12 @@ class NodePublisher:
         )
         live = {s["metadata"]["name"]: s for s in live_list.get("items", [])}
         plan = build_slices(
-            devices, self.node_name, driver=self.driver, features=features, gate=gate
+            devices,
+            self.node_name,
+            driver=self.driver,
+            features=features,
+            gate=gate,
+            evict_on_fatal=self.evict_on_fatal,
         )
         for device, omitted in plan.omitted.items():
             log.warning("attributes omitted: over the API's limits", device=device, omitted=omitted)

@@ -16,8 +16,9 @@ Two API models (docs/attributes.md, "Kubernetes versions"):
 
 * **current** (1.36+, default): a shared RDMA endpoint is one device with
   `allowMultipleAllocations: true` and a consumable `holders` capacity (default one per claim,
-  at most all of them), so the scheduler counts holders itself; Unhealthy devices carry a
-  `NoSchedule` device taint.
+  at most all of them), so the scheduler counts holders itself; so is a shared GPU
+  (`--gpu-shares`), with consumable `memory` and `shares` (gpusharing.py); Unhealthy devices
+  carry a `NoSchedule` device taint.
 * **basic** (1.34/1.35, where DRAConsumableCapacity and DRADeviceTaints are off by default):
   a shared endpoint is published as `holders` separate devices `<name>-s<k>` (which
   `DeviceInventory.get` resolves back to the endpoint), and no taints are sent (the API server
@@ -45,9 +46,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from . import gpusharing
 from .devices import Device, DeviceInventory, holder_name
 from .kinds import kind_of
-from .kinds.base import STANDARD, CounterUse, Value, Version
+from .kinds.base import STANDARD, CounterUse, NumaNodes, Value, Version, causes_value
 
 __all__ = ["STANDARD", "Value", "Version"]  # re-exported: callers import them from here
 
@@ -65,6 +67,34 @@ MAX_OBJECT_NAME = 253
 
 TAINT_KEY = "fabricdra.io/unhealthy"
 TAINT_EFFECT = "NoSchedule"
+# Health Unknown informs and blocks nothing (effect None, resource.k8s.io/v1 since 1.35).
+UNKNOWN_TAINT_KEY = "fabricdra.io/health-unknown"
+INFO_EFFECT = "None"
+# Application Xids seen since boot inform too (effect None): `gpu-xid-13.xid-43`.
+XID_TAINT_KEY = "fabricdra.io/xid"
+# --evict-on-fatal: the Unhealthy taint of a fatal fault evicts running pods (NoExecute).
+FATAL_EFFECT = "NoExecute"
+# Causes after which the GPU's running work is lost or its memory cannot be trusted: the GPU
+# left the bus or NVML cannot reach it, uncorrectable memory (ECC, a failed row remap,
+# Xid 48 double-bit ECC, Xid 95 uncontained ECC, Xid 79 fallen off the bus: NVIDIA's Xid
+# catalogue, https://docs.nvidia.com/deploy/xid-errors/), and a reset or reboot the driver
+# asks for. Pending row remaps, PCIe/NVLink error bursts, other Xids: NoSchedule only.
+FATAL_CAUSES = frozenset(
+    {
+        "lost",
+        "unreadable",
+        "ecc",
+        "row-remap-failed",
+        "xid-48",
+        "xid-79",
+        "xid-95",
+        "recovery-gpu-reset",
+        "recovery-node-reboot",
+        "recovery-drain-and-reset",
+        "recovery-bus-reset",
+        "recovery-system-reboot",
+    }
+)
 # The verification gate (docs/verification.md): every device of a node that is not verified
 # carries this taint (current model) or `verified: false` (basic model, which the DeviceClasses
 # require to be true where present).
@@ -85,6 +115,9 @@ class ApiFeatures:
     """
 
     model: Model = "current"
+    # DRAListTypeAttributes (alpha in 1.36, off by default): list attribute values
+    # (`--list-type-attributes`); the API server drops them where the gate is off.
+    list_attributes: bool = False
 
     @property
     def consumable_capacity(self) -> bool:
@@ -163,9 +196,11 @@ def build_slices(
     features: ApiFeatures = ApiFeatures(),  # frozen: one shared default is safe
     generation: int = 0,
     gate: Gate | None = None,
+    evict_on_fatal: bool = False,
 ) -> SlicePlan:
     """The ResourceSlice objects (plain dicts, wire field names) for this node's pool.
-    `gate` None: no verification gate (library use, `fabricdra inventory`)."""
+    `gate` None: no verification gate (library use, `fabricdra inventory`).
+    `evict_on_fatal` (--evict-on-fatal): fatal faults taint NoExecute."""
     omitted: dict[str, dict[str, str]] = {}
     dropped: list[str] = []
     devices: list[dict[str, Any]] = []
@@ -176,7 +211,9 @@ def build_slices(
             dropped.append(device.name)  # not created yet (or the whole GPU): nothing to offer
             continue
         use = kind.counters(device) if features.partitionable_devices else None
-        published = _published(device, inventory.shared_holders, features, omitted, use)
+        published = _published(
+            device, inventory.shared_holders, features, omitted, use, evict_on_fatal
+        )
         devices.extend(_gated(d, gate, features) for d in published)
         if use is not None:
             counter_sets[use.counter_set] = {
@@ -226,9 +263,10 @@ def _published(
     features: ApiFeatures,
     omitted: dict[str, dict[str, str]],
     use: CounterUse | None = None,
+    evict_on_fatal: bool = False,
 ) -> list[dict[str, Any]]:
     kind = kind_of(device)
-    attrs, why = device_attributes(device)
+    attrs, why = device_attributes(device, features.list_attributes)
     if why:
         omitted[device.name] = why
     capacity: dict[str, Any] = {}
@@ -254,14 +292,37 @@ def _published(
             "value": str(holders),
             "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": str(holders)}},
         }
+    elif gpusharing.limits(device) and features.consumable_capacity and "memory" in capacity:
+        # A shared GPU (gpusharing.py); the basic model has no consumable capacity, so there
+        # it stays one claim's.
+        base["allowMultipleAllocations"] = True
+        capacity.update(gpusharing.published_capacity(capacity["memory"]["value"], device.shares))
     out = _with_capacity(base, capacity)
     if use is not None:
         out["consumesCounters"] = [
             {"counterSet": use.counter_set, "counters": _counters(dict(use.consumed))}
         ]
-    if features.device_taints and device.health == "Unhealthy":
-        out["taints"] = [_taint(device)]
+    if features.device_taints:
+        taints = _health_taints(device, evict_on_fatal)
+        if taints:
+            out["taints"] = taints
     return [out]
+
+
+def _health_taints(device: Device, evict_on_fatal: bool) -> list[dict[str, Any]]:
+    """Unhealthy: what blocks (or evicts); Unknown and application Xids: what informs."""
+    taints = []
+    if device.health == "Unhealthy":
+        taints.append(_taint(device, evict_on_fatal))
+    elif device.health == "Unknown":
+        taints.append(
+            {"key": UNKNOWN_TAINT_KEY, "value": taint_value(device), "effect": INFO_EFFECT}
+        )
+    app = device.info.application_xids if device.info is not None else ()
+    if app:
+        value = causes_value("gpu", "gpu", [f"xid-{x}" for x in app])
+        taints.append({"key": XID_TAINT_KEY, "value": value, "effect": INFO_EFFECT})
+    return taints
 
 
 def _gated(device: dict[str, Any], gate: Gate | None, features: ApiFeatures) -> dict[str, Any]:
@@ -291,11 +352,16 @@ def taint_value(device: Device) -> str:
     return kind_of(device).taint_value(device)
 
 
-def _taint(device: Device) -> dict[str, Any]:
+def fatal(device: Device) -> bool:
+    """Whether an Unhealthy device's fault is fatal to the work running on it."""
+    return device.lost or bool(FATAL_CAUSES.intersection(device.health_causes))
+
+
+def _taint(device: Device, evict_on_fatal: bool = False) -> dict[str, Any]:
     taint: dict[str, Any] = {
         "key": TAINT_KEY,
         "value": taint_value(device),
-        "effect": TAINT_EFFECT,
+        "effect": FATAL_EFFECT if evict_on_fatal and fatal(device) else TAINT_EFFECT,
     }
     # A failed link carries the time it was first seen, stable while it persists: the taint
     # says when trouble started. Otherwise the API server stamps the time of the first write
@@ -309,8 +375,10 @@ def _taint(device: Device) -> dict[str, Any]:
 # --- attributes ----------------------------------------------------------------------------
 
 
-def device_attributes(device: Device) -> tuple[dict[str, Any], dict[str, str]]:
-    """A device's attributes (wire form, sorted by name) and those omitted, with why."""
+def device_attributes(device: Device, lists: bool = False) -> tuple[dict[str, Any], dict[str, str]]:
+    """A device's attributes (wire form, sorted by name) and those omitted, with why.
+    `lists`: the cluster takes list values (DRAListTypeAttributes); otherwise a device on
+    several NUMA nodes publishes its PCI function's node only."""
     kind = kind_of(device)
     values: list[tuple[str, Value]] = [("type", device.type), *kind.attributes(device)]
 
@@ -319,6 +387,17 @@ def device_attributes(device: Device) -> tuple[dict[str, Any], dict[str, str]]:
     for name, value in values:
         if value is None:
             continue  # an unknown fact is an absent attribute, never a stand-in
+        if isinstance(value, NumaNodes):
+            if lists:
+                attrs[name] = {"ints": list(value.nodes)}
+            elif value.scalar is not None:
+                attrs[name] = {"int": value.scalar}
+            else:
+                omitted[name] = (
+                    f"on NUMA nodes {list(value.nodes)}, none of them its PCI function's: "
+                    "one number would pick one; lists are off (--list-type-attributes)"
+                )
+            continue
         if isinstance(value, Version):
             attrs[name] = {"version": str(value)}
         elif isinstance(value, bool):

@@ -7,8 +7,9 @@
 
 Each pass registers the GPUs the readings name that are not registered yet, drains the event
 set without blocking, and returns the readings with, per GPU:
-- `xidErrors`: every critical Xid seen since boot (application Xids — 13, 31, 43, 45, 68, 109 —
-  are logged and dropped, as `health.APPLICATION_XIDS` says), merged with a snapshot's own;
+- `xidErrors`: every critical Xid seen since boot, merged with a snapshot's own;
+- `applicationXids`: the application Xids seen since boot (13, 31, 43, 45, 68, 109, as
+  `health.APPLICATION_XIDS` says): never a fault, published as an informative taint;
 - `xidEventsSupported` False and `xidEventsReason` where the GPU refused the registration, or
   where the event set cannot be created or read this pass: health then says Unknown, not
   Healthy, since an Xid could go unseen.
@@ -48,6 +49,7 @@ STATE_VERSION = 1
 class _Seen:
     xids: set[int] = field(default_factory=set)
     first_seen: str | None = None
+    app: set[int] = field(default_factory=set)  # application Xids: informative only
 
 
 class XidWatch:
@@ -109,14 +111,20 @@ class XidWatch:
     def _take(self, events: list[XidEvent]) -> bool:
         changed = False
         for e in events:
-            if e.xid in APPLICATION_XIDS:
-                log.info("application Xid (not a GPU fault)", pciBusId=e.bus, xid=e.xid)
-                continue
             targets = (
                 [e.bus]
                 if e.bus is not None
                 else [b for b, why in self.registered.items() if why is None]
             )
+            if e.xid in APPLICATION_XIDS:
+                # Not the GPU's fault; kept for the informative taint (effect None).
+                log.info("application Xid (not a GPU fault)", pciBusId=e.bus, xid=e.xid)
+                for bus in targets:
+                    seen = self.seen.setdefault(bus, _Seen())
+                    if e.xid not in seen.app:
+                        seen.app.add(e.xid)
+                        changed = True
+                continue
             log.error(
                 "critical Xid error",
                 pciBusId=e.bus or "unknown (counted for every GPU)",
@@ -144,6 +152,8 @@ class XidWatch:
                 update["xidErrors"] = sorted(
                     set(gpu.xidErrors or ()) | (seen.xids if seen else set())
                 )
+            if seen is not None and seen.app:
+                update["applicationXids"] = sorted(set(gpu.applicationXids or ()) | seen.app)
             if why is not None:
                 update["xidEventsSupported"] = False
                 update["xidEventsReason"] = why
@@ -179,14 +189,15 @@ class XidWatch:
         for bus, entry in raw["gpus"].items():
             try:
                 xids = {int(x) for x in entry["xids"]}
+                app = {int(x) for x in entry.get("appXids", ())}
             except (KeyError, TypeError, ValueError):
                 log.error("Xid record entry unreadable; skipped", pciBusId=bus, entry=entry)
                 continue
-            self.seen[bus] = _Seen(xids, entry.get("firstSeen"))
-        if self.seen:
+            self.seen[bus] = _Seen(xids, entry.get("firstSeen"), app)
+        if any(s.xids for s in self.seen.values()):
             log.warning(
                 "critical Xids recorded earlier in this boot",
-                gpus={b: sorted(s.xids) for b, s in self.seen.items()},
+                gpus={b: sorted(s.xids) for b, s in self.seen.items() if s.xids},
             )
 
     def _set_aside(self, why: str) -> None:
@@ -210,6 +221,7 @@ class XidWatch:
             "bootId": self.boot_id,
             "gpus": {
                 bus: {"xids": sorted(s.xids), "firstSeen": s.first_seen}
+                | ({"appXids": sorted(s.app)} if s.app else {})
                 for bus, s in sorted(self.seen.items())
             },
         }

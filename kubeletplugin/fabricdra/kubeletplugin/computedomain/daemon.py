@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from fabricdra.kube.informer import Informer
@@ -67,6 +68,10 @@ def peers_of(domain: dict[str, Any], node: str) -> dict[int, str]:
 # before the controller marks this node's row silent (a kubelet's node Lease: 40 s / 10 s).
 REPORT_LEASE_SECONDS = 40
 READY_FILE = "ready"  # in the config dir while IMEX answers READY (the readiness probe)
+# In the config dir, touched at every turn of the daemon's loop: its age is the startup and
+# liveness probes' answer (a daemon stuck in a call is restarted; a hung IMEX is restarted by
+# its supervisor, imex.py).
+ALIVE_FILE = "alive"
 
 
 class ImexDaemon:
@@ -138,6 +143,13 @@ class ImexDaemon:
         else:
             path.unlink(missing_ok=True)
 
+    @staticmethod
+    def _beat(path: Path) -> None:
+        """The liveness heartbeat: the file's modification time (also while the API server
+        is out of reach: the loop turns, and restarting the pod would not bring it back)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+
     def run(self, stop: threading.Event, interval: float = 2.0) -> None:
         """Watch the domain; pass again at once when it changes, and every `interval` seconds
         to look after IMEX (which costs no API read)."""
@@ -149,11 +161,14 @@ class ImexDaemon:
             field_selector=f"metadata.name={who.domain_name}",
         )
         self._mark_ready(False)  # the folder outlives pods: a new pod starts not ready
+        alive = self.supervisor.settings.config_dir / ALIVE_FILE
+        alive.unlink(missing_ok=True)  # nor alive: the startup probe waits for this loop
         changed = threading.Event()
         watch.on_event(lambda *_: changed.set())
         watch.start()
         try:
             while not stop.is_set():
+                self._beat(alive)
                 if watch.has_synced():  # before the first LIST, "not there" is not known
                     changed.clear()
                     try:

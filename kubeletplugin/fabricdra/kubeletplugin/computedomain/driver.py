@@ -10,7 +10,8 @@ prepare(claim), in two phases (the shared rules of `kubelet/claims.py`), after o
    the domain exists with that UID, the channel in the claim is the one the domain holds, the
    host can provide the channel (major in /proc/devices), and that IMEX on this node is READY
    (managed mode: this node's row in the domain's status is ready, i.e. its IMEX daemon
-   reported READY; host mode: the host's IMEX service answers READY). IMEX not ready yet is
+   reported READY, wherever the row or the node's label names an NVLink fabric domain; host
+   mode: the host's IMEX service answers READY). IMEX not ready yet is
    waited for, up to `imex_wait_seconds` and never past kubelet's deadline (less a margin to
    answer), outside any lock, and no longer once kubelet has gone; then the claim fails with
    a clear error and kubelet retries it. Every read and wait happens here, so a slow claim
@@ -180,7 +181,8 @@ class ComputeDomainDriver:
 
     def _imex_state(self, claim: ClaimRef, obj: JSON, fabric: str) -> tuple[bool, str]:
         """Is IMEX on this node ready for the claim's workload channels? (True for claims
-        that need none: daemon claims, or managed mode on a node without a fabric, where
+        that need none: daemon claims, or managed mode where neither the domain's row for
+        this node nor `fabric`, the node's label read once by prepare, names a fabric domain:
         nothing is imported.) Reads the domain afresh each time it is asked."""
         for result in self._results(obj):
             if result["device"] != cd.CHANNEL_DEVICE:
@@ -191,11 +193,15 @@ class ComputeDomainDriver:
                 if not ready:
                     return ready, message
                 continue
-            if not fabric:
-                continue  # no multi-node fabric here: nothing is imported through IMEX
             domain = self._domain(claim, params)
             rows = domain.get("status", {}).get("nodes", []) or []
             row = next((r for r in rows if r.get("name") == self.config.node_name), None)
+            # The domain's row decides, not the node's fabric label alone: discovery may drop
+            # the label (a GPU lost its fabric registration) while the node stays in the
+            # clique its row names, whose IMEX must still be READY. Nothing is imported
+            # through IMEX only where neither the row nor the label names a fabric domain.
+            if not (row or {}).get("fabricDomain") and not fabric:
+                continue
             if row is None:
                 return False, (
                     f"IMEX of ComputeDomain {params.get('domainName')} is not ready on node "

@@ -59,6 +59,10 @@ class ImexSettings:
     hosts_file: Path | None = None
     max_peers: int = 18  # name slots in the nodes config: an NVL72 rack's compute trays
     restart_backoff: tuple[float, ...] = field(default=(0.5, 1.0, 2.0, 5.0, 10.0))
+    # A running nvidia-imex that answers no `nvidia-imex-ctl -q` (it times out, or finds no
+    # one listening) for this long is hung, not starting: killed and restarted. A process
+    # that exits is restarted anyway; one that hangs would otherwise stay for good.
+    hang_seconds: float = 60.0
     # The loaded driver's version (the plugin passes it, imexfiles.py); "" = not known, then
     # not checked (nvidia-imex itself is then the judge).
     driver_version: str = ""
@@ -134,6 +138,8 @@ class ImexSupervisor:
         self._failures = 0
         self._next_start = 0.0
         self._last_exit = ""
+        self._answered_at = 0.0  # monotonic: the running IMEX's start or its last answer
+        self.answered = False  # whether the last query reached an IMEX daemon
 
     def _find(self, name: str) -> str | None:
         if os.sep in name:
@@ -205,13 +211,34 @@ class ImexSupervisor:
                     stdout=subprocess.DEVNULL,
                     stderr=err_file,
                 )
+            self._answered_at = time.monotonic()
         ready = self.query()
+        if self.answered:
+            self._answered_at = time.monotonic()
+        elif time.monotonic() - self._answered_at >= self.settings.hang_seconds:
+            return self._kill_hung()
         if ready.ready:
             self._failures = 0
             self._last_exit = ""
         elif self._last_exit:
             return State(False, f"{self._last_exit}; now: {ready.message}")
         return ready
+
+    def _kill_hung(self) -> State:
+        """IMEX runs but has answered nothing for `hang_seconds`: kill it (SIGKILL: a hung
+        process may not act on SIGTERM) and restart it after the usual backoff."""
+        assert self._proc is not None
+        self._proc.kill()
+        self._proc.wait()
+        self._last_exit = (
+            f"nvidia-imex answered no query for {self.settings.hang_seconds:g}s while running "
+            "(hung); killed"
+        )
+        self._proc = None
+        backoff = self.settings.restart_backoff
+        self._next_start = time.monotonic() + backoff[min(self._failures, len(backoff) - 1)]
+        self._failures += 1
+        return State(False, self._last_exit + "; restarting")
 
     def driver_refusal(self) -> State | None:
         """Not ready, and why, when the driver is too old for this daemon's reloads."""
@@ -271,8 +298,11 @@ class ImexSupervisor:
                 check=False,
             )
         except subprocess.TimeoutExpired:
+            self.answered = False
             return State(False, "nvidia-imex-ctl -q did not answer within 5 s")
         answer = done.stdout.strip()
+        # UNAVAILABLE (or nothing): the tool reached no IMEX daemon.
+        self.answered = answer not in ("", "UNAVAILABLE")
         if answer == "READY":
             return State(True, "READY")
         return State(False, f"IMEX not ready: {answer or done.stderr.strip() or done.returncode}")

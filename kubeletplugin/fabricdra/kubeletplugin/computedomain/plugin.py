@@ -48,7 +48,9 @@ class PluginConfig:
     driver_root: Path = Path("/")  # host path of the NVIDIA driver install
     driver_root_view: Path | None = None  # where this plugin sees driver_root (None: same)
     report_namespace: str = "fabricdra-system"
-    host_imex_interval: float = 30.0  # 0: no host IMEX report
+    # Host IMEX mode: seconds between checks of the host's IMEX service (the chart passes 30
+    # with computeDomains.hostImex.enabled); 0: host mode off, no report at all.
+    host_imex_interval: float = 0.0
     sweep_interval: float = 600.0  # seconds between reports of claims gone from the API
     boot_id_file: Path = BOOT_ID_PATH  # the kernel's boot id: state of another boot is dropped
 
@@ -115,25 +117,31 @@ class ComputeDomainPlugin:
         report Lease, so a host-mode domain on a broken service shows Degraded instead of
         Ready. The Lease is also this node's heartbeat: its renewTime is rewritten every third
         of its duration (at least 3 intervals, at least the managed daemons' 40 s), so a node
-        that lost power turns its rows not ready, as a silent managed daemon does."""
+        that lost power turns its rows not ready, as a silent managed daemon does. Only host
+        mode runs this (`host_imex_interval` > 0: the chart's `computeDomains.hostImex`), and
+        a pass writes only when the answer changed or the heartbeat is due, without reading
+        the Lease first: a pass where nothing changed costs no API request (at 5,000 nodes a
+        GET and a PATCH per node every 30 s were ~167 of each a second)."""
         interval = self.config.host_imex_interval
         lease_seconds = max(REPORT_LEASE_SECONDS, math.ceil(3 * interval))
         renewed_at: float | None = None
+        said: tuple[bool, str] | None = None  # what the Lease says (as this process wrote it)
         while True:
-            ready, message = self.driver.host_imex()
+            answer = self.driver.host_imex()
             due = renewed_at is None or time.monotonic() - renewed_at >= lease_seconds / 3
-            try:
-                if write_host_report(
-                    self.rest,
-                    self.config.report_namespace,
-                    self.config.node_name,
-                    ready=ready,
-                    message=message,
-                    lease_seconds=lease_seconds,
-                    renew=due,
-                ):
-                    renewed_at = time.monotonic()
-            except ApiError as e:  # transient: the next interval tries again
-                log.error("host IMEX report not written", error=str(e))
+            if answer != said or due:
+                try:
+                    write_host_report(
+                        self.rest,
+                        self.config.report_namespace,
+                        self.config.node_name,
+                        ready=answer[0],
+                        message=answer[1],
+                        lease_seconds=lease_seconds,
+                        renew=True,
+                    )
+                    renewed_at, said = time.monotonic(), answer
+                except ApiError as e:  # transient: the next interval tries again
+                    log.error("host IMEX report not written", error=str(e))
             if stop.wait(interval):
                 return

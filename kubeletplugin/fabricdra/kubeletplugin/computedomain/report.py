@@ -43,11 +43,20 @@ def write_report(
         cd.REPORT_NODE: node,
     }
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    spec: dict[str, object] = {"renewTime": now}
+    if lease_seconds is not None:
+        spec["leaseDurationSeconds"] = lease_seconds
+    patch = {"metadata": {"annotations": annotations}, "spec": spec}
+    live: dict[str, Any] | None = None
     try:
+        if renew:  # written whatever it says now: no read first
+            rest.patch(LEASES, name, patch, namespace)
+            return True
         live = rest.get(LEASES, name, namespace)
     except ApiError as e:
         if not e.not_found:
             raise
+    if live is None:
         body: dict[str, Any] = {
             "metadata": {
                 "name": name,
@@ -65,12 +74,9 @@ def write_report(
     same_promise = lease_seconds is None or (
         live.get("spec", {}).get("leaseDurationSeconds") == lease_seconds
     )
-    if same and same_promise and not renew:
+    if same and same_promise:
         return False
-    spec: dict[str, object] = {"renewTime": now}
-    if lease_seconds is not None:
-        spec["leaseDurationSeconds"] = lease_seconds
-    rest.patch(LEASES, name, {"metadata": {"annotations": annotations}, "spec": spec}, namespace)
+    rest.patch(LEASES, name, patch, namespace)
     return True
 
 

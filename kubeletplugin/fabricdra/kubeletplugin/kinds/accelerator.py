@@ -35,6 +35,7 @@ from .base import (
     Value,
     Version,
     causes_value,
+    numa_value,
     pci_values,
 )
 
@@ -100,7 +101,8 @@ def vendor_devices(inputs: BuildInputs, vendor_id: str) -> list[Device]:
         if acc.vendorId != vendor_id:
             continue
         info = inputs.gpu_info.get(acc.pciBusId)
-        out.extend(_accelerator_devices(acc, inputs.gpu_health, info, config.dynamic_mig, created))
+        devices = _accelerator_devices(acc, inputs.gpu_health, info, config.dynamic_mig, created)
+        out.extend(_shared(d, config.gpu_shares) if vendor_id == NVIDIA else d for d in devices)
     present = {acc.pciBusId for acc in inputs.accelerators}
     gone = GpuHealth(False, LOST_REASON, ("lost",))
     for acc in inputs.lost:
@@ -112,6 +114,14 @@ def vendor_devices(inputs: BuildInputs, vendor_id: str) -> list[Device]:
             for d in _accelerator_devices(acc, {acc.pciBusId: gone}, info, config.dynamic_mig)
         )
     return out
+
+
+def _shared(device: Device, shares: int) -> Device:
+    """A whole NVIDIA GPU offered to `shares` claims at once (gpusharing.py); MIG instances
+    and dynamic MIG's devices stay one claim each."""
+    if shares and device.type == "gpu" and not device.dynamic_mig:
+        return replace(device, shares=shares)
+    return device
 
 
 def _accelerator_devices(
@@ -254,7 +264,16 @@ def accelerator_values(device: Device) -> list[tuple[str, Value]]:
         ("cudaComputeCapability", _version(info.cuda_compute_capability if info else None)),
         ("architecture", info.architecture if info else None),
         ("brand", info.brand if info else None),
-        *pci_values(acc.topology, acc.pciBusId, acc.numaNode),
+        ("addressingMode", info.addressing_mode if info else None),
+        # A whole GPU's memory NUMA nodes (Grace) join its CPU's node; a MIG instance's memory
+        # is one part of it, so it keeps the CPU's node alone (never a node it may not use).
+        *pci_values(
+            acc.topology,
+            acc.pciBusId,
+            numa_value(
+                acc.numaNode, info.memory_numa_nodes if info and not mig and not placement else ()
+            ),
+        ),
         ("vendor", acc.vendor),
         ("deviceClass", _device_class(acc, mig, placement)),
         ("productName", (mig.name if mig else None) or _placement_product(acc, placement)),

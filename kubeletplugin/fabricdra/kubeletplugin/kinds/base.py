@@ -28,7 +28,16 @@ class Version(str):
     """An attribute value published as a semver `version` (CEL: `.compareTo(semver("12.4.0"))`)."""
 
 
-Value = str | int | bool | None
+@dataclass(frozen=True)
+class NumaNodes:
+    """A device on several NUMA nodes (a Grace GPU: its CPU's node and its HBM's). Published
+    as a list (`ints`) where DRAListTypeAttributes is on, else as `scalar` (None: nothing)."""
+
+    nodes: tuple[int, ...]
+    scalar: int | None
+
+
+Value = str | int | bool | NumaNodes | None
 
 
 @dataclass(frozen=True)
@@ -167,10 +176,18 @@ class DeviceKind(Protocol):
 STANDARD = "resource.kubernetes.io/"  # the standard attributes' domain
 
 
-def pci_values(
-    topology: PciTopology, bus_id: str | None, numa: int | None
-) -> list[tuple[str, Value]]:
-    """The PCI placement attributes every PCI device publishes."""
+def numa_value(numa: int | None, memory: Sequence[int] = ()) -> Value:
+    """`numa` (the kernel's node of the PCI function), or every node where the device's own
+    memory adds others (`NumaNodes`)."""
+    nodes = tuple(sorted({*memory, *(() if numa is None else (numa,))}))
+    if len(nodes) <= 1 and (numa is not None or not nodes):
+        return numa
+    return NumaNodes(nodes, numa)
+
+
+def pci_values(topology: PciTopology, bus_id: str | None, numa: Value) -> list[tuple[str, Value]]:
+    """The PCI placement attributes every PCI device publishes (`numa`: an int, or
+    `numa_value`'s list)."""
     # pciSwitch/pciRoot only where the root complex is known too: that is when discovery's
     # distance rules can speak (a missing pcieRoot is UNK), so an equal value keeps its promise.
     known = topology.pcieRoot is not None

@@ -111,6 +111,9 @@ class PreparedRecord:
     # The device the base device is part of (a MIG instance's GPU, a VF's PF): prepare's
     # in-use check must see the parent held too, also after the inventory changed.
     within: str | None = None
+    # A share of a GPU offered shared: the capacities it consumes (memory in bytes, shares),
+    # name-sorted, so prepare can check the sum of the shares beside it (gpusharing.py).
+    consumed: tuple[tuple[str, int], ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -125,6 +128,8 @@ class PreparedRecord:
             out["shareId"] = self.share_id
         if self.within is not None:
             out["within"] = self.within
+        if self.consumed is not None:
+            out["consumed"] = dict(self.consumed)
         return out
 
     @classmethod
@@ -137,6 +142,9 @@ class PreparedRecord:
             share_id=None if d.get("shareId") is None else str(d["shareId"]),
             admin_access=bool(d.get("adminAccess", False)),
             within=None if d.get("within") is None else str(d["within"]),
+            consumed=None
+            if d.get("consumed") is None
+            else tuple(sorted((str(k), int(v)) for k, v in d["consumed"].items())),
         )
 
 

@@ -105,7 +105,7 @@ class PreparedDevice:
 
 @dataclass(frozen=True, slots=True)
 class DeviceHealth:
-    """One device's health for kubelet's health stream (`v1alpha1.DRAResourceHealth`)."""
+    """One device's health for kubelet's health stream (`v1` / `v1alpha1.DRAResourceHealth`)."""
 
     pool_name: str
     device_name: str

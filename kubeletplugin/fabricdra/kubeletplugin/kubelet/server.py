@@ -18,9 +18,11 @@ Kubelet's side of the contract, as this server meets it (kubelet v1.34-v1.36):
   rolling updates, see `PluginPaths.for_driver`) answers `GetInfo` with type `DRAPlugin`,
   the driver name, the absolute DRA socket path and the services in the order kubelet should
   pick them: `v1.DRAPlugin`, `v1beta1.DRAPlugin` (1.32/1.33 kubelets know only the latter),
-  then `v1alpha1.DRAResourceHealth` when a health broadcaster is given.
+  then `v1.DRAResourceHealth` and `v1alpha1.DRAResourceHealth` when a health broadcaster is
+  given (a 1.37 kubelet picks v1, older ones know only v1alpha1).
 - `<plugin_dir>/dra.sock` (`dra-<pod uid>.sock`) serves `k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin`,
-  `k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin` and `v1alpha1.DRAResourceHealth`.
+  `k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin`, `v1.DRAResourceHealth` and
+  `v1alpha1.DRAResourceHealth`.
 - every claim in a request gets exactly one entry in the response (kubelet fails the whole
   batch otherwise); a driver exception becomes that claim's `error`.
 - driver calls are serialized by one lock, like the Go helper's default, unless the driver
@@ -51,6 +53,8 @@ from typing import Any
 import grpc
 import structlog
 
+from fabricdra.proto.gen.dra_health_v1 import api_pb2 as health_v1_pb2
+from fabricdra.proto.gen.dra_health_v1 import api_pb2_grpc as health_v1_grpc
 from fabricdra.proto.gen.dra_health_v1alpha1 import api_pb2 as health_pb2
 from fabricdra.proto.gen.dra_health_v1alpha1 import api_pb2_grpc as health_grpc
 from fabricdra.proto.gen.dra_v1 import api_pb2 as v1_pb2
@@ -68,7 +72,11 @@ log = structlog.get_logger("fabricdra.kubelet")
 PLUGIN_TYPE = "DRAPlugin"  # pluginregistration constants.go
 DRA_V1_SERVICE = "v1.DRAPlugin"
 DRA_V1BETA1_SERVICE = "v1beta1.DRAPlugin"
+HEALTH_V1_SERVICE = "v1.DRAResourceHealth"
 HEALTH_V1ALPHA1_SERVICE = "v1alpha1.DRAResourceHealth"
+# Newest first: a 1.37+ kubelet picks the newest health service both sides know, and older
+# kubelets skip names they do not know (as 1.32 skipped v1.DRAPlugin).
+HEALTH_SERVICES = (HEALTH_V1_SERVICE, HEALTH_V1ALPHA1_SERVICE)
 
 DEFAULT_REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
 DEFAULT_PLUGINS_DIR = Path("/var/lib/kubelet/plugins")
@@ -79,12 +87,6 @@ MAX_SOCKET_PATH = 105
 # What may go into a socket file name as the instance: a pod UID is a lowercase UUID.
 _INSTANCE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 MIN_INSTANCE = 8  # characters of a UID kept at least when a socket path must be shortened
-
-_HEALTH_WIRE = {
-    "Healthy": health_pb2.HEALTHY,
-    "Unhealthy": health_pb2.UNHEALTHY,
-    "Unknown": health_pb2.UNKNOWN,
-}
 
 
 class PluginServerError(Exception):
@@ -302,17 +304,20 @@ class _DraV1beta1(v1beta1_grpc.DRAPluginServicer):
         return self.claims.unprepare(v1beta1_pb2, request, _call(context))
 
 
-class _Health(health_grpc.DRAResourceHealthServicer):
-    def __init__(self, broadcaster: HealthBroadcaster) -> None:
+class _Health:
+    """NodeWatchResources of one health API version (`pb`: its generated messages)."""
+
+    def __init__(self, broadcaster: HealthBroadcaster, pb: Any) -> None:
         self.broadcaster = broadcaster
+        self.pb = pb
 
     def NodeWatchResources(self, request: Any, context: Any) -> Iterator[Any]:
         # Wake the wait below when kubelet goes away, so the worker thread is freed.
         context.add_callback(self.broadcaster.wake)
         version, devices = self.broadcaster.snapshot()
-        log.info("health stream opened", devices=len(devices))
+        log.info("health stream opened", devices=len(devices), api=self.pb.DESCRIPTOR.package)
         while context.is_active():
-            yield _health_response(devices)
+            yield _health_response(self.pb, devices)
             # Next send: on a change, or after resend_seconds as a refresh.
             update = self.broadcaster.wait(version, self.broadcaster.resend_seconds)
             if update is None:
@@ -321,15 +326,14 @@ class _Health(health_grpc.DRAResourceHealthServicer):
         log.info("health stream closed")
 
 
-def _health_response(devices: Sequence[Any]) -> Any:
+def _health_response(pb: Any, devices: Sequence[Any]) -> Any:
     now = int(time.time())
-    return health_pb2.NodeWatchResourcesResponse(
+    return pb.NodeWatchResourcesResponse(
         devices=[
-            health_pb2.DeviceHealth(
-                device=health_pb2.DeviceIdentifier(
-                    pool_name=d.pool_name, device_name=d.device_name
-                ),
-                health=_HEALTH_WIRE[d.health],
+            pb.DeviceHealth(
+                device=pb.DeviceIdentifier(pool_name=d.pool_name, device_name=d.device_name),
+                # "Healthy" -> HEALTHY: v1 and v1alpha1 name their enum values alike
+                health=pb.HealthStatus.Value(d.health.upper()),
                 last_updated_time=now,
                 message=d.message or "",
             )
@@ -381,7 +385,7 @@ class PluginServer:
         self.max_workers = max_workers
         self.supported_versions = [DRA_V1_SERVICE, DRA_V1BETA1_SERVICE]
         if health is not None:
-            self.supported_versions.append(HEALTH_V1ALPHA1_SERVICE)
+            self.supported_versions.extend(HEALTH_SERVICES)
         self.status: RegistrationStatus | None = None
         self.registered = threading.Event()
         self._dra: grpc.Server | None = None
@@ -416,7 +420,16 @@ class PluginServer:
         _add(v1_grpc.add_DRAPluginServicer_to_server, _DraV1(claims), dra)
         _add(v1beta1_grpc.add_DRAPluginServicer_to_server, _DraV1beta1(claims), dra)
         if self.health is not None:
-            _add(health_grpc.add_DRAResourceHealthServicer_to_server, _Health(self.health), dra)
+            _add(
+                health_v1_grpc.add_DRAResourceHealthServicer_to_server,
+                _Health(self.health, health_v1_pb2),
+                dra,
+            )
+            _add(
+                health_grpc.add_DRAResourceHealthServicer_to_server,
+                _Health(self.health, health_pb2),
+                dra,
+            )
         dra.start()
         self._dra = dra
         try:

@@ -6,9 +6,10 @@ A snapshot is a JSON object keyed by PCI bus id (`0000:1b:00.0`) whose values ca
 `uuid`, `name`, `memoryTotalMiB`, `migMode` and `fabric {clusterUuid, cliqueId, state, status}`,
 with state/status in NVML's words. Optional, where NVML offers them: the identity users select
 on (`driverVersion`, `cudaDriverVersion` as NVML's integer, e.g. 12040, `cudaComputeCapability`
-"9.0", `architecture`, `brand`), per-MIG-instance compute capacities (`multiprocessors`,
-`copyEngines`, `decoders`, `encoders`, `jpegEngines`, `ofaEngines`) and GPU instance
-placement (`placementStart`, the first memory slice: what dynamic MIG adopts it at), health inputs
+"9.0", `architecture`, `brand`, `addressingMode` `HMM`/`ATS`/`None`), `memoryNumaNodes` (Grace:
+the NUMA nodes of the GPU's own memory), per-MIG-instance compute capacities (`multiprocessors`,
+`copyEngines`, `decoders`, `encoders`, `jpegEngines`, `ofaEngines`) and GPU instance placement
+(`placementStart`, the first memory slice: what dynamic MIG adopts it at), health inputs
 (`eccUncorrectable`, `xidErrors` seen, `rowRemapFailure`, `rowRemapPending`,
 `pcieReplayCounter`, `nvlinkErrors`; `thermalViolation` is recorded but judges nothing) and
 the NVLink links (`nvlinks`: state, and for an active link the remote end's PCI bus id and

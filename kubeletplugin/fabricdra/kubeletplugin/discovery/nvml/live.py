@@ -84,6 +84,7 @@ def _read_gpu(pynvml: Any, handle: Any) -> dict[str, Any]:
     }
     out.update(_read_identity(pynvml, handle))
     out.update(_read_health(pynvml, handle))
+    out.update(_read_recovery_action(pynvml, handle))
     out["nvlinks"] = _read_nvlinks(pynvml, handle)
     return out
 
@@ -131,6 +132,8 @@ _ARCHITECTURES = {
     9: "Hopper",
     10: "Blackwell",
 }
+# NVML_DEVICE_ADDRESSING_MODE_{NONE,HMM,ATS} (nvml.h).
+_ADDRESSING_MODES = {0: "None", 1: "HMM", 2: "ATS"}
 _BRANDS = {
     0: "Unknown",
     1: "Quadro",
@@ -152,6 +155,31 @@ _BRANDS = {
 }
 
 
+# nvmlDeviceGpuRecoveryAction_t, as nvml.h names the values (NVML_GPU_RECOVERY_ACTION_*).
+RECOVERY_ACTIONS = {
+    0: "none",
+    1: "gpu_reset",
+    2: "node_reboot",
+    3: "drain_p2p",
+    4: "drain_and_reset",
+    5: "recover_imex_domain",
+    6: "bus_reset",
+    7: "system_reboot",
+}
+FIELD_RECOVERY_ACTION = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+
+
+def _read_recovery_action(pynvml: Any, handle: Any) -> dict[str, Any]:
+    """The recovery action the driver reports, where it does (older drivers: nothing)."""
+    with contextlib.suppress(pynvml.NVMLError, AttributeError, IndexError):
+        (value,) = pynvml.nvmlDeviceGetFieldValues(handle, [FIELD_RECOVERY_ACTION])
+        if int(value.nvmlReturn) == 0:
+            action = RECOVERY_ACTIONS.get(int(value.value.uiVal))
+            if action is not None:
+                return {"recoveryAction": action}
+    return {}
+
+
 def _read_identity(pynvml: Any, handle: Any) -> dict[str, Any]:
     """Each fact only when NVML answers (older drivers lack some calls)."""
     out: dict[str, Any] = {}
@@ -167,9 +195,19 @@ def _read_identity(pynvml: Any, handle: Any) -> dict[str, Any]:
         if arch in _ARCHITECTURES:
             out["architecture"] = _ARCHITECTURES[arch]
     with contextlib.suppress(pynvml.NVMLError, AttributeError):
+        # NOT_SUPPORTED where the GPU's memory is no NUMA node (PCIe hosts): nothing recorded.
+        node = int(pynvml.nvmlDeviceGetNumaNodeId(handle))
+        if node >= 0:
+            out["memoryNumaNodes"] = [node]
+    with contextlib.suppress(pynvml.NVMLError, AttributeError):
         brand = int(pynvml.nvmlDeviceGetBrand(handle))
         if brand in _BRANDS:
             out["brand"] = _BRANDS[brand]
+    with contextlib.suppress(pynvml.NVMLError, AttributeError):
+        # pynvml passes its versioned structure by reference and returns the mode's value.
+        mode = int(pynvml.nvmlDeviceGetAddressingMode(handle))
+        if mode in _ADDRESSING_MODES:
+            out["addressingMode"] = _ADDRESSING_MODES[mode]
     return out
 
 

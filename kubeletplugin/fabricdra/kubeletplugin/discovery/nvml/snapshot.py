@@ -49,6 +49,7 @@ class SnapshotMigDevice(Record):
     placementStart: int | None = None
 
 
+AddressingMode = Literal["HMM", "ATS", "None"]
 NvLinkRemote = Literal["gpu", "switch", "ibmnpu", "unknown"]
 
 
@@ -95,16 +96,28 @@ class SnapshotGpu(Record):
     cudaComputeCapability: str | None = None  # "major.minor"
     architecture: str | None = None
     brand: str | None = None
+    # How the GPU reaches system memory (nvmlDeviceGetAddressingMode): "HMM", "ATS" or "None";
+    # absent where NVML does not answer (drivers before the call, NotSupported).
+    addressingMode: AddressingMode | None = None
+    # NUMA nodes holding the GPU's own memory, where the platform onlines it as CPU-less NUMA
+    # nodes (Grace: C2C-coherent HBM); None: not recorded or not such a platform.
+    memoryNumaNodes: list[int] | None = None
     # Health inputs (optional): uncorrectable ECC since boot, critical Xid errors seen,
     # row remapping, and the link error counters (cumulative); active thermal slowdown is
     # recorded but is not a fault (the GPU protects itself and recovers).
     eccUncorrectable: int | None = None
     xidErrors: list[int] | None = None
+    # Application Xids seen since boot (13, 31, 43, 45, 68, 109): informative, never a fault.
+    applicationXids: list[int] | None = None
     rowRemapFailure: bool | None = None
     rowRemapPending: bool | None = None
     pcieReplayCounter: int | None = None
     nvlinkErrors: int | None = None
     thermalViolation: bool | None = None
+    # What the driver says the GPU needs (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, r550+), in
+    # NVML's words: none, gpu_reset, node_reboot, drain_p2p, drain_and_reset, ...; None: the
+    # driver does not report it.
+    recoveryAction: str | None = None
     # Xid events: whether the GPU accepted a registration for Xid critical errors (None: not
     # recorded), why not, and the events seen while recording (replayed in order, once each).
     xidEventsSupported: bool | None = None

@@ -1,0 +1,1 @@
+"""Generated from proto/upstream by proto/generate.py; do not edit."""
