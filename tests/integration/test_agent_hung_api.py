@@ -4,11 +4,13 @@ before any API read of the pass could have given up.
 
 Everything is real except the API server: the agent's own loop (`Agent.run`) on a
 kernel-shaped 8-GPU sysfs tree with recorded NVML answers, its gRPC health stream read by a
-kubelet-side client over the unix socket. The API server is `tests.hungapi.HungApi`: it
-refuses connections while the agent starts (so the start is quick), then accepts and never
-answers. Nothing here is timed: the API reads the agent makes have 10 s and 30 s timeouts,
-and the assertions are about what had happened when health arrived — no API request had
-been given up on (the listener sees each client close) — not about how long it took."""
+kubelet-side client over the unix socket. The API server is `tests.hungapi.HungApi`: while
+the agent starts it answers the Node read and nothing else (503, at once: the start is quick;
+the Node must have been read once, or no device is offered: an unread Node's capacity might
+show a device plugin, coexistence.py), then accepts and never answers. Nothing here is
+timed: the API reads the agent makes have 10 s and 30 s timeouts, and the assertions are about
+what had happened when health arrived — no API request had been given up on (the listener
+sees each client close) — not about how long it took."""
 
 from __future__ import annotations
 
@@ -86,7 +88,13 @@ class HealthWatch:
 
 @pytest.fixture
 def hung() -> Iterator[HungApi]:
-    api = HungApi()
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": NODE, "uid": "4f0c2a7e-0000-4000-8000-000000000001"},
+        "status": {"capacity": {"cpu": "64", "memory": "512Gi", "pods": "110"}},
+    }
+    api = HungApi(answers={f"/api/v1/nodes/{NODE}": node})
     yield api
     api.close()
 
