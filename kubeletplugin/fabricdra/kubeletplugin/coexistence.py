@@ -12,9 +12,10 @@ UUIDs, the RDMA shared plugin's are made up, the SR-IOV plugin's PCI addresses â
 common key to refuse one device by). Capacity, not allocatable: a plugin that marks a device
 unhealthy takes it out of allocatable only, and still owns it. A count of 0 is a plugin that
 has gone (kubelet keeps the name at 0 until it restarts): absent. Why the Node and not the
-kubelet's pod-resources socket: the agent reads its Node every pass already (the RDMA mode
-label), it needs no other host mount (the socket would show every pod's devices on the node to
-this pod), and the answer is the same one the scheduler acts on.
+kubelet's pod-resources socket: the agent reads its Node already (the RDMA mode label; one
+read, off the pass's path, apifacts.py: the pass applies the last reading), it needs no other
+host mount (the socket would show every pod's devices on the node to this pod), and the answer
+is the same one the scheduler acts on.
 
 **RDMA namespace mode.** In exclusive mode (`rdma system set netns exclusive`, or the boot
 parameter `ib_core.netns_mode=0`) an RDMA device belongs to one network namespace, and the
