@@ -13,6 +13,7 @@ from kubernetes import client
 
 from e2e.harness.controlplane import ControlPlane
 from fabricdra.kubeletplugin.agent import Agent
+from fabricdra.kubeletplugin.publisher import NodePublisher
 from tests.integration.kubelethost import build_host
 from tests.integration.test_kubelet_agent import agent_config, crds, node, slice_devices
 
@@ -34,6 +35,22 @@ def _events(api: Any, name: str) -> list[Any]:
     )
 
 
+class CountingPublisher:
+    """The real publisher; records how many DevicesWithheld events the Node had each time a
+    pass handed it the devices (the event is written only after the pass has published)."""
+
+    def __init__(self, real: NodePublisher, api: Any, node: str) -> None:
+        self.real, self.api, self.node = real, api, node
+        self.events_at_sync: list[int] = []
+
+    def sync(self, discovery: Any, devices: Any, verification: Any = None) -> Any:
+        self.events_at_sync.append(len(_events(self.api, self.node)))
+        return self.real.sync(discovery, devices, verification)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
 def test_a_device_plugins_gpus_are_not_offered_again(
     tmp_path: Path,
     control_plane: ControlPlane,
@@ -45,10 +62,12 @@ def test_a_device_plugins_gpus_are_not_offered_again(
     config = agent_config(tmp_path, host, node, discovery_interval=3600, verification_gate=False)
     with control_plane.api_client() as api:
         _capacity(api, node, {"nvidia.com/gpu": "8"})  # NVIDIA's device plugin serves here
-        agent = Agent(config, api)
+        publisher = CountingPublisher(NodePublisher(api, node), api, node)
+        agent = Agent(config, api, publisher=publisher)
         try:
             capfd.readouterr()
             agent.pass_once()
+            assert publisher.events_at_sync == [0]  # the event came after the publish
             published = slice_devices(api, node)
             assert not [d for d in published if d.startswith("gpu-")], published
             assert [d for d in published if d.startswith("rdma-")]  # the NICs are ours

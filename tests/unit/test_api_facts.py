@@ -84,3 +84,51 @@ def test_a_reverify_request_answered_during_a_read_is_not_revived(api: FakeApi) 
     node(api, reverify="r2")  # a new request is taken
     assert facts.refresh_node()
     assert facts.current([]).reverify == "r2"
+
+
+def test_the_device_plugins_on_the_nodes_capacity_come_with_the_node_read(api: FakeApi) -> None:
+    """Coexistence's input (issue 30 point 1) is read with the labels, in the one Node read:
+    unknown until the Node has been read (never "no device plugin"), the last answer while it
+    cannot be read, and a change is a change (it starts a pass)."""
+    facts = facts_for(api, threading.Event())
+
+    def unreadable(path: str) -> None:
+        raise RuntimeError("the API server drops the connection")
+
+    api.on_read = unreadable
+    assert not facts.refresh_node()
+    assert facts.current([]).plugins is None  # never read: unknown
+    api.on_read = lambda path: None
+    node(api)
+    doc = api.docs[NODES.path(None, NODE)]
+    doc["metadata"]["uid"] = "uid-1"
+    doc["status"] = {"capacity": {"cpu": "64", "nvidia.com/gpu": "8"}}
+    assert facts.refresh_node()
+    now = facts.current([])
+    assert [c.group for c in now.plugins or ()] == ["nvidia-gpu"]
+    assert now.node is not None
+    assert now.node["metadata"] == {"name": NODE, "uid": "uid-1"}
+    api.on_read = unreadable
+    assert not facts.refresh_node()
+    assert facts.current([]).plugins == now.plugins  # unreadable: the last answer
+    api.on_read = lambda path: None
+    assert not facts.refresh_node()  # read again, nothing changed
+    doc["status"] = {"capacity": {"cpu": "64", "nvidia.com/gpu": "0"}}  # the plugin has gone
+    assert facts.refresh_node()
+    assert facts.current([]).plugins == ()
+
+
+def test_without_an_api_server_no_node_is_read_and_no_device_plugin_is_seen(
+    api: FakeApi,
+) -> None:
+    config = client.Configuration()
+    config.host = api.url
+    rest = Rest(client.ApiClient(config))
+    facts = ApiFacts(
+        rest, NODE, "exclusive", RestClaimReader(rest), threading.Event().set, offline=True
+    )
+    node(api, mode="shared")
+    assert not facts.refresh_node()
+    assert api.reads.get(NODES.path(None, NODE)) is None
+    assert facts.current([]).plugins == ()
+    assert facts.current([]).mode == "exclusive"
