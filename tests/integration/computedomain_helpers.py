@@ -233,15 +233,24 @@ def allocate(rest: Rest, ns: str, name: str, node: str, *, binding_conditions: b
     if binding_conditions:
         result["bindingConditions"] = [cd.ADMITTED_CONDITION]
         result["bindingFailureConditions"] = [cd.CONFLICT_CONDITION]
-    allocation = {
-        "devices": {"results": [result], "config": config},
-        "nodeSelector": {
+    write_allocation(rest, ns, name, node, {"results": [result], "config": config})
+
+
+def write_allocation(
+    rest: Rest, ns: str, name: str, node: str | None, devices: dict[str, Any]
+) -> None:
+    """Write the claim's allocation of `devices` (results, config), on `node` (None: no node
+    selector), as kube-scheduler would."""
+    allocation: dict[str, Any] = {
+        "devices": devices,
+        "allocationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    if node is not None:
+        allocation["nodeSelector"] = {
             "nodeSelectorTerms": [
                 {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
             ]
-        },
-        "allocationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
+        }
     rest.patch(
         CLAIMS,
         name,

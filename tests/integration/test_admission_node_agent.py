@@ -13,7 +13,6 @@ test_chart_apiserver.py (the node is the one the API server authenticated)."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Any
 
@@ -24,9 +23,10 @@ from kubernetes.client.exceptions import ApiException
 from e2e.harness.controlplane import ControlPlane
 from e2e.harness.helm import Chart
 from e2e.harness.poll import wait_for
-from fabricdra.kube.rest import CLAIMS, STRATEGIC_PATCH, ApiError, Rest
+from fabricdra.kube.rest import CLAIMS, ApiError, Rest
 from fabricdra.kubeletplugin.verification.podrun import pod_manifest, pod_name
 
+from .computedomain_helpers import write_allocation
 from .test_chart_apiserver import Installed, _agent_on, _kubectl
 
 pytestmark = pytest.mark.integration
@@ -58,26 +58,8 @@ def _claim_on(rest: Rest, ns: str, node: str, *, selector: bool = True) -> str:
     rest.create(
         CLAIMS, {"metadata": {"name": name}, "spec": {"devices": {"requests": [request]}}}, ns
     )
-    allocation: dict[str, Any] = {
-        "devices": {
-            "results": [{"request": "gpu", "driver": DRIVER, "pool": node, "device": "gpu-0"}]
-        },
-        "allocationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-    if selector:
-        allocation["nodeSelector"] = {
-            "nodeSelectorTerms": [
-                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
-            ]
-        }
-    rest.patch(
-        CLAIMS,
-        name,
-        {"status": {"allocation": allocation}},
-        ns,
-        sub="status",
-        content_type=STRATEGIC_PATCH,
-    )
+    result = {"request": "gpu", "driver": DRIVER, "pool": node, "device": "gpu-0"}
+    write_allocation(rest, ns, name, node if selector else None, {"results": [result]})
     return name
 
 

@@ -29,9 +29,10 @@ from .computedomain_helpers import (
     unique,
     wait_gone,
 )
+from .test_computedomain_node import roots
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("leaves_nothing_behind")]
-MAJOR = 234
+__all__ = ["roots"]  # the fixture: proc (with the IMEX channel major), dev, cdi, plugin roots
 
 
 def _answer(rest: Rest, ref: ClaimRef, type_: str) -> dict[str, Any] | None:
@@ -53,7 +54,7 @@ def _channel(rest: Rest, ns: str, name: str) -> int:
 
 
 def test_a_tenant_cannot_free_its_node_or_channel_under_a_running_pod(
-    control_plane: ControlPlane, tmp_path: Path
+    control_plane: ControlPlane, roots: dict[str, Path], tmp_path: Path
 ) -> None:
     rest = Rest(control_plane.api_client())
     install_crd(rest)
@@ -62,19 +63,14 @@ def test_a_tenant_cannot_free_its_node_or_channel_under_a_running_pod(
     control_plane.create_namespace(ns_b)
     node = unique("nvl")
     create_plugin_node(control_plane, node)  # no NVLink fabric label: no IMEX READY gate
-    proc, dev = tmp_path / "proc", tmp_path / "dev"
-    proc.mkdir()
-    (proc / "devices").write_text(
-        f"Character devices:\n195 nvidia\n{MAJOR} nvidia-caps-imex-channels\n\nBlock devices:\n"
-    )
     driver = ComputeDomainDriver(
         rest,
         NodeConfig(
             node_name=node,
-            cdi_dir=tmp_path / "cdi",
-            plugin_dir=tmp_path / "plugin",
-            proc_root=proc,
-            dev_root=dev,
+            cdi_dir=roots["cdi"],
+            plugin_dir=roots["plugin"],
+            proc_root=roots["proc"],
+            dev_root=roots["dev"],
             daemon_namespace=driver_ns,
         ),
     )
@@ -127,7 +123,7 @@ def test_a_tenant_cannot_free_its_node_or_channel_under_a_running_pod(
         error = prepare(b1)
         assert "one ComputeDomain per node" in error, error
         assert f"{ns_a}/a-0" in error, error
-        assert not (tmp_path / "cdi" / f"fabricdra.io-compute-domain_{b1.uid}.json").exists()
+        assert not (roots["cdi"] / f"fabricdra.io-compute-domain_{b1.uid}.json").exists()
 
         # A's pod ends: kubelet unprepares A's claim from its own record; now B's is prepared.
         msg = v1_pb2.NodeUnprepareResourcesRequest(claims=claims(a0))
