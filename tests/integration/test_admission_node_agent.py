@@ -14,6 +14,7 @@ test_chart_apiserver.py (the node is the one the API server authenticated)."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from e2e.harness.controlplane import ControlPlane
+from e2e.harness.errors import HarnessError
 from e2e.harness.helm import Chart
 from e2e.harness.poll import wait_for
 from fabricdra.kube.rest import CLAIMS, ApiError, Rest
@@ -32,34 +34,75 @@ from .test_chart_apiserver import Installed, _agent_on, _kubectl
 pytestmark = pytest.mark.integration
 
 DRIVER = "devices.fabricdra.io"
+OTHER_DRIVER = "gpu.example.com"
 IMAGE = "localhost/verification:e2e"
+
+
+# Kubernetes 1.34/1.35 (the devices part runs there): no granular status authorization, so
+# RBAC's `resourceclaims/status` patch reaches every claim's status and the policy is all that
+# confines the agent. The 1.36 binary serving as 1.35 (compatibility versions, KEP-4330).
+EMULATED_135 = "--emulated-version=1.35"
+
+
+def _install(
+    cp: ControlPlane, values: dict[str, Any], kube_version: str | None = None
+) -> Installed:
+    """The chart's objects applied in a fresh namespace (no kubelet: nothing runs), and two
+    nodes."""
+    suffix = uuid.uuid4().hex[:6]
+    ns = f"fdra-agent-{suffix}"
+    cp.create_namespace(ns)
+    extra = {"kube_version": kube_version} if kube_version else {}
+    manifests = Chart().render(values, namespace=ns, **extra)
+    done = _kubectl(cp, "apply", "--server-side", "-f", "-", stdin=manifests)
+    assert done.returncode == 0, done.stderr
+    nodes = Installed(ns, f"agent-a-{suffix}", f"agent-b-{suffix}")
+    cp.create_node(nodes.node_a)
+    cp.create_node(nodes.node_b)
+    return nodes
 
 
 @pytest.fixture(scope="module")
 def installed(control_plane: ControlPlane) -> Installed:
-    """The chart's objects, with a verification image (its pod policy exists only then),
-    applied in a fresh namespace; two nodes."""
-    suffix = uuid.uuid4().hex[:6]
-    ns = f"fdra-agent-{suffix}"
-    control_plane.create_namespace(ns)
-    manifests = Chart().render({"verification": {"image": IMAGE}}, namespace=ns)
-    done = _kubectl(control_plane, "apply", "--server-side", "-f", "-", stdin=manifests)
-    assert done.returncode == 0, done.stderr
-    nodes = Installed(ns, f"agent-a-{suffix}", f"agent-b-{suffix}")
-    control_plane.create_node(nodes.node_a)
-    control_plane.create_node(nodes.node_b)
-    return nodes
+    """With a verification image: its pod policy exists only then."""
+    return _install(control_plane, {"verification": {"image": IMAGE}})
+
+
+@pytest.fixture(scope="module")
+def cp_135(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    cp = ControlPlane(tmp_path_factory.mktemp("emulated-135"), apiserver_flags=(EMULATED_135,))
+    try:
+        cp.start()
+    except HarnessError as e:
+        pytest.fail(f"real control plane unavailable: {e}", pytrace=False)
+    try:
+        yield cp
+    finally:
+        cp.stop()
+
+
+@pytest.fixture(scope="module")
+def installed_135(cp_135: ControlPlane) -> Installed:
+    # As installed on 1.35: the chart refuses ComputeDomains below 1.36.
+    return _install(cp_135, {"computeDomains": {"enabled": False}}, "1.35.0")
 
 
 def _claim_on(rest: Rest, ns: str, node: str, *, selector: bool = True) -> str:
-    """A claim allocated one GPU of `node`'s pool, as kube-scheduler writes it."""
+    """A claim allocated one GPU of `node`'s pool and a device of another driver there, as
+    kube-scheduler writes it."""
     name = f"c-{uuid.uuid4().hex[:6]}"
-    request = {"name": "gpu", "exactly": {"deviceClassName": "gpu.fabricdra.io"}}
+    requests = [
+        {"name": "gpu", "exactly": {"deviceClassName": "gpu.fabricdra.io"}},
+        {"name": "other", "exactly": {"deviceClassName": "other.example.com"}},
+    ]
     rest.create(
-        CLAIMS, {"metadata": {"name": name}, "spec": {"devices": {"requests": [request]}}}, ns
+        CLAIMS, {"metadata": {"name": name}, "spec": {"devices": {"requests": requests}}}, ns
     )
-    result = {"request": "gpu", "driver": DRIVER, "pool": node, "device": "gpu-0"}
-    write_allocation(rest, ns, name, node if selector else None, {"results": [result]})
+    results = [
+        {"request": "gpu", "driver": DRIVER, "pool": node, "device": "gpu-0"},
+        {"request": "other", "driver": OTHER_DRIVER, "pool": node, "device": "gpu-0"},
+    ]
+    write_allocation(rest, ns, name, node if selector else None, {"results": results})
     return name
 
 
@@ -87,8 +130,9 @@ def _refused(call: Any) -> str:
 
 
 def test_the_agent_writes_the_status_only_of_claims_on_its_own_node(
-    control_plane: ControlPlane, installed: Installed
+    cp_135: ControlPlane, installed_135: Installed
 ) -> None:
+    control_plane, installed = cp_135, installed_135
     admin = Rest(control_plane.api_client())
     ns = f"tenant-{uuid.uuid4().hex[:6]}"
     control_plane.create_namespace(ns)
@@ -112,7 +156,10 @@ def test_the_agent_writes_the_status_only_of_claims_on_its_own_node(
 
         why = wait_for(refused_now, what="the claim-status policy in force")
         assert "allocated on its own node" in why, why
-        assert not admin.get(CLAIMS, theirs, ns)["status"].get("devices")
+        # (Writes before the policy loaded may have passed: judge a claim made after.)
+        another = _claim_on(admin, ns, installed.node_b)
+        assert "allocated on its own node" in _refused(lambda: apply(another, installed.node_b))
+        assert not admin.get(CLAIMS, another, ns)["status"].get("devices")
 
         # Its own node's claims (by node selector, or by its pool alone): its entries pass.
         apply(mine, installed.node_a)
@@ -120,10 +167,9 @@ def test_the_agent_writes_the_status_only_of_claims_on_its_own_node(
         got = admin.get(CLAIMS, mine, ns)["status"]["devices"]
         assert [(d["driver"], d["pool"]) for d in got] == [(DRIVER, installed.node_a)]
 
-        # On its own node's claim: another pool's or driver's entry, the allocation, and
-        # reservedFor stay out of reach.
-        _refused(lambda: apply(mine, installed.node_b))
-        _refused(lambda: apply(mine, installed.node_a, "gpu.example.com"))
+        # On its own node's claim: another driver's entry, the allocation and reservedFor stay
+        # out of reach (another pool's entry is no allocated device: the API server refuses it).
+        _refused(lambda: apply(mine, installed.node_a, OTHER_DRIVER))
         _refused(
             lambda: agent.patch(CLAIMS, mine, {"status": {"allocation": None}}, ns, sub="status")
         )
@@ -183,3 +229,24 @@ def test_a_verification_pod_gets_no_secret_or_config_map_through_its_env(
             assert "only literal env values" in body, body
         # The agent's own pod as it makes it (literal env values) passes.
         create(_pod(installed))
+
+
+def test_on_136_the_api_server_itself_refuses_another_nodes_claim_status(
+    control_plane: ControlPlane, installed: Installed
+) -> None:
+    """1.36's granular status authorization (`resourceclaims/driver` associated-node, and
+    `resourceclaims/binding` for the allocation) refuses these writes before any admission
+    policy is asked: the policy is what holds on 1.34/1.35."""
+    admin = Rest(control_plane.api_client())
+    ns = f"tenant-{uuid.uuid4().hex[:6]}"
+    control_plane.create_namespace(ns)
+    theirs = _claim_on(admin, ns, installed.node_b)
+    with _agent_on(control_plane, installed, installed.node_a) as api:
+        agent = Rest(api)
+        body = _network_status(ns, theirs, installed.node_b)
+        with pytest.raises(ApiError) as e:
+            agent.apply(CLAIMS, theirs, body, ns, field_manager=DRIVER, sub="status")
+        assert "resourceclaims/driver" in e.value.message, e.value
+        with pytest.raises(ApiError) as e:
+            agent.patch(CLAIMS, theirs, {"status": {"allocation": None}}, ns, sub="status")
+        assert "resourceclaims/binding" in e.value.message, e.value
