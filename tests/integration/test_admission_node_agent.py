@@ -22,9 +22,9 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from e2e.harness.controlplane import ControlPlane
-from e2e.harness.errors import HarnessError
 from e2e.harness.helm import Chart
 from e2e.harness.poll import wait_for
+from e2e.harness.pytest_plugin import another_control_plane
 from fabricdra.kube.rest import CLAIMS, ApiError, Rest
 from fabricdra.kubeletplugin.verification.podrun import pod_manifest, pod_name
 
@@ -70,15 +70,7 @@ def installed(control_plane: ControlPlane) -> Installed:
 
 @pytest.fixture(scope="module")
 def cp_135(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    cp = ControlPlane(tmp_path_factory.mktemp("emulated-135"), apiserver_flags=(EMULATED_135,))
-    try:
-        cp.start()
-    except HarnessError as e:
-        pytest.fail(f"real control plane unavailable: {e}", pytrace=False)
-    try:
-        yield cp
-    finally:
-        cp.stop()
+    yield from another_control_plane(tmp_path_factory, "emulated-135", EMULATED_135)
 
 
 @pytest.fixture(scope="module")
