@@ -48,6 +48,22 @@ def control_plane(
         cp.stop()
 
 
+def another_control_plane(
+    tmp_path_factory: pytest.TempPathFactory, name: str, *apiserver_flags: str
+) -> Iterator[ControlPlane]:
+    """For a module fixture: a control plane of its own whose kube-apiserver gets
+    `apiserver_flags` (feature gates off, `--emulated-version=1.35`, ...), stopped after."""
+    cp = ControlPlane(tmp_path_factory.mktemp(name), apiserver_flags=apiserver_flags)
+    try:
+        cp.start()
+    except HarnessError as e:
+        pytest.fail(f"real control plane unavailable: {e}", pytrace=False)
+    try:
+        yield cp
+    finally:
+        cp.stop()
+
+
 @pytest.fixture(scope="session")
 def kube_scheduler(control_plane: ControlPlane) -> Iterator[KubeScheduler]:
     scheduler = KubeScheduler(control_plane)

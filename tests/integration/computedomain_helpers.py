@@ -243,15 +243,31 @@ def allocate(
     if binding_conditions:
         result["bindingConditions"] = [cd.ADMITTED_CONDITION]
         result["bindingFailureConditions"] = [cd.CONFLICT_CONDITION]
-    allocation = {
-        "devices": {"results": [result], "config": config},
-        "nodeSelector": {
+    write_allocation(rest, ns, name, node, {"results": [result], "config": config}, at=at)
+
+
+def write_allocation(
+    rest: Rest,
+    ns: str,
+    name: str,
+    node: str | None,
+    devices: dict[str, Any],
+    *,
+    at: float | None = None,
+) -> None:
+    """Write the claim's allocation of `devices` (results, config), on `node` (None: no node
+    selector), as kube-scheduler would: its `allocationTimestamp` now, or `at` (epoch
+    seconds)."""
+    allocation: dict[str, Any] = {
+        "devices": devices,
+        "allocationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at)),
+    }
+    if node is not None:
+        allocation["nodeSelector"] = {
             "nodeSelectorTerms": [
                 {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
             ]
-        },
-        "allocationTimestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at)),
-    }
+        }
     rest.patch(
         CLAIMS,
         name,

@@ -482,6 +482,7 @@ def test_daemon_claim_gets_what_nvidia_imex_needs_and_an_old_driver_is_refused(
                 fabric_domain="rack-8",
                 driver_root=Path("/run/nvidia/driver"),
                 driver_root_view=root,
+                daemon_namespace=driver_ns,
             ),
         )
         ref = allocate_claim(rest, driver_ns, daemon_template, node, "imex-daemon-0")

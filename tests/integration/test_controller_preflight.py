@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from e2e.harness.controlplane import ControlPlane
-from e2e.harness.errors import HarnessError
+from e2e.harness.pytest_plugin import another_control_plane
 from fabricdra.controller import preflight
 from fabricdra.kube.rest import Rest
 
@@ -26,28 +26,12 @@ EMULATED_134 = "--emulated-version=1.34"
 
 @pytest.fixture(scope="module")
 def gates_off(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    cp = ControlPlane(tmp_path_factory.mktemp("gates-off"), apiserver_flags=(GATES_OFF,))
-    try:
-        cp.start()
-    except HarnessError as e:
-        pytest.fail(f"real control plane unavailable: {e}", pytrace=False)
-    try:
-        yield cp
-    finally:
-        cp.stop()
+    yield from another_control_plane(tmp_path_factory, "gates-off", GATES_OFF)
 
 
 @pytest.fixture(scope="module")
 def emulated_134(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    cp = ControlPlane(tmp_path_factory.mktemp("emulated-134"), apiserver_flags=(EMULATED_134,))
-    try:
-        cp.start()
-    except HarnessError as e:
-        pytest.fail(f"real control plane unavailable: {e}", pytrace=False)
-    try:
-        yield cp
-    finally:
-        cp.stop()
+    yield from another_control_plane(tmp_path_factory, "emulated-134", EMULATED_134)
 
 
 def test_a_136_server_has_everything(control_plane: ControlPlane) -> None:

@@ -73,8 +73,9 @@ def register(sub: Any) -> None:
     a(
         "--report-namespace",
         default=_env("REPORT_NAMESPACE", "fabricdra-system"),
-        help="namespace of the host IMEX report Lease: the controller's "
-        "(default fabricdra-system) [FABRICDRA_REPORT_NAMESPACE]",
+        help="the controller's namespace: the host IMEX report Lease's, and the only one "
+        "whose IMEX daemon claims are prepared (default fabricdra-system) "
+        "[FABRICDRA_REPORT_NAMESPACE]",
     )
     a(
         "--host-imex-interval",

@@ -13,7 +13,10 @@ How the scheduler sees the rule (see docs/compute-domains.md, "One domain per no
   the same instant get one admission and one conflict; the conflicting claim's allocation
   is dropped by the scheduler and its pod retried, by then seeing the node as held.
 
-A node becomes free again when no claim of its owner is allocated on it any more.
+A node becomes free again when no claim of its owner is allocated on it any more, also once
+its owner is deleted: a deleted domain's admitted claims hold the node while they are
+allocated (their pods may still run). Which domain a claim belongs to is what its
+configuration names (claims.claim_domain), never its label, which the claim's owner can edit.
 
 A domain's nodes share one NVLink fabric domain (clique): the first admission pins it there.
 A domain that opted in with `spec.allowMultipleCliques` (`multi_clique`) is never pinned and
@@ -31,7 +34,7 @@ from fabricdra.api.computedomain import FREE_OWNER
 @dataclass(frozen=True)
 class ClaimOnNode:
     key: str  # namespace/name
-    domain: str  # the domain UID from the claim's label, "" if missing
+    domain: str  # the domain UID the claim's configuration names, "" if none (claim_domain)
     state: str  # "admitted" | "pending" | "conflict"
     since: str  # allocation timestamp (RFC 3339), for first-come ordering
 
@@ -124,4 +127,9 @@ def _why(
         )
     if owner in names:
         return f"node {node} is held by another ComputeDomain, {names[owner]} (UID {owner})"
+    if owner not in live:
+        return (
+            f"node {node} is held by claims of ComputeDomain {owner}, which is deleted, "
+            "until they are no longer allocated (their pods may still run)"
+        )
     return f"node {node} is held by another ComputeDomain ({owner})"

@@ -59,8 +59,51 @@ def report_node(lease: JSON) -> str:
     return str(node or (lease.get("spec") or {}).get("holderIdentity") or "")
 
 
+def _domain_config(claim: JSON) -> JSON | None:
+    """The claim's compute-domain configuration (channel or daemon), from its spec: written
+    from the domain's template and immutable once the claim exists, unlike its labels."""
+    for config in (claim.get("spec") or {}).get("devices", {}).get("config", []) or []:
+        found = config.get("opaque") or {}
+        params = found.get("parameters")
+        if found.get("driver") == cd.DRIVER and isinstance(params, dict):
+            return params
+    return None
+
+
+def claim_domain(claim: JSON) -> tuple[str, str]:
+    """(UID, namespace) of the ComputeDomain a claim belongs to: what its configuration names.
+    The domain label is the claim owner's to edit (stripping it once freed a node and a
+    channel under a running pod), so it counts only for a claim without a configuration,
+    which the node plugin never prepares; its namespace is then unknown ("")."""
+    params = _domain_config(claim)
+    if params is not None:
+        return str(params.get("domainUID") or ""), str(params.get("namespace") or "")
+    return str(claim["metadata"].get("labels", {}).get(cd.DOMAIN_LABEL, "")), ""
+
+
 def domain_uid(claim: JSON) -> str:
-    return str(claim["metadata"].get("labels", {}).get(cd.DOMAIN_LABEL, ""))
+    return claim_domain(claim)[0]
+
+
+def is_domain_claim(claim: JSON) -> bool:
+    """A claim of the compute-domain driver: allocated its devices, configured for it, or
+    labelled with a domain."""
+    return bool(
+        claim_nodes(claim)
+        or _domain_config(claim) is not None
+        or cd.DOMAIN_LABEL in (claim["metadata"].get("labels") or {})
+    )
+
+
+def claim_view(claim: JSON) -> JSON:
+    """What the controller keeps of a ResourceClaim (its informer watches them all, since a
+    label no longer says which are the domains'): the whole of a domain's claim, only the
+    name of any other (no managed fields either way)."""
+    meta = claim["metadata"]
+    if is_domain_claim(claim):
+        return {**claim, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+    keep = ("name", "namespace", "uid", "resourceVersion")
+    return {"metadata": {k: meta[k] for k in keep if k in meta}}
 
 
 def channel_of(claim: JSON) -> int | None:
@@ -84,12 +127,14 @@ def channel_of(claim: JSON) -> int | None:
 def claim_views(
     claim: JSON, node: str, domain_namespaces: dict[str, str]
 ) -> list[admission.ClaimOnNode]:
-    """`domain_namespaces`: domain UID -> its namespace. A claim speaks only for a domain of its
-    own namespace: the domain label is the user's to set, so a claim elsewhere that names a
-    domain's UID counts as naming no domain, and can neither hold a node for it nor block one."""
+    """`domain_namespaces`: domain UID -> its namespace, for the live domains. A claim speaks
+    only for a domain of its own namespace: a claim elsewhere that names a domain's UID counts
+    as naming no domain, and can neither hold a node for it nor block one. A domain that is
+    gone is known by the namespace the claim's configuration names: its admitted claims still
+    hold their node (their pods may still run) until they are no longer allocated."""
     meta = claim["metadata"]
-    domain = domain_uid(claim)
-    if domain_namespaces.get(domain) != meta["namespace"]:
+    domain, named = claim_domain(claim)
+    if domain_namespaces.get(domain, named) != meta["namespace"]:
         domain = ""
     status_ = claim.get("status") or {}
     allocation = status_.get("allocation") or {}

@@ -44,7 +44,15 @@ from fabricdra.kube.rest import (
 )
 
 from . import capacity, channels, metrics, objects
-from .claims import claim_nodes, device_nodes, domain_uid, node_fabric, report_node
+from .claims import (
+    claim_nodes,
+    claim_view,
+    device_nodes,
+    domain_uid,
+    is_domain_claim,
+    node_fabric,
+    report_node,
+)
 from .deps import DomainDeps, FabricCheckDeps, NodeDeps, PlacementDeps
 from .domains import DomainReconciler, NotOurs
 from .fabriccheck import FabricCheck, Runner, node_devices_view
@@ -158,9 +166,12 @@ class Controller:
         }
         self.domains = Informer(self.rest, COMPUTE_DOMAINS, **opts)
         self.domains.add_index(BY_UID, lambda o: [str(o["metadata"].get("uid", ""))])
-        self.claims = Informer(self.rest, CLAIMS, label_selector=cd.DOMAIN_LABEL, **opts)
+        # Every claim, not those with the domain label: the label is the claim owner's to
+        # edit, and a claim allocated the domain's devices holds its node and its channel
+        # whatever its labels say. Other claims are kept as their names only (claim_view).
+        self.claims = Informer(self.rest, CLAIMS, **{**opts, "transform": claim_view})
         self.claims.add_index(BY_NODE, claim_nodes)
-        self.claims.add_index(BY_DOMAIN, _domain_label)
+        self.claims.add_index(BY_DOMAIN, lambda o: [domain_uid(o)])
         self.nodes = Informer(
             self.rest,
             NODES,
@@ -372,6 +383,8 @@ class Controller:
             by_domain_label(event, old, new)
 
         def on_claim(event: str, old: JSON | None, new: JSON | None) -> None:
+            if not any(o is not None and is_domain_claim(o) for o in (old, new)):
+                return  # another driver's claim (kept as its name only)
             # A claim's allocation is an event: its node's admission goes before a resync's
             # sweep over every node (thousands of keys at fleet scale).
             resync = event == "SYNC"

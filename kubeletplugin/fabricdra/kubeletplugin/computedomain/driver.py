@@ -18,8 +18,10 @@ prepare(claim), in two phases (the shared rules of `kubelet/claims.py`), after o
    never delays another (the driver `locks_itself`; the server calls it concurrently). The
    node's fabric label is read once here, also for daemon claims (their environment);
 3. under the checkpoint's lock (waited for within kubelet's deadline), only if kubelet still
-   waits: creates the host channel device node
-   if missing, records the claim in the checkpoint, then writes its CDI spec (atomic).
+   waits: refuses a claim of another ComputeDomain than the one the node's other prepared
+   claims belong to, or for a channel one of them holds (read from their CDI specs,
+   `_held_by_others`), creates the host channel device node if missing, records the claim in
+   the checkpoint, then writes its CDI spec (atomic).
 
 Prepare is idempotent: the same claim gives the same devices and CDI ids every time (recorded
 in its checkpoint entry).
@@ -30,6 +32,7 @@ dropped at start-up with their specs.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -61,13 +64,65 @@ from fabricdra.kubeletplugin.kubelet.claims import (
     wait_until,
 )
 
-from .channels import ChannelError, ChannelNode, ensure_host_node, imex_major
+from .channels import CHANNEL_DIR, ChannelError, ChannelNode, ensure_host_node, imex_major
 from .hostimex import HostImexCheck
 from .imexfiles import imex_injection
 
 log = logging.getLogger("fabricdra.compute-domain-plugin")
 
 CDI_KIND = "fabricdra.io/compute-domain"
+# The env our specs give a container (below): which domain it belongs to, and its channel.
+DOMAIN_ENV = ("FABRICDRA_COMPUTE_DOMAIN_UID", "FABRICDRA_DOMAIN_UID")  # channel, daemon
+CHANNEL_ENV = "FABRICDRA_IMEX_CHANNEL"
+
+
+@dataclass(frozen=True)
+class Held:
+    """What one device of another claim's prepared spec holds on this node."""
+
+    entry: ClaimEntry
+    domain: str  # the ComputeDomain UID
+    channels: frozenset[int]
+
+
+def _held(entry: ClaimEntry, edits: JSON) -> Held:
+    env = dict(str(e).partition("=")[::2] for e in edits.get("env") or [])
+    domain = next((env[k] for k in DOMAIN_ENV if env.get(k)), "")
+    channels = {int(env[CHANNEL_ENV])} if env.get(CHANNEL_ENV, "").isdigit() else set()
+    # Every channel device node it was given ("All" mode gives all of them).
+    prefix = f"/dev/{CHANNEL_DIR}/channel"
+    for node in edits.get("deviceNodes") or []:
+        path = str(node.get("path", ""))
+        if path.startswith(prefix) and path[len(prefix) :].isdigit():
+            channels.add(int(path[len(prefix) :]))
+    return Held(entry, domain, frozenset(channels))
+
+
+def _refuse_held(claim: ClaimRef, params: JSON, held: list[Held], node: str) -> None:
+    """One ComputeDomain per node, and never one IMEX channel for two domains, as the node's
+    checkpoint shows it (NVIDIA's driver checks the same from its node-local checkpoint):
+    backs the controller's holds, which can only follow what the API shows."""
+    uid = str(params["domainUID"])
+    want: set[int] = set()
+    if params["kind"] == cd.OPAQUE_KIND:
+        all_ = params.get("allocationMode") == "All"
+        want = set(range(cd.CHANNEL_COUNT)) if all_ else {int(params["channel"])}
+    for h in held:
+        if h.domain == uid:
+            continue  # the domain's own claims share its node and its channel
+        holder = (
+            f"claim {h.entry.namespace}/{h.entry.name} (uid {h.entry.uid}) of ComputeDomain "
+            f"{h.domain or '(unknown)'}, prepared on node {node} and not unprepared yet"
+        )
+        if shared := want & h.channels:
+            raise PrepareError(
+                f"claim {claim}: IMEX channel {min(shared)} is held by {holder}; two "
+                "ComputeDomains never share a channel (kubelet retries once it is released)"
+            )
+        raise PrepareError(
+            f"claim {claim} of ComputeDomain {uid}: node {node} is held by {holder}; one "
+            "ComputeDomain per node (kubelet retries once it is released)"
+        )
 
 
 @dataclass(frozen=True)
@@ -90,6 +145,9 @@ class NodeConfig:
     driver_root: Path = Path("/")  # host path of the NVIDIA driver install (CDI mount source)
     driver_root_view: Path | None = None  # where this plugin sees it (None: driver_root)
     boot_id: str | None = None  # this boot (checkpoint entries of another are dropped)
+    # The driver's own namespace: the controller makes the IMEX daemons' claims there and
+    # nowhere else, so a daemon claim from any other namespace is refused (see _domain).
+    daemon_namespace: str = "fabricdra-system"
 
 
 class ComputeDomainDriver:
@@ -137,6 +195,9 @@ class ComputeDomainDriver:
         # still waits.
         with self.checkpoint.exclusive():
             ensure_wanted()
+            held = self._held_by_others(claim)
+            for _, params, _ in checked:
+                _refuse_held(claim, params, held, self.config.node_name)
             devices: list[CdiDevice] = []
             prepared: list[PreparedDevice] = []
             for result, params, domain in checked:
@@ -178,6 +239,30 @@ class ComputeDomainDriver:
             )
             self.cdi.write(claim.uid, CdiSpec(kind=CDI_KIND, devices=tuple(devices)))
             return prepared
+
+    def _held_by_others(self, claim: ClaimRef) -> list[Held]:
+        """What the other claims prepared on this node hold, read from the CDI specs the
+        checkpoint says they wrote (what their containers were given): the node's own record,
+        which holds whatever the API shows (a claim's label stripped, or the claim
+        force-deleted while its pod runs). Called under the checkpoint's lock."""
+        out = []
+        for entry in self.checkpoint.entries():
+            if entry.uid == claim.uid:
+                continue  # a repeated prepare of the same claim
+            for path in entry.cdi_specs:
+                try:
+                    spec = json.loads(Path(path).read_text())
+                except FileNotFoundError:
+                    continue  # never written (a crash after the checkpoint): given to nobody
+                except (OSError, ValueError) as e:
+                    # Unknown is not "nothing": the node is not taken for free.
+                    raise PrepareError(
+                        f"claim {claim}: cannot tell what claim {entry.namespace}/{entry.name} "
+                        f"(uid {entry.uid}) holds on node {self.config.node_name}: {path}: {e}"
+                    ) from None
+                for device in spec.get("devices") or []:
+                    out.append(_held(entry, device.get("containerEdits") or {}))
+        return out
 
     def _imex_state(self, claim: ClaimRef, obj: JSON, fabric: str) -> tuple[bool, str]:
         """Is IMEX on this node ready for the claim's workload channels? (True for claims
@@ -266,6 +351,17 @@ class ComputeDomainDriver:
             raise PrepareError(
                 f"claim {claim} is in namespace {claim.namespace} but its "
                 f"ComputeDomain {name} is in {ns}"
+            )
+        # The daemon device hands over the domain's IMEX folder (read-write), the IMEX
+        # management device and the driver's binaries: only the controller's own daemon
+        # claims get it, made in the driver's namespace, which tenants cannot write to. Not
+        # even the domain's own namespace: its tenant may not run an IMEX daemon.
+        daemon_ns = self.config.daemon_namespace
+        if params["kind"] == cd.DAEMON_OPAQUE_KIND and claim.namespace != daemon_ns:
+            raise PrepareError(
+                f"claim {claim} asks for the IMEX daemon of ComputeDomain {ns}/{name} from "
+                f"namespace {claim.namespace}: daemon claims are prepared only in the "
+                f"driver's namespace {daemon_ns}, where the ComputeDomain controller makes them"
             )
         try:
             domain = self.rest.get(COMPUTE_DOMAINS, str(name), str(ns), timeout=api_timeout())

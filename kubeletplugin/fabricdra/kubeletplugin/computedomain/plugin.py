@@ -77,6 +77,8 @@ class ComputeDomainPlugin:
                 driver_root=config.driver_root,
                 driver_root_view=config.driver_root_view,
                 boot_id=current_boot_id(config.boot_id_file),
+                # The release's namespace: the controller's, where it makes daemon claims.
+                daemon_namespace=config.report_namespace,
             ),
         )
         self.sweeper = ClaimSweeper(
