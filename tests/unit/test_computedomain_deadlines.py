@@ -38,8 +38,10 @@ class Node:
 
     def __init__(self, base: Path, api: FakeApi) -> None:
         self.api = api
+        # The driver's namespace is the claims' (NS): its IMEX daemon claims are prepared only
+        # there (issue 29 point 1), and every claim here is made in NS.
         self.driver: ComputeDomainDriver = make_driver(
-            base, api, fabric_from_node=True, imex_wait_seconds=1.0
+            base, api, fabric_from_node=True, imex_wait_seconds=1.0, daemon_namespace=NS
         )
         (base / "proc" / "devices").write_text(
             "Character devices:\n195 nvidia\n234 nvidia-caps-imex-channels\n\nBlock devices:\n"
