@@ -10,8 +10,8 @@ and the pass uses the last-known values (`ApiFacts.current()`):
 - the Node's `fabricdra.io/reverify` annotation;
 - the device plugins advertising on this node, from the Node's `status.capacity`
   (coexistence.py, `device_plugin_conflicts`; unreadable: the last answer; never read: unknown,
-  `None`, which the pass never takes for "no device plugin");
-- one read of the Node gives those three (and the Node's reference, for events about it);
+  `None`, which the pass never takes for "no device plugin") — one read of the Node gives
+  these three, and the Node's reference for events about it;
 - which checkpointed claims whose hold keeps a NIC in its old mode (`agent.pins_mode`) are gone
   from the API (a claim found gone is not read again; one that cannot be read counts as
   there).
