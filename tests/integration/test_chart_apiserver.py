@@ -195,6 +195,8 @@ def test_the_rollouts_the_schema_refuses_are_those_the_api_server_rejects(
         "--skip-schema-validation",
         "--show-only=templates/node-daemonset.yaml",
         f"--set-json=node={json.dumps(node)}",
+        # `run` passes its arguments as they are, without the harness's base values.
+        f"--set-json=devicePlugins={json.dumps(chart.base_values.get('devicePlugins', {}))}",
     )
     done = _kubectl(
         control_plane, "apply", "--server-side", "--dry-run=server", "-f", "-", stdin=manifests
