@@ -55,7 +55,12 @@ class Installed:
 
 @contextmanager
 def namespace(installed: Installed, prefix: str) -> Iterator[tuple[client.ApiClient, str]]:
-    """A namespace of the scenario's own (`<prefix>-<random>`), deleted when it ends."""
+    """A namespace of the scenario's own (`<prefix>-<random>`), deleted when it ends; the
+    scenario ends once it is gone, and with it its pods, whose claims kubelet has then
+    unprepared (it removes a pod only after that). Ending at the delete let the next scenario
+    reinstall the chart while kubelet still had those claims to unprepare: a full run left
+    three claims in the agent's checkpoint, and the verification scenario's node stayed
+    "busy" (active probes never run) until it timed out."""
     ns = f"{prefix}-{uuid.uuid4().hex[:6]}"
     with installed.cluster.api_client() as api:
         core = client.CoreV1Api(api)
@@ -65,6 +70,17 @@ def namespace(installed: Installed, prefix: str) -> Iterator[tuple[client.ApiCli
             yield api, ns
         finally:
             core.delete_namespace(ns)
+            wait_for(lambda: _gone(core, ns), timeout=300, what=f"namespace {ns} gone")
+
+
+def _gone(core: client.CoreV1Api, ns: str) -> bool:
+    try:
+        core.read_namespace(ns)
+    except client.ApiException as e:
+        if e.status == 404:
+            return True
+        raise
+    return False
 
 
 def own_slices(api: client.ApiClient, node: str) -> list[Any]:

@@ -5,6 +5,7 @@ tools' output from its log, deletes it, and the node verifies on the measurement
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,14 @@ def test_the_agent_measures_the_node_in_a_verification_pod(
         **installed.values,
         "verification": {"activeProbes": True, "image": image, "toolTimeoutSeconds": 120},
     }
+    # The active probes run only on an idle node (no prepared claim): earlier scenarios'
+    # claims must be unprepared first, or the run is skipped as "busy" until this times out.
+    checkpoint = installed.cluster.plugins_dir / "devices.fabricdra.io" / "checkpoint.json"
+    wait_for(
+        lambda: not checkpoint.exists() or not json.loads(checkpoint.read_text()).get("claims"),
+        timeout=300,
+        what=f"no claim prepared on the node ({checkpoint})",
+    )
     try:
         installed.chart.install(installed.cluster.kubeconfig, NAMESPACE, values=values)
         with installed.cluster.api_client() as api:
