@@ -443,7 +443,11 @@ class Controller:
                         fabric = node_fabric(self.nodes.get(name) or {})
                         if fabric:
                             self.fabric_queue.add(fabric, resync=event == "SYNC")
-            if event != "SYNC" and before != after:
+            # Only an allocation that went (or changed) can free GPU room; a new one only
+            # takes room, so no waiting gang can fit because of it. Re-placing every waiting
+            # gang on every allocation anywhere cost 0.76 s of CPU per allocation with 50 gangs
+            # waiting at 5,000 nodes (issue 28 point 4d).
+            if event != "SYNC" and before and before != after:
                 self.placement.room_may_have_freed()
 
         def on_node_devices(event: str, old: JSON | None, new: JSON | None) -> None:
