@@ -125,6 +125,13 @@ def _wait_for_policies(cp: ControlPlane, inst: Installed) -> None:
         probes = [
             (client.CoreV1Api(agent).patch_node, inst.node_a, label),
             (client.CoreV1Api(user).patch_node, inst.node_a, override),
+            # Each policy is loaded on its own: the report Leases' too (a full run once met it
+            # not yet in force, and node a's agent wrote node b's report).
+            (
+                client.CoordinationV1Api(agent).create_namespaced_lease,
+                inst.namespace,
+                _report(inst.namespace, inst.node_b),
+            ),
         ]
         with cp.api_client() as admin:
             claim = _claim(_exactly([GATE]))
