@@ -75,6 +75,55 @@ class Endpoint(Record):
     topology: PciTopology = Field(default_factory=PciTopology)
 
 
+ScaleOutSource = Literal["measured", "declared"]
+NetRole = Literal["compute", "storage", "frontend"]
+
+
+class Neighbour(Record):
+    """The switch port a NIC is cabled to (issue 27): measured (an InfiniBand directed-route
+    SMP query of the peer, or the LLDPDUs the switch sends) or declared (the topology file)."""
+
+    switch: str = Field(
+        description="The switch's id: its InfiniBand node GUID (0x…) or LLDP chassis id; "
+        "declared: the name the topology file gives it."
+    )
+    port: str | None = Field(
+        default=None, description="The switch port (IB port number, LLDP port id)."
+    )
+    name: str | None = Field(
+        default=None, description="IB NodeDescription or LLDP system name, verbatim."
+    )
+    source: ScaleOutSource
+    via: str = Field(description="How it was read: smp, lldp, lldpd or topology-file.")
+
+
+class ScaleOut(Record):
+    """One RDMA physical function's place in the scale-out fabric. Unknown = None; a reading
+    that failed sets `error` and is never published as "no neighbour"."""
+
+    portGuid: str | None = None
+    subnetPrefix: str | None = Field(default=None, description="From the port's GID table (IB).")
+    lid: int | None = None
+    smLid: int | None = None
+    rateGbps: float | None = None
+    neighbour: Neighbour | None = Field(
+        default=None, description="The measured neighbour, else the declared one."
+    )
+    declaredNeighbour: Neighbour | None = Field(
+        default=None, description="The topology file's, kept when it disagrees with `neighbour`."
+    )
+    disagreement: str | None = Field(
+        default=None, description="Where the topology file and a measurement disagree, and how."
+    )
+    rail: int | None = None
+    railSource: ScaleOutSource | None = None
+    role: NetRole | None = None
+    roleSource: str | None = Field(
+        default=None, description="gpu-distance, selector or topology-file."
+    )
+    error: str | None = Field(default=None, description="Why a reading failed (never absence).")
+
+
 class VirtualFunction(Endpoint):
     """An SR-IOV VF, nested under its physical function. It shares the parent's upstream bridge
     path; its NUMA node is its own."""
@@ -94,6 +143,9 @@ class Interface(Endpoint):
     sriovPhysicalFunction: bool | None = None
     sriovVfsConfigured: bool | None = None
     virtualFunctions: list[VirtualFunction] = Field(default_factory=list)
+    scaleOut: ScaleOut | None = Field(
+        default=None, description="RDMA physical functions: scale-out coordinates (issue 27)."
+    )
 
     def endpoints(self) -> list[Endpoint]:
         """This interface and its virtual functions, the units the RDMA rules count."""
