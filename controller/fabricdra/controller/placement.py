@@ -36,11 +36,12 @@ import logging
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fabricdra.api.computedomain import FREE_OWNER, ComputeDomain
+from fabricdra.api.jsontypes import JSON
 
-from . import capacity, records
+from . import capacity, hierarchy, records
 from .capacity import FINISHED, finished
 from .indexes import BY_DOMAIN, BY_FABRIC, BY_NODE
 from .objects import pinned_fabric
@@ -57,7 +58,13 @@ log = logging.getLogger("fabricdra.controller")
 class Gang:
     uid: str
     want: int  # numNodes
-    fabric: str  # the fabric domain it is placed in
+    fabric: str  # the fabric domain it is placed in ("" for a spanning gang)
+    # A spanning gang's nodes per fabric domain (hierarchy.py); None: all `want` in `fabric`.
+    shares: Mapping[str, int] | None = None
+
+    @property
+    def parts(self) -> Mapping[str, int]:
+        return self.shares if self.shares is not None else {self.fabric: self.want}
 
 
 def free_nodes(
@@ -76,10 +83,13 @@ def free_nodes(
         held = sum(1 for n in nodes if owners.get(n, FREE_OWNER) not in (FREE_OWNER, for_uid))
         free[fabric] = len(nodes) - held
     for gang in gangs:
-        if gang.uid == for_uid or gang.fabric not in members:
+        if gang.uid == for_uid:
             continue
-        have = sum(1 for n in members[gang.fabric] if owners.get(n) == gang.uid)
-        free[gang.fabric] -= max(gang.want - have, 0)
+        for fabric, share in gang.parts.items():
+            if fabric not in members:
+                continue
+            have = sum(1 for n in members[fabric] if owners.get(n) == gang.uid)
+            free[fabric] -= max(share - have, 0)
     return free
 
 
@@ -96,6 +106,31 @@ def best_fit(want: int, free: Mapping[str, int]) -> str | None:
 class Placed:
     fabric: str | None  # where the gang runs; None: not placed
     waiting: str = ""  # why it is not placed yet ("" when placement does not apply)
+    # A spanning gang's placement (status.placement as JSON), None for any other domain.
+    plan: JSON | None = None
+
+    @property
+    def fabrics(self) -> list[str] | None:
+        """The fabric domains a spanning gang's template is pinned to (None: not spanning)."""
+        if self.plan is None:
+            return None
+        return sorted(s["fabricDomain"] for s in self.plan.get("shares") or [])
+
+
+def plan_json(plan: hierarchy.Plan) -> JSON:
+    """A plan as recorded in status.placement (PlacementStatus)."""
+    return {
+        "tier": plan.tier,
+        "switch": plan.switch,
+        "shares": [{"fabricDomain": f, "nodes": plan.shares[f]} for f in plan.fabrics],
+    }
+
+
+def recorded_shares(obj: Mapping[str, Any]) -> dict[str, int] | None:
+    """A spanning gang's recorded shares (status.placement), None when not placed."""
+    placement = (obj.get("status") or {}).get("placement") or {}
+    shares = placement.get("shares") or []
+    return {s["fabricDomain"]: int(s["nodes"]) for s in shares} or None
 
 
 def is_gang(domain: ComputeDomain) -> bool:
@@ -163,6 +198,9 @@ class Placement:
         # capacity.gpu_room per node, recomputed only for nodes whose slices or claims
         # changed (devices_changed).
         self._room = GpuRoom(deps.device_slices, deps.allocations)
+        # UID -> a spanning gang's shares, until its status records them (the informer's
+        # copy may lag the write).
+        self._plans: dict[str, dict[str, int]] = {}
 
     def _current(self, uid: str, recorded: str) -> str | None:
         pinned = self.d.ownership.pin_of(uid)
@@ -212,6 +250,11 @@ class Placement:
                 continue
             if finished(obj):  # its pods are done: it expects no node any more
                 continue
+            if (obj.get("spec") or {}).get("allowMultipleCliques") is True:
+                shares = self._plans.get(meta["uid"]) or recorded_shares(obj)
+                if shares:
+                    gangs.append(Gang(meta["uid"], want, "", shares))
+                continue
             placed = self._current(meta["uid"], (obj.get("status") or {}).get("fabricDomain", ""))
             if placed:
                 gangs.append(Gang(meta["uid"], want, placed))
@@ -249,6 +292,8 @@ class Placement:
 
     def place(self, domain: ComputeDomain, key: str) -> Placed:
         """The gang's fabric domain, placing it now (best fit) if it has none yet."""
+        if domain.spec.spans:
+            return self._place_spanning(domain, key)
         if not is_gang(domain):
             return Placed(None)
         want = domain.spec.numNodes or 1
@@ -295,6 +340,42 @@ class Placement:
             self.d.ownership.pin(domain.uid, fabric)
             log.info("placed ComputeDomain %s (numNodes %d) in fabric domain %s", key, want, fabric)
             return Placed(fabric)
+
+    def _place_spanning(self, domain: ComputeDomain, key: str) -> Placed:
+        """A gang across NVLink fabric domains (hierarchy.py): its recorded placement, else
+        the fewest fabric domains under the lowest switch tier with room, or it waits whole
+        (no template, so none of its pods' claims is made or allocated anywhere)."""
+        spec, want = domain.spec, domain.spec.numNodes or 1
+        recorded = domain.status.placement
+        with self._lock:
+            if recorded is not None and recorded.shares:
+                self._waiting.discard(key)
+                self._plans.pop(domain.uid, None)
+                return Placed(None, plan=recorded.model_dump(mode="json"))
+            fabrics, owners, gangs = self._view(domain.uid)
+            if not fabrics:  # no NVLink fabric domain known: nothing to place in
+                self._waiting.discard(key)
+                return Placed(None)
+            free = free_nodes(fabrics, owners, gangs, domain.uid)
+            switches = hierarchy.Switches.of(fabrics, self.d.nodes.get)
+            required = spec.topology.required if spec.topology else None
+            out = hierarchy.place(want, free, switches, atom=spec.atom, required=required)
+            if isinstance(out, hierarchy.Wait):
+                self._waiting.add(key)
+                log.info("ComputeDomain %s (numNodes %d) fits nowhere yet: %s", key, want, free)
+                held_back = self._held_back(domain.uid)
+                return Placed(None, f"{out.message}; {held_back}" if held_back else out.message)
+            self._waiting.discard(key)
+            self._plans[domain.uid] = dict(out.shares)
+            log.info(
+                "placed ComputeDomain %s (numNodes %d) under %s %s: %s",
+                key,
+                want,
+                out.tier,
+                out.switch or "-",
+                dict(out.shares),
+            )
+            return Placed(None, plan=plan_json(out))
 
     def _still_fits(self, uid: str, key: str, want: int, current: str) -> str:
         """The gang's fabric domain, after checking a placement that has not got all its nodes
@@ -480,6 +561,7 @@ class Placement:
     def forget(self, key: str, uid: str = "") -> None:
         with self._lock:
             self._ran.discard(uid)
+            self._plans.pop(uid, None)
             self._waiting.discard(key)
             self._excluded.pop(uid, None)
             self._again.discard(uid)
