@@ -144,7 +144,8 @@ class ParallelismSpec(_Model):
         ge=1,
         le=64,
         description="GPUs each of the domain's pods uses on its node (GB200/GB300 NVL72 "
-        "compute tray: 4). groupGPUs must be a multiple of it, or divide it.",
+        "compute tray: 4). groupGPUs must be a multiple of it, or divide it. Gang placement "
+        "counts only nodes with this many free healthy GPUs.",
     )
 
     @property
@@ -157,6 +158,20 @@ class ParallelismSpec(_Model):
         if self.groupGPUs % self.gpusPerNode and self.gpusPerNode % self.groupGPUs:
             raise ValueError(GROUP_SHAPE_RULE["message"])
         return self
+
+
+class Toleration(_Model):
+    """A pod toleration (core/v1 Toleration's fields and matching rules)."""
+
+    key: str = Field(default="", max_length=317, description="Empty with Exists: every key.")
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: str = Field(default="", max_length=63)
+    effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = Field(
+        default="", description="Empty: every effect."
+    )
+    tolerationSeconds: int | None = Field(
+        default=None, description="Accepted so pod tolerations can be copied; not used."
+    )
 
 
 class ComputeDomainSpec(_Model):
@@ -195,6 +210,14 @@ class ComputeDomainSpec(_Model):
         description="Needs allowMultipleCliques and numNodes (a multiple of it): the domain is "
         "split into segments of this many nodes, each inside one NVLink fabric domain and "
         "each its own IMEX domain; segments are packed into whatever fabric domains have room.",
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list,
+        max_length=64,
+        description="The tolerations of the domain's pods (copy their spec.tolerations): gang "
+        "placement counts a node with a NoSchedule or NoExecute taint none of these tolerates "
+        "as no room (its pods could never run there), unless every compute-domain node "
+        "carries that taint (then it says nothing about where to go).",
     )
     parallelism: ParallelismSpec | None = Field(
         default=None,

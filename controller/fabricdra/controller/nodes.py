@@ -47,6 +47,10 @@ def admitted_domains(domains: Cache, node: str, claims: Iterable[JSON]) -> set[s
     }
 
 
+# A claim's refusal reason where its node is the last free room of a placed gang.
+RESERVED_FOR_GANG = "ReservedForGang"
+
+
 class NodeReconciler:
     def __init__(self, deps: NodeDeps) -> None:
         self.d = deps
@@ -103,7 +107,8 @@ class NodeReconciler:
             if view.state == "pending" and view.domain:
                 d.placement.follow(view.domain, fabric)
         refused = self._fabric_check_refusals(node, views)
-        views = [v for v in views if v.key not in refused]
+        reserved = self._gang_reservations(name, fabric, views, previous)
+        views = [v for v in views if v.key not in refused and v.key not in reserved]
         live, multi = self.live_domains([*(v.domain for v in views), previous])
         names = {uid: key for uid in live if (key := d.ownership.key_of(uid))}
         decision = admission.decide(
@@ -155,6 +160,10 @@ class NodeReconciler:
             )
             metrics.ADMISSIONS.labels("conflict").inc()
             self._conflict_event(by_key[key], why)
+        for key, why in sorted(reserved.items()):
+            self._answer(by_key[key], name, cd.CONFLICT_CONDITION, RESERVED_FOR_GANG, why)
+            metrics.ADMISSIONS.labels("conflict").inc()
+            self._conflict_event(by_key[key], why)
         metrics.HELD_NODES.set(d.ownership.held_count())
         if previous != cd.FREE_OWNER and decision.owner == cd.FREE_OWNER:
             d.placement.room_may_have_freed()
@@ -162,6 +171,21 @@ class NodeReconciler:
             domain_key = d.ownership.key_of(uid)
             if domain_key:
                 d.enqueue_domain(domain_key)
+
+    def _gang_reservations(
+        self, name: str, fabric: str, views: Iterable[admission.ClaimOnNode], previous: str
+    ) -> dict[str, str]:
+        """Pending claims refused on the free node `name` because the gangs placed in its
+        fabric domain still expect every free node there (placement.reserved)."""
+        if previous != cd.FREE_OWNER:
+            return {}  # held already: decided by who holds it
+        out: dict[str, str] = {}
+        for view in views:
+            if view.state == "pending" and view.domain:
+                why = self.d.placement.reserved(name, fabric, view.domain)
+                if why:
+                    out[view.key] = why
+        return out
 
     def _fabric_check_refusals(
         self, node: JSON, views: Iterable[admission.ClaimOnNode]

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from fabricdra.api.computedomain import FREE_OWNER, ComputeDomain
 from fabricdra.api.jsontypes import JSON
 
-from . import capacity, hierarchy, records
+from . import capacity, hierarchy, podfit, records
 from .capacity import FINISHED, finished
 from .indexes import BY_DOMAIN, BY_FABRIC, BY_NODE
 from .objects import pinned_fabric
@@ -182,6 +182,25 @@ class GpuRoom(Mapping[str, int]):
         return sum(1 for _ in self)
 
 
+class _Nodes(Mapping[str, JSON]):
+    """The node cache as a read-only mapping (name -> Node)."""
+
+    def __init__(self, cache: Cache) -> None:
+        self.cache = cache
+
+    def __getitem__(self, name: str) -> JSON:
+        obj = self.cache.get(name)
+        if obj is None:
+            raise KeyError(name)
+        return obj
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(o["metadata"]["name"] for o in self.cache.items())
+
+    def __len__(self) -> int:
+        return len(self.cache.items())
+
+
 class Placement:
     """The placement decisions, one at a time (domain workers run in parallel)."""
 
@@ -241,9 +260,14 @@ class Placement:
             gpu_room=self._room,
             keep=set(d.ownership.nodes_of(for_uid)),
         )
+        fabrics = self._narrow(fabrics, for_uid)
         owners = {n: d.ownership.owner(n) for nodes in fabrics.values() for n in nodes}
+        return fabrics, owners, self._gangs(for_uid)
+
+    def _gangs(self, for_uid: str) -> list[Gang]:
+        """The placements of the gangs other than `for_uid` that still expect nodes."""
         gangs = []
-        for obj in d.domains.items():
+        for obj in self.d.domains.items():
             meta = obj["metadata"]
             want = int((obj.get("spec") or {}).get("numNodes") or 1)
             if meta.get("deletionTimestamp") or want <= 1 or meta["uid"] == for_uid:
@@ -258,7 +282,67 @@ class Placement:
             placed = self._current(meta["uid"], (obj.get("status") or {}).get("fabricDomain", ""))
             if placed:
                 gangs.append(Gang(meta["uid"], want, placed))
-        return fabrics, owners, gangs
+        return gangs
+
+    def reserved(self, node: str, fabric: str, for_uid: str) -> str:
+        """Why domain `for_uid` may not take the free `node` of `fabric` ("" if it may): the
+        gangs placed in `fabric` still expect every free node there. Admitted, an elastic (or
+        single-node, or unplaced) domain took a tray a placed gang's pinned claims can go
+        nowhere but; the gang timed out, was released and placed there again, for ever,
+        while another rack was free (issue 28 point 4c). Its pod is refused at binding
+        instead and the scheduler tries it again, elsewhere if elsewhere has room."""
+        d = self.d
+        if not fabric:
+            return ""
+        with self._lock:
+            here = [g for g in self._gangs("") if fabric in g.parts]
+            if not here or any(g.uid == for_uid for g in here):
+                return ""  # no gang placed here, or the claim's own gang is one of them
+            gangs = here
+            fabrics = capacity.usable_by_fabric(
+                d.nodes.by_index(BY_FABRIC, fabric),
+                require_verified=d.require_verified_nodes,
+                require_fabric_verified=d.require_fabric_verified,
+            )
+            if node not in fabrics.get(fabric, []):
+                return ""  # not room any gang counts on
+            owners = {n: d.ownership.owner(n) for n in fabrics[fabric]}
+            if free_nodes(fabrics, owners, gangs, for_uid).get(fabric, 0) > 0:
+                return ""
+        names = sorted(d.ownership.key_of(g.uid) or g.uid for g in gangs)
+        return (
+            f"node {node} is reserved: the gang(s) placed in fabric domain {fabric} "
+            f"({', '.join(names)}) still expect every free node there"
+        )
+
+    def _needs(self, uid: str) -> podfit.PodNeeds:
+        """What each pod of domain `uid` needs of a node (its spec; defaults if unknown)."""
+        key = self.d.ownership.key_of(uid)
+        obj = self.d.domains.get(key) if key else None
+        try:
+            return podfit.PodNeeds.of(ComputeDomain.model_validate(obj).spec)
+        except ValueError:  # unknown or unreadable: what capacity.py counts
+            return podfit.PodNeeds()
+
+    def _narrow(self, fabrics: dict[str, list[str]], uid: str) -> dict[str, list[str]]:
+        """`fabrics` without the nodes domain `uid`'s pods cannot run on (podfit.py: a taint
+        they do not tolerate, fewer free GPUs than a pod uses): counted, a gang was placed
+        where it could never fill, timed out and was placed there again while another rack
+        was free (issue 28 point 4c)."""
+        d, needs = self.d, self._needs(uid)
+        listed = [n for names in fabrics.values() for n in names]
+        tainted = any((d.nodes.get(n) or {}).get("spec", {}).get("taints") for n in listed)
+        if not tainted and needs.gpus <= 1:
+            return fabrics  # capacity.py counted a free GPU already: nothing more to judge
+        common = podfit.fleet_taints(d.nodes.items()) if tainted else frozenset()
+        return podfit.narrow(
+            fabrics,
+            _Nodes(d.nodes),
+            needs,
+            self._room,
+            common,
+            keep=d.ownership.nodes_of(uid),
+        )
 
     def _held_back(self, for_uid: str) -> str:
         """Why the multi-node NVLink check keeps nodes from the gang (capacity
@@ -383,28 +467,27 @@ class Placement:
         `current` no longer has room for the whole gang, and another fabric domain has, the
         gang moves there (best fit; domains.py records it and re-pins the template). With
         nowhere else to go it stays: the node may come back. A gang that holds all its nodes
-        (all its pods were admitted) never moves. Node state and other gangs only: a node or
-        GPUs an elastic domain takes are the gang timeout's business, as before."""
+        (all its pods were admitted) never moves. A node another domain holds (an elastic
+        one too), a taint its pods do not tolerate and too few free GPUs count as lost room
+        (podfit.py)."""
         d = self.d
         if len(d.ownership.nodes_of(uid)) >= want:
             return current
         # Only `current`'s nodes for the check (its fabric index): the whole fleet is read
         # only when the gang has to move.
-        fabrics = capacity.usable_by_fabric(
-            d.nodes.by_index(BY_FABRIC, current),
-            require_verified=d.require_verified_nodes,
-            require_fabric_verified=d.require_fabric_verified,
+        fabrics = self._narrow(
+            capacity.usable_by_fabric(
+                d.nodes.by_index(BY_FABRIC, current),
+                require_verified=d.require_verified_nodes,
+                require_fabric_verified=d.require_fabric_verified,
+            ),
+            uid,
         )
         _, _, gangs = self._view(uid)
-        # Holds of other gangs count (placement orders gangs); an elastic domain's hold does
-        # not: it is no node failure, and the gang timeout deals with it as before.
-        gang_uids = {g.uid for g in gangs}
-        owners = {
-            n: owner
-            for nodes in fabrics.values()
-            for n in nodes
-            if (owner := d.ownership.owner(n)) in gang_uids
-        }
+        # Every other domain's hold counts, an elastic domain's too: a tray it took is as
+        # lost to this gang as a failed one (issue 28 point 4c: counted only by the gang
+        # timeout, the gang cycled through timeouts while another rack was free).
+        owners = {n: d.ownership.owner(n) for nodes in fabrics.values() for n in nodes}
         if free_nodes(fabrics, owners, gangs, uid).get(current, 0) >= want:
             return current
         fabrics, owners, gangs = self._view(uid)
