@@ -30,6 +30,7 @@ from typing import Any
 from fabricdra.api import computedomain as cd
 from fabricdra.api import labels as node_labels
 from fabricdra.api.jsontypes import JSON
+from fabricdra.api.scaleout import TIER_LABELS
 from fabricdra.kube.informer import Informer, key_of, without_managed_fields
 from fabricdra.kube.rest import (
     CLAIM_TEMPLATES,
@@ -91,19 +92,27 @@ def only_renewed(old: JSON | None, new: JSON | None) -> bool:
     return rest_of(old) == rest_of(new)
 
 
-def placement_facts(node: JSON | None) -> tuple[str, str, str, str] | None:
+def placement_facts(node: JSON | None) -> tuple[str, ...] | None:
     """What gang placement reads of a Node (capacity.unusable, its fabric label, its
-    verification and fabric-check labels): a Node event that changes none of it (our own
+    verification and fabric-check labels, its NoSchedule/NoExecute taints (podfit.py) and
+    switch-tier labels (hierarchy.py)): a Node event that changes none of it (our own
     holder label, a status heartbeat) cannot make room or take it away."""
     if node is None:
         return None
     labels_ = node["metadata"].get("labels", {})
     why = capacity.unusable(node) or "usable"
+    taints = sorted(
+        f"{t.get('key')}={t.get('value') or ''}:{t.get('effect')}"
+        for t in (node.get("spec") or {}).get("taints") or []
+        if t.get("effect") in ("NoSchedule", "NoExecute")
+    )
     return (
         why,
         node_fabric(node),
         str(labels_.get(node_labels.VERIFIED, "")),
         str(labels_.get(node_labels.FABRIC_VERIFIED, "")),
+        ",".join(taints),
+        *(str(labels_.get(tier, "")) for tier in TIER_LABELS),
     )
 
 
