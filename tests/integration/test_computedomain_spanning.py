@@ -14,7 +14,7 @@ import pytest
 from e2e.harness.controlplane import ControlPlane, wait_for
 from fabricdra.api import computedomain as cd
 from fabricdra.api.scaleout import TIER_LABELS
-from fabricdra.kube.rest import CLAIM_TEMPLATES, COMPUTE_DOMAINS, NODES, ApiError, Rest
+from fabricdra.kube.rest import CLAIM_TEMPLATES, CLAIMS, COMPUTE_DOMAINS, NODES, ApiError, Rest
 
 from .computedomain_helpers import (
     allocate_claim,
@@ -58,6 +58,27 @@ def _placement(rest: Rest, ns: str, name: str) -> dict[str, Any] | None:
 def _shares(rest: Rest, ns: str, name: str) -> dict[str, int]:
     placed = _placement(rest, ns, name) or {}
     return {s["fabricDomain"]: s["nodes"] for s in placed.get("shares") or []}
+
+
+def _held(rest: Rest, ns: str, name: str) -> list[str]:
+    """Nodes the domain's claims hold (its node label, which the controller writes)."""
+    uid = rest.get(COMPUTE_DOMAINS, name, ns)["metadata"]["uid"]
+    return [
+        n["metadata"]["name"]
+        for n in rest.list(NODES).get("items") or []
+        if (n["metadata"].get("labels") or {}).get(cd.DOMAIN_LABEL) == uid
+    ]
+
+
+def _conflict(rest: Rest, ns: str, claim: str) -> dict[str, str] | None:
+    devices = rest.get(CLAIMS, claim, ns)["status"].get("devices", []) or []
+    found = [
+        c
+        for d in devices
+        for c in d.get("conditions", []) or []
+        if c["type"] == cd.CONFLICT_CONDITION
+    ]
+    return found[0] if found else None
 
 
 def _selector(rest: Rest, ns: str, template: str) -> str:
@@ -124,13 +145,21 @@ def test_segments_are_whole_and_each_its_own_imex_domain(
         template = wait_for(
             lambda: rest.get_or_none(CLAIM_TEMPLATES, "seg-channel", ns), what="template"
         )
-        chosen = nodes[x][:2] + nodes[y]
-        for i, node in enumerate(chosen):
+        for i, node in enumerate(nodes[x][:2]):
+            allocate_claim(rest, ns, template, node, f"seg-{i}", binding_conditions=True)
+        wait_for(lambda: len(_held(rest, ns, "seg")) == 2, what="two held in x")
+        # A third pod scheduled into x would split a segment across x and y: refused there.
+        allocate_claim(rest, ns, template, nodes[x][2], "seg-extra", binding_conditions=True)
+        refused = wait_for(lambda: _conflict(rest, ns, "seg-extra"), what="refused")
+        assert refused["reason"] == "OutsidePlacement"
+        assert f"takes 2 node(s) in fabric domain {x}" in refused["message"]
+        for i, node in enumerate(nodes[y], start=2):
             allocate_claim(rest, ns, template, node, f"seg-{i}", binding_conditions=True)
 
         def segments() -> list[tuple[str, int, list[str]]]:
             st = rest.get(COMPUTE_DOMAINS, "seg", ns).get("status") or {}
-            return [(s["fabricDomain"], s["segment"], s["nodes"]) for s in st.get("segments") or []]
+            rows = st.get("segments") or []
+            return [(s["fabricDomain"], s["segment"], sorted(s["nodes"])) for s in rows]
 
         wait_for(lambda: sum(len(s[2]) for s in segments()) == 4, what="all four admitted")
         assert segments() == [(x, 0, sorted(nodes[x][:2])), (y, 0, sorted(nodes[y]))]

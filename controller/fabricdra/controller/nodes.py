@@ -16,6 +16,7 @@ from .claims import allocated_at, claim_views, dev_key, domain_uid, node_fabric
 from .deps import Cache, NodeDeps
 from .fabriccheckrun import RUN_LABEL
 from .indexes import BY_NODE, BY_UID
+from .placement import recorded_shares
 from .status import Event
 from .writes import FIELD_MANAGER, now
 
@@ -49,6 +50,8 @@ def admitted_domains(domains: Cache, node: str, claims: Iterable[JSON]) -> set[s
 
 # A claim's refusal reason where its node is the last free room of a placed gang.
 RESERVED_FOR_GANG = "ReservedForGang"
+# ... where a spanning gang holds its whole share of the node's fabric domain already.
+OUTSIDE_PLACEMENT = "OutsidePlacement"
 
 
 class NodeReconciler:
@@ -108,7 +111,9 @@ class NodeReconciler:
                 d.placement.follow(view.domain, fabric)
         refused = self._fabric_check_refusals(node, views)
         reserved = self._gang_reservations(name, fabric, views, previous)
-        views = [v for v in views if v.key not in refused and v.key not in reserved]
+        outside = self._share_refusals(name, fabric, views)
+        turned_away = {*refused, *reserved, *outside}
+        views = [v for v in views if v.key not in turned_away]
         live, multi = self.live_domains([*(v.domain for v in views), previous])
         names = {uid: key for uid in live if (key := d.ownership.key_of(uid))}
         decision = admission.decide(
@@ -160,10 +165,13 @@ class NodeReconciler:
             )
             metrics.ADMISSIONS.labels("conflict").inc()
             self._conflict_event(by_key[key], why)
-        for key, why in sorted(reserved.items()):
-            self._answer(by_key[key], name, cd.CONFLICT_CONDITION, RESERVED_FOR_GANG, why)
+        placed_refusals = [(RESERVED_FOR_GANG, reserved), (OUTSIDE_PLACEMENT, outside)]
+        for reason, key, message in (
+            (r, k, m) for r, refusals in placed_refusals for k, m in sorted(refusals.items())
+        ):
+            self._answer(by_key[key], name, cd.CONFLICT_CONDITION, reason, message)
             metrics.ADMISSIONS.labels("conflict").inc()
-            self._conflict_event(by_key[key], why)
+            self._conflict_event(by_key[key], message)
         metrics.HELD_NODES.set(d.ownership.held_count())
         if previous != cd.FREE_OWNER and decision.owner == cd.FREE_OWNER:
             d.placement.room_may_have_freed()
@@ -185,6 +193,35 @@ class NodeReconciler:
                 why = self.d.placement.reserved(name, fabric, view.domain)
                 if why:
                     out[view.key] = why
+        return out
+
+    def _share_refusals(
+        self, name: str, fabric: str, views: Iterable[admission.ClaimOnNode]
+    ) -> dict[str, str]:
+        """Pending claims of a spanning gang refused on `name` because the gang holds its
+        whole share of `fabric` already (status.placement): more there would split a segment
+        or a TP x EP group across NVLink domains (hierarchy.py)."""
+        d, out = self.d, {}
+        for view in views:
+            if view.state != "pending" or not view.domain:
+                continue
+            key = d.ownership.key_of(view.domain)
+            obj = d.domains.get(key) if key else None
+            shares = recorded_shares(obj) if obj is not None else None
+            if not shares:
+                continue
+            held = [
+                n
+                for n in d.ownership.nodes_of(view.domain)
+                if n != name and node_fabric(d.nodes.get(n) or {}) == fabric
+            ]
+            share = shares.get(fabric, 0)
+            if len(held) >= share:
+                out[view.key] = (
+                    f"node {name}: the ComputeDomain's placement takes {share} "
+                    f"node(s) in fabric domain {fabric or '(none)'} (status.placement) and "
+                    f"holds them already ({', '.join(sorted(held)) or 'none'})"
+                )
         return out
 
     def _fabric_check_refusals(
