@@ -139,6 +139,26 @@ def test_segments_are_whole_and_each_its_own_imex_domain(
     with pytest.raises(ApiError) as refused:
         rest.create(COMPUTE_DOMAINS, _spanning("odd", 5, segmentSize=2), ns)
     assert "numNodes is not a multiple of segmentSize" in str(refused.value)
+    refusals = {
+        "topology.preferred is above topology.required": {
+            "topology": {"required": "tier-1", "preferred": "tier-3"}
+        },
+        "numNodes and segmentSize must hold whole TP": {
+            "parallelism": {"groupGPUs": 32, "gpusPerNode": 4}  # 8 nodes a group, 5 asked
+        },
+        "groupGPUs must be a multiple of gpusPerNode or divide it": {
+            "parallelism": {"groupGPUs": 6, "gpusPerNode": 4}
+        },
+    }
+    for message, spec in refusals.items():
+        with pytest.raises(ApiError) as refused:
+            rest.create(COMPUTE_DOMAINS, _spanning("bad", 5, **spec), ns)
+        assert message in str(refused.value), str(refused.value)
+    plain = domain_body("plain", mode="host", num_nodes=4)
+    plain["spec"]["segmentSize"] = 2  # without allowMultipleCliques
+    with pytest.raises(ApiError) as refused:
+        rest.create(COMPUTE_DOMAINS, plain, ns)
+    assert "need numNodes and allowMultipleCliques: true" in str(refused.value)
     with running_controller(control_plane, driver_ns, leader_election=False):
         rest.create(COMPUTE_DOMAINS, _spanning("seg", 4, segmentSize=2), ns)
         wait_for(lambda: _shares(rest, ns, "seg") == {x: 2, y: 2}, what="two segments placed")
