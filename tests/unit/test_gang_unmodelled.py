@@ -98,9 +98,13 @@ def test_a_tolerated_taint_is_room() -> None:
     assert World(tainted=("a2",), tolerations=wrong_value).place() == "rack-b"
 
 
-def test_a_taint_every_node_carries_says_nothing_about_where_to_go() -> None:
+def test_a_taint_most_nodes_carry_says_nothing_about_where_to_go() -> None:
     # e.g. nvidia.com/gpu:NoSchedule on every GPU node: every workload here tolerates it.
     assert World(tainted=("a1", "a2", "b1", "b2")).place() == "rack-a"
+    # ... also while a node just added lacks it (else one node would park every gang).
+    assert World(tainted=("a1", "a2", "b1")).place() == "rack-a"
+    # One tray in four is a tray's condition: counted.
+    assert World(tainted=("a2",)).place() == "rack-b"
 
 
 def test_a_gang_moves_off_a_tray_tainted_after_it_was_placed() -> None:

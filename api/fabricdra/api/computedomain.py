@@ -216,8 +216,8 @@ class ComputeDomainSpec(_Model):
         max_length=64,
         description="The tolerations of the domain's pods (copy their spec.tolerations): gang "
         "placement counts a node with a NoSchedule or NoExecute taint none of these tolerates "
-        "as no room (its pods could never run there), unless every compute-domain node "
-        "carries that taint (then it says nothing about where to go).",
+        "as no room (its pods could never run there), unless at least half of the NVLink "
+        "fabric nodes carry that taint (the fleet's convention, not a tray's condition).",
     )
     parallelism: ParallelismSpec | None = Field(
         default=None,

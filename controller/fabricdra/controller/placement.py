@@ -334,7 +334,11 @@ class Placement:
         tainted = any((d.nodes.get(n) or {}).get("spec", {}).get("taints") for n in listed)
         if not tainted and needs.gpus <= 1:
             return fabrics  # capacity.py counted a free GPU already: nothing more to judge
-        common = podfit.fleet_taints(d.nodes.items()) if tainted else frozenset()
+        common = (
+            podfit.fleet_taints(n for n in d.nodes.items() if capacity.in_fabric(n))
+            if tainted
+            else frozenset()
+        )
         return podfit.narrow(
             fabrics,
             _Nodes(d.nodes),

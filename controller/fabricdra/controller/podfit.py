@@ -6,16 +6,17 @@ being pinned there) is placed in the same rack again, for ever, while another ra
 (issue 28 point 4c). Two such causes are known before any pod exists, from the domain's spec:
 
 * a NoSchedule or NoExecute taint its pods do not tolerate (`spec.tolerations`, matched as
-  kube-scheduler matches a pod's tolerations). A taint every compute-domain node carries is
-  not counted: it tells no rack from another, and a workload running anywhere here must
-  tolerate it (counting it would park every gang of a fleet tainted wholesale, e.g.
-  `nvidia.com/gpu:NoSchedule` on every GPU node);
+  kube-scheduler matches a pod's tolerations). A taint at least half of the NVLink fabric
+  nodes carry is not counted: it is the fleet's convention, not a tray's condition, and a
+  workload running here must tolerate it (counting it would park every gang of a fleet
+  tainted wholesale, e.g. `nvidia.com/gpu:NoSchedule` on every GPU node);
 * fewer free GPUs than each pod uses (`spec.parallelism.gpusPerNode`; without it, one, as
   capacity.py counts).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -46,12 +47,15 @@ def _ident(taint: Mapping[str, str]) -> tuple[str, str, str]:
 
 
 def fleet_taints(nodes: Iterable[JSON]) -> frozenset[tuple[str, str, str]]:
-    """The blocking taints (key, value, effect) every one of `nodes` carries."""
-    common: set[tuple[str, str, str]] | None = None
+    """The blocking taints (key, value, effect) at least half of `nodes` carry: a fleet's
+    convention (every GPU node tainted, a freshly added one not yet), not a tray's condition.
+    "Every node" would flip on one node without it and park every gang of the fleet."""
+    counts: Counter[tuple[str, str, str]] = Counter()
+    total = 0
     for node in nodes:
-        mine = {_ident(t) for t in _blocking(node)}
-        common = mine if common is None else common & mine
-    return frozenset(common or ())
+        total += 1
+        counts.update({_ident(t) for t in _blocking(node)})
+    return frozenset(t for t, n in counts.items() if 2 * n >= total)
 
 
 def untolerated(
