@@ -84,6 +84,12 @@ def test_nodes_without_a_tier_label_claim_no_closeness() -> None:
     assert isinstance(place(20, {"a": 18, "b": 18}, fleet, required="tier-1"), Wait)
 
 
+def test_required_tier_without_any_tier_label_says_so() -> None:
+    out = place(4, {"a": 18}, _switches(a=(None, None, None)), required="tier-1")
+    assert isinstance(out, Wait)
+    assert f"no NVLink fabric domain's nodes carry one {TIER_LABELS[0]} label" in out.message
+
+
 def test_segments_pack_into_holes_that_fit() -> None:
     # Slurm --segment=4: a 12-node job into three 4-node segments across holes of 5, 6 and 9;
     # no single hole has 12.

@@ -152,6 +152,13 @@ def place(
             "nodes other gangs placed there still expect); waiting whole for room"
         )
     room = largest.get(required, 0)
+    tier = TIERS.index(required)
+    if not any(switches.switch(f, tier) for f in holes):
+        return Wait(
+            f"numNodes {want} must stay under one {required} switch (topology.required), but "
+            f"no NVLink fabric domain's nodes carry one {TIER_LABELS[tier]} label (written by "
+            "the scale-out controller, docs/scale-out.md); waiting whole"
+        )
     return Wait(
         f"numNodes {want} in shares of {atom} node(s) under one {required} switch "
         f"(topology.required): the most room under one {required} switch is {room} node(s) "
