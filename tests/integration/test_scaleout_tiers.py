@@ -14,12 +14,21 @@ import pytest
 from e2e.harness.controlplane import ControlPlane, wait_for
 from fabricdra.api import labels
 from fabricdra.api.scaleout import TIER_LABELS
+from fabricdra.cli.topology import dump_configmap
+from fabricdra.controller import rbac
+from fabricdra.controller.manager import Controller, ControllerConfig
+from fabricdra.controller.objects import DaemonSettings
 from fabricdra.controller.scaleout import group_name
-from fabricdra.controller.tierlabels import DUMP_KEY, DUMP_LABEL, TREE
-from fabricdra.kube.rest import CONFIG_MAPS, EVENTS, NODE_DEVICES, NODES, ApiError, Rest
+from fabricdra.controller.tierlabels import TREE
+from fabricdra.kube.rest import CONFIG_MAPS, EVENTS, NODE_DEVICES, NODES, ApiError, Kind, Rest
 
-from .computedomain_helpers import running_controller, unique
+from .computedomain_helpers import unique
 from .dra_setup import installed  # noqa: F401 - a fixture (the NodeDevices CRD)
+
+RBAC_ROLES = Kind("rbac.authorization.k8s.io", "v1", "clusterroles", False)
+RBAC_BINDINGS = Kind("rbac.authorization.k8s.io", "v1", "clusterrolebindings", False)
+RBAC_NS_ROLES = Kind("rbac.authorization.k8s.io", "v1", "roles", True)
+RBAC_NS_BINDINGS = Kind("rbac.authorization.k8s.io", "v1", "rolebindings", True)
 
 pytestmark = [
     pytest.mark.integration,
@@ -127,6 +136,15 @@ def test_controller_writes_checks_and_removes_tier_labels(
 ) -> None:
     driver_ns = unique("so-system")
     control_plane.create_namespace(driver_ns)
+    # The controller runs as a non-admin user with exactly the chart's rules (rbac.py).
+    user = unique("fabricdra-controller")
+    rest.create(RBAC_ROLES, rbac.cluster_role(user, rbac.CONTROLLER))
+    rest.create(RBAC_BINDINGS, rbac.binding_for_user(user, user, user))
+    rest.create(RBAC_NS_ROLES, rbac.role(user, driver_ns, rbac.CONTROLLER_NAMESPACED), driver_ns)
+    rest.create(
+        RBAC_NS_BINDINGS, rbac.role_binding_for_user(user, driver_ns, user, user), driver_ns
+    )
+    kubeconfig = control_plane.kubeconfig_for(user, user)
     n1, n2, bad, ib, silent = (unique(p) for p in ("so-a", "so-b", "so-bad", "so-ib", "so-quiet"))
     for name in (n1, n2, bad, ib):
         control_plane.create_node(name)
@@ -138,62 +156,63 @@ def test_controller_writes_checks_and_removes_tier_labels(
     _publish(rest, bad, [_nic("ens1np0", 0, TOR_A), _nic("ens2np1", 1, TOR_A)])
     # InfiniBand with no SMP answer: its leaf comes from the ibnetdiscover ConfigMap.
     _publish(rest, ib, [_nic("ibp24s0", 0, None, PORT)])
-    rest.create(
-        CONFIG_MAPS,
-        {
-            "metadata": {"name": "ibnetdiscover-fabric-a", "labels": {DUMP_LABEL: "fabric-a"}},
-            "data": {DUMP_KEY: DUMP},
-        },
-        driver_ns,
-    )
+    # As `fabricdra fabric-dump` stores it (gzipped binaryData).
+    rest.create(CONFIG_MAPS, dump_configmap("fabric-a", DUMP), driver_ns)
     topology = tmp_path / "topology.yaml"
     topology.write_text(TOPOLOGY)
     rack = group_name([TOR_A, TOR_B])
+    from kubernetes import config as kube_config
+
+    cfg = ControllerConfig(
+        namespace=driver_ns,
+        daemon=DaemonSettings(namespace=driver_ns),
+        resync_seconds=5.0,
+        leader_election=False,
+        lease_name=unique("so-controller"),
+        scale_out_tiers=True,
+        topology_file=str(topology),
+    )
+    controller = Controller(kube_config.new_client_from_config(config_file=str(kubeconfig)), cfg)
+    controller.start()
     try:
-        with running_controller(
-            control_plane,
-            driver_ns,
-            leader_election=False,
-            scale_out_tiers=True,
-            topology_file=str(topology),
-        ) as controller:
-            for name in (n1, n2):
-                wait_for(lambda n=name: _tiers(rest, n) == (rack, "spine-1", "core-1"), what=name)
-            wait_for(lambda: _tiers(rest, ib) == (LEAF, SPINE, None), what="ib node's tiers")
-            wait_for(lambda: _record(rest, bad) is not None, what="the failed node's record")
-            record = _record(rest, bad)
-            assert record is not None
-            assert record["result"] == "Failed"
-            assert "ens1np0 and ens2np1 all reach leaf b8:59:9f:00:00:0a" in record["findings"][0]
-            assert _tiers(rest, bad) == (None, None, None)
-            assert _record(rest, n1) == {"result": "Passed", "railOptimised": True, "leaves": 2}
-            wait_for(lambda: _events(rest, bad, "ScaleOutCablingFailed"), what="the event")
-            assert _tiers(rest, silent) == ("set-by-hand", None, None)
+        for name in (n1, n2):
+            wait_for(lambda n=name: _tiers(rest, n) == (rack, "spine-1", "core-1"), what=name)
+        wait_for(lambda: _tiers(rest, ib) == (LEAF, SPINE, None), what="ib node's tiers")
+        wait_for(lambda: _record(rest, bad) is not None, what="the failed node's record")
+        record = _record(rest, bad)
+        assert record is not None
+        assert record["result"] == "Failed"
+        assert "ens1np0 and ens2np1 all reach leaf b8:59:9f:00:00:0a" in record["findings"][0]
+        assert _tiers(rest, bad) == (None, None, None)
+        assert _record(rest, n1) == {"result": "Passed", "railOptimised": True, "leaves": 2}
+        wait_for(lambda: _events(rest, bad, "ScaleOutCablingFailed"), what="the event")
+        assert _tiers(rest, silent) == ("set-by-hand", None, None)
 
-            # Nothing changed: nothing is rewritten.
-            versions = {n: rest.get(NODES, n)["metadata"]["resourceVersion"] for n in (n1, bad, ib)}
-            controller.reconcile_tiers(TREE)
-            after = {n: rest.get(NODES, n)["metadata"]["resourceVersion"] for n in (n1, bad, ib)}
-            assert after == versions
+        # Nothing changed: nothing is rewritten.
+        versions = {n: rest.get(NODES, n)["metadata"]["resourceVersion"] for n in (n1, bad, ib)}
+        controller.reconcile_tiers(TREE)
+        after = {n: rest.get(NODES, n)["metadata"]["resourceVersion"] for n in (n1, bad, ib)}
+        assert after == versions
 
-            # Fixed: the node gets its tiers back, and a Normal event says so.
-            _publish(rest, bad, [_nic("ens1np0", 0, TOR_A), _nic("ens2np1", 1, TOR_B)])
-            wait_for(lambda: _tiers(rest, bad) == (rack, "spine-1", "core-1"), what="fixed")
-            wait_for(lambda: _events(rest, bad, "ScaleOutCablingPassed"), what="passed event")
+        # Fixed: the node gets its tiers back, and a Normal event says so.
+        _publish(rest, bad, [_nic("ens1np0", 0, TOR_A), _nic("ens2np1", 1, TOR_B)])
+        wait_for(lambda: _tiers(rest, bad) == (rack, "spine-1", "core-1"), what="fixed")
+        wait_for(lambda: _events(rest, bad, "ScaleOutCablingPassed"), what="passed event")
 
-            # Its neighbours no longer known (readings withdrawn): its tiers and record go.
-            _publish(rest, n2, [_nic("ens1np0", 0, None), _nic("ens2np1", 1, None)])
-            wait_for(lambda: _tiers(rest, n2) == (None, None, None), what="n2's tiers removed")
-            wait_for(lambda: _record(rest, n2) is None, what="n2's record removed")
+        # Its neighbours no longer known (readings withdrawn): its tiers and record go.
+        _publish(rest, n2, [_nic("ens1np0", 0, None), _nic("ens2np1", 1, None)])
+        wait_for(lambda: _tiers(rest, n2) == (None, None, None), what="n2's tiers removed")
+        wait_for(lambda: _record(rest, n2) is None, what="n2's record removed")
 
-            # The dump is gone: the IB node's tiers above what its NICs say are gone too.
-            rest.delete(CONFIG_MAPS, "ibnetdiscover-fabric-a", driver_ns)
-            wait_for(lambda: _tiers(rest, ib) == (None, None, None), what="ib tiers removed")
+        # The dump is gone: the IB node's tiers above what its NICs say are gone too.
+        rest.delete(CONFIG_MAPS, "ibnetdiscover-fabric-a", driver_ns)
+        wait_for(lambda: _tiers(rest, ib) == (None, None, None), what="ib tiers removed")
 
-            # A hand edit of a tier label is put back.
-            rest.patch(NODES, n1, {"metadata": {"labels": {TIER_LABELS[1]: "edited"}}})
-            wait_for(lambda: _tiers(rest, n1) == (rack, "spine-1", "core-1"), what="restored")
+        # A hand edit of a tier label is put back.
+        rest.patch(NODES, n1, {"metadata": {"labels": {TIER_LABELS[1]: "edited"}}})
+        wait_for(lambda: _tiers(rest, n1) == (rack, "spine-1", "core-1"), what="restored")
     finally:
+        controller.stop()
         for name in (n1, n2, bad, ib):
             try:
                 rest.delete(NODE_DEVICES, name)

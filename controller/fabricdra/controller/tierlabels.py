@@ -13,6 +13,9 @@ places it. Removal rules: docs/labels.md, "Scale-out tiers".
 
 from __future__ import annotations
 
+import base64
+import binascii
+import gzip
 import json
 import logging
 from collections.abc import Callable, Mapping
@@ -32,9 +35,11 @@ log = logging.getLogger("fabricdra.controller")
 
 TREE = "scale-out-tree"
 # The ConfigMaps an ibnetdiscover Job writes (one per fabric, in the driver's namespace): the
-# label's value names the fabric; the dump is under DUMP_KEY.
+# label's value names the fabric; the dump is under DUMP_KEY (text) or DUMP_KEY_GZ (binaryData,
+# gzipped: what `fabricdra fabric-dump` writes, a large fabric's text outgrowing 1 MiB).
 DUMP_LABEL = labels.PREFIX + "ibnetdiscover"
 DUMP_KEY = "ibnetdiscover.txt"
+DUMP_KEY_GZ = DUMP_KEY + ".gz"
 # Re-read the topology file this often (a mounted ConfigMap changes under the process).
 FILE_POLL_SECONDS = 60.0
 
@@ -116,8 +121,14 @@ class TierLabels:
         for cm in sorted(self.d.dumps.items(), key=lambda o: o["metadata"]["name"]):
             name = cm["metadata"]["name"]
             text = (cm.get("data") or {}).get(DUMP_KEY)
+            packed = (cm.get("binaryData") or {}).get(DUMP_KEY_GZ)
+            if text is None and packed is not None:
+                try:
+                    text = gzip.decompress(base64.b64decode(packed)).decode()
+                except (binascii.Error, OSError, EOFError, UnicodeDecodeError) as e:
+                    raise InputUnreadable(f"ConfigMap {name}: {DUMP_KEY_GZ}: {e}") from e
             if text is None:
-                raise InputUnreadable(f"ConfigMap {name} has no {DUMP_KEY}")
+                raise InputUnreadable(f"ConfigMap {name} has neither {DUMP_KEY} nor {DUMP_KEY_GZ}")
             try:
                 out.append(parse_ibnetdiscover(text, source=f"ConfigMap {name}"))
             except ValueError as e:
