@@ -14,7 +14,7 @@ import pytest
 from e2e.harness.controlplane import ControlPlane, wait_for
 from fabricdra.api import labels
 from fabricdra.api.scaleout import TIER_LABELS
-from fabricdra.cli.topology import dump_configmap
+from fabricdra.cli.topology import dump_configmap, kueue, rows
 from fabricdra.controller import rbac
 from fabricdra.controller.manager import Controller, ControllerConfig
 from fabricdra.controller.objects import DaemonSettings
@@ -187,6 +187,18 @@ def test_controller_writes_checks_and_removes_tier_labels(
         assert _record(rest, n1) == {"result": "Passed", "railOptimised": True, "leaves": 2}
         wait_for(lambda: _events(rest, bad, "ScaleOutCablingFailed"), what="the event")
         assert _tiers(rest, silent) == ("set-by-hand", None, None)
+
+        # `fabricdra topology` reads the same tree back from the published records.
+        view = {
+            r.name: r for r in rows(rest.list(NODES)["items"], rest.list(NODE_DEVICES)["items"])
+        }
+        assert view[n1].tiers == (rack, "spine-1", "core-1")
+        assert [n["rail"] for n in view[n1].nics] == [0, 1]
+        assert view[bad].cabling is not None
+        assert view[bad].cabling["result"] == "Failed"
+        obj, left_out = kueue([view[n] for n in (n1, n2, bad)], "t")
+        assert [lv["nodeLabel"] for lv in obj["spec"]["levels"]][:3] == list(reversed(TIER_LABELS))
+        assert left_out == [bad]
 
         # Nothing changed: nothing is rewritten.
         versions = {n: rest.get(NODES, n)["metadata"]["resourceVersion"] for n in (n1, bad, ib)}
