@@ -21,6 +21,8 @@ FABRIC_CHECK = PREFIX + "fabric-check"
 # controller with the tier labels (docs/labels.md, "Scale-out tiers"): {"result": "Passed" |
 # "Failed", "railOptimised", "leaves", "findings"}. Absent where the node has no known leaf.
 CABLING_CHECK = PREFIX + "network.cabling"
+# The nearest scale-out tier label (api/scaleout.TIER_LABELS[0]): a node with it is tiered.
+TIER_1 = PREFIX + "network.tier-1"
 # The fabric domain value of nodes in no multi-node fabric (the fleet view's name for them).
 NO_FABRIC = "none"
 
