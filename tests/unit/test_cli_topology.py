@@ -90,7 +90,7 @@ def test_slurm_topology_yaml_tree_and_blocks() -> None:
 
 def test_kueue_topology_levels_broadest_first_and_who_is_left_out() -> None:
     obj, left_out = kueue(rows(NODES, DEVICES), "fab")
-    assert obj["apiVersion"] == "kueue.x-k8s.io/v1beta1"
+    assert obj["apiVersion"] == "kueue.x-k8s.io/v1beta2"
     assert obj["kind"] == "Topology"
     assert [lv["nodeLabel"] for lv in obj["spec"]["levels"]] == [
         T3,

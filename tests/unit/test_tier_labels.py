@@ -105,3 +105,15 @@ def test_a_node_whose_agent_never_reported_is_left_alone() -> None:
     deps, patches, _ = _deps(nodes, devices, dumps)
     TierLabels(deps).reconcile("t")
     assert "new" not in {n for n, _ in patches}
+
+
+def test_a_node_status_heartbeat_leaves_the_cached_node_equal() -> None:
+    """The Node cache keeps no resourceVersion or status: a heartbeat computes no tree."""
+    before = {"metadata": {"name": "n", "resourceVersion": "1", "labels": {"team": "a"}}}
+    after = {
+        "metadata": {"name": "n", "resourceVersion": "2", "labels": {"team": "a"}},
+        "status": {"conditions": [{"type": "Ready", "lastHeartbeatTime": "now"}]},
+    }
+    assert node_view(before) == node_view(after)
+    tiered = {"metadata": {"name": "n", "labels": {TIER_LABELS[0]: "leaf"}}}
+    assert node_view(tiered) != node_view(before)

@@ -35,7 +35,9 @@ from .common import env as _env
 
 USER_AGENT = "fabricdra-topology/0.2.0"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
-KUEUE_API_VERSION = "kueue.x-k8s.io/v1beta1"
+# Kueue serves v1beta2 from v0.15, stores it from v0.16 and drops v1beta1 in v0.17
+# (https://github.com/kubernetes-sigs/kueue/issues/7626); --kueue-api-version for older ones.
+KUEUE_API_VERSION = "kueue.x-k8s.io/v1beta2"
 # The ConfigMap `fabric-dump` writes: the controller reads those labelled DUMP_LABEL in its
 # namespace (controller/tierlabels.py), the dump gzipped (a large fabric's text outgrows a
 # ConfigMap's 1 MiB: https://kubernetes.io/docs/concepts/configuration/configmap/).
@@ -60,6 +62,13 @@ def register(sub: Any) -> None:
     p.add_argument("-o", "--output", choices=["table", "json", "slurm", "kueue"], default="table")
     p.add_argument(
         "--name", default="fabricdra-scale-out", help="the Kueue Topology's / Slurm topology's name"
+    )
+    p.add_argument(
+        "--kueue-api-version",
+        choices=["v1beta2", "v1beta1"],
+        default="v1beta2",
+        help="-o kueue: the Topology's API version (v1beta1 for Kueue before v0.15; default "
+        "v1beta2)",
     )
     p.set_defaults(run=run)
     d: argparse.ArgumentParser = sub.add_parser(
@@ -253,7 +262,9 @@ def slurm(view: list[NodeRow], name: str) -> str:
     return yaml.safe_dump(doc, sort_keys=False)
 
 
-def kueue(view: list[NodeRow], name: str) -> tuple[dict[str, Any], list[str]]:
+def kueue(
+    view: list[NodeRow], name: str, api_version: str = KUEUE_API_VERSION
+) -> tuple[dict[str, Any], list[str]]:
     """A Kueue Topology (https://kueue.sigs.k8s.io/docs/concepts/topology_aware_scheduling/)
     whose levels are the tiers, broadest first, then the NVLink domain and the hostname. Kueue
     leaves out of topology-aware scheduling a node that lacks any level's label, so a tier or
@@ -266,7 +277,7 @@ def kueue(view: list[NodeRow], name: str) -> tuple[dict[str, Any], list[str]]:
         levels.append({"nodeLabel": labels.FABRIC_DOMAIN})
     levels.append({"nodeLabel": HOSTNAME_LABEL})
     obj = {
-        "apiVersion": KUEUE_API_VERSION,
+        "apiVersion": api_version,
         "kind": "Topology",
         "metadata": {"name": name},
         "spec": {"levels": levels},
@@ -301,7 +312,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.output == "slurm":
         print(slurm(view, args.name), end="")
     else:
-        obj, left_out = kueue(view, args.name)
+        obj, left_out = kueue(view, args.name, f"kueue.x-k8s.io/{args.kueue_api_version}")
         print(yaml.safe_dump(obj, sort_keys=False), end="")
         if left_out:
             print(

@@ -50,14 +50,14 @@ class InputUnreadable(Exception):
 
 def node_view(obj: Mapping[str, Any]) -> JSON:
     """A Node cut down to what the tier labels read (an informer transform over every Node):
-    its name, its fabricdra.io/ labels and the cabling annotation."""
+    its name, its fabricdra.io/ labels and the cabling annotation. No resourceVersion: a status
+    heartbeat then leaves the cached Node equal, and computes no tree (manager.py)."""
     meta = obj.get("metadata") or {}
     kept = {k: v for k, v in (meta.get("labels") or {}).items() if k.startswith(labels.PREFIX)}
     ann = meta.get("annotations") or {}
     return {
         "metadata": {
             "name": meta.get("name", ""),
-            "resourceVersion": meta.get("resourceVersion", ""),
             "labels": kept,
             "annotations": {k: ann[k] for k in (labels.CABLING_CHECK,) if k in ann},
         }
