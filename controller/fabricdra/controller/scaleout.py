@@ -306,6 +306,8 @@ def build_tree(
             if rail is not None:
                 rails[(unions.find(leaf), rail)][leaf] += 1
 
+    levels = [d.levels() for d in dumps]
+    above_block: dict[frozenset[str], tuple[str, ...]] = {}  # a block's tiers, computed once
     verdicts: dict[str, Verdict] = {}
     for node in sorted(nodes):
         per_nic = leaves[node]
@@ -364,9 +366,12 @@ def build_tree(
                 node, failures=tuple(failures), block=tuple(sorted(block)), checked=rail_optimised
             )
             continue
+        key = frozenset(block)
+        if key not in above_block:
+            above_block[key] = _tiers(block, dumps, levels, declared, aliases)
         verdicts[node] = Verdict(
             node,
-            tiers=_tiers(block, dumps, declared, aliases),
+            tiers=above_block[key],
             block=tuple(sorted(block)),
             checked=rail_optimised,
         )
@@ -376,11 +381,11 @@ def build_tree(
 def _tiers(
     block: set[str],
     dumps: Sequence[FabricDump],
+    levels: Sequence[Mapping[str, int]],
     declared: DeclaredTopology,
     aliases: Mapping[str, str],
 ) -> tuple[str, ...]:
     """tier-1 (the block) and the sets above it, as far as the dumps or the file know."""
-    levels: list[dict[str, int]] = [d.levels() for d in dumps]
     tiers = [group_name(block)]
     current = set(block)
     while len(tiers) < 3:
