@@ -5,6 +5,7 @@ has not reported is left alone, and a failed node's labels are removed with one 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -117,3 +118,20 @@ def test_a_node_status_heartbeat_leaves_the_cached_node_equal() -> None:
     assert node_view(before) == node_view(after)
     tiered = {"metadata": {"name": "n", "labels": {TIER_LABELS[0]: "leaf"}}}
     assert node_view(tiered) != node_view(before)
+
+
+def test_one_topology_file_poll_is_pending_however_many_reconciles(tmp_path: Path) -> None:
+    topology = tmp_path / "topology.yaml"
+    topology.write_text("switches: {}\n")
+    nodes, devices, dumps = _superpod()
+    deps, _, _ = _deps(nodes, devices, dumps, str(topology))
+    polls: list[float] = []
+    now = [100.0]
+    deps = replace(deps, requeue_after=lambda k, d: polls.append(d), clock=lambda: now[0])
+    tiers = TierLabels(deps)
+    for _ in range(5):  # events in a burst
+        tiers.reconcile("t")
+    assert polls == [60.0]
+    now[0] += 60.0  # the poll fires
+    tiers.reconcile("t")
+    assert polls == [60.0, 60.0]

@@ -18,6 +18,7 @@ import binascii
 import gzip
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,11 +98,13 @@ class TierDeps:
     node_event: Callable[[str, Event], None]
     require_synced: Callable[[], None]
     requeue_after: EnqueueAfter
+    clock: Callable[[], float] = time.monotonic
 
 
 class TierLabels:
     def __init__(self, deps: TierDeps) -> None:
         self.d = deps
+        self._next_poll = 0.0  # one file poll pending at a time, however many events come
 
     def declared(self) -> DeclaredTopology | None:
         path = self.d.topology_file
@@ -138,7 +141,8 @@ class TierLabels:
     def reconcile(self, key: str) -> None:
         d = self.d
         d.require_synced()
-        if d.topology_file:
+        if d.topology_file and d.clock() >= self._next_poll:
+            self._next_poll = d.clock() + FILE_POLL_SECONDS
             d.requeue_after(TREE, FILE_POLL_SECONDS)
         declared = self.declared()
         dumps = self.fabric_dumps()
