@@ -14,7 +14,8 @@ import pytest
 from e2e.harness.controlplane import ControlPlane, wait_for
 from fabricdra.api import labels
 from fabricdra.api.scaleout import TIER_LABELS
-from fabricdra.cli.topology import dump_configmap, kueue, rows
+from fabricdra.cli import main
+from fabricdra.cli.topology import kueue, rows
 from fabricdra.controller import rbac
 from fabricdra.controller.manager import Controller, ControllerConfig
 from fabricdra.controller.objects import DaemonSettings
@@ -156,8 +157,29 @@ def test_controller_writes_checks_and_removes_tier_labels(
     _publish(rest, bad, [_nic("ens1np0", 0, TOR_A), _nic("ens2np1", 1, TOR_A)])
     # InfiniBand with no SMP answer: its leaf comes from the ibnetdiscover ConfigMap.
     _publish(rest, ib, [_nic("ibp24s0", 0, None, PORT)])
-    # As `fabricdra fabric-dump` stores it (gzipped binaryData).
-    rest.create(CONFIG_MAPS, dump_configmap("fabric-a", DUMP), driver_ns)
+    # `fabricdra fabric-dump` stores it, as a user with exactly the chart's fabric-dump Role
+    # (tests/unit/test_chart_scaleout.py): created, then replaced by the next run.
+    dumper = unique("fabric-dump")
+    rules = [
+        {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": ["ibnetdiscover-fabric-a"],
+            "verbs": ["get", "update"],
+        },
+    ]
+    rest.create(RBAC_NS_ROLES, rbac.role(dumper, driver_ns, rules), driver_ns)
+    rest.create(
+        RBAC_NS_BINDINGS, rbac.role_binding_for_user(dumper, driver_ns, dumper, dumper), driver_ns
+    )
+    dump_file = tmp_path / "ibnetdiscover.txt"
+    dump_file.write_text(DUMP)
+    dump_args = ["fabric-dump", "--fabric", "fabric-a", "--file", str(dump_file)]
+    dump_args += ["--namespace", driver_ns]
+    dump_args += ["--kubeconfig", str(control_plane.kubeconfig_for(dumper, dumper))]
+    assert main(dump_args) == 0
+    assert main(dump_args) == 0
     topology = tmp_path / "topology.yaml"
     topology.write_text(TOPOLOGY)
     rack = group_name([TOR_A, TOR_B])
