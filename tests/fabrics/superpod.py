@@ -87,6 +87,12 @@ def cabling() -> dict[tuple[int, int], int]:
     return out
 
 
+def _leaf_port(n: int, nic: int) -> int:
+    """Node k of an SU on leaf port k (1-32); the one storage NIC cabled to a compute leaf
+    (dgx017's) on port 60, an unused one."""
+    return 60 if nic == 8 else SU_NODES[su_of(n)].index(n) + 1
+
+
 def _leaf_desc(sw: int) -> str:
     if sw >> 20 == 0xB8599F0300D:
         return f"MF0;storage-leaf{sw & 0xFF}:MQM9700/U1"
@@ -133,8 +139,7 @@ def dump() -> str:
         for (n, nic), to in sorted(cab.items()):
             if to != sw:
                 continue
-            port = SU_NODES[su_of(n)].index(n) + 1 + (32 if nic == 8 else 0)
-            port = port if nic != 8 else 60
+            port = _leaf_port(n, nic)
             ports.append(
                 (
                     port,
@@ -183,7 +188,7 @@ def dump() -> str:
     for (n, nic), to in sorted(cab.items()):
         if to not in sw_lid:
             continue
-        port = 60 if nic == 8 else SU_NODES[su_of(n)].index(n) + 1
+        port = _leaf_port(n, nic)
         lines.extend(["vendid=0x2c9", "devid=0x1021", f"sysimgguid=0x{ca_node(n, nic):x}"])
         lines.append(f"caguid=0x{ca_node(n, nic):x}")
         lines.append(f'Ca\t1 "H-{ca_node(n, nic):016x}"\t\t# "{node_name(n)} mlx5_{nic}"')

@@ -135,3 +135,25 @@ def test_one_topology_file_poll_is_pending_however_many_reconciles(tmp_path: Pat
     now[0] += 60.0  # the poll fires
     tiers.reconcile("t")
     assert polls == [60.0, 60.0]
+
+
+def test_a_disagreement_on_a_node_without_a_block_is_still_recorded() -> None:
+    """A storage NIC's declared and measured neighbours disagree; no compute NIC has a leaf."""
+    nic = {
+        "name": "ibp41s0f0",
+        "rdma": True,
+        "scaleOut": {
+            "role": "storage",
+            "disagreement": "declared storage-leaf0 port 3, measured port 9",
+            "neighbour": {"switch": "0x1", "source": "measured", "via": "smp"},
+        },
+    }
+    nodes = [node_view({"metadata": {"name": "s1", "labels": {}}})]
+    devices = [{"metadata": {"name": "s1"}, "spec": {"interfaces": [nic]}}]
+    deps, patches, events = _deps(nodes, devices, [])
+    TierLabels(deps).reconcile("t")
+    record = json.loads(deps.nodes.get("s1")["metadata"]["annotations"][labels.CABLING_CHECK])
+    assert record["result"] == "Failed"
+    assert "measured port 9" in record["findings"][0]
+    assert [e.reason for _, e in events] == ["ScaleOutCablingFailed"]
+    assert len(patches) == 1

@@ -67,8 +67,9 @@ def node_view(obj: Mapping[str, Any]) -> JSON:
 
 def cabling_record(v: Verdict) -> str | None:
     """The node's cabling annotation: JSON, stable (no timestamps: an unchanged verdict is an
-    unchanged value, never rewritten). None where the node has no block to check."""
-    if not v.block:
+    unchanged value, never rewritten). None where there was nothing to check: no block and no
+    finding (a disagreement is a finding even on a NIC that makes no block)."""
+    if not v.block and not v.failures:
         return None
     record: dict[str, Any] = {
         "result": "Passed" if v.passed else "Failed",
