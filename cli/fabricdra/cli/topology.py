@@ -48,7 +48,8 @@ DUMP_KEY_GZ = "ibnetdiscover.txt.gz"
 def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "topology",
-        help="print the cluster's scale-out tree (table, json, Slurm topology.yaml, Kueue)",
+        help="print the cluster's scale-out tree "
+        "(table, json, Slurm topology.yaml, Kueue Topology)",
         description="Read Nodes and NodeDevices and print the scale-out tree they publish: "
         "each node's tier labels, NVLink domain, cabling check and NICs (table or json), "
         "Slurm's topology.yaml (tree from the tiers, block from the NVLink domains), or a "
@@ -73,7 +74,7 @@ def register(sub: Any) -> None:
     p.set_defaults(run=run)
     d: argparse.ArgumentParser = sub.add_parser(
         "fabric-dump",
-        help="store an ibnetdiscover dump where the controller reads it (a ConfigMap)",
+        help="store an ibnetdiscover dump in the ConfigMap the controller reads",
         description="Read an ibnetdiscover dump (what `ibnetdiscover` printed on a host of the "
         "fabric), refuse it unless it parses, and create or replace the ConfigMap "
         "ibnetdiscover-<fabric> labelled fabricdra.io/ibnetdiscover=<fabric> in --namespace, "
