@@ -36,6 +36,7 @@ from fabricdra.kube.rest import (
     CLAIM_TEMPLATES,
     CLAIMS,
     COMPUTE_DOMAINS,
+    CONFIG_MAPS,
     DAEMON_SETS,
     LEASES,
     NODE_DEVICES,
@@ -65,6 +66,8 @@ from .nodes import NodeReconciler, admitted_domains
 from .ownership import Ownership
 from .placement import Placement, finished
 from .records import NotRecorded
+from .tierlabels import DUMP_LABEL, TREE, InputUnreadable, TierDeps, TierLabels
+from .tierlabels import node_view as tier_node_view
 from .workqueue import WorkQueue
 from .writes import Writer, counting_rest
 
@@ -125,6 +128,14 @@ def fabric_facts(node: JSON | None) -> tuple[object, ...] | None:
     return (*facts, annotations.get(node_labels.FABRIC_CHECK, ""))
 
 
+def _nics(node_devices: JSON | None) -> object:
+    return ((node_devices or {}).get("spec") or {}).get("interfaces")
+
+
+def _verification(node_devices: JSON | None) -> object:
+    return ((node_devices or {}).get("status") or {}).get("verification")
+
+
 class NotSynced(Exception):
     """A cache has not finished its first LIST: deciding now could act on an empty view."""
 
@@ -151,6 +162,9 @@ class ControllerConfig:
     # How many fabric domains are checked at once (one worker each; a check runs for minutes
     # and a rack's key is never in two workers: workqueue.py).
     fabric_check_concurrency: int = 16
+    # The scale-out tier labels and cabling check (tierlabels.py): off unless asked for.
+    scale_out_tiers: bool = False
+    topology_file: str = ""  # the operator's topology file (a mounted ConfigMap), "" for none
 
 
 class Controller:
@@ -224,18 +238,29 @@ class Controller:
             self.daemonsets,
         ]
         self.node_devices: Informer | None = None
-        if self.config.fabric_check:
+        if self.config.fabric_check or self.config.scale_out_tiers:
             # The nodes' hardware fingerprints, for the fabric check's membership.
             self.node_devices = Informer(
                 self.rest, NODE_DEVICES, **{**opts, "transform": node_devices_view}
             )
             self._informers.append(self.node_devices)
+        self.tier_nodes: Informer | None = None
+        self.dumps: Informer | None = None
+        if self.config.scale_out_tiers:
+            # Every Node, not only the compute-domain plugin's: any node with RDMA NICs has a
+            # place in the scale-out tree. Cut down to the labels and annotation it reads.
+            self.tier_nodes = Informer(self.rest, NODES, **{**opts, "transform": tier_node_view})
+            self.dumps = Informer(
+                self.rest, CONFIG_MAPS, namespace=ns, label_selector=DUMP_LABEL, **opts
+            )
+            self._informers += [self.tier_nodes, self.dumps]
         # A resync's keys go after events' but none waits past a quarter of the period, so a
         # sweep still ends within it (workqueue.py).
         self.domain_queue = WorkQueue(resync_max_wait=self.config.resync_seconds / 4)
         self.node_queue = WorkQueue(resync_max_wait=self.config.resync_seconds / 4)
         # Fabric domains to check (fabriccheck.py): `fabric_check_concurrency` workers.
         self.fabric_queue = WorkQueue(resync_max_wait=self.config.resync_seconds / 4)
+        self.tier_queue = WorkQueue(resync_max_wait=self.config.resync_seconds / 4)
         self.ownership = Ownership()
         self.heartbeats = Heartbeats()
         # Each gets what it uses, not the Controller (deps.py).
@@ -295,7 +320,22 @@ class Controller:
             )
         )
         self.fabric_check: FabricCheck | None = None
-        if self.node_devices is not None:
+        self.tier_labels: TierLabels | None = None
+        if self.tier_nodes is not None and self.dumps is not None:
+            assert self.node_devices is not None
+            self.tier_labels = TierLabels(
+                TierDeps(
+                    nodes=self.tier_nodes,
+                    node_devices=self.node_devices,
+                    dumps=self.dumps,
+                    topology_file=self.config.topology_file,
+                    patch_node=lambda name, patch: self.rest.patch(NODES, name, patch),
+                    node_event=self.writer.node_event,
+                    require_synced=self.require_synced,
+                    requeue_after=self.tier_queue.add_after,
+                )
+            )
+        if self.node_devices is not None and self.config.fabric_check:
             own = self.ownership
             self.fabric_check = FabricCheck(
                 FabricCheckDeps(
@@ -337,6 +377,10 @@ class Controller:
     def reconcile_node(self, name: str) -> None:
         self.require_synced()
         self.node_reconciler.reconcile(name)
+
+    def reconcile_tiers(self, key: str) -> None:
+        assert self.tier_labels is not None
+        self.tier_labels.reconcile(key)
 
     def reconcile_fabric(self, fabric: str) -> None:
         assert self.fabric_check is not None
@@ -464,13 +508,26 @@ class Controller:
             # domain's membership changed.
             if event == "SYNC" or old == new:
                 return
+            if self.tier_labels is not None and _nics(old) != _nics(new):
+                self.tier_queue.add(TREE)
+            if self.fabric_check is None or _verification(old) == _verification(new):
+                return
             name = (new or old or {}).get("metadata", {}).get("name", "")
             node = self.nodes.get(name)
             if node is not None and node_fabric(node):
                 self.fabric_queue.add(node_fabric(node))
 
+        def on_tier_input(event: str, old: JSON | None, new: JSON | None) -> None:
+            # A Node came or went, its tier labels or cabling record were edited, a dump
+            # changed: the tree is computed again (a no-op where nothing differs).
+            if event == "SYNC" or old != new:
+                self.tier_queue.add(TREE, resync=event == "SYNC")
+
         if self.node_devices is not None:
             self.node_devices.on_event(on_node_devices)
+        if self.tier_nodes is not None and self.dumps is not None:
+            self.tier_nodes.on_event(on_tier_input)
+            self.dumps.on_event(on_tier_input)
         self.device_slices.on_event(on_devices)
         self.allocations.on_event(on_allocation)
         self.domains.on_event(on_domain)
@@ -560,6 +617,9 @@ class Controller:
         self._spawn("node-worker", self._worker, self.node_queue, self.reconcile_node, "node")
         if self.fabric_check is not None:
             self._spawn("fabric-start", self._fabric_workers)
+        if self.tier_labels is not None:
+            self.tier_queue.add(TREE)
+            self._spawn("tier-worker", self._worker, self.tier_queue, self.reconcile_tiers, "tiers")
 
     def _fabric_workers(self) -> None:
         assert self.fabric_check is not None
@@ -593,6 +653,7 @@ class Controller:
         self.domain_queue.close()
         self.node_queue.close()
         self.fabric_queue.close()
+        self.tier_queue.close()
         for informer in self._informers:
             informer.stop()
         if self.elector is not None:
@@ -619,7 +680,7 @@ class Controller:
             except Exception as e:
                 metrics.RECONCILE_ERRORS.labels(target).inc()
                 delay = queue.retry(key)
-                if isinstance(e, ApiError | NotSynced | NotRecorded):
+                if isinstance(e, ApiError | NotSynced | NotRecorded | InputUnreadable):
                     log.warning("reconcile %s %s: %s (retry in %.2fs)", target, key, e, delay)
                 else:
                     log.exception("reconcile %s %s failed (retry in %.2fs)", target, key, delay)
