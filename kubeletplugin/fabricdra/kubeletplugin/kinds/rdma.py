@@ -11,6 +11,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from fabricdra.api.inventory import Endpoint, Interface
+from fabricdra.api.scaleout import (
+    NET_ROLE_ATTRIBUTE,
+    RAIL_ATTRIBUTE,
+    RAIL_SWITCH_ATTRIBUTE,
+    SUBNET_ATTRIBUTE,
+)
 
 from .. import ncclenv
 from ..devices import (
@@ -23,6 +29,7 @@ from ..devices import (
     RdmaMode,
     endpoint_name,
 )
+from ..discovery.scaleout.annotate import rail_switch
 from ..kubelet import PrepareError
 from ..kubelet.cdi import ContainerEdits, DeviceNode
 from .base import (
@@ -88,6 +95,7 @@ class Rdma(DeviceKind):
             ("linkLayer", ep.linkLayer),
             ("linkVerdict", ep.link.verdict if ep.link else None),
             ("virtualFunction", is_vf),
+            *_scale_out_values(parent if parent is not None else ep),
         ]
 
     def taint_value(self, device: Device) -> str:
@@ -112,6 +120,20 @@ class Rdma(DeviceKind):
             raise PrepareError(f"device {device.name} names no RDMA endpoint")
         node = ctx.host.verbs_device(ep.rdmaDevice, ep.verbsDevice)
         return Served(device_nodes([node]), group=NCCL)
+
+
+def _scale_out_values(link: Endpoint) -> list[tuple[str, Value]]:
+    """Rail, switch, role and subnet (docs/scale-out.md): the physical port's, so a VF (which
+    shares its PF's port and cable) carries its parent's. Unknown or disputed: left out."""
+    record = link.scaleOut if isinstance(link, Interface) else None
+    if record is None:
+        return []
+    return [
+        (RAIL_ATTRIBUTE, record.rail),
+        (RAIL_SWITCH_ATTRIBUTE, rail_switch(record)),
+        (NET_ROLE_ATTRIBUTE, record.role),
+        (SUBNET_ATTRIBUTE, record.subnetPrefix),
+    ]
 
 
 def _rdma_devices(
