@@ -3,7 +3,8 @@
 https://github.com/torvalds/linux/blob/master/drivers/infiniband/core/sysfs.c):
 
     gids/0     `%pI6`: eight groups of four hex digits,
-               e.g. fe80:0000:0000:0000:0c42:a103:0012:3456; GID 0 is the subnet prefix (first 64 bits) and the port GUID (last 64 bits)
+               e.g. fe80:0000:0000:0000:0c42:a103:0012:3456; GID 0 is the subnet prefix
+               (first 64 bits) and the port GUID (last 64 bits)
     lid        `0x%x` (the port's LID; 0 until the subnet manager assigns one)
     sm_lid     `0x%x` (the LID of the subnet manager this port answers to)
     rate       `%d%s Gb/sec (%dX %s)`, e.g. `400 Gb/sec (4X NDR)`
