@@ -144,6 +144,7 @@ def _scale_out(
         disagreements,
     )
     measured_role: Role | None = "compute" if placement and placement.compute else None
+    role: Role | None
     role, role_source = _agreed(
         "role", measured_role, declared_nic.role if declared_nic else None, disagreements
     )
