@@ -31,7 +31,8 @@ T = TypeVar("T")
 
 # The reader of one NIC's measured neighbour: the neighbour, an error message, or None where
 # no source is configured for that link layer (nothing asked, nothing to report).
-NeighbourSource = Callable[[Interface], Neighbour | str | None]
+# It is given the RDMA device's port the netdev is (None: could not tell).
+NeighbourSource = Callable[[Interface, int | None], Neighbour | str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +114,7 @@ def _scale_out(
 
     measured: Neighbour | None = None
     if inputs.neighbours is not None:
-        reading = inputs.neighbours(iface)
+        reading = inputs.neighbours(iface, port)
         if isinstance(reading, str):
             errors.append(reading)
         else:
