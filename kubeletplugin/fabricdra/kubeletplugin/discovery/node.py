@@ -95,8 +95,10 @@ def discover(
         fabric_readable = False
 
     if "interfaces" not in failures and interfaces is not None:
-        # Rails are "the NIC beside GPU i": only said where every accelerator was read.
-        known = None if "accelerators" in failures or not complete else accelerators
+        # Rails are "the NIC beside GPU i": said against the accelerator record this pass
+        # publishes (the previous one where PCI enumeration failed, so a transient failure
+        # does not flap every rail), never against a scan that left functions unread.
+        known = accelerators if complete else None
         interfaces = annotate(tree, interfaces, known, scaleout or ScaleOutInputs())
 
     labels = compute_labels(

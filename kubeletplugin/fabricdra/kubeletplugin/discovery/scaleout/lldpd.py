@@ -46,11 +46,14 @@ def parse_neighbors(text: str) -> dict[str, Neighbour]:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
         raise LldpdError(f"lldpcli output is not JSON: {e}") from None
-    lldp = _first(doc, "lldp")
-    if lldp is None:
-        if isinstance(doc, dict) and "lldp" in doc:
-            return {}
+    top = doc.get("lldp") if isinstance(doc, dict) else None
+    if not isinstance(top, list):
         raise LldpdError("lldpcli output has no 'lldp' list (not -f json0?)")
+    if not top:
+        return {}  # lldpd runs and heard nobody
+    lldp = top[0]
+    if not isinstance(lldp, dict):
+        raise LldpdError("lldpcli output: 'lldp' holds no object (not -f json0?)")
     out: dict[str, Neighbour] = {}
     for iface in lldp.get("interface", []) or []:
         name = iface.get("name") if isinstance(iface, dict) else None
