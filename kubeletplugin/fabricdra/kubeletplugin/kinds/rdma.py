@@ -47,7 +47,8 @@ from .base import (
 class NcclGroup:
     """The claim's RDMA CDI device: rdma_cm where the host has it, and NCCL_IB_HCA widened to
     every HCA of the pod's claims of this driver (ncclenv), so no order of applying CDI
-    devices leaves a container with fewer HCAs than it was given."""
+    devices leaves a container with fewer HCAs than it was given; NCCL_CROSS_NIC=0 where every
+    NIC of the claim has a measured rail."""
 
     def device_name(self, claim_uid: str) -> str:
         return ncclenv.claim_device(claim_uid)
@@ -59,7 +60,13 @@ class NcclGroup:
         if ctx.host.has_char_device("/dev/infiniband/rdma_cm"):
             cm = (ctx.host.char_device("/dev/infiniband/rdma_cm"),)
         names = ncclenv.ordered([*own_hcas, *hcas])
-        return ContainerEdits(env=(ncclenv.env(names),), device_nodes=cm)
+        env: tuple[str, ...] = (ncclenv.env(names),)
+        if ctx.rail_aligned:
+            # Keep each ring/tree on one NIC index across nodes, never crossing rails
+            # (https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-cross-nic):
+            # only where every NIC of the claim has a measured rail (docs/scale-out.md).
+            env += (ncclenv.CROSS_NIC_OFF,)
+        return ContainerEdits(env=env, device_nodes=cm)
 
 
 NCCL = NcclGroup()
