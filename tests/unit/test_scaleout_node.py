@@ -489,3 +489,45 @@ def test_off_asks_nothing_and_reports_nothing(tmp_path: Path) -> None:
     assert so is not None
     assert so.neighbour is None
     assert so.error is None
+
+
+def test_roce_tor_node_every_nic_on_one_switch(tmp_path: Path) -> None:
+    """A RoCE ToR fabric (not rail-optimised cabling): every NIC reaches the same top-of-rack
+    switch. Rails are still the PCI pairing (NCCL's NIC index); railSwitch is equal on all."""
+    import json
+
+    root, gpus, netdevs = _roce_node(tmp_path)
+    tor = ("58:a2:e1:00:00:01", "tor-r12", "")
+    heard = lldpd.parse_neighbors(
+        json.dumps(
+            lldpcli_json0(
+                {nd: (tor[0], tor[1], f"Ethernet{i + 1}") for i, nd in enumerate(netdevs)}
+            )
+        )
+    )
+    inputs = ScaleOutInputs(
+        "roce-a", None, lambda iface, port: lldpd.reading_for(heard, iface.name)
+    )
+    attrs = _attributes(_discover(root, gpus, inputs))
+    assert {attrs[f"mlx5_{i}"]["railSwitch"] for i in range(8)} == {"58:a2:e1:00:00:01"}
+    assert [attrs[f"mlx5_{i}"]["rail"] for i in range(8)] == list(range(8))
+
+
+def test_topology_file_problems_are_reported_and_nothing_is_used(tmp_path: Path) -> None:
+    from fabricdra.kubeletplugin.scaleoutsources import inputs_for, read_topology
+
+    assert read_topology(None) == (None, None)
+    missing = tmp_path / "absent.yaml"
+    assert read_topology(missing) == (None, f"topology file {missing}: No such file or directory")
+    bad = tmp_path / "bad.conf"
+    bad.write_text("SwitchName=leaf1 Nodes=a\nSwitchName=leaf2 Nodes=a\n")
+    declared, problem = read_topology(bad)
+    assert declared is None
+    assert problem is not None
+    assert "under both 'leaf1' and 'leaf2'" in problem
+    good = tmp_path / "good.yaml"
+    good.write_text("nodes:\n  n:\n    nics:\n      mlx5_0: {rail: 0}\n")
+    inputs, problem = inputs_for("n", ScaleOutConfig(topology_file=good), None)
+    assert problem is None
+    assert inputs.declared is not None
+    assert inputs.declared.nic("n", ["mlx5_0"]) is not None
