@@ -176,7 +176,7 @@ def test_dgx_rails_switches_and_a_failed_smp_query(tmp_path: Path) -> None:
         n = int(ca.removeprefix("mlx5_"))
         if argv[-2] == "nodeinfo":
             return info.replace("0xfc6a1c0300a1b2c0", f"0xfc6a1c0300a1b2{n:02x}")
-        return smp.__doc__ and f"Node Description:........MF0;leaf-rail{n}-su1:MQM9700/U1\n"
+        return f"Node Description:........MF0;leaf-rail{n}-su1:MQM9700/U1\n"
 
     sources = NeighbourSources(ScaleOutConfig(lldp="off"), smp_runner=runner)
     d = _discover(b.root, hgx.gpus, ScaleOutInputs("dgx-a", None, sources))
