@@ -38,6 +38,11 @@ class Port:
     netdev: str | None = None
     rate: str | None = "400 Gb/sec (4X NDR)"  # None: no `rate` file
     counters: tuple[tuple[str, int], ...] | None = ZERO_COUNTERS  # None: no counters/ folder
+    # InfiniBand port identity, as drivers/infiniband/core/sysfs.c prints it: gids/0 in %pI6
+    # form, lid and sm_lid as 0x%x. None: no such file.
+    gid0: str | None = None
+    lid: int | None = None
+    sm_lid: int | None = None
 
 
 @dataclass(frozen=True)
@@ -322,6 +327,12 @@ class SysfsBuilder:
             self.write(f"{pb}/link_layer", port.link_layer)
             if port.rate is not None:
                 self.write(f"{pb}/rate", port.rate)
+            if port.gid0 is not None:
+                self.write(f"{pb}/gids/0", port.gid0)
+            if port.lid is not None:
+                self.write(f"{pb}/lid", f"0x{port.lid:x}")
+            if port.sm_lid is not None:
+                self.write(f"{pb}/sm_lid", f"0x{port.sm_lid:x}")
             for counter, value in port.counters or ():
                 self.write(f"{pb}/counters/{counter}", str(value))
             if port.netdev:

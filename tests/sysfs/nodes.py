@@ -125,13 +125,14 @@ def dgx_h100(
     missing_hcas: tuple[int, ...] = (),
     rates: dict[int, str] | None = None,
     counters: dict[int, tuple[tuple[str, int], ...]] | None = None,
+    ib_identity: bool = False,
 ) -> Hgx:
     """A DGX H100 as its user guide lays it out: 8 H100 SXM GPUs, each under a PCIe switch
     with one single-port ConnectX-7 compute HCA (InfiniBand NDR, IPoIB netdev), and two
     dual-port ConnectX-7 storage NICs (Ethernet) on root ports of their own. Every bridge shows
     Gen5 x16 link files. DMI says `product` / `board`. `missing_*`: slots whose device is gone
     (fell off the bus); `rates`: HCA index -> its port's rate; `counters`: HCA index -> its
-    port's error counters."""
+    port's error counters; `ib_identity`: the HCA ports show GID 0, LID and SM LID."""
     out = Hgx()
     for i, bus in enumerate(HGX_BUSES):
         socket = 0 if i < 4 else 1
@@ -159,6 +160,13 @@ def dgx_h100(
             netdev=netdev,
             rate=(rates or {}).get(i, NDR),
             counters=(counters or {}).get(i, ZERO_COUNTERS),
+            # `ib_identity`: the port's GID 0 (default subnet prefix fe80::, a ConnectX-7 GUID),
+            # its LID from the subnet manager at LID 1.
+            gid0=f"fe80:0000:0000:0000:0c42:a103:00{i:02x}:{0x4A00 + i:04x}"
+            if ib_identity
+            else None,
+            lid=0x100 + i if ib_identity else None,
+            sm_lid=1 if ib_identity else None,
         )
         b.rdma(pf, f"mlx5_{i}", [port])
         out.nics.append(nic)

@@ -686,3 +686,46 @@ def test_the_fabric_check_is_on_exactly_with_the_active_probes(chart: Chart) -> 
         args({"verification": {"fabricCheck": {"required": "sometimes"}}})
     with pytest.raises(Exception, match="concurrency"):
         args({"verification": {"fabricCheck": {"concurrency": 0}}})
+
+
+def test_scale_out_values_reach_the_agent(chart: Chart) -> None:
+    """Issue 27: the LLDP source follows the host network unless set (outside it the pod sees
+    none of the node's NICs), raw LLDP adds CAP_NET_RAW to the unprivileged container, and the
+    topology ConfigMap is mounted where --topology-file points."""
+
+    def agent(values: dict[str, Any]) -> dict[str, Any]:
+        ds = _one(chart.template(values), "DaemonSet", "fabricdra-node")
+        spec = ds["spec"]["template"]["spec"]
+        (container,) = [c for c in spec["containers"] if c["name"] == "devices"]
+        return {"container": container, "volumes": spec["volumes"]}
+
+    default = agent({})["container"]
+    assert "--lldp=off" in default["args"]
+    assert "--ib-neighbours=smpquery" in default["args"]
+    assert not any(a.startswith("--topology-file") for a in default["args"])
+
+    host = agent({"node": {"hostNetwork": True}, "gpus": {"enabled": False}})["container"]
+    assert "--lldp=raw" in host["args"]
+    assert host["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["NET_RAW"]}
+
+    got = agent(
+        {
+            "scaleOut": {
+                "lldp": "lldpd",
+                "ibNeighbours": "off",
+                "topologyConfigMap": "fabric-topology",
+                "topologyKey": "topology.conf",
+                "netRoles": [{"match": "mlx5_8", "role": "storage"}],
+            }
+        }
+    )
+    args = got["container"]["args"]
+    assert "--lldp=lldpd" in args
+    assert "--ib-neighbours=off" in args
+    assert "--topology-file=/etc/fabricdra/topology/topology.conf" in args
+    assert "--net-role=mlx5_8=storage" in args
+    assert {"name": "topology", "mountPath": "/etc/fabricdra/topology", "readOnly": True} in got[
+        "container"
+    ]["volumeMounts"]
+    (volume,) = [v for v in got["volumes"] if v["name"] == "topology"]
+    assert volume["configMap"] == {"name": "fabric-topology", "optional": True}

@@ -305,3 +305,64 @@ def test_node_name_slices_carry_amd_health(
     assert healthy["capacity"] == {"memory": {"value": f"{MI300X_VRAM_BYTES // 2**20}Mi"}}
     assert healthy.get("taints", []) == []
     assert [t["value"] for t in bad.get("taints", [])] == ["gpu-ecc"]
+
+
+# -- scale-out (issue 27) -------------------------------------------------------------------
+
+
+def test_sample_shows_rails_roles_and_neighbours(capsys: pytest.CaptureFixture[str]) -> None:
+    """The sample is rail-optimised: NIC i beside GPU i, cabled to rail leaf i (recorded
+    lldpd neighbours, a topology file that agrees); NIC 3's link is down, so lldpd heard
+    nobody there: an error, and the declared neighbour stands in."""
+    doc = run(capsys, "--sample")
+    nics = {i["rdmaDevice"]: i["scaleOut"] for i in doc["interfaces"] if i.get("scaleOut")}
+    assert sorted(nics) == [f"mlx5_{i}" for i in range(8)]
+    for i in range(8):
+        so = nics[f"mlx5_{i}"]
+        assert (so["rail"], so["railSource"], so["role"]) == (i, "measured", "compute")
+        assert so["disagreement"] is None
+    assert nics["mlx5_0"]["neighbour"]["name"] == "leaf-rail0-su1"
+    assert nics["mlx5_0"]["neighbour"]["via"] == "lldpd"
+    assert nics["mlx5_3"]["neighbour"]["source"] == "declared"
+    assert nics["mlx5_3"]["error"] == "lldpd heard no neighbour on enp93s0np0"
+
+
+def test_topology_file_and_role_flags(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    topology = tmp_path / "topology.yaml"
+    topology.write_text("nodes:\n  node-a:\n    nics:\n      mlx5_1: {rail: 5, switch: other}\n")
+    doc = run(
+        capsys,
+        "--sample",
+        "--topology-file",
+        str(topology),
+        "--net-role",
+        "mlx5_2=storage",
+    )
+    nics = {i["rdmaDevice"]: i["scaleOut"] for i in doc["interfaces"] if i.get("scaleOut")}
+    assert nics["mlx5_1"]["rail"] is None
+    assert nics["mlx5_1"]["disagreement"] == (
+        "switch: measured 0c:42:a1:5e:10:01 (leaf-rail1-su1), declared other; "
+        "rail: measured 1, declared 5"
+    )
+    assert (nics["mlx5_2"]["role"], nics["mlx5_2"]["roleSource"]) == ("storage", "selector")
+
+
+@pytest.mark.parametrize(
+    ("content", "flag", "named"),
+    [
+        ("nodes: [1, 2]\n", "--topology-file", "topology YAML: nodes"),
+        ("SwitchName=a Nodes=n[3-1]\n", "--topology-file", "runs backwards"),
+        ("{not json", "--lldpd-json", "not JSON"),
+    ],
+)
+def test_bad_scale_out_inputs_exit_2_naming_the_fault(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, content: str, flag: str, named: str
+) -> None:
+    path = tmp_path / "input"
+    path.write_text(content)
+    assert main(["inventory", "--sample", flag, str(path)]) == 2
+    err = capsys.readouterr().err
+    assert named in err
+    assert str(path) in err
+    assert main(["inventory", "--sample", "--net-role", "mlx5_0=spine"]) == 2
+    assert "role must be one of" in capsys.readouterr().err

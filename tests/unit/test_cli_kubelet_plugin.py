@@ -109,3 +109,30 @@ def test_dynamic_mig_is_off_unless_asked_for(monkeypatch: pytest.MonkeyPatch) ->
     assert _config("--dynamic-mig").devices.dynamic_mig is True  # type: ignore[attr-defined]
     monkeypatch.setenv("FABRICDRA_DYNAMIC_MIG", "true")
     assert _config().devices.dynamic_mig is True  # type: ignore[attr-defined]
+
+
+def test_scale_out_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from fabricdra.kubeletplugin.discovery.scaleout.annotate import RoleOverride
+    from fabricdra.kubeletplugin.scaleoutsources import ScaleOutConfig
+
+    for var in ("FABRICDRA_LLDP", "FABRICDRA_IB_NEIGHBOURS", "FABRICDRA_TOPOLOGY_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv("FABRICDRA_NET_ROLES", raising=False)
+    assert _config().scale_out == ScaleOutConfig()  # type: ignore[attr-defined]
+    got = _config(
+        "--lldp",
+        "lldpd",
+        "--ib-neighbours",
+        "off",
+        "--topology-file",
+        str(tmp_path / "t.conf"),
+        "--net-role",
+        "mlx5_8=storage",
+    ).scale_out  # type: ignore[attr-defined]
+    assert got == ScaleOutConfig(
+        "lldpd", "off", tmp_path / "t.conf", (RoleOverride("mlx5_8", "storage"),)
+    )
+    monkeypatch.setenv("FABRICDRA_NET_ROLES", "ens1f0=frontend")
+    assert _config().scale_out.roles == (RoleOverride("ens1f0", "frontend"),)  # type: ignore[attr-defined]
+    with pytest.raises(UsageError, match="role must be one of"):
+        _config("--net-role", "mlx5_0=leaf")

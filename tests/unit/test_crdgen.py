@@ -153,3 +153,24 @@ def test_checked_in_crds_match_a_fresh_generation(tmp_path: Path) -> None:
     assert crdgen.main(["--check", "--out", str(tmp_path)]) == 1
     assert crdgen.main(["--out", str(tmp_path)]) == 0
     assert crdgen.main(["--check", "--out", str(tmp_path)]) == 0
+
+
+class _Optional(BaseModel):
+    role: Literal["compute", "storage"] | None = None
+
+
+class _OptionalObj(BaseModel):
+    apiVersion: str = "x.io/v1"
+    kind: str = "Obj"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: _Optional
+
+
+def test_a_nullable_enum_is_a_pattern() -> None:
+    """The API server checks `enum` even on a null (listing null does not help): an unset
+    optional Literal was refused (a NodeDevices record with an unknown NIC role, issue 27;
+    tests/integration/test_scaleout_scheduling.py publishes one to a real API server)."""
+    crd = _gen(_OptionalObj)
+    (ver,) = crd["spec"]["versions"]
+    role = ver["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["role"]
+    assert role == {"type": "string", "nullable": True, "pattern": "^(compute|storage)$"}

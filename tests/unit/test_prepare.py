@@ -541,3 +541,35 @@ def test_a_template_claims_file_is_under_the_pods_claim_name(tmp_path: Path, hgx
 def test_no_metadata_unless_asked(gpu_node: Node) -> None:
     devices = gpu_node.prepare(gpu_node.claims.add("plain", [{"request": "gpu", "device": GPU0}]))
     assert mounts(gpu_node, kubelet_ids(devices)) == {}
+
+
+# -- NCCL_CROSS_NIC (issue 27 point 6) ---------------------------------------------------------
+
+
+def test_nics_with_measured_rails_keep_nccl_on_its_rails(gpu_node: Node, hgx: Host) -> None:
+    """The HGX node is rail-optimised (NIC i beside GPU i): a claim of two of its NICs gets
+    NCCL_CROSS_NIC=0 beside NCCL_IB_HCA; a NIC-only node has no rails, so its claims do not
+    (tests/unit/test_scaleout_node.py proves where the rails come from)."""
+    by_rdma = {
+        d.endpoint.rdmaDevice: d.name
+        for d in gpu_node.inventory
+        if d.type == "rdma" and d.endpoint is not None and d.endpoint.rdmaDevice
+    }
+    claim = gpu_node.claims.add(
+        "railed",
+        [
+            {"request": "nic-a", "device": by_rdma["mlx5_0"]},
+            {"request": "nic-b", "device": by_rdma["mlx5_1"]},
+        ],
+    )
+    ids = kubelet_ids(gpu_node.prepare(claim))
+    assert gpu_node.cdi().env_values(ids, "NCCL_CROSS_NIC") == {"0"}
+    assert gpu_node.cdi().env_values(ids, "NCCL_IB_HCA") == {"=mlx5_0,mlx5_1"}
+
+
+def test_nics_without_rails_leave_nccl_cross_nic_alone(nic_node: Node, dgx_nics: RdmaHost) -> None:
+    claim = nic_node.claims.add(
+        "unrailed", [{"request": "nic", "device": dgx_nics.device("mlx5_2")}]
+    )
+    ids = kubelet_ids(nic_node.prepare(claim))
+    assert nic_node.cdi().env_values(ids, "NCCL_CROSS_NIC") == set()

@@ -9,7 +9,8 @@ declares them) become the standard ones; every other field (`spec`, `status`, ..
 into a *structural* OpenAPI v3 schema, the only kind `apiextensions.k8s.io/v1` accepts:
 
 * every `$ref` is inlined (a recursive model is refused: a structural schema cannot recurse);
-* `X | None` becomes X with `nullable: true`; `Literal[...]` becomes an `enum` with its type;
+* `X | None` becomes X with `nullable: true`; `Literal[...]` becomes an `enum` with its type
+  (nullable: a `pattern` of its values, as the API server refuses a null an enum does not allow);
 * `dict[str, X]` becomes `additionalProperties: X`, `dict[str, Any]` an object that keeps
   unknown fields (`x-kubernetes-preserve-unknown-fields`);
 * keywords Kubernetes does not accept or that would change stored objects are dropped:
@@ -35,6 +36,7 @@ import argparse
 import copy
 import importlib
 import pkgutil
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -145,6 +147,13 @@ def _structural(
             chosen = _structural({**options[0], **rest}, defs, path, seen)
             if nullable:
                 chosen["nullable"] = True
+                if "enum" in chosen:
+                    # The API server checks `enum` even on a null (listing null does not
+                    # help: "Unsupported value: null"), so a nullable Literal left unset was
+                    # refused. A pattern checks strings only: the same values, null allowed.
+                    values = chosen.pop("enum")
+                    if chosen.get("type") == "string":
+                        chosen["pattern"] = "^(" + "|".join(re.escape(v) for v in values) + ")$"
             return chosen
     if "allOf" in node and len(node["allOf"]) == 1:
         rest = {k: v for k, v in node.items() if k != "allOf"}

@@ -14,9 +14,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
 from fabricdra.api.labels import PREFIX
 
 # Per-device attributes (resource.k8s.io/v1 ResourceSlice, RDMA devices).
@@ -173,24 +170,47 @@ def _put(into: dict[str, str], key: str, value: str, where: str) -> None:
 # --- The per-node / per-NIC YAML form --------------------------------------------------------
 
 
-class _Nic(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    rail: int | None = Field(default=None, ge=0)
-    switch: str | None = None
-    port: str | None = None
-    role: Role | None = None
+# Checked by hand, not with pydantic: the node agent and `fabricdra inventory` read this file
+# on their start-up path, which imports no pydantic (tests/unit/test_inventory_startup.py).
+_NIC_KEYS = {"rail", "switch", "port", "role"}
+_NODE_KEYS = {"switch", "nics"}
+_FILE_KEYS = {"switches", "nodes"}
 
 
-class _Node(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    switch: str | None = None
-    nics: dict[str, _Nic] = Field(default_factory=dict)
+def _mapping(value: object, where: str, keys: set[str] | None = None) -> dict[str, object]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise TopologyFileError(f"topology YAML: {where}: expected a mapping with string keys")
+    if keys is not None and (extra := sorted(set(value) - keys)):
+        raise TopologyFileError(f"topology YAML: {where}.{extra[0]}: unknown key")
+    return value
 
 
-class _File(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    switches: dict[str, str] = Field(default_factory=dict)  # switch -> its parent switch
-    nodes: dict[str, _Node] = Field(default_factory=dict)
+def _text(value: object, where: str) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise TopologyFileError(f"topology YAML: {where}: expected a string")
+    return str(value)
+
+
+def _nic(node: str, name: str, value: object, where: str) -> DeclaredNic:
+    fields = _mapping(value, where, _NIC_KEYS)
+    rail = fields.get("rail")
+    if rail is not None and (isinstance(rail, bool) or not isinstance(rail, int) or rail < 0):
+        raise TopologyFileError(f"topology YAML: {where}.rail: expected an integer 0 or more")
+    role = fields.get("role")
+    if role is not None and role not in ROLES:
+        raise TopologyFileError(f"topology YAML: {where}.role: expected one of {', '.join(ROLES)}")
+    return DeclaredNic(
+        node,
+        name,
+        rail,
+        _text(fields.get("switch"), f"{where}.switch"),
+        _text(fields.get("port"), f"{where}.port"),
+        role,  # checked against ROLES above
+    )
 
 
 def parse_yaml(text: str) -> DeclaredTopology:
@@ -203,22 +223,28 @@ def parse_yaml(text: str) -> DeclaredTopology:
         nics:
           mlx5_0: {rail: 0, switch: leaf-rail0, port: "17", role: compute}
     """
+    import yaml  # only this form needs it
+
     try:
-        loaded = yaml.safe_load(text) or {}
-        model = _File.model_validate(loaded)
+        loaded = yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise TopologyFileError(f"topology YAML does not parse: {err}") from err
-    except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise TopologyFileError(f"topology YAML: {where}: {first['msg']}") from err
-    nics = {
-        (node, name): DeclaredNic(node, name, nic.rail, nic.switch, nic.port, nic.role)
-        for node, entry in model.nodes.items()
-        for name, nic in entry.nics.items()
+    top = _mapping(loaded, "(top)", _FILE_KEYS)
+    parents = {
+        child: str(_text(parent, f"switches.{child}"))
+        for child, parent in _mapping(top.get("switches"), "switches").items()
+        if parent is not None
     }
-    node_switch = {node: entry.switch for node, entry in model.nodes.items() if entry.switch}
-    return DeclaredTopology(parents=dict(model.switches), node_switch=node_switch, nics=nics)
+    node_switch: dict[str, str] = {}
+    nics: dict[tuple[str, str], DeclaredNic] = {}
+    for node, entry in _mapping(top.get("nodes"), "nodes").items():
+        fields = _mapping(entry, f"nodes.{node}", _NODE_KEYS)
+        switch = _text(fields.get("switch"), f"nodes.{node}.switch")
+        if switch:
+            node_switch[node] = switch
+        for name, nic in _mapping(fields.get("nics"), f"nodes.{node}.nics").items():
+            nics[(node, name)] = _nic(node, name, nic, f"nodes.{node}.nics.{name}")
+    return DeclaredTopology(parents=parents, node_switch=node_switch, nics=nics)
 
 
 def parse_topology_file(text: str) -> DeclaredTopology:

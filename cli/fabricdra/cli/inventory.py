@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from fabricdra.api.inventory import Interface, Neighbour
+from fabricdra.api.scaleout import TopologyFileError, parse_topology_file
 from fabricdra.kubeletplugin.discovery.node import Discovery, NvmlSource, discover
 from fabricdra.kubeletplugin.discovery.nvml import (
     SnapshotError,
@@ -16,9 +19,19 @@ from fabricdra.kubeletplugin.discovery.nvml import (
     read_live,
     record_xid_events,
 )
+from fabricdra.kubeletplugin.discovery.scaleout import lldpd
+from fabricdra.kubeletplugin.discovery.scaleout.annotate import (
+    ScaleOutInputs,
+    parse_role_override,
+)
 from fabricdra.kubeletplugin.discovery.sysfs import RootError, SysfsTree
 from fabricdra.kubeletplugin.report import PreviousError, inventory_document, load_previous
-from fabricdra.kubeletplugin.samples import sample_node
+from fabricdra.kubeletplugin.samples import (
+    SAMPLE_LLDPD,
+    SAMPLE_NODE,
+    SAMPLE_TOPOLOGY,
+    sample_node,
+)
 
 from . import logs
 from .common import UsageError, print_json
@@ -61,6 +74,26 @@ def add_inventory(sub: Any) -> None:
         action="store_true",
         help="report the bundled sample node (8 GPUs, RDMA NICs) instead of this machine",
     )
+    p.add_argument(
+        "--topology-file",
+        metavar="PATH",
+        help="the declared scale-out topology (Slurm topology.conf tree form or the YAML of "
+        "docs/scale-out.md); the node is --node-name, else this host's name",
+    )
+    p.add_argument(
+        "--lldpd-json",
+        metavar="FILE",
+        help="a recorded `lldpcli -f json0 show neighbors` as the RoCE NICs' measured LLDP "
+        "neighbours (inventory reads no live neighbour source: it does not wait for LLDPDUs)",
+    )
+    p.add_argument(
+        "--net-role",
+        action="append",
+        default=[],
+        metavar="MATCH=ROLE",
+        help="one NIC's netRole (PCI address, netdev or RDMA device = compute|storage|frontend); "
+        "repeatable",
+    )
     p.set_defaults(run=run_inventory)
 
 
@@ -95,10 +128,19 @@ def run_inventory(args: argparse.Namespace) -> int:
                 readings = load_snapshot(snapshot)
                 nvml_source = lambda: readings  # noqa: E731
             previous = load_previous(args.previous) if args.previous else None
+
+            node = args.node_name or (SAMPLE_NODE if args.sample else socket.gethostname())
+            topology = args.topology_file or (
+                str(Path(root).parent / SAMPLE_TOPOLOGY) if args.sample else None
+            )
+            lldp_json = args.lldpd_json or (
+                str(Path(root).parent / SAMPLE_LLDPD) if args.sample else None
+            )
+            scaleout = _scale_out_inputs(node, topology, lldp_json, args.net_role)
         except (RootError, SnapshotError, PreviousError) as e:
             raise UsageError(str(e)) from e
 
-        result = discover(tree, nvml_source=nvml_source, previous=previous)
+        result = discover(tree, nvml_source=nvml_source, previous=previous, scaleout=scaleout)
         for part, message in result.failures.items():
             log.error("enumeration failed; keeping the previous record", part=part, error=message)
         if result.nvml is not None and not result.nvml.available:
@@ -110,6 +152,38 @@ def run_inventory(args: argparse.Namespace) -> int:
             doc["resourceSlices"] = _resource_slices(result, args.node_name, snapshot)
         print_json(doc)
     return 0
+
+
+def _scale_out_inputs(
+    node: str, topology: str | None, lldp_json: str | None, roles: list[str]
+) -> ScaleOutInputs:
+    try:
+        overrides = tuple(parse_role_override(r) for r in roles)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    declared = None
+    if topology is not None:
+        try:
+            declared = parse_topology_file(Path(topology).read_text())
+        except OSError as e:
+            raise UsageError(f"cannot read {topology}: {e.strerror or e}") from None
+        except TopologyFileError as e:
+            raise UsageError(f"{topology}: {e}") from None
+    source = None
+    if lldp_json is not None:
+        try:
+            heard = lldpd.parse_neighbors(Path(lldp_json).read_text())
+        except OSError as e:
+            raise UsageError(f"cannot read {lldp_json}: {e.strerror or e}") from None
+        except lldpd.LldpdError as e:
+            raise UsageError(f"{lldp_json}: {e}") from None
+
+        def source(iface: Interface, port: int | None) -> Neighbour | str | None:
+            if (iface.linkLayer or "").lower() != "ethernet":
+                return None
+            return lldpd.reading_for(heard, iface.name)
+
+    return ScaleOutInputs(node, declared, source, overrides)
 
 
 def _resource_slices(

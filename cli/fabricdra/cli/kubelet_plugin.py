@@ -91,6 +91,37 @@ def register(sub: Any) -> None:
         "[FABRICDRA_DEVICE_PLUGIN_RESOURCES, comma-separated]",
     )
     a(
+        "--lldp",
+        default=env_choice("LLDP", "raw", ["raw", "lldpd", "off"]),
+        choices=["raw", "lldpd", "off"],
+        help="where a RoCE NIC's LLDP neighbour is read: raw (default: LLDPDUs from a raw socket "
+        "on the netdev; needs CAP_NET_RAW and the host network), lldpd (the host's lldpd, via "
+        "lldpcli), off [FABRICDRA_LLDP]",
+    )
+    a(
+        "--ib-neighbours",
+        default=env_choice("IB_NEIGHBOURS", "smpquery", ["smpquery", "off"]),
+        choices=["smpquery", "off"],
+        help="how an InfiniBand port's neighbour switch is read: smpquery (default: a "
+        "directed-route SMP query of the peer, infiniband-diags) or off [FABRICDRA_IB_NEIGHBOURS]",
+    )
+    a(
+        "--topology-file",
+        metavar="PATH",
+        default=_env("TOPOLOGY_FILE", "") or "",
+        help="the operator's declared scale-out topology (Slurm topology.conf tree form, or the "
+        "per-node/per-NIC YAML of docs/scale-out.md) [FABRICDRA_TOPOLOGY_FILE]",
+    )
+    a(
+        "--net-role",
+        action="append",
+        metavar="MATCH=ROLE",
+        default=[o for o in (_env("NET_ROLES", "") or "").split(",") if o],
+        help="one NIC's netRole, beating measured and declared: MATCH a PCI address, netdev or "
+        "RDMA device name, ROLE compute|storage|frontend; repeatable [FABRICDRA_NET_ROLES, "
+        "comma-separated]",
+    )
+    a(
         "--rdma-vfs",
         default=env_choice("RDMA_VFS", "true", ["true", "false"]),
         choices=["true", "false"],
@@ -284,6 +315,8 @@ def build_config(args: argparse.Namespace) -> Any:
     from fabricdra.kubeletplugin.agent import AgentConfig
     from fabricdra.kubeletplugin.coexistence import BUILTIN_RULES, parse_rule
     from fabricdra.kubeletplugin.devices import DeviceConfig, parse_override
+    from fabricdra.kubeletplugin.discovery.scaleout.annotate import parse_role_override
+    from fabricdra.kubeletplugin.scaleoutsources import ScaleOutConfig
     from fabricdra.kubeletplugin.verification import Tools
 
     if not args.node_name:
@@ -315,7 +348,18 @@ def build_config(args: argparse.Namespace) -> Any:
     except ValueError as e:
         raise UsageError(str(e)) from None
     expect = expected_profile(args.verify_expect, args.verify_expect_json)
+    try:
+        roles = tuple(parse_role_override(o) for o in args.net_role)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    scale_out = ScaleOutConfig(
+        lldp=args.lldp,
+        ib=args.ib_neighbours,
+        topology_file=Path(args.topology_file) if args.topology_file else None,
+        roles=roles,
+    )
     return AgentConfig(
+        scale_out=scale_out,
         node_name=args.node_name,
         sysfs_root=Path(args.sysfs_root),
         nvml_snapshot=Path(args.nvml_snapshot) if args.nvml_snapshot else None,

@@ -99,6 +99,7 @@ from .discovery.nvml import (
     load_snapshot,
     read_live,
 )
+from .discovery.scaleout.annotate import ScaleOutInputs
 from .discovery.sysfs import SysfsTree
 from .dynamicmig import DynamicMig, MigNvml
 from .health import DcgmState, gpu_health, keep_unhealthy, nvidia_bound
@@ -111,6 +112,7 @@ from .mignvml import LiveMigNvml
 from .networkstatus import NetworkStatus
 from .nvidiacdi import DEFAULT_SPEC_DIRS, ToolkitSpecs
 from .prepare import CDI_KIND, DRIVER_NAME, ApiClaimReader, DevicesDriver
+from .scaleoutsources import NeighbourSources, ScaleOutConfig, inputs_for
 from .seengpus import SeenGpus
 from .verification import GateInput, Tools, VerificationRun, fingerprint
 from .verification import metrics as verification_metrics
@@ -175,6 +177,8 @@ class AgentConfig:
     # Device plugin resources whose advertisement on the Node withholds a group of devices
     # (coexistence.py; the built-in table plus `--device-plugin-resource`).
     device_plugin_rules: tuple[Rule, ...] = BUILTIN_RULES
+    # Scale-out discovery (docs/scale-out.md): neighbour sources, topology file, role selectors.
+    scale_out: ScaleOutConfig = field(default_factory=ScaleOutConfig)
 
     @property
     def checkpoint_path(self) -> Path:
@@ -235,6 +239,8 @@ class Agent:
                 evict_on_fatal=config.evict_on_fatal,
             )
         self.publisher = publisher
+        self.neighbours = NeighbourSources(config.scale_out)
+        self._topology_problem: str | None = None
         self.health = HealthBroadcaster(resend_seconds=config.health_resend_seconds)
         self.dcgm_state = DcgmState()
         self._gpu_health: dict[str, GpuHealth] = {}
@@ -352,7 +358,9 @@ class Agent:
         # still, and devices come and go (hot plug, VFs reconfigured, renamed netdevs).
         tree = SysfsTree(self.config.sysfs_root)
         try:
-            discovery = discover(tree, self.nvml_source, self.previous)
+            discovery = discover(
+                tree, self.nvml_source, self.previous, scaleout=self._scale_out_inputs()
+            )
             inventory = self._take(discovery, start, tree)
             if not self.config.verification_gate:
                 self._publish(discovery, inventory, None)
@@ -380,6 +388,15 @@ class Agent:
         finally:
             tree.close()
         return inventory
+
+    def _scale_out_inputs(self) -> ScaleOutInputs:
+        self.neighbours.begin_pass()
+        inputs, problem = inputs_for(self.config.node_name, self.config.scale_out, self.neighbours)
+        if problem != self._topology_problem:  # logged once per change, not every pass
+            if problem is not None:
+                log.error("topology file not used; no declared scale-out facts", error=problem)
+            self._topology_problem = problem
+        return inputs
 
     def _take(self, discovery: Discovery, start: float, tree: SysfsTree) -> DeviceInventory:
         """Swap in this pass's inventory and tell kubelet about device health."""
@@ -690,6 +707,7 @@ class Agent:
         try:
             self._serve(stop)
         finally:
+            self.neighbours.close()
             ended.set()
             if binder is not None:
                 binder.join()

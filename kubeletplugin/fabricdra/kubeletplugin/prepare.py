@@ -516,7 +516,14 @@ class DevicesDriver:
         prepared: list[PreparedDevice] = []
         own_hcas: list[str] = []
         used: list[ClaimGroup] = []
-        ctx = PrepareContext(claim.uid, self.host, self.toolkit, self.dynamic_mig, self.devices)
+        ctx = PrepareContext(
+            claim.uid,
+            self.host,
+            self.toolkit,
+            self.dynamic_mig,
+            self.devices,
+            rail_aligned=rail_aligned([g.device for g in grants]),
+        )
         for g in grants:
             dev = g.device
             kind = kinds.kind_of(dev)
@@ -589,3 +596,16 @@ def _current(path: Path) -> Any:
         return json.loads(path.read_bytes())
     except (OSError, ValueError):
         return None
+
+
+def rail_aligned(devices: Sequence[Device]) -> bool:
+    """At least one NCCL NIC granted, and every one with a measured rail (a VF: its PF's)."""
+    nics = [d for d in devices if kinds.kind_of(d).nccl_hca(d)]
+    if not nics:
+        return False
+    for d in nics:
+        link = d.interface if d.interface is not None else d.endpoint
+        record = getattr(link, "scaleOut", None)
+        if record is None or record.rail is None or record.railSource != "measured":
+            return False
+    return True

@@ -21,6 +21,7 @@ from .backends import NvmlSource as NvmlSource  # callers name it here
 from .labels import NodeLabels, compute_labels
 from .nvml import NvmlReadings
 from .rdma import merge_first_seen, read_rdma_index
+from .scaleout.annotate import ScaleOutInputs, annotate
 from .sysfs import SysfsTree
 
 
@@ -62,6 +63,7 @@ def discover(
     previous: Previous | None = None,
     now: datetime | None = None,
     classes: DeviceClassTable | None = None,
+    scaleout: ScaleOutInputs | None = None,
 ) -> Discovery:
     now = now or datetime.now(UTC).replace(microsecond=0)
     previous = previous or Previous()
@@ -91,6 +93,13 @@ def discover(
         failures["accelerators"] = f"cannot enumerate PCI devices: {e}"
         accelerators = previous.accelerators
         fabric_readable = False
+
+    if "interfaces" not in failures and interfaces is not None:
+        # Rails are "the NIC beside GPU i": said against the accelerator record this pass
+        # publishes (the previous one where PCI enumeration failed, so a transient failure
+        # does not flap every rail), never against a scan that left functions unread.
+        known = accelerators if complete else None
+        interfaces = annotate(tree, interfaces, known, scaleout or ScaleOutInputs())
 
     labels = compute_labels(
         None if "interfaces" in failures else interfaces,

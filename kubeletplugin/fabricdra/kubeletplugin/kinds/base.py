@@ -66,6 +66,9 @@ class PrepareContext:
     toolkit: ToolkitSpecs
     dynamic_mig: DynamicMig | None = None
     config: DeviceConfig | None = None  # the node's offer settings (None: the defaults)
+    # Every NIC the claim was granted has a measured rail (docs/scale-out.md): NCCL may then
+    # be told to keep each ring on one rail (NCCL_CROSS_NIC=0).
+    rail_aligned: bool = False
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from fabricdra.api.inventory import Endpoint, Interface
+from fabricdra.api.scaleout import (
+    NET_ROLE_ATTRIBUTE,
+    RAIL_ATTRIBUTE,
+    RAIL_SWITCH_ATTRIBUTE,
+    SUBNET_ATTRIBUTE,
+)
 
 from .. import ncclenv
 from ..devices import (
@@ -23,6 +29,7 @@ from ..devices import (
     RdmaMode,
     endpoint_name,
 )
+from ..discovery.scaleout.annotate import rail_switch
 from ..kubelet import PrepareError
 from ..kubelet.cdi import ContainerEdits, DeviceNode
 from .base import (
@@ -40,7 +47,8 @@ from .base import (
 class NcclGroup:
     """The claim's RDMA CDI device: rdma_cm where the host has it, and NCCL_IB_HCA widened to
     every HCA of the pod's claims of this driver (ncclenv), so no order of applying CDI
-    devices leaves a container with fewer HCAs than it was given."""
+    devices leaves a container with fewer HCAs than it was given; NCCL_CROSS_NIC=0 where every
+    NIC of the claim has a measured rail."""
 
     def device_name(self, claim_uid: str) -> str:
         return ncclenv.claim_device(claim_uid)
@@ -52,7 +60,13 @@ class NcclGroup:
         if ctx.host.has_char_device("/dev/infiniband/rdma_cm"):
             cm = (ctx.host.char_device("/dev/infiniband/rdma_cm"),)
         names = ncclenv.ordered([*own_hcas, *hcas])
-        return ContainerEdits(env=(ncclenv.env(names),), device_nodes=cm)
+        env: tuple[str, ...] = (ncclenv.env(names),)
+        if ctx.rail_aligned:
+            # Keep each ring/tree on one NIC index across nodes, never crossing rails
+            # (https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-cross-nic):
+            # only where every NIC of the claim has a measured rail (docs/scale-out.md).
+            env += (ncclenv.CROSS_NIC_OFF,)
+        return ContainerEdits(env=env, device_nodes=cm)
 
 
 NCCL = NcclGroup()
@@ -88,6 +102,7 @@ class Rdma(DeviceKind):
             ("linkLayer", ep.linkLayer),
             ("linkVerdict", ep.link.verdict if ep.link else None),
             ("virtualFunction", is_vf),
+            *_scale_out_values(parent if parent is not None else ep),
         ]
 
     def taint_value(self, device: Device) -> str:
@@ -112,6 +127,20 @@ class Rdma(DeviceKind):
             raise PrepareError(f"device {device.name} names no RDMA endpoint")
         node = ctx.host.verbs_device(ep.rdmaDevice, ep.verbsDevice)
         return Served(device_nodes([node]), group=NCCL)
+
+
+def _scale_out_values(link: Endpoint) -> list[tuple[str, Value]]:
+    """Rail, switch, role and subnet (docs/scale-out.md): the physical port's, so a VF (which
+    shares its PF's port and cable) carries its parent's. Unknown or disputed: left out."""
+    record = link.scaleOut if isinstance(link, Interface) else None
+    if record is None:
+        return []
+    return [
+        (RAIL_ATTRIBUTE, record.rail),
+        (RAIL_SWITCH_ATTRIBUTE, rail_switch(record)),
+        (NET_ROLE_ATTRIBUTE, record.role),
+        (SUBNET_ATTRIBUTE, record.subnetPrefix),
+    ]
 
 
 def _rdma_devices(
