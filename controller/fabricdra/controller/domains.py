@@ -25,7 +25,7 @@ from fabricdra.kube.rest import (
     Kind,
 )
 
-from . import capacity, channels, metrics, objects, records, status
+from . import capacity, channels, metrics, objects, records, status, workloads
 from .claims import (
     channel_of,
     claim_nodes,
@@ -83,6 +83,10 @@ class DomainReconciler:
             assert channel is not None
             # A gang is placed before its workload template exists, so every claim made from
             # the template is pinned to the gang's fabric domain (placement.py).
+            grouped = self._record_group(domain, key)
+            if grouped is None:
+                return  # not recorded: placement may not count on it yet
+            domain = grouped
             placed = d.placement.place(domain, key)
             recorded = self._record(domain, key, channel, placed.fabric)
             if recorded is None:
@@ -217,9 +221,7 @@ class DomainReconciler:
             return False
         placement, held = self.d.placement, self.d.ownership.nodes_of(domain.uid)
         ready = next((c for c in domain.status.conditions if c.type == cd.READY), None)
-        if len(held) >= (domain.spec.numNodes or 1) or (
-            ready is not None and ready.status == "True"
-        ):
+        if len(held) >= (domain.num_nodes or 1) or (ready is not None and ready.status == "True"):
             # It ran. Remembered: its pods complete one by one, and Ready drops on the first.
             placement.ran(domain.uid)
         if held or self._has_allocated_claims(domain):
@@ -282,6 +284,46 @@ class DomainReconciler:
             log.info("status of %s changed meanwhile; recording its decisions again", key)
             self.d.requeue_after(key, 0.1)
             return None
+        return ComputeDomain.model_validate(out)
+
+    def _record_group(self, domain: ComputeDomain, key: str) -> ComputeDomain | None:
+        """A domain without numNodes whose pods belong to a gang PodGroup (workloads.py): the
+        group's size and topology constraint are written into `status.podGroup` before the
+        gang is placed by them (every reader of the gang size, nodes.py's admission too, reads
+        the domain's status). A recorded group is not replaced while the domain holds nodes
+        (its running gang was admitted by it). Returns the domain as recorded, or None when
+        the write met a conflict (the key is retried)."""
+        d = self.d
+        if d.pods is None or d.podgroups is None or domain.spec.numNodes is not None:
+            return domain
+        template = domain.spec.channel.resourceClaimTemplate.name
+        pods = d.pods.by_index(workloads.BY_TEMPLATE, f"{domain.namespace}/{template}")
+        group, why = workloads.group_of(domain.namespace, template, pods, d.podgroups.get)
+        if why:
+            log.info("ComputeDomain %s: no gang size from the Workload API: %s", key, why)
+        current = domain.status.podGroup
+        if group is None or (current is not None and current.model_dump() == group.status()):
+            return domain
+        if current is not None and d.ownership.nodes_of(domain.uid):
+            return domain
+        patch = {
+            "metadata": {"resourceVersion": domain.metadata["resourceVersion"]},
+            "status": {"podGroup": group.status()},
+        }
+        try:
+            out = d.rest.patch(COMPUTE_DOMAINS, domain.name, patch, domain.namespace, sub="status")
+        except ApiError as e:
+            if not e.conflict:
+                raise
+            d.requeue_after(key, 0.1)
+            return None
+        log.info(
+            "ComputeDomain %s takes its gang size %d from PodGroup %s%s",
+            key,
+            group.min_count,
+            group.name,
+            f" (topology constraint {group.topology_key})" if group.topology_key else "",
+        )
         return ComputeDomain.model_validate(out)
 
     def _ensure_objects(
@@ -456,7 +498,7 @@ class DomainReconciler:
         from the nodes carrying a fabricdra.io/fabric.domain label."""
         sizes = Counter(self.d.nodes.index_values(BY_FABRIC))
         return status.too_large(
-            domain.spec.numNodes,
+            domain.num_nodes,
             sizes,
             pinned=self.d.ownership.pin_of(domain.uid) or domain.status.fabricDomain,
             multi_clique=domain.spec.allowMultipleCliques,

@@ -38,6 +38,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fabricdra.api.computedomain import gang_size
+
 from . import capacity
 from .capacity import DRIVER, UNHEALTHY_TAINT, UNVERIFIED_TAINT, Device, allocate, devices
 
@@ -120,7 +122,7 @@ def _held_nodes(
     held: set[str] = set()
     views = []
     for cd in compute_domains:
-        meta, spec, status = cd.get("metadata") or {}, cd.get("spec") or {}, cd.get("status") or {}
+        meta, status = cd.get("metadata") or {}, cd.get("status") or {}
         nodes = sorted(n.get("name", "") for n in status.get("nodes") or [] if n.get("name"))
         held.update(nodes)
         ready = next(
@@ -132,7 +134,7 @@ def _held_nodes(
                 "namespace": meta.get("namespace", ""),
                 "name": meta.get("name", ""),
                 "fabricDomain": status.get("fabricDomain") or "",
-                "numNodes": spec.get("numNodes"),
+                "numNodes": gang_size(cd),
                 "ready": ready,
                 "nodes": nodes,
             }

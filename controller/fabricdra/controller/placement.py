@@ -38,12 +38,13 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from fabricdra.api.computedomain import FREE_OWNER, ComputeDomain
+from fabricdra.api.computedomain import FREE_OWNER, ComputeDomain, gang_size
 
 from . import capacity, records
 from .capacity import FINISHED, finished
 from .indexes import BY_DOMAIN, BY_FABRIC, BY_NODE
 from .objects import pinned_fabric
+from .workloads import narrow_to_topology
 
 __all__ = ["FINISHED", "Gang", "Placed", "Placement", "best_fit", "finished", "free_nodes"]
 
@@ -101,7 +102,7 @@ class Placed:
 def is_gang(domain: ComputeDomain) -> bool:
     """A gang placed in one fabric domain: `numNodes` > 1, and not a domain that may span
     several cliques (that one is never steered to a fabric domain)."""
-    return (domain.spec.numNodes or 1) > 1 and not domain.spec.allowMultipleCliques
+    return (domain.num_nodes or 1) > 1 and not domain.spec.allowMultipleCliques
 
 
 class GpuRoom(Mapping[str, int]):
@@ -204,10 +205,20 @@ class Placement:
             keep=set(d.ownership.nodes_of(for_uid)),
         )
         owners = {n: d.ownership.owner(n) for nodes in fabrics.values() for n in nodes}
+        key = self._topology_key(for_uid)
+        if key:  # the PodGroup's topology constraint (workloads.py)
+            fabrics = narrow_to_topology(
+                fabrics,
+                key,
+                lambda n: str(
+                    ((d.nodes.get(n) or {}).get("metadata") or {}).get("labels", {}).get(key, "")
+                ),
+                lambda n: owners.get(n, FREE_OWNER) in (FREE_OWNER, for_uid),
+            )
         gangs = []
         for obj in d.domains.items():
             meta = obj["metadata"]
-            want = int((obj.get("spec") or {}).get("numNodes") or 1)
+            want = gang_size(obj) or 1
             if meta.get("deletionTimestamp") or want <= 1 or meta["uid"] == for_uid:
                 continue
             if finished(obj):  # its pods are done: it expects no node any more
@@ -216,6 +227,14 @@ class Placement:
             if placed:
                 gangs.append(Gang(meta["uid"], want, placed))
         return fabrics, owners, gangs
+
+    def _topology_key(self, uid: str) -> str:
+        """The node label the gang must stay within one value of: its PodGroup's topology
+        constraint (KEP-5732), recorded in its status; "" without one."""
+        key = self.d.ownership.key_of(uid)
+        obj = self.d.domains.get(key) if key else None
+        group = ((obj or {}).get("status") or {}).get("podGroup") or {}
+        return str(group.get("topologyKey") or "")
 
     def _held_back(self, for_uid: str) -> str:
         """Why the multi-node NVLink check keeps nodes from the gang (capacity
@@ -251,7 +270,7 @@ class Placement:
         """The gang's fabric domain, placing it now (best fit) if it has none yet."""
         if not is_gang(domain):
             return Placed(None)
-        want = domain.spec.numNodes or 1
+        want = domain.num_nodes or 1
         with self._lock:
             current = self._current(domain.uid, domain.status.fabricDomain)
             if current is not None:
@@ -282,6 +301,12 @@ class Placement:
                     "(counting the nodes other gangs placed there still expect); waiting "
                     "for room; the claim template is created once the domain is placed"
                 )
+                key = self._topology_key(domain.uid)
+                if key:
+                    waiting += (
+                        f"; its PodGroup's topology constraint counts only nodes sharing one "
+                        f"value of {key}"
+                    )
                 held_back = self._held_back(domain.uid)
                 return Placed(None, f"{waiting}; {held_back}" if held_back else waiting)
             self._waiting.discard(key)
@@ -359,7 +384,7 @@ class Placement:
         keys = []
         for obj in d.domains.items():
             meta, spec = obj["metadata"], obj.get("spec") or {}
-            want = int(spec.get("numNodes") or 1)
+            want = gang_size(obj) or 1
             if meta.get("deletionTimestamp") or want <= 1 or spec.get("allowMultipleCliques"):
                 continue
             placed = (obj.get("status") or {}).get("fabricDomain")
@@ -439,7 +464,7 @@ class Placement:
         if obj is None or not fabric:
             return False
         spec = obj.get("spec") or {}
-        want = int(spec.get("numNodes") or 1)
+        want = gang_size(obj) or 1
         if want <= 1 or spec.get("allowMultipleCliques") is True:
             return False
         with self._lock:
