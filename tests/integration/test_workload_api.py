@@ -29,6 +29,7 @@ from fabricdra.kube.rest import (
 )
 
 from .computedomain_helpers import (
+    condition,
     create_plugin_node,
     domain_body,
     install_crd,
@@ -166,6 +167,14 @@ def test_a_domain_without_numnodes_takes_its_gang_from_its_podgroup(
     controller.start()
     try:
         rest.create(COMPUTE_DOMAINS, domain_body("gang", mode="host"), ns)
+        # No pod yet: the template waits for one to show its group (claims made from an
+        # unplaced template could never follow the gang's placement).
+        ready = wait_for(
+            lambda: condition(rest.get(COMPUTE_DOMAINS, "gang", ns), "Ready"),
+            what="the domain's Ready",
+        )
+        assert ready["reason"] == "WaitingForPods", ready
+        assert rest.get_or_none(CLAIM_TEMPLATES, "gang-channel", ns) is None
         for i in range(3):
             rest.create(PODS, _pod(f"worker-{i}", "job", "gang-channel"), ns)
         status = wait_for(
@@ -204,5 +213,31 @@ def test_a_podgroup_topology_constraint_narrows_placement(
         )
         assert status["podGroup"] == {"name": "job", "minCount": 3, "topologyKey": TIER_1}
         assert status["fabricDomain"] == second
+    finally:
+        controller.stop()
+
+
+def test_a_domain_whose_pods_are_in_no_group_stays_elastic(
+    workload_cp: ControlPlane, rest: Rest
+) -> None:
+    """Pods that name the domain's template but belong to no PodGroup: the domain is elastic
+    as before (its template created, unpinned; no podGroup, no placement)."""
+    ns = new_namespace(workload_cp, "wl-elastic")
+    _racks(workload_cp, rest, "wle")
+    controller = _controller(workload_cp, rest)
+    controller.start()
+    try:
+        rest.create(COMPUTE_DOMAINS, domain_body("pool", mode="host"), ns)
+        pod = _pod("alone", "unused", "pool-channel")
+        del pod["spec"]["schedulingGroup"]
+        rest.create(PODS, pod, ns)
+        template = wait_for(
+            lambda: rest.get_or_none(CLAIM_TEMPLATES, "pool-channel", ns),
+            what="the claim template",
+        )
+        assert "fabricDomain ==" not in str(template["spec"])  # not pinned
+        status = _status(rest, ns, "pool")
+        assert "podGroup" not in status
+        assert not status.get("fabricDomain")
     finally:
         controller.stop()

@@ -82,7 +82,7 @@ def _pod(name: str, group: str | None, *templates: str) -> dict[str, Any]:
     return {"metadata": {"name": name, "namespace": "team", "uid": f"u-{name}"}, "spec": spec}
 
 
-def test_the_pod_cache_keeps_a_grouped_pods_group_and_templates_only() -> None:
+def test_the_pod_cache_keeps_a_pods_group_and_templates_only() -> None:
     view = workloads.pod_view(_pod("w0", "job", "job-channel", "gpus"))
     assert view["spec"] == {
         "schedulingGroup": {"podGroupName": "job"},
@@ -93,9 +93,13 @@ def test_the_pod_cache_keeps_a_grouped_pods_group_and_templates_only() -> None:
     }
     assert workloads.pod_templates(view) == ["team/gpus", "team/job-channel"]
     assert workloads.pod_group(view) == ["team/job"]
+    # Out of any group: its templates still say which domains have pods (elastic ones).
     alone = workloads.pod_view(_pod("w1", None, "job-channel"))
-    assert alone["spec"] == {}
-    assert workloads.pod_templates(alone) == []
+    assert alone["spec"] == {"resourceClaims": [{"resourceClaimTemplateName": "job-channel"}]}
+    assert workloads.pod_group(alone) == []
+    bare = workloads.pod_view(_pod("w2", None))
+    assert bare["spec"] == {}
+    assert workloads.pod_templates(bare) == []
     assert workloads.domain_template(_domain()) == ["team/job-channel"]
 
 
@@ -113,6 +117,12 @@ def test_a_domains_group_is_its_pods_one_podgroup() -> None:
     assert group is None
     assert "PodGroup gone" in why
     assert "does not exist" in why
+    assert workloads.group_of(
+        "team", "job-channel", [*pods, _pod("u", None, "job-channel")], pgs.get
+    ) == (
+        workloads.Group("job", 2),
+        "",
+    )  # a pod in no group beside them does not count
     mixed = [*pods, _pod("y", "other", "job-channel")]
     group, why = workloads.group_of("team", "job-channel", mixed, pgs.get)
     assert group is None

@@ -189,12 +189,13 @@ class Placement:
         )
 
     def _view(
-        self, for_uid: str, exclude: bool = True
+        self, for_uid: str, exclude: bool = True, topology_key: str | None = None
     ) -> tuple[dict[str, list[str]], dict[str, str], list[Gang]]:
         """The nodes that count (capacity.py: Ready, schedulable, verified and fabric-checked
         where required, a free healthy GPU unless the gang holds it already; without those
-        that failed this gang before, if `exclude`), who holds them, and the other gangs'
-        placements."""
+        that failed this gang before, if `exclude`; narrowed by its PodGroup's topology
+        constraint: `topology_key`, else the one its status records), who holds them, and the
+        other gangs' placements."""
         d = self.d
         fabrics = capacity.usable_by_fabric(
             d.nodes.items(),
@@ -205,7 +206,7 @@ class Placement:
             keep=set(d.ownership.nodes_of(for_uid)),
         )
         owners = {n: d.ownership.owner(n) for nodes in fabrics.values() for n in nodes}
-        key = self._topology_key(for_uid)
+        key = self._topology_key(for_uid) if topology_key is None else topology_key
         if key:  # the PodGroup's topology constraint (workloads.py)
             fabrics = narrow_to_topology(
                 fabrics,
@@ -279,7 +280,9 @@ class Placement:
                 self._waiting.discard(key)
                 self.d.ownership.pin(domain.uid, current)
                 return Placed(current)
-            fabrics, owners, gangs = self._view(domain.uid)
+            # The domain as the caller has it (its PodGroup may have just been recorded).
+            topology = domain.status.podGroup.topologyKey if domain.status.podGroup else ""
+            fabrics, owners, gangs = self._view(domain.uid, topology_key=topology)
             if not fabrics:  # no NVLink fabric domain known: nothing to place in
                 self._waiting.discard(key)
                 return Placed(None)
@@ -288,7 +291,9 @@ class Placement:
             if fabric is None and self._excluded.get(domain.uid):
                 # The nodes that failed it are a preference, not a ban: with nowhere else
                 # to go, it is placed as if they had not (they may work now).
-                fabrics, owners, gangs = self._view(domain.uid, exclude=False)
+                fabrics, owners, gangs = self._view(
+                    domain.uid, exclude=False, topology_key=topology
+                )
                 free = free_nodes(fabrics, owners, gangs, domain.uid)
                 fabric = best_fit(want, free)
             if fabric is None:
@@ -301,11 +306,10 @@ class Placement:
                     "(counting the nodes other gangs placed there still expect); waiting "
                     "for room; the claim template is created once the domain is placed"
                 )
-                key = self._topology_key(domain.uid)
-                if key:
+                if topology:
                     waiting += (
                         f"; its PodGroup's topology constraint counts only nodes sharing one "
-                        f"value of {key}"
+                        f"value of {topology}"
                     )
                 held_back = self._held_back(domain.uid)
                 return Placed(None, f"{waiting}; {held_back}" if held_back else waiting)

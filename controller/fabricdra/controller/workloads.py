@@ -33,6 +33,8 @@ BY_TEMPLATE = "by-template"
 BY_GROUP = "by-group"
 
 log = logging.getLogger("fabricdra.controller")
+# How group_of says the pods' PodGroup is not there (yet): its workload controller makes it.
+MISSING = "does not exist yet"
 
 
 def served(call: Callable[[str, str], JSON]) -> bool:
@@ -53,36 +55,29 @@ def group_name(pod: Mapping[str, Any]) -> str:
 
 def pod_view(pod: JSON) -> JSON:
     """What is kept of a Pod (an informer transform: every pod of the cluster is cached): its
-    name, its group and the claim templates it names; nothing of a pod in no group."""
+    name, its group and the claim templates it names; nothing else."""
     meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
     group = group_name(pod)
-    templates = (
-        [
-            {"resourceClaimTemplateName": c["resourceClaimTemplateName"]}
-            for c in spec.get("resourceClaims") or []
-            if isinstance(c, dict) and c.get("resourceClaimTemplateName")
-        ]
-        if group
-        else []
-    )
-    return {
-        "metadata": {
-            k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta
-        },
-        "spec": {"schedulingGroup": {"podGroupName": group}, "resourceClaims": templates}
-        if group
-        else {},
-    }
+    templates = [
+        {"resourceClaimTemplateName": c["resourceClaimTemplateName"]}
+        for c in spec.get("resourceClaims") or []
+        if isinstance(c, dict) and c.get("resourceClaimTemplateName")
+    ]
+    view: JSON = {}
+    if group:
+        view["schedulingGroup"] = {"podGroupName": group}
+    if templates:
+        view["resourceClaims"] = templates
+    kept = ("name", "namespace", "uid", "resourceVersion")
+    return {"metadata": {k: meta[k] for k in kept if k in meta}, "spec": view}
 
 
 def pod_templates(pod: Mapping[str, Any]) -> list[str]:
-    """BY_TEMPLATE values of a pod (view)."""
-    if not group_name(pod):
-        return []
+    """BY_TEMPLATE values of a pod (view): the claim templates it names, in or out of a group
+    (a domain's pods out of any group say the domain is elastic)."""
     ns = (pod.get("metadata") or {}).get("namespace", "")
-    names = {
-        c["resourceClaimTemplateName"] for c in (pod.get("spec") or {}).get("resourceClaims") or []
-    }
+    claims = (pod.get("spec") or {}).get("resourceClaims") or []
+    names = {c["resourceClaimTemplateName"] for c in claims if c.get("resourceClaimTemplateName")}
     return sorted(f"{ns}/{n}" for n in names)
 
 
@@ -136,7 +131,7 @@ def group_of(
     its `pods` (those naming the template: BY_TEMPLATE) and `podgroup` ("ns/name" -> object).
     Returns (group, why not: "" when found or when no pod of it is in a group). Pods of several
     groups give none: which one's size would be the domain's is not for the controller to
-    guess (set numNodes)."""
+    guess (set numNodes). Pods in no group are not counted."""
     names = sorted({group_name(p) for p in pods} - {""})
     if not names:
         return None, ""
@@ -147,7 +142,7 @@ def group_of(
         )
     obj = podgroup(f"{namespace}/{names[0]}")
     if obj is None:
-        return None, f"PodGroup {names[0]} (named by the domain's pods) does not exist yet"
+        return None, f"PodGroup {names[0]} (named by the domain's pods) {MISSING}"
     group = gang_of(obj)
     if group is None:
         return None, ""  # a basic policy: no gang
