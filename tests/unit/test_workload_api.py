@@ -174,3 +174,71 @@ def test_workload_api_true_where_podgroups_are_not_served_is_a_clear_error(
     assert "does not serve scheduling.k8s.io/v1alpha2 PodGroups" in caplog.text
     monkeypatch.setattr(workloads, "served", lambda call: True)
     assert cli._workload_api(object(), "auto") is True
+
+
+def test_the_reconciler_holds_the_template_until_the_pods_group_exists_then_records_it() -> None:
+    """The domain reconciler from in-memory deps: a pod names the domain's template and a
+    PodGroup that does not exist yet: no claim template (Ready WaitingForPods); once the group
+    exists, its gang is recorded in status.podGroup before anything is made from it."""
+    from fabricdra.api import computedomain as cd
+    from fabricdra.controller import objects
+    from fabricdra.controller.deps import DomainDeps
+    from fabricdra.controller.domains import WAITING_FOR_PODS, DomainReconciler
+    from fabricdra.controller.liveness import Heartbeats
+    from fabricdra.controller.ownership import Ownership
+    from fabricdra.controller.writes import Writer
+    from fabricdra.kube.rest import CLAIM_TEMPLATES, COMPUTE_DOMAINS
+    from tests.unit.test_reconciler_deps import MemApi, MemCache, _placement
+
+    api = MemApi()
+    body = {
+        "metadata": {"name": "job", "namespace": "team", "uid": "u-job", "generation": 1},
+        "spec": {"channel": {"resourceClaimTemplate": {"name": "job-channel"}}, "imexMode": "host"},
+    }
+    domains, nodes, own = MemCache([api.create(COMPUTE_DOMAINS, body)]), MemCache(), Ownership()
+    own.set_key("u-job", "team/job")
+    pods = MemCache(
+        [workloads.pod_view(_pod("w0", "job", "job-channel"))],
+        {workloads.BY_TEMPLATE: workloads.pod_templates},
+    )
+    podgroups = MemCache()
+    reconciler = DomainReconciler(
+        DomainDeps(
+            rest=api,
+            writer=Writer(api, "test"),  # type: ignore[arg-type]
+            domains=domains,
+            claims=MemCache(),
+            nodes=nodes,
+            leases=MemCache(),
+            templates=MemCache(),
+            daemonsets=MemCache(),
+            ownership=own,
+            placement=_placement(api, domains, nodes, own),
+            heartbeats=Heartbeats(),
+            namespace="fabricdra-system",
+            daemon=objects.DaemonSettings(),
+            channel_count=cd.CHANNEL_COUNT,
+            requeue_after=lambda key, delay: None,
+            pods=pods,
+            podgroups=podgroups,
+        )
+    )
+
+    def reconcile() -> dict[str, Any]:
+        domains.objs["team/job"] = api.get(COMPUTE_DOMAINS, "job", "team")  # the watch's echo
+        reconciler.reconcile("team/job")
+        return api.get(COMPUTE_DOMAINS, "job", "team")
+
+    stored = reconcile()
+    ready = next(c for c in stored["status"]["conditions"] if c["type"] == cd.READY)
+    assert (ready["status"], ready["reason"]) == ("False", WAITING_FOR_PODS)
+    assert "PodGroup job (named by the domain's pods) does not exist yet" in ready["message"]
+    assert api.get_or_none(CLAIM_TEMPLATES, "job-channel", "team") is None
+    assert "podGroup" not in stored["status"]
+
+    podgroups.objs["team/job"] = _podgroup({"gang": {"minCount": 2}}, [{"key": "k"}])
+    stored = reconcile()
+    assert stored["status"]["podGroup"] == {"name": "job", "minCount": 2, "topologyKey": "k"}
+    assert api.get_or_none(CLAIM_TEMPLATES, "job-channel", "team") is not None
+    ready = next(c for c in stored["status"]["conditions"] if c["type"] == cd.READY)
+    assert ready["reason"] != WAITING_FOR_PODS
