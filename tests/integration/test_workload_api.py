@@ -184,7 +184,11 @@ def test_a_domain_without_numnodes_takes_its_gang_from_its_podgroup(
         )
         assert status["podGroup"] == {"name": "job", "minCount": 3, "topologyKey": ""}
         assert status["fabricDomain"] == first
-        template = rest.get(CLAIM_TEMPLATES, "gang-channel", ns)
+        # Recorded first, then made from the record (records.py): the template follows.
+        template = wait_for(
+            lambda: rest.get_or_none(CLAIM_TEMPLATES, "gang-channel", ns),
+            what="the claim template",
+        )
         assert first in str(template["spec"])  # pinned to the placement
     finally:
         controller.stop()
@@ -241,3 +245,46 @@ def test_a_domain_whose_pods_are_in_no_group_stays_elastic(
         assert not status.get("fabricDomain")
     finally:
         controller.stop()
+
+
+def test_a_claim_reserved_for_a_podgroup_links_to_its_pods_own_claims(
+    workload_cp: ControlPlane, rest: Rest
+) -> None:
+    """KEP-5729 in the real API's shape: a claim whose status.reservedFor names a PodGroup
+    (what the 1.36 API server stores with DRAWorkloadResourceClaims on) is read by prepare's
+    NCCL widening as the group's, and linked to the own claim of a pod of that group, so both
+    carry one NCCL_IB_HCA list (tests/unit/test_prepare.py has the widening itself)."""
+    from fabricdra.kube.rest import CLAIMS
+    from fabricdra.kubeletplugin import ncclenv
+
+    ns = new_namespace(workload_cp, "wl-claims")
+    group = rest.create(workloads.PODGROUPS, _podgroup("job", 2), ns)
+    pod = rest.create(PODS, _pod("worker-0", "job", "unused"), ns)
+
+    def reserved(name: str, entry: dict[str, Any]) -> dict[str, Any]:
+        request = {"name": "nic", "exactly": {"deviceClassName": "rdma.fabricdra.io"}}
+        claim = rest.create(
+            CLAIMS, {"metadata": {"name": name}, "spec": {"devices": {"requests": [request]}}}, ns
+        )
+        result = {"request": "nic", "driver": "devices.fabricdra.io", "pool": "n", "device": name}
+        status = {"allocation": {"devices": {"results": [result]}}, "reservedFor": [entry]}
+        meta = {"resourceVersion": claim["metadata"]["resourceVersion"]}
+        return rest.patch(CLAIMS, name, {"metadata": meta, "status": status}, ns, sub="status")
+
+    shared = reserved(
+        "shared",
+        {
+            "apiGroup": "scheduling.k8s.io",
+            "resource": "podgroups",
+            "name": "job",
+            "uid": group["metadata"]["uid"],
+        },
+    )
+    own = reserved("own", {"resource": "pods", "name": "worker-0", "uid": pod["metadata"]["uid"]})
+    assert ncclenv.reserved_groups(shared) == [f"{ns}/job"]
+    assert ncclenv.reserved_pods(shared) == []
+    # prepare reads the pod for its group (spec.schedulingGroup.podGroupName, as stored)
+    stored = rest.get(PODS, "worker-0", ns)
+    groups = {"worker-0": workloads.group_name(stored)}
+    assert groups == {"worker-0": "job"}
+    assert ncclenv.linked(ncclenv.consumers(shared, {}), ncclenv.consumers(own, groups))
