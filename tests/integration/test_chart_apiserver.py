@@ -345,6 +345,20 @@ def test_own_node_labels_outside_fabricdra_and_spec_are_denied(
         _denied(core.patch_node, installed.node_a, {"spec": {"unschedulable": True}})
 
 
+def test_the_agent_may_not_write_the_controllers_scale_out_tiers(
+    control_plane: ControlPlane, installed: Installed
+) -> None:
+    """The tier labels are the controller's (it joins every node's cabling): an agent that
+    could set its own would claim closeness nothing checked (issue 27 point 3)."""
+    with _agent_on(control_plane, installed, installed.node_a) as api:
+        core = client.CoreV1Api(api)
+        tier = {"metadata": {"labels": {"fabricdra.io/network.tier-1": "leaf-1"}}}
+        body = _denied(core.patch_node, installed.node_a, tier)
+        assert "not the controller's fabricdra.io/network. scale-out tiers" in body
+        # Its own labels still pass.
+        core.patch_node(installed.node_a, {"metadata": {"labels": {"fabricdra.io/test": "ok"}}})
+
+
 def test_a_token_bound_to_no_pod_names_no_node_and_writes_nothing(
     control_plane: ControlPlane, installed: Installed
 ) -> None:

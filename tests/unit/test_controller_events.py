@@ -84,6 +84,21 @@ def test_what_placement_reads_is_seen() -> None:
     assert placement_facts(None) != base  # added or deleted
 
 
+def test_taints_and_switch_tiers_are_placement_facts() -> None:
+    """Issue 28: placement counts untolerated taints (podfit.py) and reads the switch tiers
+    (hierarchy.py): a taint removed or a tier label written may let a waiting gang fit."""
+    from fabricdra.api.scaleout import TIER_LABELS
+
+    base = placement_facts(_node())
+    tainted = _node()
+    tainted["spec"]["taints"] = [{"key": "ops/rma", "effect": "NoSchedule"}]
+    assert placement_facts(tainted) != base
+    prefer = _node()
+    prefer["spec"]["taints"] = [{"key": "ops/rma", "effect": "PreferNoSchedule"}]
+    assert placement_facts(prefer) == base  # no pod is kept off by it
+    assert placement_facts(_node(**{TIER_LABELS[1]: "spine-1"})) != base
+
+
 def test_held_nodes_follow_every_owner_change() -> None:
     own = Ownership()
     own.set_owner("n1", "a")

@@ -72,6 +72,10 @@ CHANNEL_COUNT = 2048
 MAX_NODES_PER_DOMAIN = 1024
 
 AllocationMode = Literal["Single", "All"]
+# The scale-out switch tiers a spanning gang may be kept under (scaleout.TIER_LABELS, nearest
+# first: tier-1 is the leaf a node is cabled to).
+Tier = Literal["tier-1", "tier-2", "tier-3"]
+TIERS: tuple[Tier, ...] = ("tier-1", "tier-2", "tier-3")
 ImexMode = Literal["managed", "host"]
 ConditionStatus = Literal["True", "False", "Unknown"]
 
@@ -105,6 +109,72 @@ class ChannelSpec(_Model):
     )
 
 
+class TopologySpec(_Model):
+    required: Tier | None = Field(
+        default=None,
+        description="The switch tier all of the domain's nodes must share (one "
+        "fabricdra.io/network.<tier> switch above every node): the gang waits rather than "
+        "cross it.",
+    )
+    preferred: Tier | None = Field(
+        default=None,
+        description="The switch tier the domain should stay under; the placer always tries the "
+        "lowest tier with room first, and with only `preferred` it goes above it (to any "
+        "node) rather than wait. Must not be above `required`.",
+    )
+
+    @model_validator(mode="after")
+    def _preferred_within_required(self) -> TopologySpec:
+        if (
+            self.required
+            and self.preferred
+            and TIERS.index(self.preferred) > TIERS.index(self.required)
+        ):
+            raise ValueError(TOPOLOGY_ORDER_RULE["message"])
+        return self
+
+
+class ParallelismSpec(_Model):
+    groupGPUs: int = Field(
+        ge=1,
+        le=4096,
+        description="GPUs in one tensorxexpert-parallel (TPxEP) group: each group is kept "
+        "inside one NVLink domain (GB200/GB300 NVL72: up to 72).",
+    )
+    gpusPerNode: int = Field(
+        ge=1,
+        le=64,
+        description="GPUs each of the domain's pods uses on its node (GB200/GB300 NVL72 "
+        "compute tray: 4). groupGPUs must be a multiple of it, or divide it. Gang placement "
+        "counts only nodes with this many free healthy GPUs.",
+    )
+
+    @property
+    def group_nodes(self) -> int:
+        """Nodes one TPxEP group spans (1 when a node holds one or more whole groups)."""
+        return max(self.groupGPUs // self.gpusPerNode, 1)
+
+    @model_validator(mode="after")
+    def _groups_whole(self) -> ParallelismSpec:
+        if self.groupGPUs % self.gpusPerNode and self.gpusPerNode % self.groupGPUs:
+            raise ValueError(GROUP_SHAPE_RULE["message"])
+        return self
+
+
+class Toleration(_Model):
+    """A pod toleration (core/v1 Toleration's fields and matching rules)."""
+
+    key: str = Field(default="", max_length=317, description="Empty with Exists: every key.")
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: str = Field(default="", max_length=63)
+    effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = Field(
+        default="", description="Empty: every effect."
+    )
+    tolerationSeconds: int | None = Field(
+        default=None, description="Accepted so pod tolerations can be copied; not used."
+    )
+
+
 class ComputeDomainSpec(_Model):
     channel: ChannelSpec
     numNodes: int | None = Field(
@@ -128,12 +198,81 @@ class ComputeDomainSpec(_Model):
         "nodes across cliques, and the domain is never pinned to one fabric domain. Default "
         "false: every node of the domain is in one fabric domain.",
     )
+    topology: TopologySpec | None = Field(
+        default=None,
+        description="Needs allowMultipleCliques and numNodes: the domain is placed as one "
+        "gang into the fewest NVLink fabric domains under the lowest scale-out switch tier "
+        "with room (docs/compute-domains.md, Spanning NVLink domains).",
+    )
+    segmentSize: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_NODES_PER_DOMAIN,
+        description="Needs allowMultipleCliques and numNodes (a multiple of it): the domain is "
+        "split into segments of this many nodes, each inside one NVLink fabric domain and "
+        "each its own IMEX domain; segments are packed into whatever fabric domains have room.",
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list,
+        max_length=64,
+        description="The tolerations of the domain's pods (copy their spec.tolerations): gang "
+        "placement counts a node with a NoSchedule or NoExecute taint none of these tolerates "
+        "as no room (its pods could never run there), unless at least half of the NVLink "
+        "fabric nodes carry that taint (the fleet's convention, not a tray's condition).",
+    )
+    parallelism: ParallelismSpec | None = Field(
+        default=None,
+        description="The job's TPxEP group size: the placer keeps each group inside one NVLink "
+        "fabric domain (a fabric domain takes whole groups; segmentSize must hold whole "
+        "groups).",
+    )
 
     @model_validator(mode="after")
     def _host_mode_holds_one_channel(self) -> ComputeDomainSpec:
         if self.imexMode == "host" and self.channel.allocationMode == "All":
             raise ValueError(HOST_SINGLE_CHANNEL_RULE["message"])
+        spans = self.topology is not None or self.segmentSize is not None
+        if spans and not (self.allowMultipleCliques and self.numNodes):
+            raise ValueError(SPANS_RULE["message"])
+        if self.segmentSize is not None and (self.numNodes or 0) % self.segmentSize:
+            raise ValueError(
+                f"numNodes {self.numNodes} is not a multiple of segmentSize {self.segmentSize}: "
+                "every segment must be whole"
+            )
+        if self.parallelism is not None:
+            group = self.parallelism.group_nodes
+            if self.numNodes and self.numNodes % group:
+                raise ValueError(
+                    f"numNodes {self.numNodes} is not a multiple of the {group} nodes one TPxEP "
+                    f"group spans (parallelism.groupGPUs / gpusPerNode)"
+                )
+            if self.segmentSize and self.segmentSize % group:
+                raise ValueError(
+                    f"segmentSize {self.segmentSize} does not hold whole TPxEP groups of "
+                    f"{group} nodes (parallelism.groupGPUs / gpusPerNode)"
+                )
         return self
+
+    @property
+    def spans(self) -> bool:
+        """Placed as one gang across NVLink fabric domains (placement.py, hierarchy.py)."""
+        return (
+            self.allowMultipleCliques
+            and (self.numNodes or 1) > 1
+            and (
+                self.topology is not None
+                or self.segmentSize is not None
+                or self.parallelism is not None
+            )
+        )
+
+    @property
+    def atom(self) -> int:
+        """The node count a fabric domain's share of the gang must be a multiple of: a
+        segment, else a TPxEP group, else one node."""
+        if self.segmentSize:
+            return self.segmentSize
+        return self.parallelism.group_nodes if self.parallelism else 1
 
 
 class Condition(_Model):
@@ -159,6 +298,36 @@ class NodeStatus(_Model):
     )
     ready: bool = False
     message: str = Field(default="", description="The node's IMEX daemon's last report.")
+    segment: int | None = Field(
+        default=None,
+        description="With segmentSize: the node's segment in its fabric domain (index // "
+        "segmentSize); the nodes of one segment form one IMEX domain of their own.",
+    )
+
+
+class PlacedShare(_Model):
+    fabricDomain: str = Field(description="An NVLink fabric domain the gang is placed in.")
+    nodes: int = Field(ge=1, description="How many of the gang's nodes go there.")
+
+
+class PlacementStatus(_Model):
+    tier: str = Field(
+        description="The switch tier all shares are under (tier-1, tier-2, tier-3), or "
+        "`any` when none holds the gang (allowed only without topology.required)."
+    )
+    switch: str = Field(default="", description="That tier's switch (its label value).")
+    shares: list[PlacedShare] = Field(
+        default_factory=list,
+        description="The gang's nodes per NVLink fabric domain, each a multiple of "
+        "segmentSize (else of the TPxEP group's nodes).",
+    )
+
+
+class SegmentStatus(_Model):
+    fabricDomain: str
+    segment: int = Field(description="The segment's number in its fabric domain.")
+    nodes: list[str] = Field(default_factory=list, description="Its nodes so far.")
+    ready: bool = Field(default=False, description="segmentSize nodes, all ready.")
 
 
 class PodGroupStatus(_Model):
@@ -199,6 +368,16 @@ class ComputeDomainStatus(_Model):
         default=None,
         description="The PodGroup whose gang size and topology constraint the domain follows "
         "(numNodes unset, Workload API served); absent otherwise.",
+    )
+    placement: PlacementStatus | None = Field(
+        default=None,
+        description="A spanning gang's placement (allowMultipleCliques with topology, "
+        "segmentSize or parallelism), recorded before its claim template is made from it.",
+    )
+    segments: list[SegmentStatus] = Field(
+        default_factory=list,
+        description="With segmentSize: each segment (its own IMEX domain, holding the domain's "
+        "channel id in that IMEX domain) and its nodes.",
     )
     observedGeneration: int = 0
 
@@ -264,6 +443,34 @@ HOST_SINGLE_CHANNEL_RULE = {
     "message": "channel.allocationMode All needs imexMode managed: in host mode the host's "
     "channels are shared by every domain on it",
 }
+SPANS_RULE = {
+    "rule": "!(has(self.topology) || has(self.segmentSize)) || (has(self.numNodes) && "
+    "has(self.allowMultipleCliques) && self.allowMultipleCliques)",
+    "message": "topology and segmentSize place a gang across NVLink fabric domains: they need "
+    "numNodes and allowMultipleCliques: true",
+}
+SEGMENT_WHOLE_RULE = {
+    "rule": "!has(self.segmentSize) || !has(self.numNodes) || self.numNodes % self.segmentSize "
+    "== 0",
+    "message": "numNodes is not a multiple of segmentSize: every segment must be whole",
+}
+TOPOLOGY_ORDER_RULE = {
+    "rule": "!has(self.required) || !has(self.preferred) || self.preferred <= self.required",
+    "message": "topology.preferred is above topology.required: the domain can never go there",
+}
+GROUP_SHAPE_RULE = {
+    "rule": "self.groupGPUs % self.gpusPerNode == 0 || self.gpusPerNode % self.groupGPUs == 0",
+    "message": "parallelism.groupGPUs must be a multiple of gpusPerNode or divide it: a TPxEP "
+    "group is whole nodes, or a node holds whole groups",
+}
+GROUP_WHOLE_RULE = {
+    "rule": "!has(self.parallelism) || self.parallelism.groupGPUs < self.parallelism.gpusPerNode"
+    " || ((!has(self.numNodes) || self.numNodes % (self.parallelism.groupGPUs / "
+    "self.parallelism.gpusPerNode) == 0) && (!has(self.segmentSize) || self.segmentSize % "
+    "(self.parallelism.groupGPUs / self.parallelism.gpusPerNode) == 0))",
+    "message": "numNodes and segmentSize must hold whole TPxEP groups (parallelism.groupGPUs / "
+    "gpusPerNode nodes each)",
+}
 PRINTER_COLUMNS = [
     {
         "name": "Ready",
@@ -286,5 +493,15 @@ CRD = CrdSource(
     version=VERSION,
     short_names=SHORT_NAMES,
     printer_columns=PRINTER_COLUMNS,
-    validations={"spec": [SPEC_IMMUTABLE_RULE, HOST_SINGLE_CHANNEL_RULE]},
+    validations={
+        "spec": [
+            SPEC_IMMUTABLE_RULE,
+            HOST_SINGLE_CHANNEL_RULE,
+            SPANS_RULE,
+            SEGMENT_WHOLE_RULE,
+            GROUP_WHOLE_RULE,
+        ],
+        "spec.topology": [TOPOLOGY_ORDER_RULE],
+        "spec.parallelism": [GROUP_SHAPE_RULE],
+    },
 )

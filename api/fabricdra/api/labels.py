@@ -17,6 +17,12 @@ FABRIC_VERIFIED = PREFIX + "fabric-verified"
 # Node annotation, JSON: the fabric check's record for the node (FabricCheckRecord in
 # fabricdra.api.fabriccheck): what was checked, when, with which figures, and why.
 FABRIC_CHECK = PREFIX + "fabric-check"
+# Node annotation, JSON: the scale-out cabling check's verdict for the node, written by the
+# controller with the tier labels (docs/labels.md, "Scale-out tiers"): {"result": "Passed" |
+# "Failed", "railOptimised", "leaves", "findings"}. Absent where the node has no known leaf.
+CABLING_CHECK = PREFIX + "network.cabling"
+# The nearest scale-out tier label (api/scaleout.TIER_LABELS[0]): a node with it is tiered.
+TIER_1 = PREFIX + "network.tier-1"
 # The fabric domain value of nodes in no multi-node fabric (the fleet view's name for them).
 NO_FABRIC = "none"
 

@@ -32,6 +32,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "fleet",
         "print devices total/healthy/verified/allocated/free per fabric domain and class",
     ),
+    "topology": (
+        "topology",
+        "print the cluster's scale-out tree (table, json, Slurm topology.yaml, Kueue Topology)",
+    ),
+    "fabric-dump": (
+        "topology",
+        "store an ibnetdiscover dump in the ConfigMap the controller reads",
+    ),
     "kubelet-plugin": (
         "kubelet_plugin",
         "run the devices.fabricdra.io kubelet DRA plugin on this node",

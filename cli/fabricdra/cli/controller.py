@@ -195,6 +195,22 @@ def register(sub: Any) -> None:
         "[FABRICDRA_FABRIC_CHECK_RUNTIME_CLASS]",
     )
     a(
+        "--scale-out-tiers",
+        default=env_choice("SCALE_OUT_TIERS", "false", ["true", "false"]),
+        choices=["true", "false"],
+        help="write the scale-out tier labels fabricdra.io/network.tier-1/-2/-3 on Nodes from "
+        "the NodeDevices records, the ibnetdiscover ConfigMaps (label fabricdra.io/ibnetdiscover) "
+        "and --topology-file, and run the cabling check (docs/scale-out.md; default false) "
+        "[FABRICDRA_SCALE_OUT_TIERS]",
+    )
+    a(
+        "--topology-file",
+        default=_env("TOPOLOGY_FILE") or "",
+        help="the operator's topology file (Slurm topology.conf tree form or the per-node/per-NIC "
+        "YAML, docs/scale-out.md); read with --scale-out-tiers, again every minute "
+        "[FABRICDRA_TOPOLOGY_FILE]",
+    )
+    a(
         "--metrics-port",
         type=int,
         default=env_int("METRICS_PORT", 8080, empty=0),
@@ -290,6 +306,8 @@ def run(args: argparse.Namespace) -> int:
             runtime_class=args.fabric_check_runtime_class,
         ),
         fabric_check_concurrency=args.fabric_check_concurrency,
+        scale_out_tiers=args.scale_out_tiers == "true",
+        topology_file=args.topology_file,
         **({"identity": args.identity} if args.identity else {}),
     )
     controller = Controller(api, cfg)

@@ -171,4 +171,17 @@ def render(view: Fleet) -> str:
         lines += _table(["COMPUTE DOMAIN", "FABRIC DOMAIN", "READY", "NODES"], cd_rows)
     else:
         lines.append("no ComputeDomains")
+    so = view.scaleOut
+    if so.get("checkedNodes") or so.get("tieredNodes"):
+        lines.append("")
+        failed = so.get("cablingFailed") or []
+        lines.append(
+            f"scale-out: {so.get('tieredNodes', 0)} nodes with tier labels, "
+            f"{so.get('checkedNodes', 0)} cabling-checked, {len(failed)} failed"
+        )
+        if failed:
+            lines += _table(
+                ["CABLING FAILED", "FINDINGS"],
+                [[f["node"], "; ".join(f["findings"])] for f in failed],
+            )
     return "\n".join(lines)

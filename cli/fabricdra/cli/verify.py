@@ -8,6 +8,12 @@ manual override of a node's verification gate (docs/verification.md).
     fabricdra verify --override NODE --reason TEXT [--expires-in 7d] [--fingerprint FP]
                      [--kubeconfig K]
     fabricdra verify --clear-override NODE [--kubeconfig K]
+    fabricdra verify ... --cabling-of NODE [--kubeconfig K]   also hold NODE to the controller's
+                     scale-out cabling check (its Node's fabricdra.io/network.cabling record)
+
+The cabling check needs every node's cabling (a rail's leaf is the one most of the block's
+nodes reach), so a node cannot run it alone: `--cabling-of` reads the controller's verdict from
+the API (docs/scale-out.md); without API access it is not run, and says so.
 
 An override holds for the hardware the node has when it is given (the fingerprint its agent
 records as `status.verification.currentFingerprint`) and until it expires; only the identities
@@ -113,9 +119,16 @@ def register(sub: Any) -> None:
         f"{REVERIFY_ANNOTATION} annotation, which the agent removes once it has rerun",
     )
     a(
+        "--cabling-of",
+        metavar="NODE",
+        help="also hold the run to NODE's scale-out cabling check, as the controller recorded "
+        "it on the Node (fabricdra.io/network.cabling): Failed fails the run, naming why",
+    )
+    a(
         "--kubeconfig",
         default=_env("KUBECONFIG"),
-        help="kubeconfig for --node/--override/--clear-override [FABRICDRA_KUBECONFIG]",
+        help="kubeconfig for --node/--override/--clear-override/--cabling-of "
+        "[FABRICDRA_KUBECONFIG]",
     )
     p.set_defaults(run=run)
 
@@ -175,11 +188,15 @@ def _verify(args: argparse.Namespace) -> int:
             tools=tools,
             expect=expect,
         )
+    cabling = _cabling(args) if args.cabling_of else None
+    cabling_failed = cabling is not None and cabling.get("result") != "Passed"
+    passed = result.passed and not cabling_failed
     if args.output == "json":
         print_json(
             {
-                "passed": result.passed,
+                "passed": passed,
                 "reason": result.reason,
+                **({"scaleOutCabling": cabling} if cabling is not None else {}),
                 "time": result.time.isoformat().replace("+00:00", "Z"),
                 "fingerprint": result.fingerprint,
                 "probes": [p.model_dump(mode="json", exclude_none=True) for p in result.probes],
@@ -187,10 +204,51 @@ def _verify(args: argparse.Namespace) -> int:
         )
     else:
         shown = result.probes if args.all else [p for p in result.probes if p.outcome != "Passed"]
-        print(("PASSED: " if result.passed else "NOT PASSED: ") + result.reason)
+        print(("PASSED: " if passed else "NOT PASSED: ") + result.reason)
         if shown:
             print(table(shown))
-    return 0 if result.passed else 1
+        if cabling is not None:
+            findings = "; ".join(cabling.get("findings") or [])
+            print(
+                f"SCALE-OUT CABLING ({args.cabling_of}): {cabling.get('result')}"
+                + (f": {findings}" if findings else "")
+            )
+    return 0 if passed else 1
+
+
+def cabling_verdict(node: dict[str, Any] | None, name: str) -> dict[str, Any]:
+    """The controller's cabling record on the Node, or why there is none (never a pass)."""
+    from fabricdra.api.labels import CABLING_CHECK
+
+    if node is None:
+        return {"result": "NotRun", "findings": [f"no Node {name}"]}
+    raw = (node["metadata"].get("annotations") or {}).get(CABLING_CHECK)
+    if raw is None:
+        return {
+            "result": "NotRun",
+            "findings": [
+                "no cabling record: the controller runs the check only with --scale-out-tiers, "
+                "on nodes whose leaf is known"
+            ],
+        }
+    try:
+        record = json.loads(raw)
+    except ValueError:
+        return {"result": "Unreadable", "findings": [f"{CABLING_CHECK}: {raw[:80]}"]}
+    return dict(record) if isinstance(record, dict) else {"result": "Unreadable", "findings": []}
+
+
+def _cabling(args: argparse.Namespace) -> dict[str, Any]:
+    api = api_client(args.kubeconfig, USER_AGENT)
+    try:
+        node = Rest(api).get(NODES, args.cabling_of)
+    except ApiError as e:
+        if e.not_found:
+            return cabling_verdict(None, args.cabling_of)
+        return {"result": "NotRun", "findings": [f"cannot read Node {args.cabling_of}: {e}"]}
+    finally:
+        api.close()
+    return cabling_verdict(node, args.cabling_of)
 
 
 def table(probes: list[ProbeResult]) -> str:

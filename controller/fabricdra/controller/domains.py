@@ -90,7 +90,7 @@ class DomainReconciler:
                 return  # not recorded: placement may not count on it yet
             domain = grouped
             placed = d.placement.place(domain, key)
-            recorded = self._record(domain, key, channel, placed.fabric)
+            recorded = self._record(domain, key, channel, placed.fabric, placed.plan)
             if recorded is None:
                 return  # not recorded: nothing may be made from the decisions yet
             domain = recorded
@@ -238,12 +238,15 @@ class DomainReconciler:
             for cl in self.d.claims.by_index(BY_DOMAIN, domain.uid)
         )
 
-    def _pin(self, domain: ComputeDomain) -> str | None:
+    def _pin(self, domain: ComputeDomain) -> str | list[str] | None:
         """The fabric domain the workload template is restricted to: a gang's placement
         (placement.py; it lasts as long as the domain), else the one fixed by the first
         admission, while the domain holds a node or an allocated claim. None: unpinned
         (never pinned, pinned to nodes without a fabric, or holding nothing any more)."""
         own = self.d.ownership
+        if domain.spec.spans and domain.status.placement is not None:
+            # A spanning gang: to the fabric domains of its recorded placement (hierarchy.py).
+            return sorted(s.fabricDomain for s in domain.status.placement.shares)
         if domain.spec.allowMultipleCliques:  # takes nodes of any clique: never steered to one
             return None
         pinned = own.pin_of(domain.uid)
@@ -259,7 +262,12 @@ class DomainReconciler:
         return pinned
 
     def _record(
-        self, domain: ComputeDomain, key: str, channel: int, fabric: str | None
+        self,
+        domain: ComputeDomain,
+        key: str,
+        channel: int,
+        fabric: str | None,
+        plan: JSON | None = None,
     ) -> ComputeDomain | None:
         """Write the domain's channel and a gang's placement into its status before any
         object is made from them (records.py): a controller killed after creating the claim
@@ -273,6 +281,7 @@ class DomainReconciler:
             domain.metadata["resourceVersion"],
             channel,
             fabric,
+            plan,
         )
         if patch is None:
             return domain

@@ -289,13 +289,20 @@ def hardware_fingerprint(node_devices: JSON | None) -> str:
 
 
 def node_devices_view(obj: JSON) -> JSON:
-    """A NodeDevices object cut down to what the check reads (an informer transform): the
-    inventory itself is large and not read here."""
+    """A NodeDevices object cut down to what the check and the scale-out tier labels read (an
+    informer transform): the verification fingerprints, and each RDMA interface's name and
+    scale-out facts (tierlabels.py). The rest of the inventory is large and not read here."""
     meta = obj.get("metadata") or {}
     v = (obj.get("status") or {}).get("verification") or {}
     kept = {k: v[k] for k in ("state", "fingerprint", "currentFingerprint") if k in v}
+    interfaces = [
+        {k: i[k] for k in ("name", "rdma", "rdmaDevice", "scaleOut") if k in i}
+        for i in ((obj.get("spec") or {}).get("interfaces") or [])
+        if i.get("rdma") and i.get("scaleOut")
+    ]
     return {
         "metadata": {k: meta[k] for k in ("name", "uid", "resourceVersion") if k in meta},
+        "spec": {"interfaces": interfaces},
         "status": {"verification": kept},
     }
 

@@ -34,10 +34,12 @@ counts them: capacity.expected_by_fabric); in `none` at most 1 (no NVLink betwee
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fabricdra.api import labels
 from fabricdra.api.computedomain import gang_size
 
 from . import capacity
@@ -83,6 +85,8 @@ class Domain:
 class Fleet:
     domains: dict[str, Domain]
     computeDomains: list[dict[str, Any]]
+    # The scale-out cabling check's verdicts (controller/tierlabels.py), from the Nodes.
+    scaleOut: dict[str, Any] = field(default_factory=dict)
 
     def totals(self) -> dict[str, Counts]:
         out: dict[str, Counts] = {}
@@ -113,6 +117,7 @@ class Fleet:
             ],
             "totals": {cls: c.to_json() for cls, c in sorted(self.totals().items())},
             "computeDomains": self.computeDomains,
+            "scaleOut": self.scaleOut,
         }
 
 
@@ -234,4 +239,26 @@ def fleet(
             domains[name].largestFit = max(domains[name].largestFit - expected, 0)
     if NO_DOMAIN in domains:  # no NVLink between its nodes: a ComputeDomain of one at most
         domains[NO_DOMAIN].largestFit = min(domains[NO_DOMAIN].largestFit, 1)
-    return Fleet(domains, cd_views)
+    return Fleet(domains, cd_views, scale_out(node_objs.values() if node_objs else ()))
+
+
+def scale_out(nodes: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """How many nodes carry tier labels, how many the cabling check judged, and each node it
+    failed, by name, with its findings (the Node's fabricdra.io/network.cabling record)."""
+    tiered = checked = 0
+    failed = []
+    for node in nodes:
+        meta = node.get("metadata") or {}
+        tiered += labels.TIER_1 in (meta.get("labels") or {})
+        raw = (meta.get("annotations") or {}).get(labels.CABLING_CHECK)
+        if not raw:
+            continue
+        checked += 1
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            record = {"result": "Failed", "findings": [f"unreadable record: {raw[:80]}"]}
+        if record.get("result") == "Failed":
+            failed.append({"node": meta.get("name", ""), "findings": record.get("findings", [])})
+    failed.sort(key=lambda f: f["node"])
+    return {"tieredNodes": tiered, "checkedNodes": checked, "cablingFailed": failed}

@@ -30,11 +30,13 @@ from typing import Any
 from fabricdra.api import computedomain as cd
 from fabricdra.api import labels as node_labels
 from fabricdra.api.jsontypes import JSON
+from fabricdra.api.scaleout import TIER_LABELS
 from fabricdra.kube.informer import Informer, key_of, without_managed_fields
 from fabricdra.kube.rest import (
     CLAIM_TEMPLATES,
     CLAIMS,
     COMPUTE_DOMAINS,
+    CONFIG_MAPS,
     DAEMON_SETS,
     LEASES,
     NODE_DEVICES,
@@ -65,6 +67,8 @@ from .nodes import NodeReconciler, admitted_domains
 from .ownership import Ownership
 from .placement import Placement, finished
 from .records import NotRecorded
+from .tierlabels import DUMP_LABEL, TREE, InputUnreadable, TierDeps, TierLabels
+from .tierlabels import node_view as tier_node_view
 from .workqueue import WorkQueue
 from .writes import Writer, counting_rest
 
@@ -92,19 +96,27 @@ def only_renewed(old: JSON | None, new: JSON | None) -> bool:
     return rest_of(old) == rest_of(new)
 
 
-def placement_facts(node: JSON | None) -> tuple[str, str, str, str] | None:
+def placement_facts(node: JSON | None) -> tuple[str, ...] | None:
     """What gang placement reads of a Node (capacity.unusable, its fabric label, its
-    verification and fabric-check labels): a Node event that changes none of it (our own
+    verification and fabric-check labels, its NoSchedule/NoExecute taints (podfit.py) and
+    switch-tier labels (hierarchy.py)): a Node event that changes none of it (our own
     holder label, a status heartbeat) cannot make room or take it away."""
     if node is None:
         return None
     labels_ = node["metadata"].get("labels", {})
     why = capacity.unusable(node) or "usable"
+    taints = sorted(
+        f"{t.get('key')}={t.get('value') or ''}:{t.get('effect')}"
+        for t in (node.get("spec") or {}).get("taints") or []
+        if t.get("effect") in ("NoSchedule", "NoExecute")
+    )
     return (
         why,
         node_fabric(node),
         str(labels_.get(node_labels.VERIFIED, "")),
         str(labels_.get(node_labels.FABRIC_VERIFIED, "")),
+        ",".join(taints),
+        *(str(labels_.get(tier, "")) for tier in TIER_LABELS),
     )
 
 
@@ -115,6 +127,14 @@ def fabric_facts(node: JSON | None) -> tuple[object, ...] | None:
         return None
     annotations = node["metadata"].get("annotations") or {}
     return (*facts, annotations.get(node_labels.FABRIC_CHECK, ""))
+
+
+def _nics(node_devices: JSON | None) -> object:
+    return ((node_devices or {}).get("spec") or {}).get("interfaces")
+
+
+def _verification(node_devices: JSON | None) -> object:
+    return ((node_devices or {}).get("status") or {}).get("verification")
 
 
 class NotSynced(Exception):
@@ -146,6 +166,9 @@ class ControllerConfig:
     # Read the Workload API's PodGroups and pods (workloads.py): only where the API server
     # serves them (the CLI's --workload-api decides).
     workload_api: bool = False
+    # The scale-out tier labels and cabling check (tierlabels.py): off unless asked for.
+    scale_out_tiers: bool = False
+    topology_file: str = ""  # the operator's topology file (a mounted ConfigMap), "" for none
 
 
 class Controller:
@@ -230,18 +253,29 @@ class Controller:
             self._informers += [self.pods, self.podgroups]
         self.domains.add_index(workloads.BY_TEMPLATE, workloads.domain_template)
         self.node_devices: Informer | None = None
-        if self.config.fabric_check:
+        if self.config.fabric_check or self.config.scale_out_tiers:
             # The nodes' hardware fingerprints, for the fabric check's membership.
             self.node_devices = Informer(
                 self.rest, NODE_DEVICES, **{**opts, "transform": node_devices_view}
             )
             self._informers.append(self.node_devices)
+        self.tier_nodes: Informer | None = None
+        self.dumps: Informer | None = None
+        if self.config.scale_out_tiers:
+            # Every Node, not only the compute-domain plugin's: any node with RDMA NICs has a
+            # place in the scale-out tree. Cut down to the labels and annotation it reads.
+            self.tier_nodes = Informer(self.rest, NODES, **{**opts, "transform": tier_node_view})
+            self.dumps = Informer(
+                self.rest, CONFIG_MAPS, namespace=ns, label_selector=DUMP_LABEL, **opts
+            )
+            self._informers += [self.tier_nodes, self.dumps]
         # A resync's keys go after events' but none waits past a quarter of the period, so a
         # sweep still ends within it (workqueue.py).
         self.domain_queue = WorkQueue(resync_max_wait=self.config.resync_seconds / 4)
         self.node_queue = WorkQueue(resync_max_wait=self.config.resync_seconds / 4)
         # Fabric domains to check (fabriccheck.py): `fabric_check_concurrency` workers.
         self.fabric_queue = WorkQueue(resync_max_wait=self.config.resync_seconds / 4)
+        self.tier_queue = WorkQueue(resync_max_wait=self.config.resync_seconds / 4)
         self.ownership = Ownership()
         self.heartbeats = Heartbeats()
         # Each gets what it uses, not the Controller (deps.py).
@@ -303,7 +337,22 @@ class Controller:
             )
         )
         self.fabric_check: FabricCheck | None = None
-        if self.node_devices is not None:
+        self.tier_labels: TierLabels | None = None
+        if self.tier_nodes is not None and self.dumps is not None:
+            assert self.node_devices is not None
+            self.tier_labels = TierLabels(
+                TierDeps(
+                    nodes=self.tier_nodes,
+                    node_devices=self.node_devices,
+                    dumps=self.dumps,
+                    topology_file=self.config.topology_file,
+                    patch_node=lambda name, patch: self.rest.patch(NODES, name, patch),
+                    node_event=self.writer.node_event,
+                    require_synced=self.require_synced,
+                    requeue_after=self.tier_queue.add_after,
+                )
+            )
+        if self.node_devices is not None and self.config.fabric_check:
             own = self.ownership
             self.fabric_check = FabricCheck(
                 FabricCheckDeps(
@@ -345,6 +394,10 @@ class Controller:
     def reconcile_node(self, name: str) -> None:
         self.require_synced()
         self.node_reconciler.reconcile(name)
+
+    def reconcile_tiers(self, key: str) -> None:
+        assert self.tier_labels is not None
+        self.tier_labels.reconcile(key)
 
     def reconcile_fabric(self, fabric: str) -> None:
         assert self.fabric_check is not None
@@ -472,6 +525,10 @@ class Controller:
             # domain's membership changed.
             if event == "SYNC" or old == new:
                 return
+            if self.tier_labels is not None and _nics(old) != _nics(new):
+                self.tier_queue.add(TREE)
+            if self.fabric_check is None or _verification(old) == _verification(new):
+                return
             name = (new or old or {}).get("metadata", {}).get("name", "")
             node = self.nodes.get(name)
             if node is not None and node_fabric(node):
@@ -512,8 +569,18 @@ class Controller:
         if self.pods is not None and self.podgroups is not None:
             self.pods.on_event(on_pod)
             self.podgroups.on_event(on_podgroup)
+
+        def on_tier_input(event: str, old: JSON | None, new: JSON | None) -> None:
+            # A Node came or went, its tier labels or cabling record were edited, a dump
+            # changed: the tree is computed again (a no-op where nothing differs).
+            if event == "SYNC" or old != new:
+                self.tier_queue.add(TREE, resync=event == "SYNC")
+
         if self.node_devices is not None:
             self.node_devices.on_event(on_node_devices)
+        if self.tier_nodes is not None and self.dumps is not None:
+            self.tier_nodes.on_event(on_tier_input)
+            self.dumps.on_event(on_tier_input)
         self.device_slices.on_event(on_devices)
         self.allocations.on_event(on_allocation)
         self.domains.on_event(on_domain)
@@ -603,6 +670,9 @@ class Controller:
         self._spawn("node-worker", self._worker, self.node_queue, self.reconcile_node, "node")
         if self.fabric_check is not None:
             self._spawn("fabric-start", self._fabric_workers)
+        if self.tier_labels is not None:
+            self.tier_queue.add(TREE)
+            self._spawn("tier-worker", self._worker, self.tier_queue, self.reconcile_tiers, "tiers")
 
     def _fabric_workers(self) -> None:
         assert self.fabric_check is not None
@@ -636,6 +706,7 @@ class Controller:
         self.domain_queue.close()
         self.node_queue.close()
         self.fabric_queue.close()
+        self.tier_queue.close()
         for informer in self._informers:
             informer.stop()
         if self.elector is not None:
@@ -662,7 +733,7 @@ class Controller:
             except Exception as e:
                 metrics.RECONCILE_ERRORS.labels(target).inc()
                 delay = queue.retry(key)
-                if isinstance(e, ApiError | NotSynced | NotRecorded):
+                if isinstance(e, ApiError | NotSynced | NotRecorded | InputUnreadable):
                     log.warning("reconcile %s %s: %s (retry in %.2fs)", target, key, e, delay)
                 else:
                     log.exception("reconcile %s %s failed (retry in %.2fs)", target, key, delay)

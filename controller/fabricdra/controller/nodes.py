@@ -17,6 +17,7 @@ from .claims import allocated_at, claim_views, dev_key, domain_uid, node_fabric
 from .deps import Cache, NodeDeps
 from .fabriccheckrun import RUN_LABEL
 from .indexes import BY_NODE, BY_UID
+from .placement import recorded_shares
 from .status import Event
 from .writes import FIELD_MANAGER, now
 
@@ -46,6 +47,12 @@ def admitted_domains(domains: Cache, node: str, claims: Iterable[JSON]) -> set[s
         for v in claim_views(cl, node, namespaces)
         if v.state == "admitted" and v.domain
     }
+
+
+# A claim's refusal reason where its node is the last free room of a placed gang.
+RESERVED_FOR_GANG = "ReservedForGang"
+# ... where a spanning gang holds its whole share of the node's fabric domain already.
+OUTSIDE_PLACEMENT = "OutsidePlacement"
 
 
 class NodeReconciler:
@@ -104,7 +111,10 @@ class NodeReconciler:
             if view.state == "pending" and view.domain:
                 d.placement.follow(view.domain, fabric)
         refused = self._fabric_check_refusals(node, views)
-        views = [v for v in views if v.key not in refused]
+        reserved = self._gang_reservations(name, fabric, views, previous)
+        outside = self._share_refusals(name, fabric, views)
+        turned_away = {*refused, *reserved, *outside}
+        views = [v for v in views if v.key not in turned_away]
         live, multi = self.live_domains([*(v.domain for v in views), previous])
         names = {uid: key for uid in live if (key := d.ownership.key_of(uid))}
         decision = admission.decide(
@@ -156,6 +166,13 @@ class NodeReconciler:
             )
             metrics.ADMISSIONS.labels("conflict").inc()
             self._conflict_event(by_key[key], why)
+        placed_refusals = [(RESERVED_FOR_GANG, reserved), (OUTSIDE_PLACEMENT, outside)]
+        for reason, key, message in (
+            (r, k, m) for r, refusals in placed_refusals for k, m in sorted(refusals.items())
+        ):
+            self._answer(by_key[key], name, cd.CONFLICT_CONDITION, reason, message)
+            metrics.ADMISSIONS.labels("conflict").inc()
+            self._conflict_event(by_key[key], message)
         metrics.HELD_NODES.set(d.ownership.held_count())
         if previous != cd.FREE_OWNER and decision.owner == cd.FREE_OWNER:
             d.placement.room_may_have_freed()
@@ -163,6 +180,50 @@ class NodeReconciler:
             domain_key = d.ownership.key_of(uid)
             if domain_key:
                 d.enqueue_domain(domain_key)
+
+    def _gang_reservations(
+        self, name: str, fabric: str, views: Iterable[admission.ClaimOnNode], previous: str
+    ) -> dict[str, str]:
+        """Pending claims refused on the free node `name` because the gangs placed in its
+        fabric domain still expect every free node there (placement.reserved)."""
+        if previous != cd.FREE_OWNER:
+            return {}  # held already: decided by who holds it
+        out: dict[str, str] = {}
+        for view in views:
+            if view.state == "pending" and view.domain:
+                why = self.d.placement.reserved(name, fabric, view.domain)
+                if why:
+                    out[view.key] = why
+        return out
+
+    def _share_refusals(
+        self, name: str, fabric: str, views: Iterable[admission.ClaimOnNode]
+    ) -> dict[str, str]:
+        """Pending claims of a spanning gang refused on `name` because the gang holds its
+        whole share of `fabric` already (status.placement): more there would split a segment
+        or a TP x EP group across NVLink domains (hierarchy.py)."""
+        d, out = self.d, {}
+        for view in views:
+            if view.state != "pending" or not view.domain:
+                continue
+            key = d.ownership.key_of(view.domain)
+            obj = d.domains.get(key) if key else None
+            shares = recorded_shares(obj) if obj is not None else None
+            if not shares:
+                continue
+            held = [
+                n
+                for n in d.ownership.nodes_of(view.domain)
+                if n != name and node_fabric(d.nodes.get(n) or {}) == fabric
+            ]
+            share = shares.get(fabric, 0)
+            if len(held) >= share:
+                out[view.key] = (
+                    f"node {name}: the ComputeDomain's placement takes {share} "
+                    f"node(s) in fabric domain {fabric or '(none)'} (status.placement) and "
+                    f"holds them already ({', '.join(sorted(held)) or 'none'})"
+                )
+        return out
 
     def _fabric_check_refusals(
         self, node: JSON, views: Iterable[admission.ClaimOnNode]

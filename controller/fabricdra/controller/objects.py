@@ -86,10 +86,14 @@ def daemon_config(domain: ComputeDomain) -> JSON:
     ).params()
 
 
-def _channel_selector(uid: str, fabric: str | None) -> str:
+def _channel_selector(uid: str, fabric: str | list[str] | None) -> str:
     attrs = f"device.attributes['{cd.DRIVER}']"
     rule = f"{attrs}.type == 'channel' && {attrs}.{cd.ATTR_OWNER} in ['{cd.FREE_OWNER}', '{uid}']"
-    if fabric is not None:
+    if isinstance(fabric, list):
+        # A spanning gang (hierarchy.py): the fabric domains of its placement, and no other.
+        listed = ", ".join(f"'{f}'" for f in fabric)
+        rule += f" && {attrs}.{cd.ATTR_FABRIC} in [{listed}]"
+    elif fabric is not None:
         # Pinned: the scheduler only considers nodes of the domain's fabric domain, so a pod
         # that cannot fit there stays quietly Pending instead of failing binding elsewhere.
         rule += f" && {attrs}.{cd.ATTR_FABRIC} == '{fabric}'"
@@ -114,9 +118,11 @@ def pinned_fabric(claim: JSON) -> str | None:
     return None
 
 
-def workload_claim_template(domain: ComputeDomain, channel: int, fabric: str | None = None) -> JSON:
+def workload_claim_template(
+    domain: ComputeDomain, channel: int, fabric: str | list[str] | None = None
+) -> JSON:
     """`fabric`: the fabric domain the domain is pinned to (None while unpinned; "" pins it
-    to nodes without a fabric)."""
+    to nodes without a fabric; a list: a spanning gang's fabric domains)."""
     labels = {cd.DOMAIN_LABEL: domain.uid, cd.TARGET_LABEL: "workload"}
     return {
         "apiVersion": "resource.k8s.io/v1",

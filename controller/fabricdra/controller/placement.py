@@ -36,11 +36,12 @@ import logging
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fabricdra.api.computedomain import FREE_OWNER, ComputeDomain, gang_size
+from fabricdra.api.jsontypes import JSON
 
-from . import capacity, records
+from . import capacity, hierarchy, podfit, records
 from .capacity import FINISHED, finished
 from .indexes import BY_DOMAIN, BY_FABRIC, BY_NODE
 from .objects import pinned_fabric
@@ -58,7 +59,13 @@ log = logging.getLogger("fabricdra.controller")
 class Gang:
     uid: str
     want: int  # numNodes
-    fabric: str  # the fabric domain it is placed in
+    fabric: str  # the fabric domain it is placed in ("" for a spanning gang)
+    # A spanning gang's nodes per fabric domain (hierarchy.py); None: all `want` in `fabric`.
+    shares: Mapping[str, int] | None = None
+
+    @property
+    def parts(self) -> Mapping[str, int]:
+        return self.shares if self.shares is not None else {self.fabric: self.want}
 
 
 def free_nodes(
@@ -77,10 +84,13 @@ def free_nodes(
         held = sum(1 for n in nodes if owners.get(n, FREE_OWNER) not in (FREE_OWNER, for_uid))
         free[fabric] = len(nodes) - held
     for gang in gangs:
-        if gang.uid == for_uid or gang.fabric not in members:
+        if gang.uid == for_uid:
             continue
-        have = sum(1 for n in members[gang.fabric] if owners.get(n) == gang.uid)
-        free[gang.fabric] -= max(gang.want - have, 0)
+        for fabric, share in gang.parts.items():
+            if fabric not in members:
+                continue
+            have = sum(1 for n in members[fabric] if owners.get(n) == gang.uid)
+            free[fabric] -= max(share - have, 0)
     return free
 
 
@@ -97,6 +107,31 @@ def best_fit(want: int, free: Mapping[str, int]) -> str | None:
 class Placed:
     fabric: str | None  # where the gang runs; None: not placed
     waiting: str = ""  # why it is not placed yet ("" when placement does not apply)
+    # A spanning gang's placement (status.placement as JSON), None for any other domain.
+    plan: JSON | None = None
+
+    @property
+    def fabrics(self) -> list[str] | None:
+        """The fabric domains a spanning gang's template is pinned to (None: not spanning)."""
+        if self.plan is None:
+            return None
+        return sorted(s["fabricDomain"] for s in self.plan.get("shares") or [])
+
+
+def plan_json(plan: hierarchy.Plan) -> JSON:
+    """A plan as recorded in status.placement (PlacementStatus)."""
+    return {
+        "tier": plan.tier,
+        "switch": plan.switch,
+        "shares": [{"fabricDomain": f, "nodes": plan.shares[f]} for f in plan.fabrics],
+    }
+
+
+def recorded_shares(obj: Mapping[str, Any]) -> dict[str, int] | None:
+    """A spanning gang's recorded shares (status.placement), None when not placed."""
+    placement = (obj.get("status") or {}).get("placement") or {}
+    shares = placement.get("shares") or []
+    return {s["fabricDomain"]: int(s["nodes"]) for s in shares} or None
 
 
 def is_gang(domain: ComputeDomain) -> bool:
@@ -148,6 +183,25 @@ class GpuRoom(Mapping[str, int]):
         return sum(1 for _ in self)
 
 
+class _Nodes(Mapping[str, JSON]):
+    """The node cache as a read-only mapping (name -> Node)."""
+
+    def __init__(self, cache: Cache) -> None:
+        self.cache = cache
+
+    def __getitem__(self, name: str) -> JSON:
+        obj = self.cache.get(name)
+        if obj is None:
+            raise KeyError(name)
+        return obj
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(o["metadata"]["name"] for o in self.cache.items())
+
+    def __len__(self) -> int:
+        return len(self.cache.items())
+
+
 class Placement:
     """The placement decisions, one at a time (domain workers run in parallel)."""
 
@@ -164,6 +218,9 @@ class Placement:
         # capacity.gpu_room per node, recomputed only for nodes whose slices or claims
         # changed (devices_changed).
         self._room = GpuRoom(deps.device_slices, deps.allocations)
+        # UID -> a spanning gang's shares, until its status records them (the informer's
+        # copy may lag the write).
+        self._plans: dict[str, dict[str, int]] = {}
 
     def _current(self, uid: str, recorded: str) -> str | None:
         pinned = self.d.ownership.pin_of(uid)
@@ -205,6 +262,7 @@ class Placement:
             gpu_room=self._room,
             keep=set(d.ownership.nodes_of(for_uid)),
         )
+        fabrics = self._narrow(fabrics, for_uid)
         owners = {n: d.ownership.owner(n) for nodes in fabrics.values() for n in nodes}
         key = self._topology_key(for_uid) if topology_key is None else topology_key
         if key:  # the PodGroup's topology constraint (workloads.py)
@@ -216,18 +274,91 @@ class Placement:
                 ),
                 lambda n: owners.get(n, FREE_OWNER) in (FREE_OWNER, for_uid),
             )
+        return fabrics, owners, self._gangs(for_uid)
+
+    def _gangs(self, for_uid: str) -> list[Gang]:
+        """The placements of the gangs other than `for_uid` that still expect nodes."""
         gangs = []
-        for obj in d.domains.items():
+        for obj in self.d.domains.items():
             meta = obj["metadata"]
             want = gang_size(obj) or 1
             if meta.get("deletionTimestamp") or want <= 1 or meta["uid"] == for_uid:
                 continue
             if finished(obj):  # its pods are done: it expects no node any more
                 continue
+            if (obj.get("spec") or {}).get("allowMultipleCliques") is True:
+                shares = self._plans.get(meta["uid"]) or recorded_shares(obj)
+                if shares:
+                    gangs.append(Gang(meta["uid"], want, "", shares))
+                continue
             placed = self._current(meta["uid"], (obj.get("status") or {}).get("fabricDomain", ""))
             if placed:
                 gangs.append(Gang(meta["uid"], want, placed))
-        return fabrics, owners, gangs
+        return gangs
+
+    def reserved(self, node: str, fabric: str, for_uid: str) -> str:
+        """Why domain `for_uid` may not take the free `node` of `fabric` ("" if it may): the
+        gangs placed in `fabric` still expect every free node there. Admitted, an elastic (or
+        single-node, or unplaced) domain took a tray a placed gang's pinned claims can go
+        nowhere but; the gang timed out, was released and placed there again, for ever,
+        while another rack was free (issue 28 point 4c). Its pod is refused at binding
+        instead and the scheduler tries it again, elsewhere if elsewhere has room."""
+        d = self.d
+        if not fabric:
+            return ""
+        with self._lock:
+            here = [g for g in self._gangs("") if fabric in g.parts]
+            if not here or any(g.uid == for_uid for g in here):
+                return ""  # no gang placed here, or the claim's own gang is one of them
+            gangs = here
+            fabrics = capacity.usable_by_fabric(
+                d.nodes.by_index(BY_FABRIC, fabric),
+                require_verified=d.require_verified_nodes,
+                require_fabric_verified=d.require_fabric_verified,
+            )
+            if node not in fabrics.get(fabric, []):
+                return ""  # not room any gang counts on
+            owners = {n: d.ownership.owner(n) for n in fabrics[fabric]}
+            if free_nodes(fabrics, owners, gangs, for_uid).get(fabric, 0) > 0:
+                return ""
+        names = sorted(d.ownership.key_of(g.uid) or g.uid for g in gangs)
+        return (
+            f"node {node} is reserved: the gang(s) placed in fabric domain {fabric} "
+            f"({', '.join(names)}) still expect every free node there"
+        )
+
+    def _needs(self, uid: str) -> podfit.PodNeeds:
+        """What each pod of domain `uid` needs of a node (its spec; defaults if unknown)."""
+        key = self.d.ownership.key_of(uid)
+        obj = self.d.domains.get(key) if key else None
+        try:
+            return podfit.PodNeeds.of(ComputeDomain.model_validate(obj).spec)
+        except ValueError:  # unknown or unreadable: what capacity.py counts
+            return podfit.PodNeeds()
+
+    def _narrow(self, fabrics: dict[str, list[str]], uid: str) -> dict[str, list[str]]:
+        """`fabrics` without the nodes domain `uid`'s pods cannot run on (podfit.py: a taint
+        they do not tolerate, fewer free GPUs than a pod uses): counted, a gang was placed
+        where it could never fill, timed out and was placed there again while another rack
+        was free (issue 28 point 4c)."""
+        d, needs = self.d, self._needs(uid)
+        listed = [n for names in fabrics.values() for n in names]
+        tainted = any((d.nodes.get(n) or {}).get("spec", {}).get("taints") for n in listed)
+        if not tainted and needs.gpus <= 1:
+            return fabrics  # capacity.py counted a free GPU already: nothing more to judge
+        common = (
+            podfit.fleet_taints(n for n in d.nodes.items() if capacity.in_fabric(n))
+            if tainted
+            else frozenset()
+        )
+        return podfit.narrow(
+            fabrics,
+            _Nodes(d.nodes),
+            needs,
+            self._room,
+            common,
+            keep=d.ownership.nodes_of(uid),
+        )
 
     def _topology_key(self, uid: str) -> str:
         """The node label the gang must stay within one value of: its PodGroup's topology
@@ -269,6 +400,8 @@ class Placement:
 
     def place(self, domain: ComputeDomain, key: str) -> Placed:
         """The gang's fabric domain, placing it now (best fit) if it has none yet."""
+        if domain.spec.spans:
+            return self._place_spanning(domain, key)
         if not is_gang(domain):
             return Placed(None)
         want = domain.num_nodes or 1
@@ -325,34 +458,69 @@ class Placement:
             log.info("placed ComputeDomain %s (numNodes %d) in fabric domain %s", key, want, fabric)
             return Placed(fabric)
 
+    def _place_spanning(self, domain: ComputeDomain, key: str) -> Placed:
+        """A gang across NVLink fabric domains (hierarchy.py): its recorded placement, else
+        the fewest fabric domains under the lowest switch tier with room, or it waits whole
+        (no template, so none of its pods' claims is made or allocated anywhere)."""
+        spec, want = domain.spec, domain.spec.numNodes or 1
+        recorded = domain.status.placement
+        with self._lock:
+            if recorded is not None and recorded.shares:
+                self._waiting.discard(key)
+                self._plans.pop(domain.uid, None)
+                return Placed(None, plan=recorded.model_dump(mode="json"))
+            fabrics, owners, gangs = self._view(domain.uid)
+            if not fabrics:  # no NVLink fabric domain known: nothing to place in
+                self._waiting.discard(key)
+                return Placed(None)
+            free = free_nodes(fabrics, owners, gangs, domain.uid)
+            switches = hierarchy.Switches.of(fabrics, self.d.nodes.get)
+            required = spec.topology.required if spec.topology else None
+            out = hierarchy.place(want, free, switches, atom=spec.atom, required=required)
+            if isinstance(out, hierarchy.Wait):
+                self._waiting.add(key)
+                log.info("ComputeDomain %s (numNodes %d) fits nowhere yet: %s", key, want, free)
+                held_back = self._held_back(domain.uid)
+                return Placed(None, f"{out.message}; {held_back}" if held_back else out.message)
+            self._waiting.discard(key)
+            self._plans[domain.uid] = dict(out.shares)
+            log.info(
+                "placed ComputeDomain %s (numNodes %d) under %s %s: %s",
+                key,
+                want,
+                out.tier,
+                out.switch or "-",
+                dict(out.shares),
+            )
+            return Placed(None, plan=plan_json(out))
+
     def _still_fits(self, uid: str, key: str, want: int, current: str) -> str:
         """The gang's fabric domain, after checking a placement that has not got all its nodes
         yet: if a node of it failed (NotReady, cordoned, deleted: capacity.unusable) so that
         `current` no longer has room for the whole gang, and another fabric domain has, the
         gang moves there (best fit; domains.py records it and re-pins the template). With
         nowhere else to go it stays: the node may come back. A gang that holds all its nodes
-        (all its pods were admitted) never moves. Node state and other gangs only: a node or
-        GPUs an elastic domain takes are the gang timeout's business, as before."""
+        (all its pods were admitted) never moves. A node another domain holds (an elastic
+        one too), a taint its pods do not tolerate and too few free GPUs count as lost room
+        (podfit.py)."""
         d = self.d
         if len(d.ownership.nodes_of(uid)) >= want:
             return current
         # Only `current`'s nodes for the check (its fabric index): the whole fleet is read
         # only when the gang has to move.
-        fabrics = capacity.usable_by_fabric(
-            d.nodes.by_index(BY_FABRIC, current),
-            require_verified=d.require_verified_nodes,
-            require_fabric_verified=d.require_fabric_verified,
+        fabrics = self._narrow(
+            capacity.usable_by_fabric(
+                d.nodes.by_index(BY_FABRIC, current),
+                require_verified=d.require_verified_nodes,
+                require_fabric_verified=d.require_fabric_verified,
+            ),
+            uid,
         )
         _, _, gangs = self._view(uid)
-        # Holds of other gangs count (placement orders gangs); an elastic domain's hold does
-        # not: it is no node failure, and the gang timeout deals with it as before.
-        gang_uids = {g.uid for g in gangs}
-        owners = {
-            n: owner
-            for nodes in fabrics.values()
-            for n in nodes
-            if (owner := d.ownership.owner(n)) in gang_uids
-        }
+        # Every other domain's hold counts, an elastic domain's too: a tray it took is as
+        # lost to this gang as a failed one (issue 28 point 4c: counted only by the gang
+        # timeout, the gang cycled through timeouts while another rack was free).
+        owners = {n: d.ownership.owner(n) for nodes in fabrics.values() for n in nodes}
         if free_nodes(fabrics, owners, gangs, uid).get(current, 0) >= want:
             return current
         fabrics, owners, gangs = self._view(uid)
@@ -509,6 +677,7 @@ class Placement:
     def forget(self, key: str, uid: str = "") -> None:
         with self._lock:
             self._ran.discard(uid)
+            self._plans.pop(uid, None)
             self._waiting.discard(key)
             self._excluded.pop(uid, None)
             self._again.discard(uid)

@@ -90,6 +90,8 @@ CONTROLLER_NAMESPACED: list[Rule] = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "create", "delete"]},
     {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
     {"apiGroups": [""], "resources": ["services", "secrets"], "verbs": ["create"]},
+    # The ibnetdiscover dumps the fabric Jobs write (tierlabels.py, --scale-out-tiers).
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list", "watch"]},
 ]
 
 NODE_PLUGIN: list[Rule] = [

@@ -56,11 +56,18 @@ def record_fabric(
 
 
 def decisions_patch(
-    status: JSON, resource_version: str, channel: int, fabric: str | None
+    status: JSON,
+    resource_version: str,
+    channel: int,
+    fabric: str | None,
+    plan: JSON | None = None,
 ) -> JSON | None:
     """The conditional status patch recording a domain's channel (and a gang's placement,
-    `fabric`), or None when the status records them already."""
+    `fabric`, or a spanning gang's `plan`: status.placement), or None when the status records
+    them already."""
     want: JSON = {}
+    if plan is not None and status.get("placement") != plan:
+        want["placement"] = plan
     if channel not in (status.get("channels") or []):
         want["channels"] = [channel]
     if fabric and (status.get("fabricDomain") or "") != fabric:

@@ -17,7 +17,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 from fabricdra.api import computedomain as cd
-from fabricdra.api.computedomain import ComputeDomain, ComputeDomainStatus, Condition, NodeStatus
+from fabricdra.api.computedomain import (
+    ComputeDomain,
+    ComputeDomainStatus,
+    Condition,
+    NodeStatus,
+    SegmentStatus,
+)
 
 
 @dataclass(frozen=True)
@@ -111,9 +117,31 @@ def node_rows(domain: ComputeDomain, obs: Observed) -> list[NodeStatus]:
                 index=index,
                 ready=ready,
                 message=message,
+                # Each segment its own IMEX domain: the daemons of one segment list only each
+                # other as peers (daemon.peers_of); slots are kept, so a node keeps its segment.
+                segment=index // size if (size := domain.spec.segmentSize) else None,
             )
         )
     return sorted(rows, key=lambda r: (r.fabricDomain, r.index))
+
+
+def segment_rows(domain: ComputeDomain, rows: Sequence[NodeStatus]) -> list[SegmentStatus]:
+    """With segmentSize: each segment (fabric domain, number) its nodes have formed."""
+    size = domain.spec.segmentSize
+    if not size:
+        return []
+    groups: dict[tuple[str, int], list[NodeStatus]] = {}
+    for r in rows:
+        groups.setdefault((r.fabricDomain, r.segment or 0), []).append(r)
+    return [
+        SegmentStatus(
+            fabricDomain=fabric,
+            segment=k,
+            nodes=[r.name for r in members],
+            ready=len(members) == size and all(r.ready for r in members),
+        )
+        for (fabric, k), members in sorted(groups.items())
+    ]
 
 
 def too_large(
@@ -291,6 +319,7 @@ def compute(
         update={
             "conditions": conditions,
             "nodes": rows,
+            "segments": segment_rows(domain, rows),
             "observedGeneration": gen,
             # A multi-clique domain has no one fabric domain: its rows name each node's.
             "fabricDomain": ""

@@ -71,6 +71,7 @@ EVENTS = Kind("", "v1", "events", True)
 PODS = Kind("", "v1", "pods", True)
 SERVICES = Kind("", "v1", "services", True)
 SECRETS = Kind("", "v1", "secrets", True)
+CONFIG_MAPS = Kind("", "v1", "configmaps", True)
 NAMESPACES = Kind("", "v1", "namespaces", False)
 DEVICE_CLASSES = Kind("resource.k8s.io", "v1", "deviceclasses", False)
 

@@ -50,17 +50,20 @@ def own_row(domain: dict[str, Any], node: str) -> dict[str, Any] | None:
 
 def peers_of(domain: dict[str, Any], node: str) -> dict[int, str]:
     """IPs of the domain's nodes in this node's fabric domain, by their index (the stable
-    slot the controller gave each node); {} until the controller has listed this node (with
+    slot the controller gave each node); with segmentSize, of this node's segment only (each
+    segment is its own IMEX domain); {} until the controller has listed this node (with
     an IP)."""
     rows = domain.get("status", {}).get("nodes", []) or []
     mine = next((r for r in rows if r["name"] == node), None)
     if mine is None or not mine.get("ipAddress"):
         return {}
-    fabric = mine.get("fabricDomain", "")
+    fabric, segment = mine.get("fabricDomain", ""), mine.get("segment")
     return {
         int(r["index"]): r["ipAddress"]
         for r in rows
-        if r.get("fabricDomain", "") == fabric and r.get("ipAddress")
+        if r.get("fabricDomain", "") == fabric
+        and r.get("segment") == segment
+        and r.get("ipAddress")
     }
 
 
