@@ -8,6 +8,7 @@ so the three can never disagree on a label key or a driver name.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -329,6 +330,26 @@ class SegmentStatus(_Model):
     ready: bool = Field(default=False, description="segmentSize nodes, all ready.")
 
 
+class PodGroupStatus(_Model):
+    """The PodGroup (Kubernetes Workload API, `scheduling.k8s.io/v1alpha2`, KEP-4671) the
+    domain's pods belong to, recorded by the controller when `numNodes` is unset: its gang
+    `minCount` is then the domain's gang size, and its topology constraint (KEP-5732) the node
+    label the gang stays within one value of (docs/compute-domains.md, "Workload API")."""
+
+    name: str = Field(min_length=1, max_length=253)
+    minCount: int = Field(
+        ge=1,
+        description="The PodGroup's spec.schedulingPolicy.gang.minCount: the gang size (one "
+        "pod per node).",
+    )
+    topologyKey: str = Field(
+        default="",
+        max_length=317,
+        description="The node label key of the PodGroup's spec.schedulingConstraints.topology; "
+        "empty without one.",
+    )
+
+
 class ComputeDomainStatus(_Model):
     conditions: list[Condition] = Field(default_factory=list)
     nodes: list[NodeStatus] = Field(default_factory=list)
@@ -343,6 +364,11 @@ class ComputeDomainStatus(_Model):
         "first node that joins; empty until then, on nodes without a fabric, and always with "
         "allowMultipleCliques (each node's row names its clique).",
     )
+    podGroup: PodGroupStatus | None = Field(
+        default=None,
+        description="The PodGroup whose gang size and topology constraint the domain follows "
+        "(numNodes unset, Workload API served); absent otherwise.",
+    )
     placement: PlacementStatus | None = Field(
         default=None,
         description="A spanning gang's placement (allowMultipleCliques with topology, "
@@ -354,6 +380,16 @@ class ComputeDomainStatus(_Model):
         "channel id in that IMEX domain) and its nodes.",
     )
     observedGeneration: int = 0
+
+
+def gang_size(obj: Mapping[str, Any]) -> int | None:
+    """A stored ComputeDomain's gang size: `spec.numNodes`, else the `minCount` of the PodGroup
+    its status records (the Workload API); None: elastic (no gang)."""
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    if spec.get("numNodes") is not None:
+        return int(spec["numNodes"])
+    group = status.get("podGroup") or {}
+    return int(group["minCount"]) if group.get("minCount") else None
 
 
 class ComputeDomain(BaseModel):
@@ -388,6 +424,13 @@ class ComputeDomain(BaseModel):
     @property
     def deleting(self) -> bool:
         return bool(self.metadata.get("deletionTimestamp"))
+
+    @property
+    def num_nodes(self) -> int | None:
+        """The gang size: spec.numNodes, else the recorded PodGroup's minCount (gang_size)."""
+        if self.spec.numNodes is not None:
+            return self.spec.numNodes
+        return self.status.podGroup.minCount if self.status.podGroup is not None else None
 
 
 # What the CRD adds on top of the schema pydantic derives (crdgen takes these as arguments).

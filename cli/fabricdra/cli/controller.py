@@ -173,6 +173,15 @@ def register(sub: Any) -> None:
         "[FABRICDRA_FABRIC_CHECK_CONCURRENCY]",
     )
     a(
+        "--workload-api",
+        default=env_choice("WORKLOAD_API", "auto", ["auto", "true", "false"]),
+        choices=["auto", "true", "false"],
+        help="read the Kubernetes Workload API (scheduling.k8s.io/v1alpha2 PodGroups): a "
+        "domain without numNodes whose pods belong to a gang PodGroup takes its gang size and "
+        "topology constraint from it; auto: where the API server serves PodGroups (default "
+        "auto) [FABRICDRA_WORKLOAD_API]",
+    )
+    a(
         "--fabric-check-imex-mode",
         default=env_choice("FABRIC_CHECK_IMEX_MODE", "managed", ["managed", "host"]),
         choices=["managed", "host"],
@@ -267,7 +276,11 @@ def run(args: argparse.Namespace) -> int:
     api = api_client(args.kubeconfig)
     if not _preflight(api):
         return 1
+    workload_api = _workload_api(api, args.workload_api)
+    if workload_api is None:
+        return 1
     cfg = ControllerConfig(
+        workload_api=workload_api,
         namespace=args.namespace,
         daemon=DaemonSettings(
             namespace=args.namespace,
@@ -339,6 +352,36 @@ def _preflight(api: Any) -> bool:
         return False
     log.info("%s", checked.message())
     return True
+
+
+def _workload_api(api: Any, wanted: str) -> bool | None:
+    """--workload-api resolved against the API server: whether the controller reads PodGroups;
+    None (the controller exits 1) when it cannot tell, or `true` where they are not served."""
+    import logging
+
+    from fabricdra.controller import workloads
+    from fabricdra.kube.rest import ApiError, Rest
+
+    if wanted == "false":
+        return False
+    log = logging.getLogger("fabricdra.controller")
+    try:
+        served = workloads.served(Rest(api).call)
+    except ApiError as e:
+        log.error("cannot tell whether the API server serves the Workload API: %s", e)
+        return None
+    if wanted == "true" and not served:
+        log.error(
+            "--workload-api true, but the API server does not serve %s/%s PodGroups (feature "
+            "gate GenericWorkload and --runtime-config=%s/%s=true on kube-apiserver)",
+            workloads.PODGROUPS.group,
+            workloads.PODGROUPS.version,
+            workloads.PODGROUPS.group,
+            workloads.PODGROUPS.version,
+        )
+        return None
+    log.info("Workload API (PodGroups): %s", "read" if served else "not served; not read")
+    return served
 
 
 def _daemon_env(text: str) -> tuple[dict[str, Any], ...]:

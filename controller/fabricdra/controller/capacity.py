@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fabricdra.api import labels
+from fabricdra.api.computedomain import gang_size
 from fabricdra.api.fabriccheck import record_of
 from fabricdra.api.jsontypes import JSON
 
@@ -64,7 +65,7 @@ def expected_by_fabric(compute_domains: Iterable[Mapping[str, Any]]) -> dict[str
     out: dict[str, int] = {}
     for cd in compute_domains:
         meta, spec, status = cd.get("metadata") or {}, cd.get("spec") or {}, cd.get("status") or {}
-        want = int(spec.get("numNodes") or 1)
+        want = gang_size(cd) or 1
         fabric = status.get("fabricDomain") or ""
         if want <= 1 or not fabric or spec.get("allowMultipleCliques") is True:
             continue

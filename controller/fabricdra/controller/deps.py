@@ -109,6 +109,10 @@ class DomainDeps:
     daemon: DaemonSettings
     channel_count: int
     requeue_after: EnqueueAfter  # the domain queue's add_after
+    # The Workload API (workloads.py), where the API server serves PodGroups: pods (in a
+    # group; by claim template) and PodGroups. None: not served.
+    pods: Cache | None = None
+    podgroups: Cache | None = None
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from fabricdra.kube.rest import (
     Kind,
 )
 
-from . import capacity, channels, metrics, objects, records, status
+from . import capacity, channels, metrics, objects, records, status, workloads
 from .claims import (
     channel_of,
     claim_nodes,
@@ -44,6 +44,8 @@ from .writes import now
 log = logging.getLogger("fabricdra.controller")
 # Ready's reason (and the Warning Event's) for a ComputeDomain this controller cannot read.
 UNREADABLE = "Unreadable"
+# Ready's reason while a domain's claim template waits for a pod to show its PodGroup.
+WAITING_FOR_PODS = "WaitingForPods"
 
 
 class NotOurs(Exception):
@@ -83,12 +85,16 @@ class DomainReconciler:
             assert channel is not None
             # A gang is placed before its workload template exists, so every claim made from
             # the template is pinned to the gang's fabric domain (placement.py).
+            grouped, hold = self._record_group(domain, key)
+            if grouped is None:
+                return  # not recorded: placement may not count on it yet
+            domain = grouped
             placed = d.placement.place(domain, key)
             recorded = self._record(domain, key, channel, placed.fabric, placed.plan)
             if recorded is None:
                 return  # not recorded: nothing may be made from the decisions yet
             domain = recorded
-            ready, reason, message = self._ensure_objects(domain, channel, placed)
+            ready, reason, message = self._ensure_objects(domain, channel, placed, hold)
         self._update_status(domain, key, ready, reason, message, channel)
         self._count_domains()
 
@@ -217,9 +223,7 @@ class DomainReconciler:
             return False
         placement, held = self.d.placement, self.d.ownership.nodes_of(domain.uid)
         ready = next((c for c in domain.status.conditions if c.type == cd.READY), None)
-        if len(held) >= (domain.spec.numNodes or 1) or (
-            ready is not None and ready.status == "True"
-        ):
+        if len(held) >= (domain.num_nodes or 1) or (ready is not None and ready.status == "True"):
             # It ran. Remembered: its pods complete one by one, and Ready drops on the first.
             placement.ran(domain.uid)
         if held or self._has_allocated_claims(domain):
@@ -293,14 +297,68 @@ class DomainReconciler:
             return None
         return ComputeDomain.model_validate(out)
 
+    def _record_group(self, domain: ComputeDomain, key: str) -> tuple[ComputeDomain | None, str]:
+        """A domain without numNodes whose pods belong to a gang PodGroup (workloads.py): the
+        group's size and topology constraint are written into `status.podGroup` before the
+        gang is placed by them (every reader of the gang size, nodes.py's admission too, reads
+        the domain's status). A recorded group is not replaced while the domain holds nodes
+        (its running gang was admitted by it). Returns the domain as recorded (None when the
+        write met a conflict: the key is retried), and why its workload claim template is
+        held back ("" when it is not): until a pod naming the template shows whether the pods
+        are in a gang, claims made from an unplaced template could not follow the gang's
+        placement (a claim's spec never changes)."""
+        d = self.d
+        if d.pods is None or d.podgroups is None or domain.spec.numNodes is not None:
+            return domain, ""
+        template = domain.spec.channel.resourceClaimTemplate.name
+        pods = d.pods.by_index(workloads.BY_TEMPLATE, f"{domain.namespace}/{template}")
+        group, why = workloads.group_of(domain.namespace, template, pods, d.podgroups.get)
+        hold = ""
+        current = domain.status.podGroup
+        if current is None and d.templates.get(f"{domain.namespace}/{template}") is None:
+            if not pods:
+                hold = (
+                    f"no pod names claim template {template} yet; the Workload API is read, "
+                    "so the template is created once the first pod shows whether the domain's "
+                    "pods belong to a gang PodGroup (whose minCount is then the gang size)"
+                )
+            elif group is None and why.endswith(workloads.MISSING):
+                hold = f"{why}; the claim template is created once it does"
+        if why and not hold:
+            log.info("ComputeDomain %s: no gang size from the Workload API: %s", key, why)
+        if group is None or (current is not None and current.model_dump() == group.status()):
+            return domain, hold
+        if current is not None and d.ownership.nodes_of(domain.uid):
+            return domain, ""
+        patch = {
+            "metadata": {"resourceVersion": domain.metadata["resourceVersion"]},
+            "status": {"podGroup": group.status()},
+        }
+        try:
+            out = d.rest.patch(COMPUTE_DOMAINS, domain.name, patch, domain.namespace, sub="status")
+        except ApiError as e:
+            if not e.conflict:
+                raise
+            d.requeue_after(key, 0.1)
+            return None, ""
+        log.info(
+            "ComputeDomain %s takes its gang size %d from PodGroup %s%s",
+            key,
+            group.min_count,
+            group.name,
+            f" (topology constraint {group.topology_key})" if group.topology_key else "",
+        )
+        return ComputeDomain.model_validate(out), ""
+
     def _ensure_objects(
-        self, domain: ComputeDomain, channel: int, placed: Placed
+        self, domain: ComputeDomain, channel: int, placed: Placed, hold: str = ""
     ) -> tuple[bool, str, str]:
         """Returns (ready, Ready's reason while not, message). A gang that fits nowhere now
-        gets no workload template yet (its pods wait for their claims)."""
+        gets no workload template yet (its pods wait for their claims), nor a domain whose
+        template is held until its pods show their PodGroup (`hold`, _record_group)."""
         d = self.d
         try:
-            if not placed.waiting:  # else no template yet; Ready says why
+            if not placed.waiting and not hold:  # else no template yet; Ready says why
                 rct = objects.workload_claim_template(domain, channel, self._pin(domain))
                 self._ensure(CLAIM_TEMPLATES, rct, d.templates)
             if domain.spec.imexMode == "managed":
@@ -316,6 +374,8 @@ class DomainReconciler:
                 "CreatingObjects",
                 f"{e}; choose another spec.channel.resourceClaimTemplate.name",
             )
+        if hold:
+            return False, WAITING_FOR_PODS, hold
         if placed.waiting:
             return False, "WaitingForFabric", placed.waiting
         return True, "CreatingObjects", "claim templates created"
@@ -465,7 +525,7 @@ class DomainReconciler:
         from the nodes carrying a fabricdra.io/fabric.domain label."""
         sizes = Counter(self.d.nodes.index_values(BY_FABRIC))
         return status.too_large(
-            domain.spec.numNodes,
+            domain.num_nodes,
             sizes,
             pinned=self.d.ownership.pin_of(domain.uid) or domain.status.fabricDomain,
             multi_clique=domain.spec.allowMultipleCliques,

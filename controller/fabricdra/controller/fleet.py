@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fabricdra.api import labels
+from fabricdra.api.computedomain import gang_size
 
 from . import capacity
 from .capacity import DRIVER, UNHEALTHY_TAINT, UNVERIFIED_TAINT, Device, allocate, devices
@@ -126,7 +127,7 @@ def _held_nodes(
     held: set[str] = set()
     views = []
     for cd in compute_domains:
-        meta, spec, status = cd.get("metadata") or {}, cd.get("spec") or {}, cd.get("status") or {}
+        meta, status = cd.get("metadata") or {}, cd.get("status") or {}
         nodes = sorted(n.get("name", "") for n in status.get("nodes") or [] if n.get("name"))
         held.update(nodes)
         ready = next(
@@ -138,7 +139,7 @@ def _held_nodes(
                 "namespace": meta.get("namespace", ""),
                 "name": meta.get("name", ""),
                 "fabricDomain": status.get("fabricDomain") or "",
-                "numNodes": spec.get("numNodes"),
+                "numNodes": gang_size(cd),
                 "ready": ready,
                 "nodes": nodes,
             }

@@ -41,11 +41,12 @@ from fabricdra.kube.rest import (
     LEASES,
     NODE_DEVICES,
     NODES,
+    PODS,
     SLICES,
     ApiError,
 )
 
-from . import capacity, channels, metrics, objects
+from . import capacity, channels, metrics, objects, workloads
 from .claims import (
     claim_nodes,
     claim_view,
@@ -162,6 +163,9 @@ class ControllerConfig:
     # How many fabric domains are checked at once (one worker each; a check runs for minutes
     # and a rack's key is never in two workers: workqueue.py).
     fabric_check_concurrency: int = 16
+    # Read the Workload API's PodGroups and pods (workloads.py): only where the API server
+    # serves them (the CLI's --workload-api decides).
+    workload_api: bool = False
     # The scale-out tier labels and cabling check (tierlabels.py): off unless asked for.
     scale_out_tiers: bool = False
     topology_file: str = ""  # the operator's topology file (a mounted ConfigMap), "" for none
@@ -237,6 +241,17 @@ class Controller:
             self.templates,
             self.daemonsets,
         ]
+        # The Workload API (workloads.py): pods (kept as their group and claim templates) and
+        # PodGroups, where served.
+        self.pods: Informer | None = None
+        self.podgroups: Informer | None = None
+        if self.config.workload_api:
+            self.pods = Informer(self.rest, PODS, **{**opts, "transform": workloads.pod_view})
+            self.pods.add_index(workloads.BY_TEMPLATE, workloads.pod_templates)
+            self.pods.add_index(workloads.BY_GROUP, workloads.pod_group)
+            self.podgroups = Informer(self.rest, workloads.PODGROUPS, **opts)
+            self._informers += [self.pods, self.podgroups]
+        self.domains.add_index(workloads.BY_TEMPLATE, workloads.domain_template)
         self.node_devices: Informer | None = None
         if self.config.fabric_check or self.config.scale_out_tiers:
             # The nodes' hardware fingerprints, for the fabric check's membership.
@@ -298,6 +313,8 @@ class Controller:
                 daemon=self.config.daemon,
                 channel_count=self.config.channel_count,
                 requeue_after=self.domain_queue.add_after,
+                pods=self.pods,
+                podgroups=self.podgroups,
             )
         )
         self.node_reconciler = NodeReconciler(
@@ -516,6 +533,42 @@ class Controller:
             node = self.nodes.get(name)
             if node is not None and node_fabric(node):
                 self.fabric_queue.add(node_fabric(node))
+
+        def by_template(namespace: str, templates: set[str]) -> None:
+            for template in templates:
+                for obj in self.domains.by_index(workloads.BY_TEMPLATE, f"{namespace}/{template}"):
+                    self.domain_queue.add(key_of(obj))
+
+        def on_pod(event: str, old: JSON | None, new: JSON | None) -> None:
+            # A pod joined a group or named a domain's template: that domain may take its
+            # gang size from the group now (workloads.py). Changes only: a resync's pods are
+            # seen by the domains' own resync.
+            if event == "SYNC" or workloads.pod_templates(old or {}) == workloads.pod_templates(
+                new or {}
+            ):
+                return
+            for obj in (old, new):
+                if obj is not None:
+                    for value in workloads.pod_templates(obj):
+                        namespace, template = value.split("/", 1)
+                        by_template(namespace, {template})
+
+        def on_podgroup(event: str, old: JSON | None, new: JSON | None) -> None:
+            obj = new or old
+            if event == "SYNC" or obj is None or self.pods is None:
+                return
+            group = key_of(obj)
+            namespace = group.split("/", 1)[0]
+            templates = {
+                value.split("/", 1)[1]
+                for pod in self.pods.by_index(workloads.BY_GROUP, group)
+                for value in workloads.pod_templates(pod)
+            }
+            by_template(namespace, templates)
+
+        if self.pods is not None and self.podgroups is not None:
+            self.pods.on_event(on_pod)
+            self.podgroups.on_event(on_podgroup)
 
         def on_tier_input(event: str, old: JSON | None, new: JSON | None) -> None:
             # A Node came or went, its tier labels or cabling record were edited, a dump

@@ -8,6 +8,7 @@ import logging
 from collections.abc import Iterable
 
 from fabricdra.api import computedomain as cd
+from fabricdra.api.computedomain import gang_size
 from fabricdra.api.jsontypes import JSON
 from fabricdra.kube.rest import CLAIMS, NODES, SLICES, ApiError
 
@@ -244,7 +245,7 @@ class NodeReconciler:
             for obj in d.domains.by_index(BY_UID, view.domain):
                 meta, spec = obj["metadata"], obj.get("spec") or {}
                 spans = spec.get("allowMultipleCliques") is True
-                if not spans and spec.get("numNodes") is not None:
+                if not spans and gang_size(obj) is not None:
                     continue  # a gang (placed) or a domain of one node (no trunk crossed)
                 if meta.get("namespace") == d.namespace and RUN_LABEL in (meta.get("labels") or {}):
                     continue
@@ -259,7 +260,7 @@ class NodeReconciler:
         """The claim's domain's numNodes (1 when unset or unknown)."""
         key = self.d.ownership.key_of(domain_uid(claim))
         obj = self.d.domains.get(key) if key else None
-        return int(((obj or {}).get("spec") or {}).get("numNodes") or 1)
+        return gang_size(obj or {}) or 1
 
     def _gang(
         self,

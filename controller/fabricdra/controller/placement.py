@@ -38,13 +38,14 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fabricdra.api.computedomain import FREE_OWNER, ComputeDomain
+from fabricdra.api.computedomain import FREE_OWNER, ComputeDomain, gang_size
 from fabricdra.api.jsontypes import JSON
 
 from . import capacity, hierarchy, podfit, records
 from .capacity import FINISHED, finished
 from .indexes import BY_DOMAIN, BY_FABRIC, BY_NODE
 from .objects import pinned_fabric
+from .workloads import narrow_to_topology
 
 __all__ = ["FINISHED", "Gang", "Placed", "Placement", "best_fit", "finished", "free_nodes"]
 
@@ -136,7 +137,7 @@ def recorded_shares(obj: Mapping[str, Any]) -> dict[str, int] | None:
 def is_gang(domain: ComputeDomain) -> bool:
     """A gang placed in one fabric domain: `numNodes` > 1, and not a domain that may span
     several cliques (that one is never steered to a fabric domain)."""
-    return (domain.spec.numNodes or 1) > 1 and not domain.spec.allowMultipleCliques
+    return (domain.num_nodes or 1) > 1 and not domain.spec.allowMultipleCliques
 
 
 class GpuRoom(Mapping[str, int]):
@@ -245,12 +246,13 @@ class Placement:
         )
 
     def _view(
-        self, for_uid: str, exclude: bool = True
+        self, for_uid: str, exclude: bool = True, topology_key: str | None = None
     ) -> tuple[dict[str, list[str]], dict[str, str], list[Gang]]:
         """The nodes that count (capacity.py: Ready, schedulable, verified and fabric-checked
         where required, a free healthy GPU unless the gang holds it already; without those
-        that failed this gang before, if `exclude`), who holds them, and the other gangs'
-        placements."""
+        that failed this gang before, if `exclude`; narrowed by its PodGroup's topology
+        constraint: `topology_key`, else the one its status records), who holds them, and the
+        other gangs' placements."""
         d = self.d
         fabrics = capacity.usable_by_fabric(
             d.nodes.items(),
@@ -262,6 +264,16 @@ class Placement:
         )
         fabrics = self._narrow(fabrics, for_uid)
         owners = {n: d.ownership.owner(n) for nodes in fabrics.values() for n in nodes}
+        key = self._topology_key(for_uid) if topology_key is None else topology_key
+        if key:  # the PodGroup's topology constraint (workloads.py)
+            fabrics = narrow_to_topology(
+                fabrics,
+                key,
+                lambda n: str(
+                    ((d.nodes.get(n) or {}).get("metadata") or {}).get("labels", {}).get(key, "")
+                ),
+                lambda n: owners.get(n, FREE_OWNER) in (FREE_OWNER, for_uid),
+            )
         return fabrics, owners, self._gangs(for_uid)
 
     def _gangs(self, for_uid: str) -> list[Gang]:
@@ -269,7 +281,7 @@ class Placement:
         gangs = []
         for obj in self.d.domains.items():
             meta = obj["metadata"]
-            want = int((obj.get("spec") or {}).get("numNodes") or 1)
+            want = gang_size(obj) or 1
             if meta.get("deletionTimestamp") or want <= 1 or meta["uid"] == for_uid:
                 continue
             if finished(obj):  # its pods are done: it expects no node any more
@@ -348,6 +360,14 @@ class Placement:
             keep=d.ownership.nodes_of(uid),
         )
 
+    def _topology_key(self, uid: str) -> str:
+        """The node label the gang must stay within one value of: its PodGroup's topology
+        constraint (KEP-5732), recorded in its status; "" without one."""
+        key = self.d.ownership.key_of(uid)
+        obj = self.d.domains.get(key) if key else None
+        group = ((obj or {}).get("status") or {}).get("podGroup") or {}
+        return str(group.get("topologyKey") or "")
+
     def _held_back(self, for_uid: str) -> str:
         """Why the multi-node NVLink check keeps nodes from the gang (capacity
         .held_back_by_fabric_check; "" without --fabric-check): a gang waiting for a check
@@ -384,7 +404,7 @@ class Placement:
             return self._place_spanning(domain, key)
         if not is_gang(domain):
             return Placed(None)
-        want = domain.spec.numNodes or 1
+        want = domain.num_nodes or 1
         with self._lock:
             current = self._current(domain.uid, domain.status.fabricDomain)
             if current is not None:
@@ -393,7 +413,9 @@ class Placement:
                 self._waiting.discard(key)
                 self.d.ownership.pin(domain.uid, current)
                 return Placed(current)
-            fabrics, owners, gangs = self._view(domain.uid)
+            # The domain as the caller has it (its PodGroup may have just been recorded).
+            topology = domain.status.podGroup.topologyKey if domain.status.podGroup else ""
+            fabrics, owners, gangs = self._view(domain.uid, topology_key=topology)
             if not fabrics:  # no NVLink fabric domain known: nothing to place in
                 self._waiting.discard(key)
                 return Placed(None)
@@ -402,7 +424,9 @@ class Placement:
             if fabric is None and self._excluded.get(domain.uid):
                 # The nodes that failed it are a preference, not a ban: with nowhere else
                 # to go, it is placed as if they had not (they may work now).
-                fabrics, owners, gangs = self._view(domain.uid, exclude=False)
+                fabrics, owners, gangs = self._view(
+                    domain.uid, exclude=False, topology_key=topology
+                )
                 free = free_nodes(fabrics, owners, gangs, domain.uid)
                 fabric = best_fit(want, free)
             if fabric is None:
@@ -415,6 +439,11 @@ class Placement:
                     "(counting the nodes other gangs placed there still expect); waiting "
                     "for room; the claim template is created once the domain is placed"
                 )
+                if topology:
+                    waiting += (
+                        f"; its PodGroup's topology constraint counts only nodes sharing one "
+                        f"value of {topology}"
+                    )
                 held_back = self._held_back(domain.uid)
                 return Placed(None, f"{waiting}; {held_back}" if held_back else waiting)
             self._waiting.discard(key)
@@ -527,7 +556,7 @@ class Placement:
         keys = []
         for obj in d.domains.items():
             meta, spec = obj["metadata"], obj.get("spec") or {}
-            want = int(spec.get("numNodes") or 1)
+            want = gang_size(obj) or 1
             if meta.get("deletionTimestamp") or want <= 1 or spec.get("allowMultipleCliques"):
                 continue
             placed = (obj.get("status") or {}).get("fabricDomain")
@@ -607,7 +636,7 @@ class Placement:
         if obj is None or not fabric:
             return False
         spec = obj.get("spec") or {}
-        want = int(spec.get("numNodes") or 1)
+        want = gang_size(obj) or 1
         if want <= 1 or spec.get("allowMultipleCliques") is True:
             return False
         with self._lock:

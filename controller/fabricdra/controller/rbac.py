@@ -60,6 +60,11 @@ CONTROLLER: list[Rule] = [
     },
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    # The Workload API (workloads.py; read only where the API server serves PodGroups): the
+    # pods naming a domain's claim template, for their PodGroup, and the PodGroups' gang size
+    # and topology constraint.
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
+    {"apiGroups": ["scheduling.k8s.io"], "resources": ["podgroups"], "verbs": ["list", "watch"]},
 ]
 
 # The controller's own namespace (a Role there, not cluster-wide): the IMEX DaemonSets, the

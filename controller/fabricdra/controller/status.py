@@ -222,7 +222,7 @@ def compute(
     rows = node_rows(domain, obs)
     previous = {c.type: c for c in domain.status.conditions}
     gen = domain.generation
-    want = domain.spec.numNodes
+    want = domain.num_nodes
     ready_rows = [r for r in rows if r.ready]
     not_ready = [r for r in rows if not r.ready]
     held_names = {h.name for h in obs.held}
