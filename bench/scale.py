@@ -128,7 +128,9 @@ def _node_ip(name: str) -> str:
     return f"10.{n // 250 % 250}.{n % 250}.1"
 
 
-def _publish_nodes(cp: ControlPlane, names: list[str], domain_size: int, workers: int = 8) -> None:
+def _publish_nodes(
+    cp: ControlPlane, names: list[str], domain_size: int, fabrics: int, workers: int = 8
+) -> None:
     """Node objects with the sample node's slices. The first node's are written by the real
     NodePublisher; the others are copies of what it wrote (its slices and labels, renamed),
     created by `workers` threads: one Node create, one status patch and the slices per node,
