@@ -137,8 +137,7 @@ def fabricdra(fleet: Fleet, job: Job) -> list[int] | None:
         return None if dom is None else fleet.free_in(dom)[: job.nodes]
     if not SPANNING:
         return None
-    from fabricdra.controller import hierarchy
-
+    hierarchy = _hierarchy()
     switches = _switches(fleet)
     plan = hierarchy.place(job.nodes, holes, switches, atom=job.segment)
     if not isinstance(plan, hierarchy.Plan):
@@ -149,10 +148,14 @@ def fabricdra(fleet: Fleet, job: Job) -> list[int] | None:
 _SWITCHES: dict[int, Any] = {}
 
 
+def _hierarchy() -> Any:
+    """The spanning-gang placer module (issue 28 points 1-2), where this tree has it."""
+    return importlib.import_module("fabricdra.controller.hierarchy")
+
+
 def _switches(fleet: Fleet) -> Any:
     """hierarchy.Switches of the fleet (fixed: built once per fleet size)."""
-    from fabricdra.controller import hierarchy
-
+    hierarchy = _hierarchy()
     if fleet.n not in _SWITCHES:
         _SWITCHES[fleet.n] = hierarchy.Switches(
             {d: _domain_tiers(members) for d, members in fleet.doms.items()}

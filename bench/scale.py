@@ -724,6 +724,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 1,
             )
             out["controller_cpu_startup_s"] = _cpu_seconds(controller.pid)
+            print(json.dumps(out), file=sys.stderr, flush=True)  # kept if a later step fails
             time.sleep(2.0)
             # --domains 0: the scheduler rounds only (device-order work needs those
             # figures at full size, without the burst).
