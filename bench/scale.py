@@ -2,12 +2,24 @@
 kube-controller-manager (started here, stopped at exit), the controller as its own process,
 and simulated nodes without kubelets.
 
-Each simulated node is a Node object (compute-domain plugin label, one of `--fabrics` fabric
-domains) with the `devices.fabricdra.io` ResourceSlices our node agent publishes for the
+Each simulated node is a Node object (compute-domain plugin label; an NVL72-shaped NVLink
+fabric domain of `--domain-size` consecutive nodes, 18 by default: NVIDIA GB200 NVL72 is 18
+compute trays, 72 GPUs, https://www.nvidia.com/en-us/data-center/gb200-nvl72/; the three
+switch-tier labels of a rail-optimised fabric, bench/placesim.py: blocks of 32 nodes under a
+tier-1 leaf, 256 under a tier-2 spine, 1,024 under a tier-3 core) with the
+`devices.fabricdra.io` ResourceSlices our node agent publishes for the
 bundled sample node (8 GPUs, RDMA NICs): the first node's written through the real publisher
 code (NodePublisher.sync), the others copies of them (`--setup-workers` threads). Stand-in
 IMEX daemons report READY (and renew their report as the real
-daemon does) on every node the controller holds. Then `--domains` managed ComputeDomains of
+daemon does) on every node the controller holds. Every node is usable before the controller
+starts: Ready, without the `node.kubernetes.io/not-ready` taint the node lifecycle
+controller puts on a Node it saw before its Ready status (a review found copies still
+carrying it while gangs were placed: placement ran on a shrunken fleet); the bench waits for
+that and prints `nodes_unusable_after_setup` and `nodes_usable_s`. The controller runs as the chart
+runs it: fleet metrics on (a metrics port; `/metrics` is scraped at the end,
+`fleet_metrics_scrape_s`) and `--fabric-check true`, the nodes labelled
+`fabricdra.io/fabric-verified=true` as a passed multi-node check leaves them (there is no GPU to
+run nvbandwidth on). Then `--domains` managed ComputeDomains of
 `--per-domain` nodes are created at once, each with `--per-domain` pods (one per node, kept in
 one fabric domain by podAffinity) claiming the domain's channel.
 
@@ -32,13 +44,17 @@ Prints, as JSON:
   refused NodeHeld and made again by the scheduler);
 - controller_cpu_{startup,burst,steady,total}_s: the controller process's CPU seconds;
 - controller_rss_mb / controller_memory_limit_mb: its peak RSS and the chart's memory limit;
-- load_average_start / load_average_end: the machine's load (shared machines).
+- load_average_start / load_average_end: the machine's load (shared machines);
+- placement (bench/placesim.py, in process, `--sim-nodes`, `--sim-jobs`, `--seed`): a mixed
+  arrival sequence through fabricdra's placer and a first-fit flat placer: multi-domain jobs
+  kept under one tier-2 switch, single-domain gangs split, stranded GPUs at the end.
 
-    python -m bench.scale [--nodes 1000] [--fabrics 5] [--domains 50] [--per-domain 18]
+    python -m bench.scale [--nodes 1000] [--domain-size 18] [--domains 50] [--per-domain 18]
 
 The defaults are the issue's figures (`--help` says more about sizes); on a 2-core VM shared
-with other work, start smaller (`--nodes 100 --fabrics 5 --domains 5 --per-domain 18
---sched-pods 40`). `--domains 0` skips the domains and measures only the scheduler rounds
+with other work, start smaller (`--nodes 108 --domains 5 --per-domain 18 --sched-pods 40`);
+`--sim-only` runs the placement simulation alone (seconds at 5,000 nodes). `--domains 0`
+skips the domains and measures only the scheduler rounds
 (about 5 minutes at 1,000 nodes, against 13 for the whole run).
 """
 
@@ -47,12 +63,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -60,9 +78,12 @@ from typing import Any
 
 import yaml
 
+from bench import placesim
 from e2e.harness.controlplane import ControlPlane, KubeControllerManager, KubeScheduler
 from fabricdra.api import computedomain as cd
 from fabricdra.api import labels as node_labels
+from fabricdra.api.scaleout import TIER_LABELS
+from fabricdra.controller import capacity
 from fabricdra.controller.manager import USER_AGENT
 from fabricdra.kube.rest import (
     CLAIM_TEMPLATES,
@@ -107,7 +128,9 @@ def _node_ip(name: str) -> str:
     return f"10.{n // 250 % 250}.{n % 250}.1"
 
 
-def _publish_nodes(cp: ControlPlane, names: list[str], fabrics: int, workers: int = 8) -> None:
+def _publish_nodes(
+    cp: ControlPlane, names: list[str], domain_size: int, fabrics: int, workers: int = 8
+) -> None:
     """Node objects with the sample node's slices. The first node's are written by the real
     NodePublisher; the others are copies of what it wrote (its slices and labels, renamed),
     created by `workers` threads: one Node create, one status patch and the slices per node,
@@ -131,10 +154,13 @@ def _publish_nodes(cp: ControlPlane, names: list[str], fabrics: int, workers: in
 
     def rack(i: int, name: str) -> dict[str, str]:
         # After the publisher (which owns the fabricdra.io/ labels it discovers; the sample is
-        # an HGX node without a multi-node fabric): the simulated rack membership.
+        # an HGX node without a multi-node fabric): the simulated rack membership, its
+        # switches, and the label a passed multi-node NVLink check leaves.
         return {
             cd.PLUGIN_NODE_LABEL: "true",
-            node_labels.FABRIC_DOMAIN: f"fabric-{i % fabrics}",
+            node_labels.FABRIC_DOMAIN: _fabric_of(i, domain_size, fabrics),
+            node_labels.FABRIC_VERIFIED: "true",
+            **dict(zip(TIER_LABELS, placesim.tiers_of(i), strict=True)),
             "kubernetes.io/hostname": name,  # as a kubelet sets it (the pods' anti-affinity)
         }
 
@@ -182,6 +208,34 @@ def _publish_nodes(cp: ControlPlane, names: list[str], fabrics: int, workers: in
         list(pool.map(clone, list(enumerate(names))[1:]))
 
 
+def _fabric_of(i: int, domain_size: int, fabrics: int = 0) -> str:
+    """Node i's NVLink domain: consecutive nodes, `domain_size` per rack; with `fabrics`, the
+    earlier runs' layout (round robin over that many domains, not NVL72-shaped)."""
+    return f"fabric-{i % fabrics}" if fabrics else f"nvl72-{i // domain_size:04d}"
+
+
+def _wait_usable(rest: Rest, count: int, timeout: float) -> tuple[int, float]:
+    """How many Nodes could not take pods when first looked at, and the seconds until all
+    `count` can (capacity.unusable: Ready, no not-ready / unreachable / unschedulable taint):
+    placement must see the whole fleet from the start."""
+    seen: list[int] = []
+
+    def usable() -> bool:
+        items = rest.list(NODES, label_selector=cd.PLUGIN_NODE_LABEL)["items"]
+        ok = sum(1 for n in items if not capacity.unusable(n))
+        seen.append(count - ok)
+        return ok >= count
+
+    took = _until(usable, timeout=timeout, step=2.0)
+    return seen[0], took
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def _install_crds(rest: Rest) -> None:
     """The node agent's NodeDevices CRD (the ComputeDomain one comes from install_crd)."""
     crds = Kind("apiextensions.k8s.io", "v1", "customresourcedefinitions", False)
@@ -204,10 +258,14 @@ def _install_device_classes(rest: Rest) -> None:
                         raise
 
 
-def _controller(cp: ControlPlane, gang_timeout: float) -> subprocess.Popen[bytes]:
+def _controller(
+    cp: ControlPlane, gang_timeout: float, metrics_port: int
+) -> subprocess.Popen[bytes]:
+    # As the chart runs it: metrics (the fleet collector with them) and the fabric check on.
     env = {
         **os.environ,
-        "FABRICDRA_METRICS_PORT": "0",
+        "FABRICDRA_METRICS_PORT": str(metrics_port),
+        "FABRICDRA_FABRIC_CHECK": "true",
         "FABRICDRA_GANG_TIMEOUT_SECONDS": str(gang_timeout),
     }
     return subprocess.Popen(
@@ -577,9 +635,9 @@ def _burst(
     ]
     out["ready_after_bound_s"] = round(max(lags), 1)
     # Where the gangs ended up: each job inside one fabric domain, and how many
-    # jobs each fabric domain took (placement is first fit in name order).
+    # jobs each fabric domain took (placement is best fit, placement.best_fit).
     nodes_of = _bound(rest, "jobs")
-    fabric_of = {n: f"fabric-{i % args.fabrics}" for i, n in enumerate(names)}
+    fabric_of = {n: _fabric_of(i, args.domain_size, args.fabrics) for i, n in enumerate(names)}
     jobs: dict[str, set[str]] = {}
     for pod, node in nodes_of.items():
         jobs.setdefault(pod.rsplit("-", 1)[0], set()).add(fabric_of[node])
@@ -633,17 +691,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             _install_device_classes(rest)
             out: dict[str, Any] = {
                 "nodes": args.nodes,
-                "fabrics": args.fabrics,
+                "domain_size": args.domain_size,
+                "fabric_domains": args.fabrics or -(-args.nodes // args.domain_size),
                 "domains": args.domains,
                 "per_domain": args.per_domain,
             }
             out["load_average_start"] = [round(x, 1) for x in os.getloadavg()]
             names = [f"node-{i:05d}" for i in range(args.nodes)]
             start = time.perf_counter()
-            _publish_nodes(cp, names, args.fabrics, args.setup_workers)
+            _publish_nodes(cp, names, args.domain_size, args.fabrics, args.setup_workers)
             out["nodes_setup_s"] = round(time.perf_counter() - start, 1)
+            unusable, took = _wait_usable(rest, args.nodes, args.timeout)
+            out["nodes_unusable_after_setup"] = unusable
+            out["nodes_usable_s"] = round(took, 1)
 
-            controller = _controller(cp, args.gang_timeout)
+            port = _free_port()
+            controller = _controller(cp, args.gang_timeout, port)
             daemons = StandInDaemons(rest)
             daemons.start()
             cp.create_namespace("jobs")
@@ -661,6 +724,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 1,
             )
             out["controller_cpu_startup_s"] = _cpu_seconds(controller.pid)
+            print(json.dumps(out), file=sys.stderr, flush=True)  # kept if a later step fails
             time.sleep(2.0)
             # --domains 0: the scheduler rounds only (device-order work needs those
             # figures at full size, without the burst).
@@ -682,6 +746,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 out["sched_gpu_only_pods_per_s"] = gpu_only
                 out["sched_aligned_pods_per_s"] = aligned
                 out["aligned_ratio"] = round(aligned / gpu_only, 2) if gpu_only else None
+            # The fleet metrics, computed at scrape time from the controller's caches.
+            scrape = time.perf_counter()
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=120) as r:
+                text = r.read().decode()
+            out["fleet_metrics_scrape_s"] = round(time.perf_counter() - scrape, 2)
+            out["fleet_metrics_up"] = "fabricdra_fleet_up 1.0" in text
             out["controller_rss_mb"] = _peak_rss_mb(controller.pid)
             out["controller_memory_limit_mb"] = _memory_limit_mb()
             out["controller_cpu_total_s"] = _cpu_seconds(controller.pid)
@@ -702,19 +772,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         prog="python -m bench.scale",
         description=__doc__.split("\n")[0],
-        epilog="Sizes: the defaults are the issue's (1,000 nodes in 5 fabric domains, 50 "
-        "domains of 18 nodes: 900 of the 1,000 nodes, 11 gangs fit a 200-node fabric "
-        "domain). Setup writes about 5 objects per node; on a 2-core VM shared with other "
-        "work start at --nodes 100 --fabrics 5 --domains 5 --per-domain 18 (each fabric "
-        "domain holds exactly one gang). Every domain must fit one fabric domain: "
-        "--per-domain <= --nodes / --fabrics.",
+        epilog="Sizes: 1,000 nodes in NVL72 racks of 18 (56 racks, the last of 10), 50 "
+        "domains of 18 nodes: each takes a whole rack. Setup writes about 5 objects per "
+        "node; on a 2-core VM shared with other work start at --nodes 108 --domains 5 "
+        "--per-domain 18. Every domain must fit one fabric domain: --per-domain <= "
+        "--domain-size. --sim-only: the placement simulation alone.",
     )
     parser.add_argument("--nodes", type=int, default=1000, help="simulated nodes (default 1000)")
     parser.add_argument(
-        "--fabrics",
+        "--domain-size",
         type=int,
-        default=5,
-        help="NVLink fabric domains the nodes are spread over, round robin (default 5)",
+        default=placesim.DOMAIN,
+        help="nodes per NVLink fabric domain, consecutive (default 18: GB200 NVL72's trays)",
     )
     parser.add_argument(
         "--domains",
@@ -768,10 +837,38 @@ def main() -> None:
         default=1800.0,
         help="give up (and print what is stuck) after this many seconds (default 1800)",
     )
+    parser.add_argument(
+        "--fabrics",
+        type=int,
+        default=0,
+        help="the earlier runs' layout: nodes round robin over this many fabric domains "
+        "(default 0: NVL72 racks of --domain-size)",
+    )
+    parser.add_argument(
+        "--sim-nodes",
+        type=int,
+        default=0,
+        help="nodes of the placement simulation (default: --nodes)",
+    )
+    parser.add_argument(
+        "--sim-jobs", type=int, default=3000, help="jobs in the simulated arrival sequence"
+    )
+    parser.add_argument("--seed", type=int, default=1, help="the arrival sequence's seed")
+    parser.add_argument(
+        "--sim-only",
+        action="store_true",
+        help="run only the placement simulation (no control plane)",
+    )
     args = parser.parse_args()
-    if args.per_domain > args.nodes // max(args.fabrics, 1):
-        parser.error("--per-domain exceeds a fabric domain's nodes (--nodes / --fabrics)")
-    print(json.dumps(run(args), indent=2))
+    if args.domain_size < 1 or args.nodes < 1:
+        parser.error("--nodes and --domain-size must be positive")
+    if args.per_domain > (args.nodes // args.fabrics if args.fabrics else args.domain_size):
+        parser.error("--per-domain exceeds a fabric domain's nodes")
+    sim = placesim.simulate(args.sim_nodes or args.nodes, args.sim_jobs, args.seed)
+    if args.sim_only:
+        print(json.dumps({"placement": sim}, indent=2))
+        return
+    print(json.dumps({**run(args), "placement": sim}, indent=2))
 
 
 if __name__ == "__main__":

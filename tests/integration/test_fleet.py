@@ -100,6 +100,46 @@ def test_fleet_table(control_plane: ControlPlane, fleet_objects: dict[str, Any])
     assert [f"{ns}/cd1", a, "True", fleet_objects["nodes"]["a3"]] in rows
 
 
+def test_fleet_tiers_and_defrag(control_plane: ControlPlane, fleet_objects: dict[str, Any]) -> None:
+    """Issue 28 point 4: free GPUs, largest gang and segment per switch tier (the scenario's
+    nodes put under one leaf), and `--defrag` naming what holds fabric domain A."""
+    from fabricdra.api.scaleout import TIER_LABELS
+
+    leaf = f"leaf-{uuid.uuid4().hex[:6]}"
+    n = fleet_objects["nodes"]
+    a, b = list(fleet_objects["expected"])
+    ns = fleet_objects["computeDomainView"]["namespace"]
+    with control_plane.api_client() as api:
+        rest = Rest(api)
+        for key in ("a1", "a2", "a3", "b1", "b2"):
+            rest.patch(NODES, n[key], {"metadata": {"labels": {TIER_LABELS[0]: leaf}}})
+    done = _fleet(control_plane, "--defrag", "-o", "json")
+    assert done.returncode == 0, done.stderr
+    view = json.loads(done.stdout)
+    assert next(r for r in view["tiers"] if r["name"] == leaf) == {
+        "tier": "tier-1", "label": TIER_LABELS[0], "name": leaf, "nodes": 5,
+        "fabricDomains": [a, b], "freeGpus": 12, "largestGang": 2, "largestSegment": 1,
+    }  # fmt: skip
+    assert "does not preempt" in view["defrag"]["note"]
+    # a2 keeps an unhealthy GPU whatever is evicted: 2 of the 3 nodes come free whole.
+    assert next(c for c in view["defrag"]["candidates"] if c["fabricDomain"] == a) == {
+        "fabricDomain": a,
+        "workloads": [
+            {"kind": "ComputeDomain", "namespace": ns, "name": "cd1", "gpus": 2},
+            {"kind": "ResourceClaim", "namespace": ns, "name": "c1", "gpus": 1},
+        ],
+        "evictedGpus": 3,
+        "nodes": 3,
+        "nodesFreed": 2,
+    }
+    table = _fleet(control_plane, "--defrag", "--limit", "100")
+    assert table.returncode == 0, table.stderr
+    assert "kube-scheduler does not preempt" in table.stdout
+    rows = [line.split() for line in table.stdout.splitlines()]
+    assert ["tier-1", leaf, "5", "2", "12", "2", "1"] in rows
+    assert [a, "2/3", "2", "ComputeDomain", f"{ns}/cd1", "2"] in rows
+
+
 def test_controller_metrics_carry_the_same_numbers(
     control_plane: ControlPlane, fleet_objects: dict[str, Any]
 ) -> None:

@@ -1,7 +1,7 @@
 """`fabricdra fleet`: the fleet view from the cluster (docs/fleet.md).
 
 fabricdra fleet [--kubeconfig K] [-o table|json] [--watch [--interval S]]
-                [--require-verified-nodes true|false]
+                [--require-verified-nodes true|false] [--defrag [--limit N]]
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import sys
 import time
 from typing import Any
 
-from fabricdra.controller.fleet import STRANDED_REASONS, Fleet
-from fabricdra.controller.fleetmetrics import read_fleet
+from fabricdra.controller.fleet import DEFRAG_NOTE, STRANDED_REASONS, Defrag, Fleet, defrag
+from fabricdra.controller.fleetmetrics import read_fleet_and_claims
 from fabricdra.kube.rest import ApiError, Rest
 
 from .common import UsageError, api_client, env_choice, print_json, stop_event
@@ -56,19 +56,33 @@ def register(sub: Any) -> None:
         "fabricdra.io/fabric-verified=true, as gang placement does under the controller's "
         "flag of the same name (default false) [FABRICDRA_FABRIC_CHECK]",
     )
+    p.add_argument(
+        "--defrag",
+        action="store_true",
+        help="list, without acting, the fewest running workloads (ComputeDomains, Pods, "
+        "unreserved claims holding devices) whose eviction would free a whole NVLink domain",
+    )
+    p.add_argument(
+        "--limit",
+        type=int,
+        default=5,
+        help="--defrag: NVLink domains listed in the table, best first (default 5; JSON: all)",
+    )
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.interval <= 0:
         raise UsageError(f"--interval must be positive, got {args.interval}")
+    if args.limit <= 0:
+        raise UsageError(f"--limit must be positive, got {args.limit}")
     api = api_client(args.kubeconfig, USER_AGENT)
     rest = Rest(api)
     stop = stop_event() if args.watch else None
     try:
         while True:
             try:
-                view = read_fleet(
+                view, claims = read_fleet_and_claims(
                     rest,
                     require_verified_nodes=args.require_verified_nodes == "true",
                     require_fabric_verified=args.fabric_check == "true",
@@ -78,12 +92,19 @@ def run(args: argparse.Namespace) -> int:
                 if stop is None:
                     return 1
             else:
+                plan = defrag(view, claims) if args.defrag else None
                 if args.output == "json":
-                    print_json(view.to_json())
+                    out = view.to_json()
+                    if plan is not None:
+                        out["defrag"] = plan.to_json()
+                    print_json(out)
                 else:
                     if stop is not None:
                         print(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S%z')}")
                     print(render(view))
+                    if plan is not None:
+                        print()
+                        print(render_defrag(plan, args.limit))
                 sys.stdout.flush()
             if stop is None or stop.wait(args.interval):
                 return 0
@@ -158,6 +179,31 @@ def render(view: Fleet) -> str:
         domain_rows,
     )
     lines.append("")
+    tier_rows = [
+        [
+            t["tier"],
+            t["name"],
+            str(t["nodes"]),
+            str(len(t["fabricDomains"])),
+            str(t["freeGpus"]),
+            str(t["largestGang"]),
+            str(t["largestSegment"]),
+        ]
+        for t in view.tiers()
+    ]
+    lines += _table(
+        [
+            "TIER",
+            "SWITCH / DOMAIN",
+            "NODES",
+            "NVLINK DOMAINS",
+            "FREE GPUS",
+            "LARGEST GANG (NODES)",
+            "LARGEST SEGMENT (NODES)",
+        ],
+        tier_rows,
+    )
+    lines.append("")
     cd_rows = [
         [
             f"{cd['namespace']}/{cd['name']}",
@@ -184,4 +230,32 @@ def render(view: Fleet) -> str:
                 ["CABLING FAILED", "FINDINGS"],
                 [[f["node"], "; ".join(f["findings"])] for f in failed],
             )
+    return "\n".join(lines)
+
+
+def render_defrag(plan: Defrag, limit: int) -> str:
+    """The NVLink domains the fewest evictions would free whole, best first (`limit` of them)."""
+    out = plan.to_json()
+    lines = [f"DEFRAG: {DEFRAG_NOTE}."]
+    if out["freeDomains"]:
+        lines.append("NVLink domains free whole already: " + ", ".join(out["freeDomains"]))
+    rows = []
+    for c in out["candidates"][:limit]:
+        for i, w in enumerate(c["workloads"]):
+            rows.append(
+                [
+                    c["fabricDomain"] if i == 0 else "",
+                    f"{c['nodesFreed']}/{c['nodes']}" if i == 0 else "",
+                    str(len(c["workloads"])) if i == 0 else "",
+                    f"{w['kind']} {w['namespace']}/{w['name']}",
+                    str(w["gpus"]),
+                ]
+            )
+    if rows:
+        lines += _table(
+            ["NVLINK DOMAIN", "NODES FREED", "EVICTIONS", "WORKLOAD", "GPUS"],
+            rows,
+        )
+    elif not out["freeDomains"]:
+        lines.append("no NVLink domain to free")
     return "\n".join(lines)

@@ -60,15 +60,28 @@ def read_fleet(
     as gang placement does under the controller's `--require-verified-nodes`;
     `require_fabric_verified`: a node of a fabric domain only with the fabric check's label, as
     under the controller's `--fabric-check`."""
-    return fleet(
+    return read_fleet_and_claims(
+        rest,
+        require_verified_nodes=require_verified_nodes,
+        require_fabric_verified=require_fabric_verified,
+    )[0]
+
+
+def read_fleet_and_claims(
+    rest: Rest, *, require_verified_nodes: bool = False, require_fabric_verified: bool = False
+) -> tuple[Fleet, list[dict[str, Any]]]:
+    """`read_fleet`, and the claims it read (`fabricdra fleet --defrag` needs them again)."""
+    claims = _items(rest, CLAIMS)
+    view = fleet(
         _items(rest, SLICES),
-        _items(rest, CLAIMS),
+        claims,
         _items(rest, NODE_DEVICES, optional=True),
         _items(rest, COMPUTE_DOMAINS, optional=True),
         _items(rest, NODES),
         require_verified_nodes=require_verified_nodes,
         require_fabric_verified=require_fabric_verified,
     )
+    return view, claims
 
 
 class FleetCaches:
