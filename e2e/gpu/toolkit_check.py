@@ -36,7 +36,8 @@ from typing import Any
 
 import yaml
 
-from fabricdra.kubeletplugin.devices import DeviceInventory, build_devices, gpu_info
+from fabricdra.kubeletplugin.assembly import build_devices
+from fabricdra.kubeletplugin.devices import DeviceInventory, gpu_info
 from fabricdra.kubeletplugin.discovery.node import Discovery, discover
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
 from fabricdra.kubeletplugin.hostdevices import HostLayout

@@ -16,7 +16,8 @@ from e2e.harness.controlplane import ControlPlane
 from fabricdra.api import crdgen
 from fabricdra.api.nodedevices import CRD, NodeDevicesSpec
 from fabricdra.kubeletplugin import metrics
-from fabricdra.kubeletplugin.devices import DeviceConfig, DeviceInventory, build_devices
+from fabricdra.kubeletplugin.assembly import build_devices
+from fabricdra.kubeletplugin.devices import DeviceConfig, DeviceInventory
 from fabricdra.kubeletplugin.discovery.node import Discovery, Previous, discover
 from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from fabricdra.kubeletplugin.agent import Agent
-from fabricdra.kubeletplugin.devices import DeviceConfig, DeviceInventory, build_devices, gpu_info
+from fabricdra.kubeletplugin.assembly import build_devices
+from fabricdra.kubeletplugin.devices import DeviceConfig, DeviceInventory, gpu_info
 from fabricdra.kubeletplugin.discovery.node import discover
 from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from fabricdra.kubeletplugin.devices import DeviceConfig, DeviceInventory, build_devices
+from fabricdra.kubeletplugin.assembly import build_devices
+from fabricdra.kubeletplugin.devices import DeviceConfig, DeviceInventory
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
 from fabricdra.kubeletplugin.hostdevices import HostLayout
 from fabricdra.kubeletplugin.kubelet.cdi import CdiWriter

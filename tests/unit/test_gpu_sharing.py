@@ -16,7 +16,8 @@ import pytest
 
 from fabricdra.cli import UsageError, build_parser
 from fabricdra.cli.kubelet_plugin import build_config
-from fabricdra.kubeletplugin.devices import DeviceConfig, build_devices
+from fabricdra.kubeletplugin.assembly import build_devices
+from fabricdra.kubeletplugin.devices import DeviceConfig
 from fabricdra.kubeletplugin.resourceslices import ApiFeatures, build_slices
 from tests.integration.kubelethost import Host, build_host
 from tests.unit.test_prepare_exclusivity import GPU0, MIG71, NODE, Node, res

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
+from fabricdra.kubeletplugin.assembly import build_devices
 from fabricdra.kubeletplugin.devices import (
     Device,
     DeviceConfig,
     DeviceInventory,
-    build_devices,
     gpu_info,
 )
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree

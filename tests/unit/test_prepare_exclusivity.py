@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 
 from fabricdra.api.inventory import Accelerator, Interface
+from fabricdra.kubeletplugin.assembly import build_devices
 from fabricdra.kubeletplugin.devices import (
     DeviceConfig,
     DeviceInventory,
-    build_devices,
     lost_accelerators,
 )
 from fabricdra.kubeletplugin.discovery.node import discover

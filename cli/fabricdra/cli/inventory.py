@@ -119,7 +119,8 @@ def _resource_slices(
     health rules, Xid events as the agent's first pass sees them: a snapshot's recorded ones,
     or on a GPU host whether each GPU can report them), so a node's slices can be inspected
     without a cluster."""
-    from fabricdra.kubeletplugin.devices import build_devices, gpu_info
+    from fabricdra.kubeletplugin.assembly import build_devices
+    from fabricdra.kubeletplugin.devices import gpu_info
     from fabricdra.kubeletplugin.discovery.nvml import (
         LiveXidEvents,
         ReplayedXidEvents,

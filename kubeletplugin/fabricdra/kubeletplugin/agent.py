@@ -71,6 +71,7 @@ from fabricdra.api.verification import SystemProfile
 
 from . import metrics
 from .apifacts import ApiFacts, Facts
+from .assembly import build_devices
 from .coexistence import (
     BUILTIN_RULES,
     GROUPS,
@@ -87,7 +88,6 @@ from .devices import (
     DeviceInventory,
     GpuHealth,
     HeldAs,
-    build_devices,
     gpu_info,
     holder_name,
 )

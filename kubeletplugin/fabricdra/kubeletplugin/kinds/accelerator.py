@@ -25,6 +25,7 @@ from ..devices import (
     mig_name,
     placement_name,
 )
+from ..discovery.vendors import NVIDIA
 from ..kubelet.cdi import ContainerEdits
 from ..migprofiles import Placement
 from .base import (
@@ -39,7 +40,6 @@ from .base import (
     pci_values,
 )
 
-NVIDIA, AMD = "0x10de", "0x1002"  # PCI vendor ids
 VOID_GPUS = "NVIDIA_VISIBLE_DEVICES=void"
 
 

@@ -2,7 +2,7 @@
 prepared and checked (issue 21; docs/adding-a-device-kind.md).
 
 A kind is a small object satisfying `DeviceKind`. The registry (`kinds/__init__.py`) lists
-them in order; `devices.build_devices`, `resourceslices`, `prepare` and the health stream
+them in order; `assembly.build_devices`, `resourceslices`, `prepare` and the health stream
 iterate it instead of branching on a device's type or vendor.
 """
 
@@ -42,7 +42,7 @@ Value = str | int | bool | NumaNodes | None
 
 @dataclass(frozen=True)
 class BuildInputs:
-    """One discovery pass's records, as `devices.build_devices` hands them to every kind."""
+    """One discovery pass's records, as `assembly.build_devices` hands them to every kind."""
 
     interfaces: Sequence[Interface]
     accelerators: Sequence[Accelerator]
