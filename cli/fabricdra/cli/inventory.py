@@ -6,7 +6,7 @@ import argparse
 import sys
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fabricdra.kubeletplugin.discovery.node import Discovery, NvmlSource, discover
 from fabricdra.kubeletplugin.discovery.nvml import (
@@ -22,6 +22,10 @@ from fabricdra.kubeletplugin.samples import sample_node
 
 from . import logs
 from .common import UsageError, print_json
+from .deviceflags import add_device_flags, device_config
+
+if TYPE_CHECKING:
+    from fabricdra.kubeletplugin.devices import DeviceConfig
 
 log = logs.get_logger("fabricdra.inventory")
 
@@ -54,13 +58,16 @@ def add_inventory(sub: Any) -> None:
         "--node-name",
         metavar="NAME",
         help="also print `resourceSlices`: the ResourceSlices the kubelet plugin would publish "
-        "for this node under that name (default plugin settings; pool generation 0)",
+        "for this node under that name, with the device flags below (pool generation 0)",
     )
     p.add_argument(
         "--sample",
         action="store_true",
         help="report the bundled sample node (8 GPUs, RDMA NICs) instead of this machine",
     )
+    # The kubelet plugin's flags that change what it offers (and their FABRICDRA_ variables),
+    # so the preview is of the devices the agent would publish on this node.
+    add_device_flags(p)
     p.set_defaults(run=run_inventory)
 
 
@@ -82,7 +89,7 @@ def add_nvml_snapshot(sub: Any) -> None:
 
 
 def run_inventory(args: argparse.Namespace) -> int:
-
+    config = device_config(args)  # bad flags fail before the node is read
     with ExitStack() as stack:
         root, snapshot = args.sysfs_root, args.nvml_snapshot
         if args.sample:
@@ -107,20 +114,23 @@ def run_inventory(args: argparse.Namespace) -> int:
             log.warning("label withheld: not a valid label value", key=key, value=value)
         doc = inventory_document(result, "sample" if args.sample else root)
         if args.node_name:
-            doc["resourceSlices"] = _resource_slices(result, args.node_name, snapshot)
+            doc["resourceSlices"] = _resource_slices(result, tree, config, args.node_name, snapshot)
         print_json(doc)
     return 0
 
 
 def _resource_slices(
-    result: Discovery, node_name: str, snapshot: str | None
+    result: Discovery,
+    tree: SysfsTree,
+    config: DeviceConfig,
+    node_name: str,
+    snapshot: str | None,
 ) -> list[dict[str, Any]]:
-    """Exactly what NodePublisher would publish for this discovery (same builders, same
-    health rules, Xid events as the agent's first pass sees them: a snapshot's recorded ones,
-    or on a GPU host whether each GPU can report them), so a node's slices can be inspected
-    without a cluster."""
-    from fabricdra.kubeletplugin.assembly import build_devices
-    from fabricdra.kubeletplugin.devices import gpu_info
+    """What NodePublisher would publish for this discovery under the node's device `config`:
+    the agent's own assembly (`assembly.assemble`) and builders, its health rules, Xid events
+    as its first pass sees them (a snapshot's recorded ones, or on a GPU host whether each
+    GPU can report them), so a node's slices can be inspected without a cluster."""
+    from fabricdra.kubeletplugin.assembly import assemble
     from fabricdra.kubeletplugin.discovery.nvml import (
         LiveXidEvents,
         ReplayedXidEvents,
@@ -136,14 +146,8 @@ def _resource_slices(
         nvml = watch.apply(result.nvml)
     finally:
         watch.close()
-    inventory = build_devices(
-        result.interfaces or [],
-        result.accelerators or [],
-        gpu_health=gpu_health(
-            nvml, None, expected=nvidia_bound(result.accelerators), amd=result.amd
-        ),
-        gpu_info=gpu_info(nvml),
-    )
+    health = gpu_health(nvml, None, expected=nvidia_bound(result.accelerators), amd=result.amd)
+    inventory = assemble(result, config, tree, nvml=nvml, gpu_health=health)
     plan = build_slices(inventory, node_name)
     for device, omitted in plan.omitted.items():
         log.warning("attributes omitted: over the API's limits", device=device, omitted=omitted)

@@ -10,7 +10,7 @@ registration — kubelet deletes the node's slices when it starts):
    from the NVML event set the agent holds open for its life, `xids.XidWatch`; between
    passes the set is drained every `XID_POLL_SECONDS`, and a new critical Xid starts a pass
    at once);
-3. `build_devices` → the new `DeviceInventory`, swapped in as one reference, so prepare
+3. `assembly.assemble` → the new `DeviceInventory`, swapped in as one reference, so prepare
    always resolves names against one complete pass, and its health sent to kubelet's health
    stream at once (Unhealthy/healed devices reach kubelet before any API read of the pass).
    A GPU seen earlier that a complete enumeration no longer finds (the kernel removed it: fell
@@ -71,7 +71,7 @@ from fabricdra.api.verification import SystemProfile
 
 from . import metrics
 from .apifacts import ApiFacts, Facts
-from .assembly import build_devices
+from .assembly import assemble
 from .coexistence import (
     BUILTIN_RULES,
     GROUPS,
@@ -88,7 +88,6 @@ from .devices import (
     DeviceInventory,
     GpuHealth,
     HeldAs,
-    gpu_info,
     holder_name,
 )
 from .discovery.node import Discovery, NvmlSource, Previous, discover
@@ -415,16 +414,15 @@ class Agent:
             config = replace(self.config.devices, rdma_mode=facts.mode)
 
             def build(held: dict[str, HeldAs]) -> DeviceInventory:
-                return build_devices(
-                    discovery.interfaces or [],
-                    discovery.accelerators or [],
+                return assemble(
+                    discovery,
                     config,
-                    gpus,
-                    gpu_info(nvml),
+                    tree,
+                    nvml=nvml,
+                    gpu_health=gpus,
                     lost=lost,
                     held=held,
                     created_mig=created_mig,
-                    sysfs=tree,  # kinds that read records of their own (EFA) read this pass's
                 )
 
             natural = build({})

@@ -12,7 +12,9 @@ from collections.abc import Collection, Mapping, Sequence
 
 from fabricdra.api.inventory import Accelerator, Interface
 
-from .devices import DeviceConfig, DeviceInventory, GpuHealth, GpuInfo, HeldAs
+from .devices import DeviceConfig, DeviceInventory, GpuHealth, GpuInfo, HeldAs, gpu_info
+from .discovery.node import Discovery
+from .discovery.nvml import NvmlReadings
 from .discovery.sysfs import SysfsTree
 from .kinds import KINDS, BuildInputs
 
@@ -52,3 +54,33 @@ def build_devices(
     out = [d for kind in KINDS for d in kind.build(inputs)]
     out.sort(key=lambda d: d.name)
     return DeviceInventory(tuple(out), shared_holders=config.rdma_shared_holders)
+
+
+def assemble(
+    discovery: Discovery,
+    config: DeviceConfig,
+    sysfs: SysfsTree | None,
+    *,
+    nvml: NvmlReadings | None = None,
+    gpu_health: Mapping[str, GpuHealth] | None = None,
+    lost: Sequence[Accelerator] = (),
+    held: Mapping[str, HeldAs] | None = None,
+    created_mig: Collection[str] = (),
+) -> DeviceInventory:
+    """The devices one discovery pass offers under the node's `config`: what the agent
+    publishes and `fabricdra inventory --node-name` previews. `sysfs`: the pass's tree (kinds
+    that read records of their own, EFA, read it); `nvml`: the pass's NVML readings with the
+    Xids seen applied (default: the discovery's own); the rest as `build_devices` says (the
+    agent's state: a one-shot preview has none). A part whose enumeration failed offers
+    nothing of that part."""
+    return build_devices(
+        discovery.interfaces or [],
+        discovery.accelerators or [],
+        config,
+        gpu_health,
+        gpu_info(nvml if nvml is not None else discovery.nvml),
+        lost=lost,
+        held=held,
+        created_mig=created_mig,
+        sysfs=sysfs,
+    )

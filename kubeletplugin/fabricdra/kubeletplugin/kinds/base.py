@@ -12,7 +12,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from fabricdra.api.inventory import Accelerator, Interface, PciTopology
+from fabricdra.api.inventory import Accelerator, Endpoint, Interface, PciTopology
 
 from ..kubelet.cdi import ContainerEdits, DeviceNode
 
@@ -165,6 +165,12 @@ class DeviceKind(Protocol):
     def within(self, device: Device) -> str | None:
         """The name of the device this one is part of (a MIG instance's GPU, a VF's PF), so
         prepare's in-use check keeps the two apart (exclusivity.py); None: none."""
+        return None
+
+    def adapter(self, device: Device) -> Endpoint | None:
+        """The device's own record where the NodeDevices record's interfaces and accelerators
+        do not hold it (an EFA function has no netdev): recorded under `spec.adapters`, so
+        every published device is in the record; None: they hold it."""
         return None
 
     def netdev(self, device: Device) -> str | None:

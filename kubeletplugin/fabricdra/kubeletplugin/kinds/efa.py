@@ -86,6 +86,9 @@ class Efa(DeviceKind):
             ("linkVerdict", ep.link.verdict if ep.link else None),
         ]
 
+    def adapter(self, device: Device) -> Endpoint | None:
+        return device.endpoint  # no netdev: discovery's interfaces do not list it
+
     def taint_value(self, device: Device) -> str:
         """`efa-link-down`; `efa-link` when no cause is known."""
         return causes_value("efa", "efa-link", device.health_causes)
