@@ -57,6 +57,13 @@ def add_device_flags(p: argparse.ArgumentParser) -> None:
         "read (p4d, p5); off: libfabric decides [FABRICDRA_EFA_DEVICE_RDMA=true]",
     )
     a(
+        "--gaudi",
+        action="store_true",
+        default=env_bool("GAUDI", False),
+        help="also offer Intel Gaudi accelerators (type gaudi); off by default, as Gaudi nodes "
+        "advertise them through Habana's device plugin [FABRICDRA_GAUDI=true]",
+    )
+    a(
         "--dynamic-mig",
         action="store_true",
         default=env_bool("DYNAMIC_MIG", False),
@@ -99,6 +106,7 @@ def device_config(args: argparse.Namespace) -> Any:
             rdma_vfs=args.rdma_vfs == "true",
             efa=args.efa,
             efa_device_rdma=args.efa_device_rdma,
+            gaudi=args.gaudi,
             dynamic_mig=args.dynamic_mig,
             gpu_shares=args.gpu_shares,
             offer_gpus=args.gpus == "true",

@@ -62,7 +62,7 @@ from .migprofiles import Placement
 RdmaMode = Literal["exclusive", "shared", "off"]
 RDMA_MODES: tuple[RdmaMode, ...] = ("exclusive", "shared", "off")
 HeldAs = Literal["exclusive", "shared"]  # how a prepared claim holds a whole function
-DeviceType = Literal["gpu", "mig", "rdma", "efa"]
+DeviceType = Literal["gpu", "mig", "rdma", "efa", "gaudi"]
 EndpointMode = Literal["exclusive", "shared", "vf"]
 Health = Literal["Healthy", "Unhealthy", "Unknown"]
 
@@ -122,6 +122,7 @@ class DeviceConfig:
     efa: bool = False  # offer AWS EFA functions (kinds/efa.py)
     # Their claims get FI_EFA_USE_DEVICE_RDMA=1: the node's EFA devices do RDMA read (p4d, p5).
     efa_device_rdma: bool = False
+    gaudi: bool = False  # offer Intel Gaudi accelerators (kinds/gaudi/)
     # Which kinds this node offers at all: GPUs off lets fabricdra run beside NVIDIA's GPU DRA
     # driver (which then owns the GPUs) offering only NICs; discovery still reports everything.
     offer_gpus: bool = True
@@ -271,6 +272,9 @@ class Device:
     placement: Placement | None = None
     # gpu: offered to up to this many claims at once (gpusharing.py); 0: to one claim.
     shares: int = 0
+    # The building kind's own typed record (a Gaudi's accel index and ports): one payload in
+    # place of more per-kind fields above (issue 31 point 3); only its kind reads it.
+    payload: object = None
 
 
 @dataclass(frozen=True)
