@@ -81,6 +81,14 @@ def import_graph(mods: dict[str, tuple[Path, bool]]) -> dict[str, set[str]]:
                 dep = dep.rpartition(".")[0]
             if dep and dep != name:
                 deps.add(dep)
+                # Importing `a.b.c` first runs the packages `a` and `a.b` it is in: from
+                # outside them, a real edge (their __init__ may import back); from inside,
+                # they are already being imported.
+                package = dep.rpartition(".")[0]
+                while package in mods and not f"{name}.".startswith(f"{package}."):
+                    if package != PACKAGE:  # the root package (empty) is above every module
+                        deps.add(package)
+                    package = package.rpartition(".")[0]
         graph[name] = deps
     return graph
 
@@ -145,6 +153,23 @@ def test_the_graph_sees_function_local_imports_and_skips_type_checking_ones(
     assert graph["p.b"] == {"p.a"}
     assert graph["p.d"] == set()
     assert cycles(graph) == [["p.a", "p.b"]]
+
+
+def test_importing_into_a_package_runs_its_init(tmp_path: Path) -> None:
+    """`m` imports `k.x`; `k/__init__` imports `k.y`, which imports `m`: a cycle through the
+    package's __init__, though no module names `k` itself. Siblings inside `k` importing each
+    other are not one (`k` is already being imported when they run)."""
+    pkg = tmp_path / "p"
+    (pkg / "k").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "m.py").write_text("from .k.x import X\n")
+    (pkg / "k" / "__init__.py").write_text("from . import x, y\n")
+    (pkg / "k" / "x.py").write_text("from .y import Y\n")
+    (pkg / "k" / "y.py").write_text("from ..m import M\n")
+    graph = import_graph(modules(pkg, "p"))
+    assert graph["p.m"] == {"p.k.x", "p.k"}
+    assert graph["p.k.x"] == {"p.k.y"}
+    assert cycles(graph) == [["p.k", "p.k.x", "p.k.y", "p.m"]]
 
 
 def _vendor_ids() -> set[str]:
