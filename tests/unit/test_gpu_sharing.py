@@ -281,7 +281,7 @@ def test_a_sharing_strategy_on_a_mig_instance_is_refused(node: Node) -> None:
 
 
 def test_quantities_round_up() -> None:
-    from fabricdra.kubeletplugin import gpusharing
+    from fabricdra.kubeletplugin.kinds.nvidia import gpusharing
 
     assert gpusharing.parse_quantity("2Gi") == 2 * 2**30
     assert gpusharing.parse_quantity("1500m") == 2

@@ -3,6 +3,8 @@
 * No import cycle among kubeletplugin's modules at run time: every `import` counts, those inside
   functions too (a function-local import only postpones the cycle to the first call); imports
   under `if TYPE_CHECKING:` do not run, so they do not count.
+* The root holds no family module: NVIDIA's own modules live in kinds/nvidia/, and the model
+  (devices.py) imports no family module at run time.
 * PCI vendor ids are defined once, in discovery/vendors.py: no other product module spells
   one as a string (`"0x10de"`, `"10de"`) or a hex number (`0x10de`).
 """
@@ -170,6 +172,30 @@ def test_importing_into_a_package_runs_its_init(tmp_path: Path) -> None:
     assert graph["p.m"] == {"p.k.x", "p.k"}
     assert graph["p.k.x"] == {"p.k.y"}
     assert cycles(graph) == [["p.k", "p.k.x", "p.k.y", "p.m"]]
+
+
+# Modules of one device family: they live in its package under kinds/, never at the root.
+NVIDIA_ONLY = (
+    "gpusharing",
+    "driverwait",
+    "dynamicmig",
+    "mignvml",
+    "migprofiles",
+    "nvidiacdi",
+    "xids",
+    "seengpus",
+)
+
+
+def test_the_root_holds_no_family_module() -> None:
+    mods = modules()
+    at_root = {m.removeprefix(PACKAGE + ".") for m in mods if m.count(".") == 2}
+    assert not at_root & set(NVIDIA_ONLY), "family modules at the kubeletplugin root"
+    for name in NVIDIA_ONLY:
+        assert f"{PACKAGE}.kinds.nvidia.{name}" in mods
+    # and the model imports none of a family's at run time
+    graph = import_graph(mods)
+    assert not {d for d in graph[f"{PACKAGE}.devices"] if ".kinds." in d}
 
 
 def _vendor_ids() -> set[str]:

@@ -28,8 +28,8 @@ from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
 from fabricdra.kubeletplugin.hostdevices import DeviceNodeError, HostLayout
 from fabricdra.kubeletplugin.kinds import KINDS, PrepareContext, kind_of
 from fabricdra.kubeletplugin.kinds.base import DeviceKind
+from fabricdra.kubeletplugin.kinds.nvidia.nvidiacdi import ToolkitSpecs
 from fabricdra.kubeletplugin.kubelet import PrepareError
-from fabricdra.kubeletplugin.nvidiacdi import ToolkitSpecs
 from fabricdra.kubeletplugin.resourceslices import TAINT_KEY, ApiFeatures, build_slices
 from tests.sysfs.builder import SysfsBuilder
 from tests.sysfs.nodes import (

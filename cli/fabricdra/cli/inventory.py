@@ -137,8 +137,8 @@ def _resource_slices(
         XidEventSource,
     )
     from fabricdra.kubeletplugin.health import gpu_health, nvidia_bound
+    from fabricdra.kubeletplugin.kinds.nvidia.xids import XidWatch
     from fabricdra.kubeletplugin.resourceslices import build_slices
-    from fabricdra.kubeletplugin.xids import XidWatch
 
     source: XidEventSource = ReplayedXidEvents(snapshot) if snapshot else LiveXidEvents()
     watch = XidWatch(source)

@@ -99,22 +99,22 @@ from .discovery.nvml import (
     read_live,
 )
 from .discovery.sysfs import SysfsTree
-from .dynamicmig import DynamicMig, MigNvml
 from .health import DcgmState, gpu_health, keep_unhealthy, nvidia_bound
 from .hostdevices import HostLayout
+from .kinds.nvidia.dynamicmig import DynamicMig, MigNvml
+from .kinds.nvidia.mignvml import LiveMigNvml
+from .kinds.nvidia.nvidiacdi import DEFAULT_SPEC_DIRS, ToolkitSpecs
+from .kinds.nvidia.seengpus import SeenGpus
+from .kinds.nvidia.xids import XidWatch
 from .kubelet import ClaimSweeper, DeviceHealth, HealthBroadcaster, PluginPaths, PluginServer
 from .kubelet.cdi import CdiWriter
 from .kubelet.checkpoint import BOOT_ID_PATH, Checkpoint, ClaimEntry, current_boot_id
 from .kubelet.claims import ClaimReader
-from .mignvml import LiveMigNvml
 from .networkstatus import NetworkStatus
-from .nvidiacdi import DEFAULT_SPEC_DIRS, ToolkitSpecs
 from .prepare import CDI_KIND, DRIVER_NAME, ApiClaimReader, DevicesDriver
-from .seengpus import SeenGpus
 from .verification import GateInput, Tools, VerificationRun, fingerprint
 from .verification import metrics as verification_metrics
 from .verification.runner import CHANGED, FIRST_RUN, Schedule, run_once
-from .xids import XidWatch
 
 log = structlog.get_logger("fabricdra.agent")
 

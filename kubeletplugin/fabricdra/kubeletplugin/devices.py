@@ -50,14 +50,16 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from fabricdra.api.inventory import Accelerator, Endpoint, Interface, MigDevice
 
 from .discovery.nvlink import nvlink_groups
 from .discovery.nvml import NvmlReadings
 from .discovery.vendors import AMD, NVIDIA
-from .migprofiles import Placement
+
+if TYPE_CHECKING:  # annotations only: the model imports no family module at run time
+    from .kinds.nvidia.migprofiles import Placement
 
 RdmaMode = Literal["exclusive", "shared", "off"]
 RDMA_MODES: tuple[RdmaMode, ...] = ("exclusive", "shared", "off")

@@ -12,7 +12,6 @@ from dataclasses import replace
 from fabricdra.api.deviceclasses import load_device_classes
 from fabricdra.api.inventory import Accelerator, MigDevice
 
-from .. import migprofiles
 from ..devices import (
     LOST_REASON,
     VENDOR_DRIVERS,
@@ -27,7 +26,6 @@ from ..devices import (
 )
 from ..discovery.vendors import NVIDIA
 from ..kubelet.cdi import ContainerEdits
-from ..migprofiles import Placement
 from .base import (
     BuildInputs,
     CounterUse,
@@ -39,6 +37,8 @@ from .base import (
     numa_value,
     pci_values,
 )
+from .nvidia import migprofiles
+from .nvidia.migprofiles import Placement
 
 VOID_GPUS = "NVIDIA_VISIBLE_DEVICES=void"
 

@@ -19,9 +19,9 @@ from ..kubelet.cdi import ContainerEdits, DeviceNode
 if TYPE_CHECKING:
     from ..devices import Device, DeviceConfig, GpuHealth, GpuInfo, HeldAs
     from ..discovery.sysfs import SysfsTree
-    from ..dynamicmig import DynamicMig
     from ..hostdevices import HostLayout
-    from ..nvidiacdi import ToolkitSpecs
+    from .nvidia.dynamicmig import DynamicMig
+    from .nvidia.nvidiacdi import ToolkitSpecs
 
 
 class Version(str):

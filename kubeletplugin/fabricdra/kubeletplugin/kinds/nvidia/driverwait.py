@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from .discovery.vendors import NVIDIA
+from ...discovery.vendors import NVIDIA
 
 NVML = "libnvidia-ml.so.1"
 # Where a driver root keeps NVML: distributions' folders first, then GKE's (no `usr`).
