@@ -42,10 +42,10 @@ import grpc
 
 from e2e.harness.controlplane import ControlPlane
 from fabricdra.cli import logs
+from fabricdra.kubeletplugin.kinds.nvidia.nvidiacdi import ToolkitSpecs
 from fabricdra.kubeletplugin.kubelet import HealthBroadcaster, PluginPaths, PluginServer
 from fabricdra.kubeletplugin.kubelet.cdi import CdiWriter
 from fabricdra.kubeletplugin.kubelet.checkpoint import Checkpoint
-from fabricdra.kubeletplugin.nvidiacdi import ToolkitSpecs
 from fabricdra.kubeletplugin.prepare import CDI_KIND, ApiClaimReader, DevicesDriver
 from fabricdra.proto.gen.dra_v1 import api_pb2 as v1_pb2
 from fabricdra.proto.gen.dra_v1 import api_pb2_grpc as v1_grpc

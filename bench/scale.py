@@ -136,7 +136,7 @@ def _publish_nodes(
     created by `workers` threads: one Node create, one status patch and the slices per node,
     against about ten requests through the publisher (105 s per 1,000 nodes before). The
     copies have no NodeDevices record (nothing here reads one)."""
-    from fabricdra.kubeletplugin.devices import build_devices
+    from fabricdra.kubeletplugin.assembly import build_devices
     from fabricdra.kubeletplugin.discovery.node import discover
     from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
     from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree

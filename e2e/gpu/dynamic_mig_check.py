@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fabricdra.kubeletplugin import migprofiles
+from fabricdra.kubeletplugin.kinds.nvidia import migprofiles
 
 Reported = dict[str, set[tuple[int, int]]]  # profile name -> {(start, size)}
 
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         elif not args.create_destroy:
             print("  create/destroy: not run (MIG mode Enabled; pass --create-destroy)")
         else:
-            from fabricdra.kubeletplugin.mignvml import LiveMigNvml
+            from fabricdra.kubeletplugin.kinds.nvidia.mignvml import LiveMigNvml
 
             done, wrong = create_destroy(LiveMigNvml(), bus, model, args.proc_root, args.dev_root)
             for line in done:

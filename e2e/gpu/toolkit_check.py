@@ -36,14 +36,15 @@ from typing import Any
 
 import yaml
 
-from fabricdra.kubeletplugin.devices import DeviceInventory, build_devices, gpu_info
+from fabricdra.kubeletplugin.assembly import build_devices
+from fabricdra.kubeletplugin.devices import DeviceInventory, gpu_info
 from fabricdra.kubeletplugin.discovery.node import Discovery, discover
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
 from fabricdra.kubeletplugin.hostdevices import HostLayout
+from fabricdra.kubeletplugin.kinds.nvidia.nvidiacdi import TOOLKIT_KIND, ToolkitSpecs
 from fabricdra.kubeletplugin.kubelet import ClaimRef
 from fabricdra.kubeletplugin.kubelet.cdi import CdiWriter
 from fabricdra.kubeletplugin.kubelet.checkpoint import Checkpoint
-from fabricdra.kubeletplugin.nvidiacdi import TOOLKIT_KIND, ToolkitSpecs
 from fabricdra.kubeletplugin.prepare import CDI_KIND, DRIVER_NAME, DevicesDriver
 
 RECORDED = Path(__file__).resolve().parent / "recorded" / "nvidia-cdi.yaml"

@@ -22,7 +22,7 @@ from e2e.harness.controlplane import ControlPlane
 from e2e.harness.poll import wait_for
 from fabricdra.kubeletplugin.agent import Agent
 from fabricdra.kubeletplugin.devices import DeviceConfig
-from fabricdra.kubeletplugin.dynamicmig import DynamicMig
+from fabricdra.kubeletplugin.kinds.nvidia.dynamicmig import DynamicMig
 from fabricdra.proto.gen.dra_v1 import api_pb2 as v1_pb2
 from fabricdra.proto.gen.dra_v1 import api_pb2_grpc as v1_grpc
 from tests.integration.kubelethost import build_host, create_claim

@@ -11,7 +11,8 @@ import pytest
 from kubernetes import client
 
 from e2e.harness.controlplane import ControlPlane, wait_for
-from fabricdra.kubeletplugin.devices import DeviceInventory, build_devices
+from fabricdra.kubeletplugin.assembly import build_devices
+from fabricdra.kubeletplugin.devices import DeviceInventory
 from fabricdra.kubeletplugin.discovery.node import Discovery
 from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
 from fabricdra.kubeletplugin.health import gpu_health

@@ -18,10 +18,10 @@ import yaml
 from e2e.harness.controlplane import ControlPlane
 from fabricdra.kubeletplugin.agent import health_reports
 from fabricdra.kubeletplugin.devices import DeviceConfig, DeviceInventory
+from fabricdra.kubeletplugin.kinds.nvidia.nvidiacdi import ToolkitSpecs
 from fabricdra.kubeletplugin.kubelet import HealthBroadcaster, PluginPaths, PluginServer
 from fabricdra.kubeletplugin.kubelet.cdi import CdiWriter
 from fabricdra.kubeletplugin.kubelet.checkpoint import Checkpoint
-from fabricdra.kubeletplugin.nvidiacdi import ToolkitSpecs
 from fabricdra.kubeletplugin.prepare import CDI_KIND, ApiClaimReader, DevicesDriver
 from fabricdra.proto.gen.dra_health_v1 import api_pb2 as health_v1_pb2
 from fabricdra.proto.gen.dra_health_v1 import api_pb2_grpc as health_v1_grpc

@@ -14,7 +14,8 @@ from kubernetes import client
 
 from e2e.harness.controlplane import ControlPlane
 from e2e.harness.errors import HarnessError
-from fabricdra.kubeletplugin.devices import build_devices, gpu_info
+from fabricdra.kubeletplugin.assembly import build_devices
+from fabricdra.kubeletplugin.devices import gpu_info
 from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
 from fabricdra.kubeletplugin.publisher import NodePublisher
 from tests.integration.dra_setup import install, installed  # noqa: F401 - a fixture

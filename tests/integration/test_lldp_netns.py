@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from fabricdra.api.inventory import Interface, Neighbour
-from fabricdra.kubeletplugin.devices import build_devices
+from fabricdra.kubeletplugin.assembly import build_devices
 from fabricdra.kubeletplugin.discovery.node import discover
 from fabricdra.kubeletplugin.discovery.scaleout.annotate import ScaleOutInputs
 from fabricdra.kubeletplugin.discovery.scaleout.lldp import LldpListener

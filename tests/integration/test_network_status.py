@@ -18,11 +18,11 @@ from kubernetes import client
 from e2e.harness.controlplane import ControlPlane
 from fabricdra.kube.rest import CLAIMS, Rest
 from fabricdra.kubeletplugin import metrics
+from fabricdra.kubeletplugin.kinds.nvidia.nvidiacdi import ToolkitSpecs
 from fabricdra.kubeletplugin.kubelet import PluginPaths, PluginServer
 from fabricdra.kubeletplugin.kubelet.cdi import CdiWriter
 from fabricdra.kubeletplugin.kubelet.checkpoint import Checkpoint
 from fabricdra.kubeletplugin.networkstatus import NetworkStatus
-from fabricdra.kubeletplugin.nvidiacdi import ToolkitSpecs
 from fabricdra.kubeletplugin.prepare import CDI_KIND, ApiClaimReader, DevicesDriver
 from fabricdra.proto.gen.dra_v1 import api_pb2 as v1_pb2
 from fabricdra.proto.gen.dra_v1 import api_pb2_grpc as v1_grpc

@@ -16,7 +16,8 @@ from e2e.harness.controlplane import ControlPlane
 from fabricdra.api import crdgen
 from fabricdra.api.nodedevices import CRD, NodeDevicesSpec
 from fabricdra.kubeletplugin import metrics
-from fabricdra.kubeletplugin.devices import DeviceConfig, DeviceInventory, build_devices
+from fabricdra.kubeletplugin.assembly import build_devices
+from fabricdra.kubeletplugin.devices import DeviceConfig, DeviceInventory
 from fabricdra.kubeletplugin.discovery.node import Discovery, Previous, discover
 from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
@@ -306,6 +307,35 @@ def test_node_devices_record_written_only_on_change(node: Node) -> None:
     after = node.node_devices()
     assert after is not None
     assert after["metadata"]["resourceVersion"] == version
+
+
+def test_every_published_efa_device_is_in_the_node_devices_record(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """EFA functions have no netdev, so discovery's interfaces never held them: the record's
+    `adapters` does (issue 31 point 4), and an unchanged pass writes nothing."""
+    from fabricdra.kubeletplugin.assembly import assemble
+    from tests.sysfs.nodes import aws_efa_node
+
+    b = SysfsBuilder(tmp_path / "efa" / "sys")
+    aws_efa_node(b, efas=2)
+    name = _name("efa-node")
+    control_plane.create_node(name)
+    with control_plane.api_client() as api:
+        publisher = NodePublisher(api, name)
+        for _ in range(2):
+            d = discover(SysfsTree(str(b.root)))
+            inventory = assemble(d, DeviceConfig(efa=True), SysfsTree(str(b.root)))
+            result = publisher.sync(d, inventory)
+        assert result.writes == {}  # the second pass: the stored record compares equal
+        nd = client.CustomObjectsApi(api).get_cluster_custom_object(
+            "fabricdra.io", "v1alpha1", "nodedevices", name
+        )
+    spec = NodeDevicesSpec.model_validate(nd["spec"])
+    assert [(a.pciBusId, a.rdmaDevice) for a in spec.adapters] == [
+        ("0000:51:00.0", "efa_0"),
+        ("0000:52:00.0", "efa_1"),
+    ]
 
 
 def test_label_removal_rules(node: Node) -> None:

@@ -16,7 +16,8 @@ import yaml
 from kubernetes import client
 
 from e2e.harness.controlplane import ControlPlane, KubeScheduler, wait_for
-from fabricdra.kubeletplugin.devices import build_devices, gpu_info
+from fabricdra.kubeletplugin.assembly import build_devices
+from fabricdra.kubeletplugin.devices import gpu_info
 from fabricdra.kubeletplugin.discovery.node import discover
 from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree

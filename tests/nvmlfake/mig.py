@@ -153,7 +153,7 @@ class FakeNvml:
     crash_after_create: bool = False
 
     def create(self, bus: str, profile: str, start: int) -> Any:
-        from fabricdra.kubeletplugin.dynamicmig import Instance
+        from fabricdra.kubeletplugin.kinds.nvidia.dynamicmig import Instance
 
         gi = self.gpus[bus].create(profile, start)
         if self.crash_after_create:
@@ -165,7 +165,7 @@ class FakeNvml:
         self.gpus[bus].destroy(gpu_instance)
 
     def instances(self, bus: str) -> list[Any]:
-        from fabricdra.kubeletplugin.dynamicmig import Instance
+        from fabricdra.kubeletplugin.kinds.nvidia.dynamicmig import Instance
 
         return [
             Instance(gi.id, 0, gi.uuid, gi.profile, gi.start)

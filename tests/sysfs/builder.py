@@ -15,6 +15,7 @@ from pathlib import Path
 
 NVIDIA, AMD, MELLANOX, INTEL, VIRTIO = "0x10de", "0x1002", "0x15b3", "0x8086", "0x1af4"
 AMAZON = "0x1d0f"  # AWS EFA and ENA functions (PCI_VENDOR_ID_AMAZON)
+HABANA = "0x1da3"  # Intel Gaudi (PCI_VENDOR_ID_HABANALABS)
 CLASS_BRIDGE, CLASS_ETHERNET, CLASS_3D, CLASS_INFINIBAND = 0x060400, 0x020000, 0x030200, 0x020700
 CLASS_ACCEL = 0x120000
 
@@ -374,6 +375,46 @@ class SysfsBuilder:
             driver="efa",
         )
         self.rdma(path, name, [port or Port(link_layer="Unknown", rate="100 Gb/sec (4X EDR)")])
+        return path
+
+    def gaudi(
+        self,
+        parent: str,
+        bdf: str,
+        index: int,
+        *,
+        device: str = "0x1020",
+        numa: int | None = 0,
+        ports: int = 0,
+        driver: str = "habanalabs",
+    ) -> str:
+        """An Intel Gaudi as the kernel lays it out: a processing accelerator of vendor 0x1da3
+        (device 0x1020: Gaudi2) bound to `habanalabs`, its accel device `accel<index>` and the
+        driver's control device `accel_controlD<index>` in class `accel` (drivers/accel/
+        drm_accel.c; habanalabs common/device.c), and `ports` scale-out RDMA devices `hbl_<k>`
+        on an auxiliary device below the function (the HabanaLabs network drivers)."""
+        path = self.pci(
+            parent,
+            bdf,
+            vendor=HABANA,
+            device=device,
+            pci_class=CLASS_ACCEL,
+            numa=numa,
+            cpus="0-31",
+            driver=driver,
+        )
+        for name in (f"accel{index}", f"accel_controlD{index}"):
+            node = f"{path}/accel/{name}"
+            self.write(f"{node}/dev", f"261:{index}")
+            self.link(f"{node}/device", path)
+            self.link(f"{node}/subsystem", "class/accel")
+            self.link(f"class/accel/{name}", node)
+        if ports:
+            aux = self.bus_device(path, f"habanalabs_cn.cn.{index}", "auxiliary")
+            for k in range(ports):
+                name = f"hbl_{index * ports + k}"
+                self.netdev(name.replace("_", ""), aux, mtu=8192)
+                self.rdma(aux, name, [Port(netdev=name.replace("_", ""))])
         return path
 
     # -- broken files --------------------------------------------------------------------------

@@ -338,6 +338,24 @@ def cpu_node(b: SysfsBuilder) -> Small:
     return out
 
 
+def gaudi_node(b: SysfsBuilder, gaudis: int = 2, *, ports: int = 3) -> Small:
+    """Intel Gaudi2 accelerators behind one PCIe switch (an HLS-Gaudi2 board has 8), each its
+    accel devices and `ports` on-chip scale-out RDMA ports (Gaudi2 has 24 100GbE RoCE ports, 3
+    of them for scale-out on the HLS-Gaudi2: https://www.intel.com/content/www/us/en/content-
+    details/817486/intel-gaudi-2-ai-accelerator-white-paper.html). `gpus` are their bus ids,
+    `rdma` their ports' RDMA devices."""
+    out = Small()
+    rp = b.bridge(b.root_bus("pci0000:30"), "0000:30:01.0", 0)
+    downstream = [f"0000:32:{i:02x}.0" for i in range(gaudis)]
+    for i, port in enumerate(b.switch(rp, "0000:31:00.0", downstream)):
+        bdf = f"0000:{0x33 + i:02x}:00.0"
+        b.gaudi(port, bdf, i, ports=ports)
+        out.gpus.append(bdf)
+        out.rdma.extend(f"hbl_{i * ports + k}" for k in range(ports))
+    b.loopback()
+    return out
+
+
 def aux_rdma_node(b: SysfsBuilder) -> Small:
     """A GPU whose RDMA-capable port is not a PCI function: the interface and its RDMA device
     hang off a device on the auxiliary bus (as on accelerator platforms with on-package NICs)."""

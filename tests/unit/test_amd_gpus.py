@@ -14,7 +14,8 @@ import pytest
 from fabricdra.api.deviceclasses import load_device_classes
 from fabricdra.api.inventory import Accelerator
 from fabricdra.kubeletplugin.agent import Agent
-from fabricdra.kubeletplugin.devices import GpuHealth, build_devices
+from fabricdra.kubeletplugin.assembly import build_devices
+from fabricdra.kubeletplugin.devices import GpuHealth
 from fabricdra.kubeletplugin.discovery import accelerators as accel
 from fabricdra.kubeletplugin.discovery.backends import AMD, NVIDIA, registry
 from fabricdra.kubeletplugin.discovery.backends.amd import AmdBackend

@@ -135,6 +135,17 @@ def test_efa_is_off_by_default_and_its_value_reaches_the_agent_and_the_classes(
     assert "rdma.fabricdra.io" not in classes
 
 
+def test_gaudi_is_off_by_default_and_its_value_reaches_the_agent_and_its_class(
+    chart: Chart,
+) -> None:
+    for values, on in (({}, False), ({"gaudi": {"enabled": True}}, True)):
+        docs = chart.template(values)
+        ds = _one(docs, "DaemonSet", "fabricdra-node")
+        args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert ("--gaudi" in args) is on
+        assert ("gaudi.fabricdra.io" in _kinds(docs)["DeviceClass"]) is on
+
+
 def test_compute_domains_off_drops_controller_and_plugin(chart: Chart) -> None:
     docs = chart.template({"computeDomains": {"enabled": False}})
     kinds = _kinds(docs)
@@ -558,8 +569,8 @@ def test_device_classes_name_the_extended_resources_on_136(chart: Chart) -> None
 def test_default_device_classes_are_the_api_sources(chart: Chart) -> None:
     # The chart rebuilds each class from its copy; with default values nothing may differ
     # from what `kubectl apply -f api/deviceclasses/` creates.
-    # EFA's class is rendered only with efa.enabled (off by default).
-    docs = chart.template({"efa": {"enabled": True}})
+    # EFA's and Gaudi's classes are rendered only with their values on (off by default).
+    docs = chart.template({"efa": {"enabled": True}, "gaudi": {"enabled": True}})
     rendered = {d["metadata"]["name"]: d for d in docs if d["kind"] == "DeviceClass"}
     for path in sorted((REPO / "api" / "deviceclasses").glob("*.yaml")):
         source = yaml.safe_load(path.read_text())

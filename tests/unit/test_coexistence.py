@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from fabricdra.cli.common import UsageError
+from fabricdra.kubeletplugin.assembly import build_devices
 from fabricdra.kubeletplugin.coexistence import (
     BUILTIN_RULES,
     NETNS_MODE_PARAM,
@@ -23,7 +24,7 @@ from fabricdra.kubeletplugin.coexistence import (
     read_netns_mode,
     withhold,
 )
-from fabricdra.kubeletplugin.devices import DeviceInventory, build_devices
+from fabricdra.kubeletplugin.devices import DeviceInventory
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
 from tests.sysfs.builder import SysfsBuilder
 from tests.sysfs.nodes import amd_mi300x, discover_at, h100_snapshot, hgx_h100

@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 
 from fabricdra.api.inventory import Interface, LinkRecord, VirtualFunction
+from fabricdra.kubeletplugin.assembly import build_devices
 from fabricdra.kubeletplugin.devices import (
     DeviceConfig,
     DeviceInventory,
     GpuHealth,
     HeldAs,
     RdmaOverride,
-    build_devices,
     dns_label,
     parse_override,
     parse_rdma_mode,

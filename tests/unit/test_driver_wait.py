@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from fabricdra.cli import main
-from fabricdra.kubeletplugin.driverwait import find_nvml, nvidia_gpus, wait_for_driver
+from fabricdra.kubeletplugin.kinds.nvidia.driverwait import find_nvml, nvidia_gpus, wait_for_driver
 from tests.sysfs.builder import SysfsBuilder
 from tests.sysfs.nodes import amd_mi300x, hgx_h100
 

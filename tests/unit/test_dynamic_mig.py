@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
-from fabricdra.kubeletplugin import migprofiles
-from fabricdra.kubeletplugin.devices import DeviceConfig, build_devices, gpu_info
+from fabricdra.kubeletplugin.assembly import build_devices
+from fabricdra.kubeletplugin.devices import DeviceConfig, gpu_info
 from fabricdra.kubeletplugin.discovery.node import discover
 from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
+from fabricdra.kubeletplugin.kinds.nvidia import migprofiles
 from fabricdra.kubeletplugin.resourceslices import ApiFeatures, build_slices
 from tests.nvmlfake.mig import FakeMigGpu
 from tests.sysfs.builder import SysfsBuilder

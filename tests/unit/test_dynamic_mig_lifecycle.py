@@ -9,7 +9,11 @@ from typing import Any
 
 import pytest
 
-from fabricdra.kubeletplugin.dynamicmig import DynamicMig, DynamicMigError, MigLeftBehind
+from fabricdra.kubeletplugin.kinds.nvidia.dynamicmig import (
+    DynamicMig,
+    DynamicMigError,
+    MigLeftBehind,
+)
 from tests.nvmlfake.mig import Crash, FakeMigGpu, FakeNvml, NvmlError
 
 BUS = "0000:1b:00.0"

@@ -11,17 +11,18 @@ from pathlib import Path
 import pytest
 
 from fabricdra.kubeletplugin.agent import Agent
-from fabricdra.kubeletplugin.devices import DeviceConfig, DeviceInventory, build_devices, gpu_info
+from fabricdra.kubeletplugin.assembly import build_devices
+from fabricdra.kubeletplugin.devices import DeviceConfig, DeviceInventory, gpu_info
 from fabricdra.kubeletplugin.discovery.node import discover
 from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
-from fabricdra.kubeletplugin.dynamicmig import DynamicMig, Instance
+from fabricdra.kubeletplugin.kinds.nvidia.dynamicmig import DynamicMig, Instance
+from fabricdra.kubeletplugin.kinds.nvidia.mignvml import LiveMigNvml
 from fabricdra.kubeletplugin.kinds.nvidia_mig import MIG_CREATE_BUDGET
 from fabricdra.kubeletplugin.kubelet import PrepareError
 from fabricdra.kubeletplugin.kubelet.cdi import CdiWriter
 from fabricdra.kubeletplugin.kubelet.checkpoint import Checkpoint
 from fabricdra.kubeletplugin.kubelet.driver import KUBELET_DEADLINE, Call, serving
-from fabricdra.kubeletplugin.mignvml import LiveMigNvml
 from fabricdra.kubeletplugin.prepare import CDI_KIND, DevicesDriver
 from tests.integration.kubelethost import build_host
 from tests.nvmlfake.mig import FakeMigGpu, FakeNvml

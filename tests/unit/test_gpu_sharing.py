@@ -16,7 +16,8 @@ import pytest
 
 from fabricdra.cli import UsageError, build_parser
 from fabricdra.cli.kubelet_plugin import build_config
-from fabricdra.kubeletplugin.devices import DeviceConfig, build_devices
+from fabricdra.kubeletplugin.assembly import build_devices
+from fabricdra.kubeletplugin.devices import DeviceConfig
 from fabricdra.kubeletplugin.resourceslices import ApiFeatures, build_slices
 from tests.integration.kubelethost import Host, build_host
 from tests.unit.test_prepare_exclusivity import GPU0, MIG71, NODE, Node, res
@@ -280,7 +281,7 @@ def test_a_sharing_strategy_on_a_mig_instance_is_refused(node: Node) -> None:
 
 
 def test_quantities_round_up() -> None:
-    from fabricdra.kubeletplugin import gpusharing
+    from fabricdra.kubeletplugin.kinds.nvidia import gpusharing
 
     assert gpusharing.parse_quantity("2Gi") == 2 * 2**30
     assert gpusharing.parse_quantity("1500m") == 2

@@ -8,7 +8,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from fabricdra.kubeletplugin.devices import DeviceInventory, GpuHealth, build_devices, gpu_info
+from fabricdra.kubeletplugin.assembly import build_devices
+from fabricdra.kubeletplugin.devices import DeviceInventory, GpuHealth, gpu_info
 from fabricdra.kubeletplugin.discovery.node import discover
 from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree

@@ -17,25 +17,26 @@ from typing import Any
 
 import pytest
 
+from fabricdra.kubeletplugin.assembly import build_devices
 from fabricdra.kubeletplugin.devices import (
     Device,
     DeviceConfig,
     DeviceInventory,
-    build_devices,
     gpu_info,
 )
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
 from fabricdra.kubeletplugin.hostdevices import DeviceNodeError, HostLayout
 from fabricdra.kubeletplugin.kinds import KINDS, PrepareContext, kind_of
 from fabricdra.kubeletplugin.kinds.base import DeviceKind
+from fabricdra.kubeletplugin.kinds.nvidia.nvidiacdi import ToolkitSpecs
 from fabricdra.kubeletplugin.kubelet import PrepareError
-from fabricdra.kubeletplugin.nvidiacdi import ToolkitSpecs
 from fabricdra.kubeletplugin.resourceslices import TAINT_KEY, ApiFeatures, build_slices
 from tests.sysfs.builder import SysfsBuilder
 from tests.sysfs.nodes import (
     amd_mi300x,
     aws_efa_node,
     discover_at,
+    gaudi_node,
     h100_snapshot,
     hgx_h100,
     rdma_node,
@@ -75,6 +76,16 @@ def _efa(tmp_path: Path) -> list[Device]:
     )
 
 
+def _gaudi(tmp_path: Path) -> list[Device]:
+    b = SysfsBuilder(tmp_path / "sys")
+    gaudi_node(b)
+    d = discover_at(b.root)
+    config = DeviceConfig(gaudi=True)
+    return list(
+        build_devices(d.interfaces or [], d.accelerators or [], config, sysfs=SysfsTree(b.root))
+    )
+
+
 # One node whose discovery yields devices of the kind (and maybe others), per kind name.
 SAMPLES: dict[str, Callable[[Path], list[Device]]] = {
     "nvidia-gpu": _nvidia,
@@ -82,6 +93,7 @@ SAMPLES: dict[str, Callable[[Path], list[Device]]] = {
     "amd-gpu": _amd,
     "rdma": _rdma,
     "efa": _efa,
+    "gaudi": _gaudi,
 }
 
 

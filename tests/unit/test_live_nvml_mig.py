@@ -29,7 +29,8 @@ STEM = "0000-20-00-0"
 
 READ = """
 import json, sys
-from fabricdra.kubeletplugin.devices import DeviceConfig, build_devices, gpu_info
+from fabricdra.kubeletplugin.devices import DeviceConfig, gpu_info
+from fabricdra.kubeletplugin.assembly import build_devices
 from fabricdra.kubeletplugin.discovery.node import discover
 from fabricdra.kubeletplugin.discovery.nvml.live import read_live
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree

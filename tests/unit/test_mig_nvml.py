@@ -37,8 +37,8 @@ def h200(tmp_path_factory: pytest.TempPathFactory) -> Path:
 PRELUDE = """
 import json, os, sys
 from pathlib import Path
-from fabricdra.kubeletplugin.dynamicmig import DynamicMig
-from fabricdra.kubeletplugin.mignvml import LiveMigNvml
+from fabricdra.kubeletplugin.kinds.nvidia.dynamicmig import DynamicMig
+from fabricdra.kubeletplugin.kinds.nvidia.mignvml import LiveMigNvml
 BUS = "0000:1b:00.0"
 live = LiveMigNvml()
 def placements():

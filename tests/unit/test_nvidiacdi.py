@@ -6,7 +6,7 @@ from pathlib import Path
 
 import yaml
 
-from fabricdra.kubeletplugin.nvidiacdi import ToolkitSpecs
+from fabricdra.kubeletplugin.kinds.nvidia.nvidiacdi import ToolkitSpecs
 
 
 def _spec(folder: Path, devices: list[dict[str, object]]) -> ToolkitSpecs:

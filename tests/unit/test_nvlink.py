@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fabricdra.kubeletplugin.devices import build_devices, gpu_info
+from fabricdra.kubeletplugin.assembly import build_devices
+from fabricdra.kubeletplugin.devices import gpu_info
 from fabricdra.kubeletplugin.discovery.node import discover
 from fabricdra.kubeletplugin.discovery.nvlink import nvlink_groups
 from fabricdra.kubeletplugin.discovery.nvml import dump_snapshot, load_snapshot

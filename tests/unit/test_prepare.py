@@ -24,10 +24,10 @@ import yaml
 
 from fabricdra.kube.rest import ApiError
 from fabricdra.kubeletplugin.devices import DeviceInventory
+from fabricdra.kubeletplugin.kinds.nvidia.nvidiacdi import ToolkitSpecs
 from fabricdra.kubeletplugin.kubelet import ClaimRef, PreparedDevice, PrepareError
 from fabricdra.kubeletplugin.kubelet.cdi import CdiWriter
 from fabricdra.kubeletplugin.kubelet.checkpoint import Checkpoint
-from fabricdra.kubeletplugin.nvidiacdi import ToolkitSpecs
 from fabricdra.kubeletplugin.prepare import CDI_KIND, DevicesDriver
 from tests.integration.kubelethost import Host, RdmaHost, build_host, build_rdma_host
 

@@ -20,20 +20,20 @@ from typing import Any
 import pytest
 
 from fabricdra.api.inventory import Accelerator, Interface
+from fabricdra.kubeletplugin.assembly import build_devices
 from fabricdra.kubeletplugin.devices import (
     DeviceConfig,
     DeviceInventory,
-    build_devices,
     lost_accelerators,
 )
 from fabricdra.kubeletplugin.discovery.node import discover
 from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
 from fabricdra.kubeletplugin.exclusivity import Hold, find_conflict, may_coexist, recorded_hold
+from fabricdra.kubeletplugin.kinds.nvidia.nvidiacdi import ToolkitSpecs
 from fabricdra.kubeletplugin.kubelet import ClaimRef, PrepareError
 from fabricdra.kubeletplugin.kubelet.cdi import CdiWriter
 from fabricdra.kubeletplugin.kubelet.checkpoint import Checkpoint, ClaimEntry, PreparedRecord
-from fabricdra.kubeletplugin.nvidiacdi import ToolkitSpecs
 from fabricdra.kubeletplugin.prepare import CDI_KIND, DevicesDriver
 from fabricdra.kubeletplugin.resourceslices import TAINT_KEY, build_slices
 from tests.integration.kubelethost import Host, build_host

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from kubernetes import client
 
-from fabricdra.kubeletplugin.devices import build_devices
+from fabricdra.kubeletplugin.assembly import build_devices
 from fabricdra.kubeletplugin.discovery.node import discover
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
 from fabricdra.kubeletplugin.publisher import NodePublisher, label_patch

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from fabricdra.api.inventory import Interface, LinkRecord
+from fabricdra.kubeletplugin.assembly import build_devices
 from fabricdra.kubeletplugin.devices import (
     DeviceConfig,
     DeviceInventory,
-    build_devices,
     gpu_info,
 )
 from fabricdra.kubeletplugin.discovery.distance import distance

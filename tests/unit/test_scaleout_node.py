@@ -17,7 +17,7 @@ import pytest
 
 from fabricdra.api.inventory import Interface, Neighbour
 from fabricdra.api.scaleout import parse_topology_file
-from fabricdra.kubeletplugin.devices import build_devices
+from fabricdra.kubeletplugin.assembly import build_devices
 from fabricdra.kubeletplugin.discovery.node import Discovery
 from fabricdra.kubeletplugin.discovery.scaleout import ibport, lldp, lldpd, smp
 from fabricdra.kubeletplugin.discovery.scaleout.annotate import (

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from fabricdra.api.inventory import Accelerator
 from fabricdra.kubeletplugin.devices import gpu_name
-from fabricdra.kubeletplugin.seengpus import SeenGpus
+from fabricdra.kubeletplugin.kinds.nvidia.seengpus import SeenGpus
 
 A = Accelerator(vendor="nvidia", vendorId="0x10de", pciBusId="0000:18:00.0", productName="H100")
 B = Accelerator(vendor="nvidia", vendorId="0x10de", pciBusId="0000:2a:00.0", productName="H100")

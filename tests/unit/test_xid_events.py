@@ -23,8 +23,8 @@ from fabricdra.kubeletplugin.discovery.nvml import (
     load_snapshot,
     record_xid_events,
 )
+from fabricdra.kubeletplugin.kinds.nvidia.xids import XidWatch
 from fabricdra.kubeletplugin.resourceslices import TAINT_KEY, build_slices
-from fabricdra.kubeletplugin.xids import XidWatch
 from tests.sysfs.builder import SysfsBuilder
 from tests.sysfs.nodes import h100_snapshot, hgx_h100
 

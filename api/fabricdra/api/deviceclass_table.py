@@ -144,6 +144,14 @@ TABLE: tuple[DeviceClassRow, ...] = (
         enabledBy="efa.enabled",
     ),
     DeviceClassRow(
+        name="gaudi.fabricdra.io",
+        file="gaudi.yaml",
+        description="Intel Gaudi accelerators, one claim each (offered only where the node "
+        "plugin runs with --gaudi).",
+        selector=_devices(f'{_attr("type")} == "gaudi"'),
+        enabledBy="gaudi.enabled",
+    ),
+    DeviceClassRow(
         name="rdma-shared.fabricdra.io",
         file="rdma-shared.yaml",
         description="Whole-function RDMA endpoints shared by many holders (nodes in shared "

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from .crdgen import CrdSource
-from .inventory import AcceleratorGroup, Interface
+from .inventory import AcceleratorGroup, Endpoint, Interface
 from .verification import Verification
 
 GROUP = "fabricdra.io"
@@ -42,6 +42,12 @@ class NodeDevicesSpec(Record):
     groups: list[AcceleratorGroup] = Field(
         default_factory=list,
         description="The node's accelerators, one group per vendor.",
+    )
+    adapters: list[Endpoint] = Field(
+        default_factory=list,
+        description="Offered devices that are neither a network interface nor an accelerator: "
+        "RDMA functions with no netdev (AWS EFA, where the node offers it), each one's PCI "
+        "function, RDMA and verbs device and link verdict; sorted by PCI address.",
     )
 
 

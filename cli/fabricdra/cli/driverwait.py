@@ -44,7 +44,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fabricdra.kubeletplugin.driverwait import wait_for_driver
+    from fabricdra.kubeletplugin.kinds.nvidia.driverwait import wait_for_driver
 
     if not args.driver_root:
         raise UsageError("--driver-root (or FABRICDRA_DRIVER_ROOT) is required")

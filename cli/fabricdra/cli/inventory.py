@@ -7,7 +7,7 @@ import socket
 import sys
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fabricdra.api.inventory import Interface, Neighbour
 from fabricdra.api.scaleout import TopologyFileError, parse_topology_file
@@ -35,6 +35,10 @@ from fabricdra.kubeletplugin.samples import (
 
 from . import logs
 from .common import UsageError, print_json
+from .deviceflags import add_device_flags, device_config
+
+if TYPE_CHECKING:
+    from fabricdra.kubeletplugin.devices import DeviceConfig
 
 log = logs.get_logger("fabricdra.inventory")
 
@@ -67,7 +71,7 @@ def add_inventory(sub: Any) -> None:
         "--node-name",
         metavar="NAME",
         help="also print `resourceSlices`: the ResourceSlices the kubelet plugin would publish "
-        "for this node under that name (default plugin settings; pool generation 0)",
+        "for this node under that name, with the device flags below (pool generation 0)",
     )
     p.add_argument(
         "--sample",
@@ -94,6 +98,9 @@ def add_inventory(sub: Any) -> None:
         help="one NIC's netRole (PCI address, netdev or RDMA device = compute|storage|frontend); "
         "repeatable",
     )
+    # The kubelet plugin's flags that change what it offers (and their FABRICDRA_ variables),
+    # so the preview is of the devices the agent would publish on this node.
+    add_device_flags(p)
     p.set_defaults(run=run_inventory)
 
 
@@ -115,7 +122,7 @@ def add_nvml_snapshot(sub: Any) -> None:
 
 
 def run_inventory(args: argparse.Namespace) -> int:
-
+    config = device_config(args)  # bad flags fail before the node is read
     with ExitStack() as stack:
         root, snapshot = args.sysfs_root, args.nvml_snapshot
         if args.sample:
@@ -149,7 +156,7 @@ def run_inventory(args: argparse.Namespace) -> int:
             log.warning("label withheld: not a valid label value", key=key, value=value)
         doc = inventory_document(result, "sample" if args.sample else root)
         if args.node_name:
-            doc["resourceSlices"] = _resource_slices(result, args.node_name, snapshot)
+            doc["resourceSlices"] = _resource_slices(result, tree, config, args.node_name, snapshot)
         print_json(doc)
     return 0
 
@@ -187,21 +194,25 @@ def _scale_out_inputs(
 
 
 def _resource_slices(
-    result: Discovery, node_name: str, snapshot: str | None
+    result: Discovery,
+    tree: SysfsTree,
+    config: DeviceConfig,
+    node_name: str,
+    snapshot: str | None,
 ) -> list[dict[str, Any]]:
-    """Exactly what NodePublisher would publish for this discovery (same builders, same
-    health rules, Xid events as the agent's first pass sees them: a snapshot's recorded ones,
-    or on a GPU host whether each GPU can report them), so a node's slices can be inspected
-    without a cluster."""
-    from fabricdra.kubeletplugin.devices import build_devices, gpu_info
+    """What NodePublisher would publish for this discovery under the node's device `config`:
+    the agent's own assembly (`assembly.assemble`) and builders, its health rules, Xid events
+    as its first pass sees them (a snapshot's recorded ones, or on a GPU host whether each
+    GPU can report them), so a node's slices can be inspected without a cluster."""
+    from fabricdra.kubeletplugin.assembly import assemble
     from fabricdra.kubeletplugin.discovery.nvml import (
         LiveXidEvents,
         ReplayedXidEvents,
         XidEventSource,
     )
     from fabricdra.kubeletplugin.health import gpu_health, nvidia_bound
+    from fabricdra.kubeletplugin.kinds.nvidia.xids import XidWatch
     from fabricdra.kubeletplugin.resourceslices import build_slices
-    from fabricdra.kubeletplugin.xids import XidWatch
 
     source: XidEventSource = ReplayedXidEvents(snapshot) if snapshot else LiveXidEvents()
     watch = XidWatch(source)
@@ -209,14 +220,8 @@ def _resource_slices(
         nvml = watch.apply(result.nvml)
     finally:
         watch.close()
-    inventory = build_devices(
-        result.interfaces or [],
-        result.accelerators or [],
-        gpu_health=gpu_health(
-            nvml, None, expected=nvidia_bound(result.accelerators), amd=result.amd
-        ),
-        gpu_info=gpu_info(nvml),
-    )
+    health = gpu_health(nvml, None, expected=nvidia_bound(result.accelerators), amd=result.amd)
+    inventory = assemble(result, config, tree, nvml=nvml, gpu_health=health)
     plan = build_slices(inventory, node_name)
     for device, omitted in plan.omitted.items():
         log.warning("attributes omitted: over the API's limits", device=device, omitted=omitted)

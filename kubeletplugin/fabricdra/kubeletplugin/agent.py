@@ -10,7 +10,7 @@ registration — kubelet deletes the node's slices when it starts):
    from the NVML event set the agent holds open for its life, `xids.XidWatch`; between
    passes the set is drained every `XID_POLL_SECONDS`, and a new critical Xid starts a pass
    at once);
-3. `build_devices` → the new `DeviceInventory`, swapped in as one reference, so prepare
+3. `assembly.assemble` → the new `DeviceInventory`, swapped in as one reference, so prepare
    always resolves names against one complete pass, and its health sent to kubelet's health
    stream at once (Unhealthy/healed devices reach kubelet before any API read of the pass).
    A GPU seen earlier that a complete enumeration no longer finds (the kernel removed it: fell
@@ -71,6 +71,7 @@ from fabricdra.api.verification import SystemProfile
 
 from . import metrics
 from .apifacts import ApiFacts, Facts
+from .assembly import assemble
 from .coexistence import (
     BUILTIN_RULES,
     GROUPS,
@@ -87,8 +88,6 @@ from .devices import (
     DeviceInventory,
     GpuHealth,
     HeldAs,
-    build_devices,
-    gpu_info,
     holder_name,
 )
 from .discovery.node import Discovery, NvmlSource, Previous, discover
@@ -101,23 +100,23 @@ from .discovery.nvml import (
 )
 from .discovery.scaleout.annotate import ScaleOutInputs
 from .discovery.sysfs import SysfsTree
-from .dynamicmig import DynamicMig, MigNvml
 from .health import DcgmState, gpu_health, keep_unhealthy, nvidia_bound
 from .hostdevices import HostLayout
+from .kinds.nvidia.dynamicmig import DynamicMig, MigNvml
+from .kinds.nvidia.mignvml import LiveMigNvml
+from .kinds.nvidia.nvidiacdi import DEFAULT_SPEC_DIRS, ToolkitSpecs
+from .kinds.nvidia.seengpus import SeenGpus
+from .kinds.nvidia.xids import XidWatch
 from .kubelet import ClaimSweeper, DeviceHealth, HealthBroadcaster, PluginPaths, PluginServer
 from .kubelet.cdi import CdiWriter
 from .kubelet.checkpoint import BOOT_ID_PATH, Checkpoint, ClaimEntry, current_boot_id
 from .kubelet.claims import ClaimReader
-from .mignvml import LiveMigNvml
 from .networkstatus import NetworkStatus
-from .nvidiacdi import DEFAULT_SPEC_DIRS, ToolkitSpecs
 from .prepare import CDI_KIND, DRIVER_NAME, ApiClaimReader, DevicesDriver
 from .scaleoutsources import NeighbourSources, ScaleOutConfig, inputs_for
-from .seengpus import SeenGpus
 from .verification import GateInput, Tools, VerificationRun, fingerprint
 from .verification import metrics as verification_metrics
 from .verification.runner import CHANGED, FIRST_RUN, Schedule, run_once
-from .xids import XidWatch
 
 log = structlog.get_logger("fabricdra.agent")
 
@@ -432,16 +431,15 @@ class Agent:
             config = replace(self.config.devices, rdma_mode=facts.mode)
 
             def build(held: dict[str, HeldAs]) -> DeviceInventory:
-                return build_devices(
-                    discovery.interfaces or [],
-                    discovery.accelerators or [],
+                return assemble(
+                    discovery,
                     config,
-                    gpus,
-                    gpu_info(nvml),
+                    tree,
+                    nvml=nvml,
+                    gpu_health=gpus,
                     lost=lost,
                     held=held,
                     created_mig=created_mig,
-                    sysfs=tree,  # kinds that read records of their own (EFA) read this pass's
                 )
 
             natural = build({})

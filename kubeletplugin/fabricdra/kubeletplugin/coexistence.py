@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 from .devices import Device, DeviceInventory
 from .discovery.sysfs import Absent, SysfsTree, Unreadable
+from .discovery.vendors import AMD, NVIDIA
 
 Group = Literal["nvidia-gpu", "amd-gpu", "rdma", "efa"]
 GROUPS: tuple[Group, ...] = ("nvidia-gpu", "amd-gpu", "rdma", "efa")
@@ -153,9 +154,9 @@ def read_netns_mode(tree: SysfsTree) -> NetnsMode | None:
 def group_of(device: Device) -> Group | None:
     if device.type in ("gpu", "mig") and device.accelerator is not None:
         vendor = device.accelerator.vendorId
-        if vendor == "0x10de":
+        if vendor == NVIDIA:
             return "nvidia-gpu"
-        if vendor == "0x1002":
+        if vendor == AMD:
             return "amd-gpu"
         return None
     if device.type == "rdma":

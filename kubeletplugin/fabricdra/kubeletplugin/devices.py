@@ -48,7 +48,7 @@ Rules (issue 4, seeds 000 "The RDMA resource keys" and 003 "MIG profiles", "Heal
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -56,15 +56,15 @@ from fabricdra.api.inventory import Accelerator, Endpoint, Interface, MigDevice
 
 from .discovery.nvlink import nvlink_groups
 from .discovery.nvml import NvmlReadings
-from .migprofiles import Placement
+from .discovery.vendors import AMD, NVIDIA
 
-if TYPE_CHECKING:
-    from .discovery.sysfs import SysfsTree
+if TYPE_CHECKING:  # annotations only: the model imports no family module at run time
+    from .kinds.nvidia.migprofiles import Placement
 
 RdmaMode = Literal["exclusive", "shared", "off"]
 RDMA_MODES: tuple[RdmaMode, ...] = ("exclusive", "shared", "off")
 HeldAs = Literal["exclusive", "shared"]  # how a prepared claim holds a whole function
-DeviceType = Literal["gpu", "mig", "rdma", "efa"]
+DeviceType = Literal["gpu", "mig", "rdma", "efa", "gaudi"]
 EndpointMode = Literal["exclusive", "shared", "vf"]
 Health = Literal["Healthy", "Unhealthy", "Unknown"]
 
@@ -124,6 +124,7 @@ class DeviceConfig:
     efa: bool = False  # offer AWS EFA functions (kinds/efa.py)
     # Their claims get FI_EFA_USE_DEVICE_RDMA=1: the node's EFA devices do RDMA read (p4d, p5).
     efa_device_rdma: bool = False
+    gaudi: bool = False  # offer Intel Gaudi accelerators (kinds/gaudi/)
     # Which kinds this node offers at all: GPUs off lets fabricdra run beside NVIDIA's GPU DRA
     # driver (which then owns the GPUs) offering only NICs; discovery still reports everything.
     offer_gpus: bool = True
@@ -273,6 +274,9 @@ class Device:
     placement: Placement | None = None
     # gpu: offered to up to this many claims at once (gpusharing.py); 0: to one claim.
     shares: int = 0
+    # The building kind's own typed record (a Gaudi's accel index and ports): one payload in
+    # place of more per-kind fields above (issue 31 point 3); only its kind reads it.
+    payload: object = None
 
 
 @dataclass(frozen=True)
@@ -309,43 +313,6 @@ class DeviceInventory:
 
     def __len__(self) -> int:
         return len(self.devices)
-
-
-def build_devices(
-    interfaces: Sequence[Interface],
-    accelerators: Sequence[Accelerator],
-    config: DeviceConfig = DeviceConfig(),  # frozen: one shared default is safe
-    gpu_health: Mapping[str, GpuHealth] | None = None,
-    gpu_info: Mapping[str, GpuInfo] | None = None,
-    lost: Sequence[Accelerator] = (),
-    held: Mapping[str, HeldAs] | None = None,
-    created_mig: Collection[str] = (),
-    sysfs: SysfsTree | None = None,
-) -> DeviceInventory:
-    """Every device this node offers, sorted by name (a stable order for slices and diffs):
-    each kind of the registry (kinds/) builds its own from this pass's records.
-    `lost`: GPUs seen earlier that have left the PCI bus (`lost_accelerators`): offered from
-    their last record, Unhealthy, marked `lost`. `held`: RDMA device names prepared claims
-    hold, and how (`held_endpoints`); offered so. `created_mig`: UUIDs of the MIG instances
-    dynamic MIG created for claims (dynamicmig.py's journal): offered under their placement's
-    name, the device the claim was allocated, not adopted as static. `sysfs`: this pass's
-    tree, for kinds that read records of their own (None: those offer nothing)."""
-    from .kinds import KINDS, BuildInputs  # the kinds build on this module's model
-
-    inputs = BuildInputs(
-        interfaces=interfaces,
-        accelerators=accelerators,
-        config=config,
-        gpu_health=gpu_health or {},
-        gpu_info=gpu_info or {},
-        lost=lost,
-        held=held or {},
-        created_mig=created_mig,
-        sysfs=sysfs,
-    )
-    out = [d for kind in KINDS for d in kind.build(inputs)]
-    out.sort(key=lambda d: d.name)
-    return DeviceInventory(tuple(out), shared_holders=config.rdma_shared_holders)
 
 
 # --- accelerators -------------------------------------------------------------------------
@@ -392,7 +359,7 @@ def mig_name(acc: Accelerator, mig: MigDevice) -> str:
 # An accelerator is offered only while bound to its vendor's own kernel driver (kept in the
 # inventory either way): on vfio-pci (passthrough to a VM) or unbound, prepare finds no
 # /proc/driver/nvidia entry or device node to hand over.
-VENDOR_DRIVERS = {"0x10de": "nvidia", "0x1002": "amdgpu"}
+VENDOR_DRIVERS = {NVIDIA: "nvidia", AMD: "amdgpu"}
 
 
 # --- RDMA endpoints ----------------------------------------------------------------------

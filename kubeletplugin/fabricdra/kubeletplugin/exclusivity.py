@@ -32,9 +32,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from . import gpusharing
 from .devices import Device
 from .kinds import kind_of
+from .kinds.nvidia import gpusharing
 from .kubelet import PrepareError
 from .kubelet.checkpoint import ClaimEntry, PreparedRecord
 

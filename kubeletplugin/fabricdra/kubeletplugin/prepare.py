@@ -59,12 +59,14 @@ import structlog
 
 from fabricdra.kube.rest import CLAIMS, EVENTS, PODS, ApiError
 
-from . import devicemetadata, exclusivity, gpusharing, kinds, metrics, ncclenv
+from . import devicemetadata, exclusivity, kinds, metrics, ncclenv
 from .devicemetadata import Granted, MetadataFiles
 from .devices import Device, DeviceConfig, DeviceInventory
-from .dynamicmig import DynamicMig, JournalUnreadable
 from .hostdevices import DeviceNodeError, HostLayout
 from .kinds import ClaimGroup, PrepareContext
+from .kinds.nvidia import gpusharing
+from .kinds.nvidia.dynamicmig import DynamicMig, JournalUnreadable
+from .kinds.nvidia.nvidiacdi import ToolkitSpecs
 from .kinds.nvidia_mig import is_placement
 from .kubelet import ClaimRef, PreparedDevice, PrepareError
 from .kubelet.cdi import CdiDevice, CdiSpec, CdiWriter
@@ -79,7 +81,6 @@ from .kubelet.claims import (
     remove_recorded_specs,
 )
 from .networkstatus import NetworkStatus
-from .nvidiacdi import ToolkitSpecs
 
 log = structlog.get_logger("fabricdra.prepare")
 

@@ -57,6 +57,7 @@ from . import metrics
 from .devices import DeviceInventory
 from .discovery.node import Discovery
 from .healthevents import HealthEvents
+from .kinds import kind_of
 from .resourceslices import DRIVER_NAME, ApiFeatures, Gate, build_slices
 from .verification.gate import (
     OVERRIDE_ANNOTATION,
@@ -183,7 +184,9 @@ class NodePublisher:
             if node is not None:
                 self._guard(result, "Event", lambda: self.health_events.sync(devices, node))
             self._guard(result, "ResourceSlice", lambda: self._sync_slices(devices, owner, gate))
-        self._guard(result, ND_KIND, lambda: self._sync_node_devices(discovery, owner, state))
+        self._guard(
+            result, ND_KIND, lambda: self._sync_node_devices(discovery, devices, owner, state)
+        )
         if node is not None:
             self._guard(result, "Node", lambda: self._sync_labels(discovery, node, state))
         elif "Node" not in result.errors:
@@ -378,10 +381,11 @@ class NodePublisher:
     def _sync_node_devices(
         self,
         discovery: Discovery,
+        devices: DeviceInventory,
         owner: dict[str, Any] | None,
         verification: Verification | None = None,
     ) -> None:
-        live = self._sync_node_devices_spec(discovery, owner)
+        live = self._sync_node_devices_spec(discovery, devices, owner)
         if live is not None and verification is not None:
             self._sync_verification(live, verification)
 
@@ -404,24 +408,18 @@ class NodePublisher:
         log.info("verification state recorded", node=self.node_name, state=verification.state)
 
     def _sync_node_devices_spec(
-        self, discovery: Discovery, owner: dict[str, Any] | None
+        self, discovery: Discovery, devices: DeviceInventory, owner: dict[str, Any] | None
     ) -> dict[str, Any] | None:
         """Write the spec when it differs; returns the object as stored (None: none)."""
         live = self.rest.get_or_none(NODE_DEVICES, self.node_name)
         live_spec = _parse_spec(live)
-        interfaces = discovery.interfaces
-        accelerators = discovery.accelerators
-        groups = group_accelerators(accelerators) if accelerators is not None else None
-        if interfaces is None or groups is None:
-            if live_spec is None:
-                log.error(
-                    "no inventory record to publish yet: enumeration failed",
-                    failures=discovery.failures,
-                )
-                return None
-            interfaces = interfaces if interfaces is not None else live_spec.interfaces
-            groups = groups if groups is not None else live_spec.groups
-        spec = NodeDevicesSpec(interfaces=interfaces, groups=groups)
+        spec = node_devices_spec(discovery, devices, live_spec)
+        if spec is None:
+            log.error(
+                "no inventory record to publish yet: enumeration failed",
+                failures=discovery.failures,
+            )
+            return None
         if live_spec == spec:
             return live
         body: dict[str, Any] = {
@@ -463,6 +461,26 @@ class NodePublisher:
             return
         self.rest.patch(NODES, self.node_name, {"metadata": {"labels": patch}})
         log.info("node labels updated", node=self.node_name, changes=patch)
+
+
+def node_devices_spec(
+    discovery: Discovery, devices: DeviceInventory, live: NodeDevicesSpec | None
+) -> NodeDevicesSpec | None:
+    """The NodeDevices record of this pass: discovery's interfaces and accelerators (a part
+    whose enumeration failed: the live record's; None where there is none to keep) and the
+    offered devices neither holds (`DeviceKind.adapter`: EFA), so every published device is
+    in the record."""
+    interfaces = discovery.interfaces
+    accelerators = discovery.accelerators
+    groups = group_accelerators(accelerators) if accelerators is not None else None
+    if interfaces is None or groups is None:
+        if live is None:
+            return None
+        interfaces = interfaces if interfaces is not None else live.interfaces
+        groups = groups if groups is not None else live.groups
+    adapters = [ep for d in devices if (ep := kind_of(d).adapter(d)) is not None]
+    adapters.sort(key=lambda ep: (ep.pciBusId or "", ep.rdmaDevice or ""))
+    return NodeDevicesSpec(interfaces=interfaces, groups=groups, adapters=adapters)
 
 
 def label_patch(

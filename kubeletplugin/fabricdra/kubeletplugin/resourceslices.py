@@ -46,10 +46,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from . import gpusharing
 from .devices import Device, DeviceInventory, holder_name
 from .kinds import kind_of
 from .kinds.base import STANDARD, CounterUse, NumaNodes, Value, Version, causes_value
+from .kinds.nvidia import gpusharing
 
 __all__ = ["STANDARD", "Value", "Version"]  # re-exported: callers import them from here
 

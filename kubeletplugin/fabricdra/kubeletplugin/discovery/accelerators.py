@@ -23,17 +23,11 @@ from .backends import (
 from .backends import canonical_cluster_uuid as canonical_cluster_uuid
 from .pci import read_function
 from .sysfs import Absent, SysfsTree, Unreadable
+from .vendors import ACCELERATOR_VENDORS
 
 PCI_DEVICES = "bus/pci/devices"
 
-VENDORS = {
-    "0x10de": "nvidia",
-    "0x1002": "amd",
-    "0x8086": "intel",
-    "0x1da3": "habana",
-    "0x19e5": "huawei",
-    "0x1e52": "tenstorrent",
-}
+VENDORS = ACCELERATOR_VENDORS
 GPU_VENDORS = {NVIDIA, AMD}
 # PCI class (top 16 bits): display controllers count for GPU vendors only (a BMC's VGA is not an
 # accelerator); "processing accelerators" (0x12xx) count for every vendor.

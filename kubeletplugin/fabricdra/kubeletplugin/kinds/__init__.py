@@ -9,7 +9,7 @@ this driver (another driver, compute-domain.fabricdra.io): computedomain/ builds
 from __future__ import annotations
 
 from ..devices import Device
-from . import accelerator, amd_gpu, efa, nvidia_gpu, nvidia_mig, rdma
+from . import accelerator, amd_gpu, efa, gaudi, nvidia_gpu, nvidia_mig, rdma
 from .base import BuildInputs, ClaimGroup, DeviceKind, PrepareContext, Served
 
 KINDS: tuple[DeviceKind, ...] = (
@@ -18,6 +18,7 @@ KINDS: tuple[DeviceKind, ...] = (
     amd_gpu.KIND,
     rdma.KIND,
     efa.KIND,
+    gaudi.KIND,
 )
 
 # The claim-level CDI devices, in the order a claim's spec lists them.

@@ -12,7 +12,6 @@ from dataclasses import replace
 from fabricdra.api.deviceclasses import load_device_classes
 from fabricdra.api.inventory import Accelerator, MigDevice
 
-from .. import migprofiles
 from ..devices import (
     LOST_REASON,
     VENDOR_DRIVERS,
@@ -25,8 +24,8 @@ from ..devices import (
     mig_name,
     placement_name,
 )
+from ..discovery.vendors import NVIDIA
 from ..kubelet.cdi import ContainerEdits
-from ..migprofiles import Placement
 from .base import (
     BuildInputs,
     CounterUse,
@@ -38,8 +37,9 @@ from .base import (
     numa_value,
     pci_values,
 )
+from .nvidia import migprofiles
+from .nvidia.migprofiles import Placement
 
-NVIDIA, AMD = "0x10de", "0x1002"  # PCI vendor ids
 VOID_GPUS = "NVIDIA_VISIBLE_DEVICES=void"
 
 

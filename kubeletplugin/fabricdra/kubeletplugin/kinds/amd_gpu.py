@@ -5,8 +5,9 @@ bound to `amdgpu`; health from its RAS error counts (health.py `amd_health`). Se
 from __future__ import annotations
 
 from ..devices import Device, gpu_name
+from ..discovery.vendors import AMD
 from ..kubelet import PrepareError
-from .accelerator import AMD, GPUS, accelerator_values, gpu_taint_value, vendor_devices
+from .accelerator import GPUS, accelerator_values, gpu_taint_value, vendor_devices
 from .base import BuildInputs, DeviceKind, PrepareContext, Served, Value, device_nodes
 
 

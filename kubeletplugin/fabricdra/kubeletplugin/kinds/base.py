@@ -2,7 +2,7 @@
 prepared and checked (issue 21; docs/adding-a-device-kind.md).
 
 A kind is a small object satisfying `DeviceKind`. The registry (`kinds/__init__.py`) lists
-them in order; `devices.build_devices`, `resourceslices`, `prepare` and the health stream
+them in order; `assembly.build_devices`, `resourceslices`, `prepare` and the health stream
 iterate it instead of branching on a device's type or vendor.
 """
 
@@ -12,16 +12,16 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from fabricdra.api.inventory import Accelerator, Interface, PciTopology
+from fabricdra.api.inventory import Accelerator, Endpoint, Interface, PciTopology
 
 from ..kubelet.cdi import ContainerEdits, DeviceNode
 
 if TYPE_CHECKING:
     from ..devices import Device, DeviceConfig, GpuHealth, GpuInfo, HeldAs
     from ..discovery.sysfs import SysfsTree
-    from ..dynamicmig import DynamicMig
     from ..hostdevices import HostLayout
-    from ..nvidiacdi import ToolkitSpecs
+    from .nvidia.dynamicmig import DynamicMig
+    from .nvidia.nvidiacdi import ToolkitSpecs
 
 
 class Version(str):
@@ -42,7 +42,7 @@ Value = str | int | bool | NumaNodes | None
 
 @dataclass(frozen=True)
 class BuildInputs:
-    """One discovery pass's records, as `devices.build_devices` hands them to every kind."""
+    """One discovery pass's records, as `assembly.build_devices` hands them to every kind."""
 
     interfaces: Sequence[Interface]
     accelerators: Sequence[Accelerator]
@@ -168,6 +168,12 @@ class DeviceKind(Protocol):
     def within(self, device: Device) -> str | None:
         """The name of the device this one is part of (a MIG instance's GPU, a VF's PF), so
         prepare's in-use check keeps the two apart (exclusivity.py); None: none."""
+        return None
+
+    def adapter(self, device: Device) -> Endpoint | None:
+        """The device's own record where the NodeDevices record's interfaces and accelerators
+        do not hold it (an EFA function has no netdev): recorded under `spec.adapters`, so
+        every published device is in the record; None: they hold it."""
         return None
 
     def netdev(self, device: Device) -> str | None:

@@ -28,6 +28,7 @@ from ..devices import Device, dns_label
 from ..discovery.pci import read_function
 from ..discovery.rdma import read_rdma_index
 from ..discovery.sysfs import Absent, SysfsTree, Unreadable
+from ..discovery.vendors import AMAZON
 from ..kubelet import PrepareError
 from ..kubelet.cdi import ContainerEdits
 from .base import (
@@ -42,7 +43,6 @@ from .base import (
 )
 from .rdma import link_device
 
-AMAZON = "0x1d0f"
 EFA_DEVICE_IDS = frozenset({"0xefa0", "0xefa1", "0xefa2", "0xefa3"})
 
 
@@ -85,6 +85,9 @@ class Efa(DeviceKind):
             ("rdmaDevice", ep.rdmaDevice),
             ("linkVerdict", ep.link.verdict if ep.link else None),
         ]
+
+    def adapter(self, device: Device) -> Endpoint | None:
+        return device.endpoint  # no netdev: discovery's interfaces do not list it
 
     def taint_value(self, device: Device) -> str:
         """`efa-link-down`; `efa-link` when no cause is known."""

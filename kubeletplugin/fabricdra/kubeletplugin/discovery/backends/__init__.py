@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .amd import AMD, AmdBackend, AmdReadings
+from ..vendors import AMD, NVIDIA
+from .amd import AmdBackend, AmdReadings
 from .base import AcceleratorBackend, Function, GpuFacts, MigFacts, VendorPass, run
-from .nvidia import NVIDIA, NvidiaBackend, NvmlSource, canonical_cluster_uuid
+from .nvidia import NvidiaBackend, NvmlSource, canonical_cluster_uuid
 
 Registry = dict[str, AcceleratorBackend[Any]]
 

@@ -35,9 +35,9 @@ from fabricdra.api.inventory import Fabric
 
 from ..amd import KfdReadings, read_kfd
 from ..sysfs import Absent, SysfsTree, Unreadable
+from ..vendors import AMD
 from .base import Function, GpuFacts
 
-AMD = "0x1002"
 PCI_DEVICES = "bus/pci/devices"
 RAS_SUFFIX = "_err_count"
 MIB = 1024 * 1024

@@ -10,9 +10,8 @@ from fabricdra.api.inventory import Fabric, FabricRegistration
 
 from ..nvml import NvmlReadings, SnapshotGpu, SnapshotMigDevice
 from ..sysfs import SysfsTree
+from ..vendors import NVIDIA
 from .base import Function, GpuFacts, MigFacts
-
-NVIDIA = "0x10de"
 
 NvmlSource = Callable[[], NvmlReadings]
 

@@ -22,8 +22,8 @@ import structlog
 
 from fabricdra.api.inventory import Accelerator
 
-from .devices import gpu_name, lost_accelerators
-from .kubelet.cdi import write_atomic
+from ...devices import gpu_name, lost_accelerators
+from ...kubelet.cdi import write_atomic
 
 log = structlog.get_logger("fabricdra.agent")
 

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
-from .devices import Device
-from .kubelet import PrepareError
-from .kubelet.cdi import ContainerEdits, Mount
+from ...devices import Device
+from ...kubelet import PrepareError
+from ...kubelet.cdi import ContainerEdits, Mount
 
 MIB = 2**20
 MEMORY, SHARES = "memory", "shares"

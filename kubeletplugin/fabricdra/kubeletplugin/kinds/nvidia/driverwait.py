@@ -17,6 +17,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from ...discovery.vendors import NVIDIA
+
 NVML = "libnvidia-ml.so.1"
 # Where a driver root keeps NVML: distributions' folders first, then GKE's (no `usr`).
 LIB_DIRS = (
@@ -27,7 +29,6 @@ LIB_DIRS = (
     "lib64",
     "lib",
 )
-NVIDIA = "0x10de"
 
 
 def nvidia_gpus(sysfs_root: Path) -> list[str]:

@@ -37,8 +37,8 @@ from typing import Any
 
 import structlog
 
-from .discovery.nvml import NvmlReadings, XidEvent, XidEventsError, XidEventSource
-from .health import APPLICATION_XIDS
+from ...discovery.nvml import NvmlReadings, XidEvent, XidEventsError, XidEventSource
+from ...health import APPLICATION_XIDS
 
 log = structlog.get_logger("fabricdra.xids")
 

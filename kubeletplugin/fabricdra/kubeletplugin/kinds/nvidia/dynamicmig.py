@@ -35,7 +35,7 @@ from typing import Protocol
 
 import structlog
 
-from .kubelet.cdi import write_atomic
+from ...kubelet.cdi import write_atomic
 
 log = structlog.get_logger("fabricdra.dynamicmig")
 
