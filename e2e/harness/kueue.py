@@ -104,9 +104,10 @@ class Kueue:
         for name in ("tls.crt", "tls.key"):
             with contextlib.suppress(FileNotFoundError):
                 (METRICS_CERT_DIR / name).unlink()
-        while self._made_metrics_dirs:
+        made, self._made_metrics_dirs = self._made_metrics_dirs, []
+        for folder in made:  # deepest first
             with contextlib.suppress(OSError):
-                self._made_metrics_dirs.pop().rmdir()
+                folder.rmdir()
 
     # -- start ------------------------------------------------------------------------------
 
@@ -165,7 +166,7 @@ class Kueue:
     def _write_metrics_cert(self, cert: Path, key: Path) -> None:
         missing = [p for p in (METRICS_CERT_DIR, *METRICS_CERT_DIR.parents) if not p.exists()]
         METRICS_CERT_DIR.mkdir(parents=True, exist_ok=True)
-        self._made_metrics_dirs = missing  # deepest first: rmdir order at stop()
+        self._made_metrics_dirs = missing  # deepest first, the order stop() removes them in
         shutil.copyfile(cert, METRICS_CERT_DIR / "tls.crt")
         shutil.copyfile(key, METRICS_CERT_DIR / "tls.key")
 

@@ -18,7 +18,9 @@ from the nodes' allocatable CPU so that a node holds exactly one (60 %) or two (
   stays suspended, no pod is created, and its Workload says why;
 - a Job of 4 in slices of 2 (`podset-slice-required-topology: fabricdra.io/fabric.domain`,
   `podset-slice-size: 2`) with one of nvl-a's four places taken by another pod lands two pods
-  in each NVLink domain: nvl-a has room for 3, but a slice never straddles two domains.
+  in each NVLink domain; with one of nvl-b's two taken as well, 5 places are free but no
+  second domain holds a slice: the Job waits whole (without the slice annotations Kueue admits
+  it: 4 pods fit).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from kubernetes.client.exceptions import ApiException
 
 from e2e.harness.controlplane import wait_for
 from e2e.harness.images import TEST_IMAGE
-from e2e.harness.kueue import API_GROUP, API_VERSION, Kueue, create_objects
+from e2e.harness.kueue import API_GROUP, API_VERSION, METRICS_CERT_DIR, Kueue, create_objects
 from e2e.harness.multinode import MultiNodeCluster
 from fabricdra.api.kueue import topology_object
 from fabricdra.api.labels import FABRIC_DOMAIN
@@ -87,6 +89,7 @@ def env(multi_node_cluster: MultiNodeCluster) -> Iterator[Env]:
         }
     assert len(allocatable) == 1, f"the harness's nodes differ in CPU: {allocatable}"
     kueue = Kueue(cp)
+    made_dirs = [p for p in (METRICS_CERT_DIR, *METRICS_CERT_DIR.parents) if not p.exists()]
     kueue.start()
     namespace = f"kueue-{uuid.uuid4().hex[:6]}"
     cp.create_namespace(namespace)
@@ -133,6 +136,10 @@ def env(multi_node_cluster: MultiNodeCluster) -> Iterator[Env]:
         yield e
     finally:
         kueue.stop()
+    # The metrics certificate Kueue insists on (a fixed host path) leaves with it, and so do
+    # the folders the harness made for it.
+    assert not (METRICS_CERT_DIR / "tls.key").exists()
+    assert not any(p.exists() for p in made_dirs), made_dirs
 
 
 def _millicpu(quantity: str) -> int:
@@ -256,16 +263,11 @@ def test_required_tier1_job_larger_than_any_switch_waits_whole(env: Env, jobs: l
     jobs.append("too-big-for-a-leaf")
     _job(env, "too-big-for-a-leaf", 3, 0.6, {REQUIRED: TIER1})
 
-    def pending_with_reason() -> str | None:
-        wl = _workload(env, "too-big-for-a-leaf")
-        if wl is None:
-            return None
-        for c in wl.get("status", {}).get("conditions", []):
-            if c["type"] == "QuotaReserved" and c["status"] == "False" and c.get("message"):
-                return str(c["message"])
-        return None
-
-    message = wait_for(pending_with_reason, timeout=TIMEOUT, what="the Workload pending")
+    message = wait_for(
+        lambda: _pending_reason(env, "too-big-for-a-leaf"),
+        timeout=TIMEOUT,
+        what="the Workload pending",
+    )
     assert "topology" in message.lower() or "fit" in message.lower(), message
     with env.cluster.api_client() as api:
         job = client.BatchV1Api(api).read_namespaced_job("too-big-for-a-leaf", env.namespace)
@@ -276,18 +278,56 @@ def test_required_tier1_job_larger_than_any_switch_waits_whole(env: Env, jobs: l
     assert not wl["status"].get("admission")
 
 
-def test_slices_land_as_whole_nvlink_domains(env: Env, jobs: list[str]) -> None:
-    """Two places per node (40 % each); one of nvl-a's four taken by a pod outside Kueue: nvl-a
-    has 3 free places and nvl-b 2, so 4 pods fit 3 + 1, but slices of 2 only 2 + 2."""
-    blocker = "holds-one-place"
-    node0 = env.nodes[0]
-    with env.cluster.api_client() as api:
+def test_slices_stay_inside_nvlink_domains(env: Env, jobs: list[str]) -> None:
+    """Two places per node (40 % each), some taken by pods outside Kueue (Kueue counts them).
+
+    With one of node 0's places taken (nvl-a 3 free, nvl-b 2), 4 pods in slices of 2 run two
+    in each domain. With one of node 2's taken too (nvl-a 3 free, nvl-b 1), 5 places are free
+    and 4 pods would fit, but two slices of 2 do not (nvl-a holds one, nvl-b none): the Job
+    waits whole."""
+    slices = {REQUIRED: TIER2, SLICE_REQUIRED: FABRIC_DOMAIN, SLICE_SIZE: "2"}
+    blockers: list[str] = []
+    try:
+        blockers.append(_blocker(env, "holds-a-place-0", env.nodes[0]))
+        jobs.append("in-slices")
+        _job(env, "in-slices", 4, 0.4, slices)
+        nodes = _running_nodes(env, "in-slices", 4)
+        assert Counter(env.labels(n)[2] for n in nodes) == {"nvl-a": 2, "nvl-b": 2}, nodes
+        _delete_job(env, "in-slices")
+
+        blockers.append(_blocker(env, "holds-a-place-2", env.nodes[2]))
+        jobs.append("slices-do-not-fit")
+        _job(env, "slices-do-not-fit", 4, 0.4, slices)
+        message = wait_for(
+            lambda: _pending_reason(env, "slices-do-not-fit"),
+            timeout=TIMEOUT,
+            what="the Workload pending",
+        )
+        assert "fit" in message.lower(), message
+        assert _pods(env, "slices-do-not-fit") == []
+    finally:
+        for job in jobs:  # first: a waiting Job would start once the blockers are gone
+            _delete_job(env, job)
+        for blocker in blockers:
+            with env.cluster.api_client() as api:
+                client.CoreV1Api(api).delete_namespaced_pod(blocker, env.namespace)
+        for blocker in blockers:
+            _wait_gone(env, blocker)
+
+
+def _wait_gone(e: Env, pod: str) -> None:
+    wait_for(lambda: _phase(e, pod) is None, timeout=TIMEOUT, what=f"{pod} gone")
+
+
+def _blocker(e: Env, name: str, node: str) -> str:
+    """A pod outside Kueue, bound to `node`, taking one of its two 40 % places; once running."""
+    with e.cluster.api_client() as api:
         client.CoreV1Api(api).create_namespaced_pod(
-            env.namespace,
+            e.namespace,
             {
-                "metadata": {"name": blocker},
+                "metadata": {"name": name},
                 "spec": {
-                    "nodeName": node0,
+                    "nodeName": node,
                     "terminationGracePeriodSeconds": 0,
                     "containers": [
                         {
@@ -295,31 +335,25 @@ def test_slices_land_as_whole_nvlink_domains(env: Env, jobs: list[str]) -> None:
                             "image": TEST_IMAGE,
                             "imagePullPolicy": "Never",
                             "command": ["sleep", "3600"],
-                            "resources": {"requests": {"cpu": f"{int(env.millicpu * 0.4)}m"}},
+                            "resources": {"requests": {"cpu": f"{int(e.millicpu * 0.4)}m"}},
                         }
                     ],
                 },
             },
         )
-    try:
-        wait_for(
-            lambda: _phase(env, blocker) == "Running", timeout=TIMEOUT, what="the blocker running"
-        )
-        jobs.append("in-slices")
-        _job(
-            env,
-            "in-slices",
-            4,
-            0.4,
-            {REQUIRED: TIER2, SLICE_REQUIRED: FABRIC_DOMAIN, SLICE_SIZE: "2"},
-        )
-        nodes = _running_nodes(env, "in-slices", 4)
-        per_domain = Counter(env.labels(n)[2] for n in nodes)
-        assert per_domain == {"nvl-a": 2, "nvl-b": 2}, nodes
-    finally:
-        with env.cluster.api_client() as api:
-            client.CoreV1Api(api).delete_namespaced_pod(blocker, env.namespace)
-        wait_for(lambda: _phase(env, blocker) is None, timeout=TIMEOUT, what="the blocker gone")
+    wait_for(lambda: _phase(e, name) == "Running", timeout=TIMEOUT, what=f"{name} running")
+    return name
+
+
+def _pending_reason(e: Env, job: str) -> str | None:
+    """Why Kueue has not admitted the Job's Workload (QuotaReserved False), once it says."""
+    wl = _workload(e, job)
+    if wl is None:
+        return None
+    for c in wl.get("status", {}).get("conditions", []):
+        if c["type"] == "QuotaReserved" and c["status"] == "False" and c.get("message"):
+            return str(c["message"])
+    return None
 
 
 def _phase(e: Env, pod: str) -> str | None:
