@@ -66,8 +66,14 @@ class Kueue:
     to be ready and registers its webhooks; stop() ends it and removes its metrics cert."""
 
     def __init__(
-        self, control_plane: ControlPlane, *, frameworks: tuple[str, ...] = ("batch/job",)
+        self,
+        control_plane: ControlPlane,
+        *,
+        frameworks: tuple[str, ...] = ("batch/job",),
+        feature_gates: dict[str, bool] | None = None,
     ) -> None:
+        """`frameworks`: Kueue's integrations (only `batch/job` is wired); `feature_gates`:
+        Kueue's, beside the harness's (`VisibilityOnDemand` off)."""
         unknown = [f for f in frameworks if f not in FRAMEWORK_GROUPS]
         if unknown:
             raise HarnessError(
@@ -76,6 +82,7 @@ class Kueue:
             )
         self.control_plane = control_plane
         self.frameworks = frameworks
+        self.feature_gates = {"VisibilityOnDemand": False, **(feature_gates or {})}
         self.workdir = control_plane.workdir / "kueue"
         self.log = control_plane.logs_dir / "kueue.log"
         self.webhook_port = 0
@@ -160,7 +167,7 @@ class Kueue:
             "leaderElection": {"leaderElect": False},
             "internalCertManagement": {"enable": False},
             "integrations": {"frameworks": list(self.frameworks)},
-            "featureGates": {"VisibilityOnDemand": False},
+            "featureGates": self.feature_gates,
         }
 
     def _write_metrics_cert(self, cert: Path, key: Path) -> None:

@@ -20,7 +20,9 @@ from the nodes' allocatable CPU so that a node holds exactly one (60 %) or two (
   `podset-slice-size: 2`) with one of nvl-a's four places taken by another pod lands two pods
   in each NVLink domain; with one of nvl-b's two taken as well, 5 places are free but no
   second domain holds a slice: the Job waits whole (without the slice annotations Kueue admits
-  it: 4 pods fit).
+  it: 4 pods fit);
+- a one-pod Job under leaf-a whose node is lost runs again on leaf-a's other node, and Kueue
+  never evicts its workload.
 """
 
 from __future__ import annotations
@@ -315,12 +317,56 @@ def test_slices_stay_inside_nvlink_domains(env: Env, jobs: list[str]) -> None:
             _wait_gone(env, blocker)
 
 
+def test_lost_node_pod_runs_again_under_the_same_switch(env: Env, jobs: list[str]) -> None:
+    """A one-pod Job held to one leaf switch runs on a leaf-a node; that node is lost (kubelet
+    stopped, Node removed, its pod force-deleted as the pod GC would): the Job's new pod runs
+    on leaf-a's other node, and Kueue never evicted the workload. (Checked by hand: the same
+    happens with Kueue's node-replacement gates off, `TASFailedNodeReplacement` and its
+    three companions, so this proves the outcome, not which Kueue mechanism gives it.) Runs
+    last in this module: it takes a node away for good."""
+    # leaf-b's only node keeps 40 % free: the Job's 60 % pod fits only under leaf-a.
+    blockers = [_blocker(env, "fills-leaf-b", env.nodes[2], share=0.6)]
+    try:
+        jobs.append("survives-a-node")
+        _job(env, "survives-a-node", 1, 0.6, {REQUIRED: TIER1})
+        (dead,) = _running_nodes(env, "survives-a-node", 1)
+        assert env.labels(dead)[1] == "leaf-a"
+        (spare,) = [n for n in env.nodes[:2] if n != dead]
+
+        env.cluster.node(dead).stop_kubelet()
+        with env.cluster.api_client() as api:
+            core = client.CoreV1Api(api)
+            core.delete_node(dead)
+            for pod in _pods(env, "survives-a-node"):
+                core.delete_namespaced_pod(pod.metadata.name, env.namespace, grace_period_seconds=0)
+
+        def replaced() -> str | None:
+            # The dead pod lingers, deleted, until the Job controller drops its finalizer.
+            live = [p for p in _pods(env, "survives-a-node") if not p.metadata.deletion_timestamp]
+            running = [p.spec.node_name for p in live if p.status.phase == "Running"]
+            return running[0] if len(live) == 1 and running else None
+
+        assert wait_for(replaced, timeout=TIMEOUT, what="the Job's pod running again") == spare
+        # Kueue kept the workload admitted throughout: no eviction, no requeue.
+        wl = _workload(env, "survives-a-node")
+        assert wl is not None
+        assert not wl["status"].get("schedulingStats", {}).get("evictions"), wl["status"]
+    finally:
+        for job in jobs:
+            _delete_job(env, job)
+        for blocker in blockers:
+            with env.cluster.api_client() as api:
+                client.CoreV1Api(api).delete_namespaced_pod(blocker, env.namespace)
+        for blocker in blockers:
+            _wait_gone(env, blocker)
+
+
 def _wait_gone(e: Env, pod: str) -> None:
     wait_for(lambda: _phase(e, pod) is None, timeout=TIMEOUT, what=f"{pod} gone")
 
 
-def _blocker(e: Env, name: str, node: str) -> str:
-    """A pod outside Kueue, bound to `node`, taking one of its two 40 % places; once running."""
+def _blocker(e: Env, name: str, node: str, share: float = 0.4) -> str:
+    """A pod outside Kueue, bound to `node`, asking for `share` of its CPU; once running."""
     with e.cluster.api_client() as api:
         client.CoreV1Api(api).create_namespaced_pod(
             e.namespace,
@@ -335,7 +381,7 @@ def _blocker(e: Env, name: str, node: str) -> str:
                             "image": TEST_IMAGE,
                             "imagePullPolicy": "Never",
                             "command": ["sleep", "3600"],
-                            "resources": {"requests": {"cpu": f"{int(e.millicpu * 0.4)}m"}},
+                            "resources": {"requests": {"cpu": f"{int(e.millicpu * share)}m"}},
                         }
                     ],
                 },
