@@ -7,25 +7,28 @@
 #                       kubelet, kubectl
 #   build.sh --node     also containerd, containerd-shim-runc-v2, ctr and runc
 #   build.sh --helm     also helm
+#   build.sh --kueue    also Kueue's manager (kueue) and its CRDs and webhook manifests
+#                       (kueue-manifests/), for the Kueue topology-aware scheduling tests
 #   build.sh --all      everything
 #
 # Versions: Kubernetes is pinned in exactly one place, the `require k8s.io/kubernetes` line of
 # e2e/cluster/kubernetes/go.mod (that wrapper module maps every k8s.io staging module to its
 # published v0.X.Y, which `go install k8s.io/kubernetes/...@v1.X.Y` cannot do). etcd is pinned
-# by e2e/cluster/etcd/go.mod; the node runtime and helm below.
+# by e2e/cluster/etcd/go.mod, Kueue by e2e/cluster/kueue/go.mod; the node runtime and helm below.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 CONTAINERD_VERSION=v2.3.7
 RUNC_VERSION=v1.4.4
 HELM_VERSION=v3.21.4
 
-want_node=0; want_helm=0
+want_node=0; want_helm=0; want_kueue=0
 for a in "$@"; do
   case "$a" in
     --node) want_node=1 ;;
     --helm) want_helm=1 ;;
-    --all) want_node=1; want_helm=1 ;;
-    *) echo "build.sh: unknown argument '$a' (expected --node, --helm or --all)" >&2; exit 2 ;;
+    --kueue) want_kueue=1 ;;
+    --all) want_node=1; want_helm=1; want_kueue=1 ;;
+    *) echo "build.sh: unknown argument '$a' (expected --node, --helm, --kueue or --all)" >&2; exit 2 ;;
   esac
 done
 command -v go >/dev/null || {
@@ -96,6 +99,29 @@ if [ $want_helm = 1 ] && { [ ! -x "$BIN/helm" ] || [ ! -f "$BIN/helm.kube-versio
   CGO_ENABLED=0 GOBIN="$BIN" GOFLAGS= go install -trimpath -ldflags "$hldf" \
     "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
   echo "v1.$client_go.0" > "$BIN/helm.kube-version"
+fi
+
+# Kueue: its manager from the wrapper module (go.sum pins every dependency), stamped with its
+# version the way Kueue's Makefile stamps it, and beside it what a Kueue install applies and the
+# harness cannot take from the binary: the CRDs and the webhook configurations (read from the
+# module's source, config/components/). The stamp file holds the version: a different pin
+# rebuilds both.
+if [ $want_kueue = 1 ]; then
+  kueue_version=$(cd "$here/kueue" && go list -m -f '{{.Version}}' sigs.k8s.io/kueue)
+  if [ "$(cat "$BIN/kueue.version" 2>/dev/null)" != "$kueue_version" ]; then
+    log "building kueue $kueue_version"
+    rm -f "$BIN/kueue" "$BIN/kueue.version"
+    build_tool "$here/kueue" sigs.k8s.io/kueue/cmd/kueue kueue \
+      "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$kueue_version"
+    kueue_dir=$(cd "$here/kueue" && go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)
+    tmp="$BIN/.kueue-manifests.tmp.$$"
+    rm -rf "$tmp" && mkdir -p "$tmp/crd"
+    cp "$kueue_dir"/config/components/crd/bases/*.yaml "$tmp/crd/"
+    cp "$kueue_dir/config/components/webhook/manifests.yaml" "$tmp/webhooks.yaml"
+    chmod -R u+w "$tmp"  # the module cache is read-only; a later rebuild must remove this
+    rm -rf "$BIN/kueue-manifests" && mv "$tmp" "$BIN/kueue-manifests"
+    echo "$kueue_version" > "$BIN/.kueue.version.tmp.$$" && mv "$BIN/.kueue.version.tmp.$$" "$BIN/kueue.version"
+  fi
 fi
 
 echo "$BIN"

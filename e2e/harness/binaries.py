@@ -19,9 +19,10 @@ BUILD_SCRIPT = CLUSTER_DIR / "build.sh"
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 NODE = ("kubelet", "containerd", "containerd-shim-runc-v2", "ctr", "runc")
 HELM = ("helm",)
+KUEUE = ("kueue",)
 # Files build.sh writes beside a binary built the current way; a binary without its file is
 # built again (helm: stamped with its default Kubernetes version, build.sh).
-STAMPS = {"helm": "helm.kube-version"}
+STAMPS = {"helm": "helm.kube-version", "kueue": "kueue.version"}
 
 
 def kubernetes_version() -> str:
@@ -41,15 +42,35 @@ def bin_dir() -> Path:
     return cache / f"k8s-{kubernetes_version()}" / "bin"
 
 
+def kueue_version() -> str:
+    """The pinned sigs.k8s.io/kueue version, e.g. "v0.17.0" (e2e/cluster/kueue/go.mod)."""
+    gomod = (CLUSTER_DIR / "kueue" / "go.mod").read_text()
+    found = re.search(r"^\s*(?:require\s+)?sigs\.k8s\.io/kueue\s+(v\S+)", gomod, re.MULTILINE)
+    if not found:
+        raise HarnessError(f"{CLUSTER_DIR / 'kueue' / 'go.mod'} does not require sigs.k8s.io/kueue")
+    return found.group(1)
+
+
 def _present(directory: Path, names: tuple[str, ...]) -> bool:
     return all(
         os.access(directory / n, os.X_OK) and (directory / STAMPS.get(n, n)).is_file()
         for n in names
-    )
+    ) and ("kueue" not in names or _kueue_current(directory))
+
+
+def _kueue_current(directory: Path) -> bool:
+    """Kueue's stamp names the version it was built from: another pin is built again."""
+    return (directory / STAMPS["kueue"]).read_text().strip() == kueue_version() and (
+        directory / "kueue-manifests" / "webhooks.yaml"
+    ).is_file()
 
 
 def ensure(
-    names: tuple[str, ...] = CONTROL_PLANE, *, node: bool = False, helm: bool = False
+    names: tuple[str, ...] = CONTROL_PLANE,
+    *,
+    node: bool = False,
+    helm: bool = False,
+    kueue: bool = False,
 ) -> Path:
     """Return the bin dir holding `names`, running build.sh first if any is missing.
 
@@ -59,7 +80,12 @@ def ensure(
     directory = bin_dir()
     if _present(directory, names):
         return directory
-    args = [str(BUILD_SCRIPT), *(["--node"] if node else []), *(["--helm"] if helm else [])]
+    args = [
+        str(BUILD_SCRIPT),
+        *(["--node"] if node else []),
+        *(["--helm"] if helm else []),
+        *(["--kueue"] if kueue else []),
+    ]
     try:
         done = subprocess.run(args, capture_output=True, text=True, check=False)
     except OSError as e:
