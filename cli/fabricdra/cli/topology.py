@@ -28,16 +28,15 @@ from typing import Any
 import yaml
 
 from fabricdra.api import labels
+from fabricdra.api.kueue import API_VERSION as KUEUE_API_VERSION
+from fabricdra.api.kueue import HOSTNAME_LABEL
+from fabricdra.api.kueue import topology_object as kueue_topology
 from fabricdra.api.scaleout import TIER_LABELS
 
 from .common import UsageError, api_client, print_json
 from .common import env as _env
 
 USER_AGENT = "fabricdra-topology/0.2.0"
-HOSTNAME_LABEL = "kubernetes.io/hostname"
-# Kueue serves v1beta2 from v0.15, stores it from v0.16 and drops v1beta1 in v0.17
-# (https://github.com/kubernetes-sigs/kueue/issues/7626); --kueue-api-version for older ones.
-KUEUE_API_VERSION = "kueue.x-k8s.io/v1beta2"
 # The ConfigMap `fabric-dump` writes: the controller reads those labelled DUMP_LABEL in its
 # namespace (controller/tierlabels.py), the dump gzipped (a large fabric's text outgrows a
 # ConfigMap's 1 MiB: https://kubernetes.io/docs/concepts/configuration/configmap/).
@@ -273,16 +272,8 @@ def kueue(
     Kueue will not place on (no tiers: unknown fabric or a failed cabling check)."""
     tiered = [r for r in view if r.tiers[0]]
     depth = min((sum(1 for t in r.tiers if t) for r in tiered), default=0)
-    levels = [{"nodeLabel": TIER_LABELS[i]} for i in reversed(range(depth))]
-    if tiered and all(r.domain and r.domain != labels.NO_FABRIC for r in tiered):
-        levels.append({"nodeLabel": labels.FABRIC_DOMAIN})
-    levels.append({"nodeLabel": HOSTNAME_LABEL})
-    obj = {
-        "apiVersion": api_version,
-        "kind": "Topology",
-        "metadata": {"name": name},
-        "spec": {"levels": levels},
-    }
+    with_domain = bool(tiered) and all(r.domain and r.domain != labels.NO_FABRIC for r in tiered)
+    obj = kueue_topology(name, depth, fabric_domain=with_domain, api_version=api_version)
     return obj, [r.name for r in view if not r.tiers[0]]
 
 
