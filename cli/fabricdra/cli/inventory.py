@@ -18,7 +18,6 @@ from fabricdra.kubeletplugin.discovery.nvml import (
 )
 from fabricdra.kubeletplugin.discovery.sysfs import RootError, SysfsTree
 from fabricdra.kubeletplugin.report import PreviousError, inventory_document, load_previous
-from fabricdra.kubeletplugin.samples import sample_node
 
 from . import logs
 from .common import UsageError, print_json
@@ -86,6 +85,9 @@ def run_inventory(args: argparse.Namespace) -> int:
     with ExitStack() as stack:
         root, snapshot = args.sysfs_root, args.nvml_snapshot
         if args.sample:
+            # Only here: unpacking imports tarfile, zipfile and tempfile (bench/startup.py).
+            from fabricdra.kubeletplugin.samples import sample_node
+
             sample_root, sample_snapshot = stack.enter_context(sample_node())
             root, snapshot = str(sample_root), snapshot or str(sample_snapshot)
         try:
