@@ -134,8 +134,9 @@ def test_hung_tools_cost_one_timeout_each_in_parallel_and_end_their_lane(
     tmp_path: Path, standin: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every tool hangs: each is killed at its own timeout, all of them were started before
-    the first was killed (parallel, not one after another), and the GPU lane's next tool is
-    not started after nvbandwidth hung."""
+    the first ended (parallel: a hung stand-in told to stop waits for those starts, which
+    tools run one after another would never reach before timeout's KILL), and the GPU lane's
+    next tool is not started after nvbandwidth hung."""
     monkeypatch.setenv("STANDIN_HANG", "nvbandwidth,ib_write_bw")
     monkeypatch.setenv("STANDIN_END_AFTER", "start nvbandwidth=1,start ib_write_bw:=8")
     results = _run(tmp_path, _tools(timeout=HANG_TIMEOUT))
