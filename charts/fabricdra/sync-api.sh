@@ -3,7 +3,7 @@
 # - the CRDs: copies of api/crds (generated from the pydantic models by crdgen);
 # - the DeviceClasses: files/deviceclasses.yaml (and the manifests in api/deviceclasses/),
 #   generated from the table api/fabricdra/api/deviceclass_table.py.
-# Helm reads nothing outside the chart folder, so the chart carries copies; tests/unit/test_chart.py
+# Helm reads nothing outside the chart folder, so the chart carries copies; tests/integration/test_chart.py
 # and tests/unit/test_deviceclass_table.py fail when they drift. Run after changing api/.
 #
 #   charts/fabricdra/sync-api.sh        (PYTHON: the interpreter with fabricdra installed)

@@ -189,8 +189,8 @@ def test_the_rollouts_the_schema_refuses_are_those_the_api_server_rejects(
     control_plane: ControlPlane, node: dict[str, Any]
 ) -> None:
     """values.schema.json mirrors the API server's DaemonSet validation: each rollout the
-    schema refuses (tests/unit/test_chart_lifecycle.py), rendered past the schema, is rejected
-    by the server, which helm would only have met part way through an upgrade."""
+    schema refuses (tests/integration/test_chart_lifecycle.py), rendered past the schema, is
+    rejected by the server, which helm would only have met part way through an upgrade."""
     chart = Chart()
     ns = f"fdra-roll-{uuid.uuid4().hex[:6]}"
     control_plane.create_namespace(ns)

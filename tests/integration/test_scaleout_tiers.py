@@ -158,7 +158,7 @@ def test_controller_writes_checks_and_removes_tier_labels(
     # InfiniBand with no SMP answer: its leaf comes from the ibnetdiscover ConfigMap.
     _publish(rest, ib, [_nic("ibp24s0", 0, None, PORT)])
     # `fabricdra fabric-dump` stores it, as a user with exactly the chart's fabric-dump Role
-    # (tests/unit/test_chart_scaleout.py): created, then replaced by the next run.
+    # (tests/integration/test_chart_scaleout.py): created, then replaced by the next run.
     dumper = unique("fabric-dump")
     rules = [
         {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},

@@ -5,9 +5,18 @@ and take their behaviour from the environment, so a test can make one slow, hung
                        `running.<name>` markers and the loopback's unix sockets
     STANDIN_HANG       tool names (or `ib_write_bw:<device>`) that hang until killed
     STANDIN_AWAIT      `<name>`: wait (up to 60 s) until that tool is running, else fail —
-                       passes only when the two run at the same time
+                       passes only when the two run at the same time (a tool started after
+                       it ended logs `after <name> ended` and goes on)
     STANDIN_VALUE      `<name>=<number>,...`: the figure a tool reports (default: healthy)
-    STANDIN_LATE_SERVER  seconds the loopback server waits before it listens
+    STANDIN_END_AFTER  `<event prefix>=<count>,...`: a hung tool told to stop (timeout's TERM)
+                       ends only once `events` holds that many distinct lines starting with
+                       each prefix (up to 60 s; timeout's KILL comes first): what a test
+                       asserts happened before the first kill is awaited, not raced against
+                       a short timeout
+    STANDIN_HOLD       `<name>:<event prefix>=<count>,...`: that tool keeps running until
+                       `events` holds those lines (up to 60 s), then does its work
+    STANDIN_LATE_SERVER  seconds the loopback server waits before it listens, or `refused`:
+                       it listens once its client's first connect was refused
 """
 
 from __future__ import annotations
@@ -44,6 +53,21 @@ def value(name: str, default: float) -> float:
     return default
 
 
+def wait_for_events(wanted: str) -> None:
+    """Until `events` holds, for each `<prefix>=<count>` in `wanted`, that many distinct lines
+    starting with the prefix (up to 60 s)."""
+    conditions = [c.rpartition("=") for c in wanted.split(",") if "=" in c]
+    d = folder()
+    if not conditions or d is None:
+        return
+    for _ in range(600):
+        events = d / "events"
+        lines = set(events.read_text().splitlines()) if events.exists() else set()
+        if all(len([e for e in lines if e.startswith(p)]) >= int(n) for p, _, n in conditions):
+            return
+        time.sleep(0.1)
+
+
 class Running:
     """The tool's `running.<name>` marker and its start/end events, removed on TERM (what
     coreutils' timeout sends first)."""
@@ -52,10 +76,17 @@ class Running:
         self.name = name
         d = folder()
         self.marker = d / f"running.{name}" if d else None
+        self.hanging = False
         log("events", f"start {name}")
         if self.marker is not None:
             self.marker.touch()
-        signal.signal(signal.SIGTERM, lambda *_: self.end(143))
+        signal.signal(signal.SIGTERM, lambda *_: self.stop())
+
+    def stop(self) -> NoReturn:
+        """TERM: end; a hung tool once what STANDIN_END_AFTER names has happened."""
+        if self.hanging:
+            wait_for_events(os.environ.get("STANDIN_END_AFTER", ""))
+        self.end(143)
 
     def end(self, code: int = 0, *, event: bool = True) -> NoReturn:
         if self.marker is not None:
@@ -66,7 +97,11 @@ class Running:
         os._exit(code)
 
     def hang_if_asked(self) -> None:
+        tool, _, held = os.environ.get("STANDIN_HOLD", "").partition(":")
+        if tool and tool == self.name.split(":")[0]:
+            wait_for_events(held)
         if listed("STANDIN_HANG", self.name) or listed("STANDIN_HANG", self.name.split(":")[0]):
+            self.hanging = True
             while True:
                 time.sleep(1)
 
@@ -78,6 +113,12 @@ class Running:
         for _ in range(600):
             if (d / f"running.{other}").exists():
                 log("events", f"saw {other} running: {self.name}")
+                return
+            events = d / "events"
+            if f"end {other}" in (events.read_text() if events.exists() else ""):
+                # Over before this one started (the tool after it in its lane): nothing to
+                # wait for; a test counts the `saw` events it expects.
+                log("events", f"after {other} ended: {self.name}")
                 return
             time.sleep(0.1)
         print(f"stand-in {self.name}: {other} was not running alongside", file=sys.stderr)

@@ -34,7 +34,14 @@ def standin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     d = tmp_path / "standin"
     d.mkdir()
     monkeypatch.setenv("STANDIN_DIR", str(d))
-    for var in ("STANDIN_HANG", "STANDIN_AWAIT", "STANDIN_VALUE", "STANDIN_LATE_SERVER"):
+    for var in (
+        "STANDIN_HANG",
+        "STANDIN_AWAIT",
+        "STANDIN_VALUE",
+        "STANDIN_LATE_SERVER",
+        "STANDIN_END_AFTER",
+        "STANDIN_HOLD",
+    ):
         monkeypatch.delenv(var, raising=False)
     return d
 
@@ -59,6 +66,14 @@ def _run(tmp_path: Path, tools: Tools, busy: str | None = None) -> list[ProbeRes
 
 def _active(results: list[ProbeResult]) -> dict[tuple[str, str], ProbeResult]:
     return {(r.probe, r.device): r for r in results if r.probe in ACTIVE}
+
+
+# Each tool's timeout where stand-ins hang: every hung tool costs one, so it is short (it was
+# 15 s). It need only outlast one stand-in's start (a tool TERMed before Python ran its first
+# line leaves no trace): about 1 s on the 2-core CI machine at load 12. What must happen before
+# the first kill is not raced against it: the hung stand-ins, told to stop, end only once it
+# has (STANDIN_END_AFTER), within the kill grace that timeout gives them (KILL_AFTER, 5 s).
+HANG_TIMEOUT = 5
 
 
 def _tools(timeout: float = 60.0) -> Tools:
@@ -119,10 +134,12 @@ def test_hung_tools_cost_one_timeout_each_in_parallel_and_end_their_lane(
     tmp_path: Path, standin: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every tool hangs: each is killed at its own timeout, all of them were started before
-    the first was killed (parallel, not one after another), and the GPU lane's next tool is
-    not started after nvbandwidth hung."""
+    the first ended (parallel: a hung stand-in told to stop waits for those starts, which
+    tools run one after another would never reach before timeout's KILL), and the GPU lane's
+    next tool is not started after nvbandwidth hung."""
     monkeypatch.setenv("STANDIN_HANG", "nvbandwidth,ib_write_bw")
-    results = _run(tmp_path, _tools(timeout=15))
+    monkeypatch.setenv("STANDIN_END_AFTER", "start nvbandwidth=1,start ib_write_bw:=8")
+    results = _run(tmp_path, _tools(timeout=HANG_TIMEOUT))
     found = _active(results)
     for key in [("host-bandwidth", "node"), ("gpu-bandwidth", "node")] + [
         k for k in found if k[0] == "nic-bandwidth"
@@ -130,7 +147,7 @@ def test_hung_tools_cost_one_timeout_each_in_parallel_and_end_their_lane(
         assert found[key].outcome == "Failed", found[key]
         assert (
             found[key].reason
-            == f"{'nvbandwidth' if 'node' in key else 'ib_write_bw'} ran past 15 s"
+            == f"{'nvbandwidth' if 'node' in key else 'ib_write_bw'} ran past {HANG_TIMEOUT} s"
         )
     nccl = found[("nccl-allreduce", "node")]
     assert nccl.outcome == "Skipped"
@@ -149,10 +166,10 @@ def test_probes_run_at_the_same_time(
     tmp_path: Path, standin: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each loopback client passes only if it sees nvbandwidth running alongside it (the
-    stand-in fails otherwise); nvbandwidth hangs until its timeout."""
+    stand-in fails otherwise); nvbandwidth keeps running until all 8 have seen it."""
     monkeypatch.setenv("STANDIN_AWAIT", "nvbandwidth")
-    monkeypatch.setenv("STANDIN_HANG", "nvbandwidth")
-    found = _active(_run(tmp_path, _tools(timeout=15)))
+    monkeypatch.setenv("STANDIN_HOLD", "nvbandwidth:saw nvbandwidth running=8")
+    found = _active(_run(tmp_path, _tools()))
     nics = {k: r for k, r in found.items() if k[0] == "nic-bandwidth"}
     assert len(nics) == 8
     assert {r.outcome for r in nics.values()} == {"Passed"}, nics
@@ -163,8 +180,9 @@ def test_probes_run_at_the_same_time(
 def test_the_loopback_client_retries_a_refused_connect(
     tmp_path: Path, standin: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """perftest's client connects once; a server that listens late refuses the first tries."""
-    monkeypatch.setenv("STANDIN_LATE_SERVER", "2.5")
+    """perftest's client connects once; a server that listens late refuses the first tries
+    (the stand-in server listens only once its client was refused: no race with a delay)."""
+    monkeypatch.setenv("STANDIN_LATE_SERVER", "refused")
     found = _active(_run(tmp_path, _tools()))
     nics = [r for k, r in found.items() if k[0] == "nic-bandwidth"]
     assert {r.outcome for r in nics} == {"Passed"}, nics

@@ -1,18 +1,24 @@
-"""`fabricdra verify` as a user runs it: a real process over kernel-shaped sysfs trees."""
+"""`fabricdra verify` as a user runs it, over kernel-shaped sysfs trees: its exit status, its
+stdout and its stderr. The first test runs it as a real process (`python -m fabricdra.cli`);
+the others call the same entry point in this process (`fabricdra.cli.main`, which the process
+runs), as each process start costs the unit tier about half a second."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+from fabricdra.cli import main
 from tests.sysfs.builder import PcieLink, SysfsBuilder
 from tests.sysfs.nodes import dgx_h100, h100_snapshot, hgx_h100, write_json
 
 
-def fabricdra(*args: str) -> subprocess.CompletedProcess[str]:
+def fabricdra_process(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "fabricdra.cli", *args],
         capture_output=True,
@@ -22,13 +28,24 @@ def fabricdra(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def fabricdra(*args: str) -> subprocess.CompletedProcess[str]:
+    """What `fabricdra_process` returns, from `main` called here (argparse's exits too)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+    return subprocess.CompletedProcess(["fabricdra", *args], code, out.getvalue(), err.getvalue())
+
+
 def test_the_sample_node_passes_only_with_its_tools_or_the_active_probes_turned_off() -> None:
     # Without the tools the classes' required bandwidth probes cannot run: not passed.
-    done = fabricdra("verify", "--sample")
+    done = fabricdra_process("verify", "--sample")
     assert done.returncode == 1, done.stderr
     assert done.stdout.startswith("NOT PASSED: required probes did not run: ")
     assert "nvbandwidth is not installed" in done.stdout
-    done = fabricdra("verify", "--sample", "--no-bandwidth")
+    done = fabricdra_process("verify", "--sample", "--no-bandwidth")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("PASSED: 37 probes passed")
     # What did not run is still listed: turned-off tools are Skipped, never Passed.

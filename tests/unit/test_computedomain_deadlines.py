@@ -113,9 +113,11 @@ def test_a_frozen_peer_on_the_checkpoint_lock_never_makes_an_answer_late(node: N
     holder = os.open(node.driver.checkpoint.lock_path, os.O_RDWR)
     try:
         fcntl.flock(holder, fcntl.LOCK_EX)
-        # 12 s: kubelet's deadline for these calls (its own 45 s, for more claims).
-        prepared = node.call("prepare", *claims, timeout=12)
-        unprepared = node.call("unprepare", *claims, timeout=12)
+        # A short deadline for these calls (kubelet's own is 45 s): the first claim waits for
+        # the lock until LOCK_MARGIN (2 s) before it, and the lock's own 10 s per claim would
+        # miss it three times over.
+        prepared = node.call("prepare", *claims, timeout=6)
+        unprepared = node.call("unprepare", *claims, timeout=6)
     finally:
         os.close(holder)
     # The first claim waited for the lock; the others found too little time left.

@@ -1,9 +1,9 @@
 """Host IMEX mode installed (issue 22 point 9): the compute-domain plugin asks the host's own IMEX
-service over its command unix socket with the driver root's `nvidia-imex-ctl` (hostimex.py),
-and the chart mounts that socket's folder and passes it on (`computeDomains.hostImex`), without
-the host network. The service is the stand-in `nvidia-imex` (tests/imex) run as a process with
-`IMEX_CMD_UNIX_DOMAIN_PATH`; the tool is the stand-in `nvidia-imex-ctl` laid out in a driver
-root as the IMEX package installs it."""
+service over its command unix socket with the driver root's `nvidia-imex-ctl` (hostimex.py).
+The chart's side (`computeDomains.hostImex`, rendered by helm):
+tests/integration/test_chart_host_imex.py. The service is the stand-in `nvidia-imex`
+(tests/imex) run as a process with `IMEX_CMD_UNIX_DOMAIN_PATH`; the tool is the stand-in
+`nvidia-imex-ctl` laid out in a driver root as the IMEX package installs it."""
 
 from __future__ import annotations
 
@@ -13,12 +13,9 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from e2e.harness.errors import HarnessError
-from e2e.harness.helm import Chart
 from e2e.harness.poll import wait_for
 from fabricdra.cli import build_parser
 from fabricdra.kubeletplugin.computedomain.driver import ComputeDomainDriver, NodeConfig
@@ -124,64 +121,3 @@ def test_cli_passes_the_socket_to_the_plugin() -> None:
     )
     assert args.host_imex_socket == "/etc/nvidia-imex/imex_ctrl.sock"
     assert build_parser().parse_args(["compute-domain-plugin"]).host_imex_socket is None
-
-
-# -- the chart -------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def chart() -> Chart:
-    return Chart()
-
-
-def _node_pod(chart: Chart, values: dict[str, Any] | None = None) -> dict[str, Any]:
-    for doc in chart.template(values):
-        if doc["kind"] == "DaemonSet" and doc["metadata"]["name"] == "fabricdra-node":
-            spec: dict[str, Any] = doc["spec"]["template"]["spec"]
-            return spec
-    raise AssertionError("no node DaemonSet rendered")
-
-
-def _container(pod: dict[str, Any], name: str) -> dict[str, Any]:
-    return next(c for c in pod["containers"] if c["name"] == name)
-
-
-def test_chart_host_imex_mounts_the_socket_folder_read_only_without_host_network(
-    chart: Chart,
-) -> None:
-    values = {"computeDomains": {"hostImex": {"enabled": True}}}
-    pod = _node_pod(chart, values)
-    cd = _container(pod, "compute-domain")
-    assert "--host-imex-socket=/etc/nvidia-imex/imex_ctrl.sock" in cd["args"]
-    assert "--host-imex-interval=30" in cd["args"]  # host mode on: the report (issue 29)
-    mount = next(m for m in cd["volumeMounts"] if m["name"] == "host-imex")
-    assert mount == {"name": "host-imex", "mountPath": "/etc/nvidia-imex", "readOnly": True}
-    volume = next(v for v in pod["volumes"] if v["name"] == "host-imex")
-    assert volume["hostPath"] == {"path": "/etc/nvidia-imex", "type": "DirectoryOrCreate"}
-    assert pod["hostNetwork"] is False  # the socket needs no host network
-    # Only the plugin that asks gets it.
-    assert all(m["name"] != "host-imex" for m in _container(pod, "devices")["volumeMounts"])
-
-
-def test_chart_host_imex_socket_path_is_a_value(chart: Chart) -> None:
-    sock = "/run/nvidia-imex/ctl.sock"
-    pod = _node_pod(chart, {"computeDomains": {"hostImex": {"enabled": True, "socketPath": sock}}})
-    assert f"--host-imex-socket={sock}" in _container(pod, "compute-domain")["args"]
-    volume = next(v for v in pod["volumes"] if v["name"] == "host-imex")
-    assert volume["hostPath"]["path"] == "/run/nvidia-imex"
-
-
-def test_chart_without_host_imex_mounts_nothing_of_it(chart: Chart) -> None:
-    pod = _node_pod(chart)
-    cd = _container(pod, "compute-domain")
-    assert not [a for a in cd["args"] if a.startswith("--host-imex-socket")]
-    assert all(v["name"] != "host-imex" for v in pod["volumes"])
-    # Host mode off: no report (the plugin's default interval, 0), so no API request for it.
-    assert not [a for a in cd["args"] if a.startswith("--host-imex-interval")]
-    assert build_parser().parse_args(["compute-domain-plugin"]).host_imex_interval == 0
-
-
-def test_chart_refuses_a_socket_in_the_root_folder(chart: Chart) -> None:
-    """Its folder would be the host's whole root file system."""
-    with pytest.raises(HarnessError, match="socketPath"):
-        chart.template({"computeDomains": {"hostImex": {"enabled": True, "socketPath": "/s.sock"}}})

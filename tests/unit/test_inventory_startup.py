@@ -6,11 +6,15 @@ with the pydantic records, commit c82aeed)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+from fabricdra.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden" / "inventory-sample.json"
@@ -19,14 +23,12 @@ SINCE = re.compile(r'"since": "(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)"')
 
 
 def _fabricdra(*args: str) -> str:
-    return subprocess.run(
-        [sys.executable, "-m", "fabricdra.cli", *args],
-        check=True,
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    ).stdout
+    """The command's stdout, from its entry point called here (`python -m fabricdra.cli` runs
+    the same `main`; the import tests below run real processes)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(list(args)) == 0
+    return out.getvalue()
 
 
 def test_sample_with_slices_and_previous_equals_the_golden_run() -> None:
@@ -64,3 +66,55 @@ def test_the_inventory_process_imports_neither_pydantic_nor_platform() -> None:
     # costs this path has shed; they must not come back through some import.
     shed = ("pydantic", "pydantic_core", "platform")
     assert sorted(m for m in modules if m.split(".")[0] in shed) == []
+
+
+# What `fabricdra inventory` on a node's tree (bench/startup.py's second figure) must not import:
+# the heavy libraries of the other subcommands, and what only `--sample`'s unpacking needs.
+NOT_ON_THE_INVENTORY_PATH = (
+    "pydantic",
+    "pydantic_core",
+    "platform",
+    "kubernetes",
+    "grpc",
+    "google",  # protobuf
+    "structlog",  # and through it asyncio: imported only once a line is logged
+    "asyncio",
+    "yaml",
+    "cryptography",
+    "prometheus_client",
+    "tarfile",  # --sample's archive
+    "zipfile",
+    "tempfile",
+    "importlib.resources",
+)
+
+
+def test_inventory_of_a_node_imports_none_of_the_heavy_or_sample_only_modules(
+    tmp_path: Path,
+) -> None:
+    from fabricdra.kubeletplugin.samples import sample_node
+
+    probe = (
+        "import contextlib, io, json, sys\n"
+        "from fabricdra.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    main(['inventory', '--sysfs-root', sys.argv[1], '--nvml-snapshot', sys.argv[2]])\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    with sample_node() as (root, snapshot):
+        out = subprocess.run(
+            [sys.executable, "-c", probe, str(root), str(snapshot)],
+            check=True,
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        ).stdout
+    modules = set(json.loads(out.splitlines()[-1]))
+    assert "fabricdra.kubeletplugin.discovery.node" in modules  # it did run
+    found = sorted(
+        m
+        for m in modules
+        for shed in NOT_ON_THE_INVENTORY_PATH
+        if m == shed or m.startswith(shed + ".")
+    )
+    assert found == []

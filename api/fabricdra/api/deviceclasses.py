@@ -8,9 +8,9 @@ is a one-row change that every component picks up together.
 from __future__ import annotations
 
 import json
+import pkgutil
 import re
 from functools import cache
-from importlib import resources
 from typing import Any, ClassVar
 
 # Records, not pydantic models: discovery classifies every accelerator, and importing pydantic
@@ -95,5 +95,10 @@ def _hex4(v: str) -> str:
 
 @cache
 def load_device_classes() -> DeviceClassTable:
-    text = resources.files("fabricdra.api").joinpath("deviceclasses.json").read_text()
-    return DeviceClassTable.model_validate(json.loads(text))
+    # The package loader's own read (pkgutil.get_data: a folder or a zip alike), not
+    # importlib.resources, which imports zipfile and tempfile: ~5 ms of every `fabricdra
+    # inventory` (bench/startup.py).
+    data = pkgutil.get_data(__package__ or "fabricdra.api", "deviceclasses.json")
+    if data is None:
+        raise FileNotFoundError("fabricdra.api: deviceclasses.json is not in the package")
+    return DeviceClassTable.model_validate(json.loads(data))

@@ -58,10 +58,32 @@ class Record:
 
     __pydantic_config__: ClassVar[dict[str, Any]] = {"extra": "forbid"}
     __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]  # set per subclass
+    __record_fields__: ClassVar[tuple[str, ...]]  # the field names, in order (per subclass)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        dataclasses.dataclass(frozen=True, kw_only=True)(cls)
+        # `__eq__`, `__hash__` and `__repr__` are Record's own (below: what dataclass writes,
+        # read from the field names): Python 3.11's dataclass compiles each method it makes
+        # from source, and half of those compiles were most of the records' import time in
+        # `fabricdra inventory` (bench/startup.py).
+        dataclasses.dataclass(frozen=True, kw_only=True, eq=False, repr=False)(cls)
+        cls.__record_fields__ = tuple(f.name for f in dataclasses.fields(cls))
+
+    def _values(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in self.__record_fields__)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, Record)
+        return self._values() == other._values()
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__record_fields__)
+        return f"{type(self).__qualname__}({fields})"
 
     @classmethod
     def model_validate(cls, obj: Any) -> Self:

@@ -26,12 +26,6 @@ from fabricdra.kubeletplugin.discovery.scaleout.annotate import (
 )
 from fabricdra.kubeletplugin.discovery.sysfs import RootError, SysfsTree
 from fabricdra.kubeletplugin.report import PreviousError, inventory_document, load_previous
-from fabricdra.kubeletplugin.samples import (
-    SAMPLE_LLDPD,
-    SAMPLE_NODE,
-    SAMPLE_TOPOLOGY,
-    sample_node,
-)
 
 from . import logs
 from .common import UsageError, print_json
@@ -125,9 +119,22 @@ def run_inventory(args: argparse.Namespace) -> int:
     config = device_config(args)  # bad flags fail before the node is read
     with ExitStack() as stack:
         root, snapshot = args.sysfs_root, args.nvml_snapshot
+        node = args.node_name or socket.gethostname()
+        topology, lldp_json = args.topology_file, args.lldpd_json
         if args.sample:
+            # Only here: unpacking imports tarfile, zipfile and tempfile (bench/startup.py).
+            from fabricdra.kubeletplugin.samples import (
+                SAMPLE_LLDPD,
+                SAMPLE_NODE,
+                SAMPLE_TOPOLOGY,
+                sample_node,
+            )
+
             sample_root, sample_snapshot = stack.enter_context(sample_node())
             root, snapshot = str(sample_root), snapshot or str(sample_snapshot)
+            node = args.node_name or SAMPLE_NODE
+            topology = topology or str(Path(root).parent / SAMPLE_TOPOLOGY)
+            lldp_json = lldp_json or str(Path(root).parent / SAMPLE_LLDPD)
         try:
             tree = SysfsTree(root)
             nvml_source: NvmlSource = read_live
@@ -135,14 +142,6 @@ def run_inventory(args: argparse.Namespace) -> int:
                 readings = load_snapshot(snapshot)
                 nvml_source = lambda: readings  # noqa: E731
             previous = load_previous(args.previous) if args.previous else None
-
-            node = args.node_name or (SAMPLE_NODE if args.sample else socket.gethostname())
-            topology = args.topology_file or (
-                str(Path(root).parent / SAMPLE_TOPOLOGY) if args.sample else None
-            )
-            lldp_json = args.lldpd_json or (
-                str(Path(root).parent / SAMPLE_LLDPD) if args.sample else None
-            )
             scaleout = _scale_out_inputs(node, topology, lldp_json, args.net_role)
         except (RootError, SnapshotError, PreviousError) as e:
             raise UsageError(str(e)) from e

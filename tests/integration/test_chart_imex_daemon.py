@@ -9,6 +9,8 @@ from e2e.harness.errors import HarnessError
 from e2e.harness.helm import Chart
 from fabricdra.controller.objects import DaemonSettings
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def chart() -> Chart:

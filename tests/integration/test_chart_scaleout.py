@@ -11,6 +11,8 @@ import pytest
 
 from e2e.harness.helm import Chart
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def chart() -> Chart:

@@ -18,6 +18,8 @@ from e2e.harness.errors import HarnessError
 from e2e.harness.helm import CHART_DIR, Chart
 from fabricdra.controller import rbac
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def chart() -> Chart:
@@ -84,7 +86,7 @@ def test_no_container_writes_its_termination_message_into_dev(
         assert not path.startswith("/dev/"), c["name"]
 
 
-# -- point 4: the driver root: tests/unit/test_chart_driver_root.py (issue 30 point 3) ------
+# -- point 4: the driver root: tests/integration/test_chart_driver_root.py (issue 30 point 3) ------
 
 
 # -- point 5: placement ----------------------------------------------------------------------

@@ -20,6 +20,8 @@ from e2e.harness.errors import HarnessError
 from e2e.harness.helm import CHART_DIR, Chart
 from fabricdra.controller import rbac
 
+pytestmark = pytest.mark.integration
+
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -14,7 +14,9 @@ import yaml
 
 from e2e.harness.errors import HarnessError
 from e2e.harness.helm import CHART_DIR, PREVIOUS_CHART, Chart, chart_at
-from tests.unit.test_chart import _one
+from tests.integration.test_chart import _one
+
+pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 DIGEST = "sha256:" + "ab" * 32

@@ -17,6 +17,8 @@ import pytest
 
 from e2e.harness.helm import Chart
 
+pytestmark = pytest.mark.integration
+
 OPERATOR_ROOT = "/run/nvidia/driver"
 GKE_ROOT = "/home/kubernetes/bin/nvidia"
 
