@@ -161,7 +161,7 @@ def _extended_names() -> dict[str, str | None]:
 def test_whole_gpus_and_exclusive_rdma_endpoints_are_extended_resources() -> None:
     assert _extended_names() == {
         "efa.fabricdra.io": None,
-        "gaudi.fabricdra.io": None,  # no device plugin precedent to stand in for
+        "gaudi.fabricdra.io": None,  # its table row names no extended resource
         "gpu.fabricdra.io": "fabricdra.io/gpu",
         "mig.fabricdra.io": None,
         "rdma-shared.fabricdra.io": None,
