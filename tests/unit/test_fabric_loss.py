@@ -75,10 +75,10 @@ def test_a_reading_is_the_out_of_place_time_and_busbw_at_the_message_size() -> N
 
 def test_a_failed_run_has_an_error_and_no_figure_never_a_zero() -> None:
     wrong = fabricloss.reading(_standin(wrong=3), ["t1", "t2"], [RACK], SIZE)
-    assert wrong.error == "all_reduce_perf reported 3 wrong results"
+    assert wrong.error == "all_reduce_perf_mpi reported 3 wrong results"
     assert (wrong.busBwGBps, wrong.stepTimeMs) == (None, None)
     missing = fabricloss.reading("mpirun: command not found\n", ["t1"], [RACK], SIZE)
-    assert missing.error.startswith(f"all_reduce_perf printed no row for {SIZE} B")
+    assert missing.error.startswith(f"all_reduce_perf_mpi printed no row for {SIZE} B")
     assert "mpirun: command not found" in missing.error
     assert missing.stepTimeMs is None
     # The record as stored: no figure at all, not 0.
@@ -94,7 +94,7 @@ def test_the_ratio_is_split_over_in_domain_only_when_both_were_measured() -> Non
                        stepTimeMs=22.0)  # fmt: skip
     loss = fabricloss.measured(fast, slow, NOW, RACK)
     assert loss.ratio == 8.8
-    assert loss.source == f"fabric check of fabric domain {RACK}: nccl-tests all_reduce_perf"
+    assert loss.source == f"fabric check of fabric domain {RACK}: nccl-tests all_reduce_perf_mpi"
     nothing = fabricloss.failed(["t1"], [RACK], "x")
     assert fabricloss.measured(fast, nothing, NOW, RACK).ratio is None
 
@@ -108,7 +108,7 @@ def test_the_split_partner_prefers_the_same_tier1_switch() -> None:
 
 def test_the_command_is_one_size_with_results_checked() -> None:
     assert fabricloss.command(1 << 30) == [
-        "all_reduce_perf", "-b", "1073741824", "-e", "1073741824", "-f", "2", "-g", "1",
+        "all_reduce_perf_mpi", "-b", "1073741824", "-e", "1073741824", "-f", "2", "-g", "1",
         "-w", "10", "-n", "50", "-c", "1",
     ]  # fmt: skip
     body = objects(RACK, ["t1", "r1"], 4, _settings(), new_pair(), "x",
@@ -117,7 +117,7 @@ def test_the_command_is_one_size_with_results_checked() -> None:
     assert domain["spec"]["allowMultipleCliques"] is True
     assert "numNodes" not in domain["spec"]  # elastic: gang placement does not hold it
     launcher = body["pods"][-1]["spec"]["containers"][0]["command"][-1]
-    assert "all_reduce_perf -b 1073741824" in launcher
+    assert "all_reduce_perf_mpi -b 1073741824" in launcher
     assert "-np 8" in launcher
     plain = objects(RACK, ["t1", "t2"], 4, _settings(), new_pair(), "x")
     assert "allowMultipleCliques" not in plain["computedomains"][0]["spec"]

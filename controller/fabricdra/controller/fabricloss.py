@@ -26,7 +26,9 @@ from datetime import datetime
 from fabricdra.api.fabriccheck import LossReading, MeasuredLoss, record_of
 from fabricdra.api.jsontypes import JSON
 
-PROGRAM = "all_reduce_perf"
+# nccl-tests built with MPI=1 (one rank per process, across nodes), installed beside the
+# single-process build the per-node probe runs (deployments/verification/Containerfile.nvidia).
+PROGRAM = "all_reduce_perf_mpi"
 # 1 GiB: past the sizes where latency dominates, so busbw is the links' (nccl-tests'
 # doc/PERFORMANCE.md); one size keeps the run short (two runs after every passed check).
 MESSAGE_BYTES = 1 << 30
