@@ -324,3 +324,36 @@ def test_only_a_spanning_domain_records_the_measured_loss_in_its_status() -> Non
     assert datetime.fromisoformat(
         patch["status"]["measuredLoss"]["measuredAt"]  # type: ignore[index]
     ) == NOW.astimezone(UTC)
+
+
+def test_a_domain_checked_before_the_flag_is_measured_once_without_checking_again() -> None:
+    """Records of checks that passed before --fabric-check-loss: the loss is measured once and
+    added to them (the check itself is not run again); a second reconcile runs nothing."""
+    cluster = _cluster_with_neighbours()
+    for n in ("t1", "t2"):
+        _checked(cluster.nodes.objs[n], n)
+    runner = _LossRunner({"loss-in-domain": _table(800.0), "loss-split": None})
+    check = FabricCheck(_deps(cluster, runner))
+    check.reconcile(RACK)
+    assert [k for k, *_ in runner.all_reduces] == [f"{RACK}/loss-in-domain", f"{RACK}/loss-split"]
+    for n in ("t1", "t2"):
+        rec = record_of(cluster.nodes.objs[n])
+        assert rec is not None
+        assert rec.passed
+        assert rec.nodeFingerprint == n  # the check's own record kept
+        assert rec.measuredLoss is not None
+        assert rec.measuredLoss.inDomain.busBwGBps == 800.0
+        assert rec.measuredLoss.split.error == "the workers still not running"
+    # r1, r2 of the other domain: their own records untouched
+    other = record_of(cluster.nodes.objs["r1"])
+    assert other is not None
+    assert other.measuredLoss is None
+    check.reconcile(RACK)  # measured (a failed split included): not again
+    assert len(runner.all_reduces) == 2
+    # Without the flag a covered domain runs nothing.
+    quiet = _LossRunner({})
+    fresh = _cluster_with_neighbours()
+    for n in ("t1", "t2"):
+        _checked(fresh.nodes.objs[n], n)
+    FabricCheck(_deps(fresh, quiet, measure=False)).reconcile(RACK)
+    assert quiet.all_reduces == []

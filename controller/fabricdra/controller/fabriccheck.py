@@ -140,6 +140,16 @@ def gpu_claims(node: str, slices: Iterable[JSON], claims: Iterable[JSON]) -> lis
     return sorted(out)
 
 
+def unmeasured(fabric: str, domain_nodes: Iterable[JSON]) -> bool:
+    """Whether no passed record of the domain's nodes carries a measured loss (a failed
+    measurement is one too: it is not run again until the domain is checked again)."""
+    for node in domain_nodes:
+        record = record_of(node)
+        if record is not None and record.fabric == fabric and record.measuredLoss is not None:
+            return False
+    return True
+
+
 def membership_fingerprint(member_fps: Mapping[str, str]) -> str:
     lines = "\n".join(f"{n} {fp}" for n, fp in sorted(member_fps.items()))
     return hashlib.sha256(lines.encode()).hexdigest()[:32]
@@ -449,6 +459,28 @@ class FabricCheck:
         )
         return loss
 
+    def _measure_only(
+        self,
+        fabric: str,
+        domain_nodes: Sequence[JSON],
+        idle: Sequence[str],
+        gpus: Mapping[str, Sequence[str]],
+    ) -> None:
+        """The loss on a domain whose check passed already: added to its passed records."""
+        loss = self.measure_loss(fabric, idle, gpus)
+        written: dict[str, str] = {}
+        for node in domain_nodes:
+            record = record_of(node)
+            if record is None or not record.passed or record.fabric != fabric:
+                continue
+            value = dump(record.model_copy(update={"measuredLoss": loss}))
+            name = node["metadata"]["name"]
+            self.d.patch_node(name, {"metadata": {"annotations": {labels.FABRIC_CHECK: value}}})
+            written[name] = value
+        if written:
+            with self._lock:
+                self._pending[fabric] = _Pending(written, self.d.clock() + PENDING_WAIT)
+
     def _cache_behind(self, fabric: str) -> bool:
         """Whether the Node cache does not show this domain's last written records yet."""
         with self._lock:
@@ -487,6 +519,10 @@ class FabricCheck:
         p = plan(fabric, domain_nodes, member_fps, floor, classes)
         if p.action == "none":
             self._say(fabric, "")
+            if d.measure_loss and len(member_fps) >= 2 and unmeasured(fabric, domain_nodes):
+                # Checks that passed before the loss was asked for (or by a controller
+                # without it): measure once now, without checking again.
+                self._measure_only(fabric, domain_nodes, sorted(member_fps), gpus)
             return
         if p.action == "wait":
             log.info("fabric check of %s waits: %s (%s)", fabric, p.reason, ", ".join(p.nodes))
