@@ -157,7 +157,8 @@ def register(sub: Any) -> None:
         help="after a fabric domain's check passed, run nccl-tests all_reduce_perf on two of "
         "its trays and split across two NVLink domains, and show the step times and their "
         "ratio in spanning ComputeDomains' status.measuredLoss (the image must hold "
-        "all_reduce_perf; default false) [FABRICDRA_FABRIC_CHECK_LOSS]",
+        "all_reduce_perf_mpi, nccl-tests built with MPI=1; default false) "
+        "[FABRICDRA_FABRIC_CHECK_LOSS]",
     )
     a(
         "--fabric-check-image",
