@@ -16,7 +16,9 @@
 #                    verification.image (a foreign platform needs qemu-user-static)
 #       --add DIR    copy the executables in DIR into the image's /usr/local/bin: NVIDIA's CUDA
 #                    tools built per their READMEs (nvbandwidth, nccl-tests' all_reduce_perf;
-#                    they need the CUDA runtime and NCCL beside them, see docs/verification.md),
+#                    for the controller's measured loss also all_reduce_perf_mpi, nccl-tests
+#                    built with MPI=1; they need the CUDA runtime and NCCL beside them, see
+#                    docs/verification.md),
 #                    or the harness's stand-ins (tests/standins, which need --python). Machine
 #                    code goes in DIR/amd64/ and DIR/arm64/ (each platform takes its own folder;
 #                    DIR's own files go into every platform built); an ELF file built for

@@ -742,3 +742,21 @@ def test_scale_out_values_reach_the_agent(chart: Chart) -> None:
     ]["volumeMounts"]
     (volume,) = [v for v in got["volumes"] if v["name"] == "topology"]
     assert volume["configMap"] == {"name": "fabric-topology", "optional": True}
+
+
+def test_the_measured_loss_is_off_unless_asked_for_and_only_with_the_fabric_check(
+    chart: Chart,
+) -> None:
+    """Issue 28 point 7: verification.fabricCheck.measureLoss -> --fabric-check-loss (two
+    extra MPI runs after every passed check: opt-in)."""
+
+    def args(values: dict[str, Any]) -> list[str]:
+        deploy = _one(chart.template(values), "Deployment", "fabricdra-controller")
+        return list(deploy["spec"]["template"]["spec"]["containers"][0]["args"])
+
+    assert "--fabric-check-loss=false" in args({"verification": {"activeProbes": True}})
+    on = {"verification": {"activeProbes": True, "fabricCheck": {"measureLoss": True}}}
+    assert "--fabric-check-loss=true" in args(on)
+    assert not [a for a in args({}) if a.startswith("--fabric-check-loss")]  # no check: no run
+    with pytest.raises(Exception, match="measureLoss"):
+        chart.template({"verification": {"fabricCheck": {"measureLoss": "yes"}}})

@@ -63,3 +63,12 @@ def test_racks_are_checked_sixteen_at_a_time_unless_told(
     code = main(["controller", "--kubeconfig", "/nonexistent", "--fabric-check-concurrency", "0"])
     assert code == 2
     assert "--fabric-check-concurrency must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_the_measured_loss_flag_reaches_the_controller_config(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 28 point 7: --fabric-check-loss (off by default), and its environment variable."""
+    assert build_parser().parse_args(["controller"]).fabric_check_loss == "false"
+    monkeypatch.setenv("FABRICDRA_FABRIC_CHECK_LOSS", "true")
+    assert build_parser().parse_args(["controller"]).fabric_check_loss == "true"

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from fabricdra.api.scaleout import TIER_LABELS
+from fabricdra.controller import capacity
 from fabricdra.controller.fleet import DEFRAG_NOTE, defrag, fleet
 from tests.fleetdata import GB200, UNHEALTHY, _claim, _gpu, _slice, node_object
 
@@ -179,3 +180,76 @@ def test_defrag_table_lists_the_best_candidates(limit: int) -> None:
     assert "nvl-a" in text
     assert "Pod team/p1" in text
     assert ("nvl-b" in text) == (limit >= 2)
+
+
+def _spanning(name: str, shares: dict[str, int], holds: dict[str, str]) -> dict[str, Any]:
+    """A spanning gang (allowMultipleCliques with a topology) placed with `shares` per NVLink
+    domain (status.placement), holding `holds` (node -> its domain) so far."""
+    return {
+        "metadata": {"namespace": "team", "name": name},
+        "spec": {
+            "numNodes": sum(shares.values()),
+            "allowMultipleCliques": True,
+            "topology": {"required": "tier-3"},
+        },
+        "status": {
+            "placement": {
+                "tier": "tier-3",
+                "switch": "core-1",
+                "shares": [{"fabricDomain": f, "nodes": n} for f, n in shares.items()],
+            },
+            "nodes": [{"name": n, "fabricDomain": f} for n, f in holds.items()],
+        },
+    }
+
+
+def test_a_spanning_gangs_shares_count_against_each_of_its_domains() -> None:
+    """Issue 28 (lossfleet point 2): a gang placed across nvl-a (2) and nvl-c (2), holding
+    nothing yet, expects 2 nodes of each; before, expected_by_fabric skipped every
+    allowMultipleCliques domain, so the fleet offered those nodes to the next gang too."""
+    gang = _spanning("wide", {"nvl-a": 2, "nvl-c": 2}, {})
+    assert capacity.expected_by_fabric([gang]) == {"nvl-a": 2, "nvl-c": 2}
+    # A node it holds is its own (the fleet already counts it taken), not expected any more.
+    held = _spanning("wide", {"nvl-a": 2, "nvl-c": 2}, {"a1": "nvl-a"})
+    assert capacity.expected_by_fabric([held]) == {"nvl-a": 1, "nvl-c": 2}
+    # Not placed yet (no status.placement), or finished: nothing expected.
+    unplaced = _spanning("wide", {"nvl-a": 2}, {})
+    unplaced["status"].pop("placement")
+    assert capacity.expected_by_fabric([unplaced]) == {}
+
+    o = objects()
+    o["cds"].append(gang)
+    rows = {
+        (r["tier"], r["name"]): r
+        for r in fleet(o["slices"], o["claims"], [], o["cds"], o["nodes"]).to_json()["tiers"]
+    }
+    assert rows[("nvlink", "nvl-a")]["largestSegment"] == 1  # 3 whole, 2 expected
+    assert rows[("nvlink", "nvl-c")]["largestSegment"] == 0  # 1 whole, 2 expected
+    assert rows[("tier-3", "core-1")]["largestGang"] == 3  # 1 (a) + 2 (b) + 0 (c)
+
+
+def test_the_controller_serves_free_gpus_and_largest_gang_per_tier() -> None:
+    """Issue 28 (lossfleet point 3): the per-tier rows as gauges labelled by tier and switch
+    (the hand-counted figures above); before, only per-fabric-domain gauges were served."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from fabricdra.controller import fleetmetrics
+
+    v = view()
+    registry = CollectorRegistry()
+    registry.register(fleetmetrics.FleetCollector(lambda: v))
+    samples = {
+        (s.name, s.labels.get("tier"), s.labels.get("name")): s.value
+        for fam in text_string_to_metric_families(generate_latest(registry).decode())
+        for s in fam.samples
+        if s.name.startswith("fabricdra_tier_")
+    }
+    assert samples[("fabricdra_tier_free_gpus", "tier-2", "spine-1")] == 11
+    assert samples[("fabricdra_tier_largest_gang_nodes", "tier-2", "spine-1")] == 5
+    assert samples[("fabricdra_tier_largest_segment_nodes", "tier-2", "spine-1")] == 3
+    assert samples[("fabricdra_tier_nodes", "tier-3", "core-1")] == 12
+    assert samples[("fabricdra_tier_largest_gang_nodes", "tier-1", "leaf-3")] == 1
+    assert samples[("fabricdra_tier_free_gpus", "nvlink", "nvl-a")] == 7
+    # one series per tier row and gauge: label cardinality is the switches and domains
+    assert len(samples) == 4 * len(v.tiers())

@@ -14,6 +14,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .crdgen import CrdSource
+from .fabriccheck import MeasuredLoss
 
 GROUP = "fabricdra.io"
 VERSION = "v1beta1"
@@ -373,6 +374,13 @@ class ComputeDomainStatus(_Model):
         default=None,
         description="A spanning gang's placement (allowMultipleCliques with topology, "
         "segmentSize or parallelism), recorded before its claim template is made from it.",
+    )
+    measuredLoss: MeasuredLoss | None = Field(
+        default=None,
+        description="A spanning gang's (status.placement) newest measured loss taken in one "
+        "of its fabric domains by the fabric check (--fabric-check-loss): the same nccl-tests "
+        "all-reduce inside one NVLink domain and split across two. A failed run has an error "
+        "and no figures.",
     )
     segments: list[SegmentStatus] = Field(
         default_factory=list,

@@ -15,6 +15,45 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from . import labels
 
 
+class LossReading(BaseModel):
+    """One placement's nccl-tests all_reduce_perf run (out-of-place, at `messageBytes`). A run
+    that failed has `error` and no figures: never a zero."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    nodes: list[str] = Field(default_factory=list, description="The trays it ran on.")
+    fabricDomains: list[str] = Field(
+        default_factory=list, description="Their NVLink fabric domains (one: in-domain)."
+    )
+    messageBytes: int | None = Field(default=None, description="The all-reduce's size (B).")
+    busBwGBps: float | None = Field(
+        default=None, description="nccl-tests' out-of-place busbw at that size (GB/s)."
+    )
+    stepTimeMs: float | None = Field(
+        default=None,
+        description="nccl-tests' out-of-place time of one all-reduce at that size (ms): the "
+        "benchmark's step, not a training step.",
+    )
+    error: str = Field(default="", description="Why there is no figure (empty when measured).")
+
+
+class MeasuredLoss(BaseModel):
+    """The same all-reduce inside one NVLink domain and split across two (issue 28 point 7,
+    docs/scale-out.md "Measuring the loss"), run by the fabric check after it passed."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    inDomain: LossReading
+    split: LossReading
+    ratio: float | None = Field(
+        default=None,
+        description="split stepTimeMs / inDomain stepTimeMs (above 1: the split is slower); "
+        "absent unless both were measured.",
+    )
+    measuredAt: datetime = Field(description="When the runs finished.")
+    source: str = Field(description="What ran them, and in which fabric domain's check.")
+
+
 class FabricCheckRecord(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
@@ -35,6 +74,11 @@ class FabricCheckRecord(BaseModel):
     )
     minGBs: float | None = Field(default=None, description="The lowest cross-tray pair (GB/s).")
     worst: str | None = Field(default=None, description="That pair, `node/GPU <- node/GPU`.")
+    measuredLoss: MeasuredLoss | None = Field(
+        default=None,
+        description="With the controller's --fabric-check-loss: the in-domain and split "
+        "all-reduce run after this check passed.",
+    )
 
 
 def record_of(node: dict[str, Any]) -> FabricCheckRecord | None:

@@ -151,6 +151,16 @@ def register(sub: Any) -> None:
         "default false) [FABRICDRA_FABRIC_CHECK]",
     )
     a(
+        "--fabric-check-loss",
+        default=env_choice("FABRIC_CHECK_LOSS", "false", ["true", "false"]),
+        choices=["true", "false"],
+        help="after a fabric domain's check passed, run nccl-tests all_reduce_perf on two of "
+        "its trays and split across two NVLink domains, and show the step times and their "
+        "ratio in spanning ComputeDomains' status.measuredLoss (the image must hold "
+        "all_reduce_perf_mpi, nccl-tests built with MPI=1; default false) "
+        "[FABRICDRA_FABRIC_CHECK_LOSS]",
+    )
+    a(
         "--fabric-check-image",
         default=_env("FABRIC_CHECK_IMAGE") or "",
         help="the verification image the fabric check's pods run: nvbandwidth-multinode "
@@ -306,6 +316,7 @@ def run(args: argparse.Namespace) -> int:
             runtime_class=args.fabric_check_runtime_class,
         ),
         fabric_check_concurrency=args.fabric_check_concurrency,
+        fabric_check_loss=args.fabric_check_loss == "true",
         scale_out_tiers=args.scale_out_tiers == "true",
         topology_file=args.topology_file,
         **({"identity": args.identity} if args.identity else {}),

@@ -59,20 +59,29 @@ def finished(obj: Mapping[str, Any]) -> bool:
 
 
 def expected_by_fabric(compute_domains: Iterable[Mapping[str, Any]]) -> dict[str, int]:
-    """Fabric domain -> the nodes the gangs placed there still expect (numNodes less the nodes
-    they hold there), from the ComputeDomains' status: what `placement.free_nodes` subtracts.
-    Not counted: elastic domains, domains across cliques, finished or deleted gangs."""
+    """Fabric domain -> the nodes the gangs placed there still expect (their share there less
+    the nodes they hold there), from the ComputeDomains' status: what `placement.free_nodes`
+    subtracts. A gang in one domain (status.fabricDomain) expects numNodes there; a spanning
+    gang (allowMultipleCliques, placed: status.placement) its share of each domain it is
+    placed in. Not counted: elastic domains, unplaced spanning gangs, finished or deleted."""
     out: dict[str, int] = {}
     for cd in compute_domains:
         meta, spec, status = cd.get("metadata") or {}, cd.get("spec") or {}, cd.get("status") or {}
         want = gang_size(cd) or 1
-        fabric = status.get("fabricDomain") or ""
-        if want <= 1 or not fabric or spec.get("allowMultipleCliques") is True:
+        if want <= 1 or meta.get("deletionTimestamp") or finished(cd):
             continue
-        if meta.get("deletionTimestamp") or finished(cd):
-            continue
-        have = sum(1 for n in status.get("nodes") or [] if n.get("fabricDomain") == fabric)
-        out[fabric] = out.get(fabric, 0) + max(want - have, 0)
+        if spec.get("allowMultipleCliques") is True:
+            # placement.recorded_shares: a spanning gang's nodes per domain, once recorded.
+            parts = {
+                str(s["fabricDomain"]): int(s["nodes"])
+                for s in (status.get("placement") or {}).get("shares") or []
+            }
+        else:
+            fabric = status.get("fabricDomain") or ""
+            parts = {fabric: want} if fabric else {}
+        for fabric, share in parts.items():
+            have = sum(1 for n in status.get("nodes") or [] if n.get("fabricDomain") == fabric)
+            out[fabric] = out.get(fabric, 0) + max(share - have, 0)
     return out
 
 

@@ -178,3 +178,5 @@ class FabricCheckDeps:
     now: Callable[[], datetime] = lambda: datetime.now(UTC)
     # A fabric domain's check state (FabricCheck.state) changed: waiting gangs say it.
     state_changed: Callable[[str], None] = lambda fabric: None
+    # After a check passed, run the measured loss (fabricloss.py; --fabric-check-loss).
+    measure_loss: bool = False

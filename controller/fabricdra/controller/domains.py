@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from fabricdra.api import computedomain as cd
 from fabricdra.api.computedomain import ComputeDomain
+from fabricdra.api.fabriccheck import MeasuredLoss
 from fabricdra.api.jsontypes import JSON
 from fabricdra.kube.informer import key_of
 from fabricdra.kube.rest import (
@@ -25,7 +26,7 @@ from fabricdra.kube.rest import (
     Kind,
 )
 
-from . import capacity, channels, metrics, objects, records, status, workloads
+from . import capacity, channels, fabricloss, metrics, objects, records, status, workloads
 from .claims import (
     channel_of,
     claim_nodes,
@@ -380,6 +381,17 @@ class DomainReconciler:
             return False, "WaitingForFabric", placed.waiting
         return True, "CreatingObjects", "claim templates created"
 
+    def _measured_loss(self, domain: ComputeDomain) -> MeasuredLoss | None:
+        """A spanning gang's: the newest the fabric check recorded on the Nodes of the fabric
+        domains it is placed in (fabricloss.py). Read at each reconcile of the domain: a new
+        measurement shows at its next one (an event of the domain, or the resync)."""
+        placed = domain.status.placement
+        if placed is None:
+            return None
+        fabrics = [s.fabricDomain for s in placed.shares]
+        nodes = [n for f in fabrics for n in self.d.nodes.by_index(BY_FABRIC, f)]
+        return fabricloss.for_fabrics(fabrics, nodes)
+
     def _held_nodes(self, domain: ComputeDomain) -> list[status.HeldNode]:
         out = []
         for node in self.d.ownership.nodes_of(domain.uid):
@@ -560,6 +572,7 @@ class DomainReconciler:
             too_large=self._too_large(domain),
             finished=self._finished(domain),
             gang_timeout=self.d.placement.timed_out(domain.uid) if is_gang(domain) else "",
+            measured_loss=self._measured_loss(domain),
         )
         new, events = status.compute(domain, observed, now())
         if not recorded:

@@ -46,11 +46,12 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from fabricdra.api import labels
-from fabricdra.api.fabriccheck import FabricCheckRecord, dump, record_of
+from fabricdra.api.fabriccheck import FabricCheckRecord, MeasuredLoss, dump, record_of
 from fabricdra.api.jsontypes import JSON
+from fabricdra.api.scaleout import TIER_LABELS
 from fabricdra.api.verification import load_expectations
 
-from . import capacity
+from . import capacity, fabricloss
 from .indexes import BY_FABRIC, BY_NODE
 from .status import Event
 
@@ -84,6 +85,13 @@ class Runner(Protocol):
 
     def cleanup(self) -> None:
         """Delete what an earlier run left behind (a controller that stopped mid-check)."""
+        ...
+
+    def all_reduce(
+        self, key: str, nodes: Sequence[str], per_node: int, *, multiple_cliques: bool
+    ) -> tuple[str | None, str]:
+        """nccl-tests all_reduce_perf over `nodes` (the measured loss, fabricloss.py): its
+        output, else None and why it did not run."""
         ...
 
 
@@ -130,6 +138,16 @@ def gpu_claims(node: str, slices: Iterable[JSON], claims: Iterable[JSON]) -> lis
                 meta = claim.get("metadata") or {}
                 out.add(f"{meta.get('namespace', '')}/{meta.get('name', '')}")
     return sorted(out)
+
+
+def unmeasured(fabric: str, domain_nodes: Iterable[JSON]) -> bool:
+    """Whether no passed record of the domain's nodes carries a measured loss (a failed
+    measurement is one too: it is not run again until the domain is checked again)."""
+    for node in domain_nodes:
+        record = record_of(node)
+        if record is not None and record.fabric == fabric and record.measuredLoss is not None:
+            return False
+    return True
 
 
 def membership_fingerprint(member_fps: Mapping[str, str]) -> str:
@@ -225,8 +243,10 @@ def outcome(
     member_fps: Mapping[str, str],
     threshold_gbs: float | None,
     now: datetime,
+    loss: MeasuredLoss | None = None,
 ) -> Writes:
-    """The Node writes and Events a check's result calls for."""
+    """The Node writes and Events a check's result calls for (`loss`: the measured loss run
+    after it passed, kept on the passed records)."""
 
     def record(node: str, passed: bool) -> FabricCheckRecord:
         return FabricCheckRecord(
@@ -240,6 +260,7 @@ def outcome(
             thresholdGBs=threshold_gbs,
             minGBs=result.min_gbs,
             worst=result.worst,
+            measuredLoss=loss if passed else None,
         )
 
     if result.outcome == "Passed":
@@ -380,6 +401,86 @@ class FabricCheck:
                     out.setdefault(node, []).append(dev.device_class)
         return out
 
+    def measure_loss(
+        self, fabric: str, checked: Sequence[str], gpus: Mapping[str, Sequence[str]]
+    ) -> MeasuredLoss:
+        """The same all-reduce on two trays the check just passed (one IMEX domain) and on the
+        first of them and an idle, checked tray of another NVLink domain (fabricloss.py)."""
+        d = self.d
+        first, second = checked[0], checked[1]
+        in_nodes = [first, second]
+        output, why = d.runner.all_reduce(
+            f"{fabric}/loss-in-domain",
+            in_nodes,
+            min(len(gpus.get(n, [])) for n in in_nodes),
+            multiple_cliques=False,
+        )
+        in_domain = (
+            fabricloss.reading(output, in_nodes, [fabric])
+            if output is not None
+            else fabricloss.failed(in_nodes, [fabric], why)
+        )
+        tier1 = {}
+        candidates = []
+        for node in d.nodes.items():
+            name = node["metadata"]["name"]
+            tier1[name] = ((node["metadata"].get("labels") or {}).get(TIER_LABELS[0])) or ""
+            other = capacity.in_fabric(node)
+            if not other or other == fabric or self.state(other) or self.busy(name):
+                continue  # its own domain's check is doing something there
+            if covered(node, other, hardware_fingerprint(d.node_devices.get(name))):
+                candidates.append((name, other))
+        partner = fabricloss.split_partner(first, tier1, candidates)
+        if partner is None:
+            split = fabricloss.failed(
+                [first],
+                [fabric],
+                "no idle tray of another NVLink domain that passed its own check to split across",
+            )
+        else:
+            split_nodes = [first, partner]
+            split_fabrics = [fabric, dict(candidates)[partner]]
+            per_node = min(len(gpus.get(first, [])), len(self.gpus([partner]).get(partner, [])))
+            output, why = d.runner.all_reduce(
+                f"{fabric}/loss-split", split_nodes, per_node, multiple_cliques=True
+            )
+            split = (
+                fabricloss.reading(output, split_nodes, split_fabrics)
+                if output is not None
+                else fabricloss.failed(split_nodes, split_fabrics, why)
+            )
+        loss = fabricloss.measured(in_domain, split, d.now(), fabric)
+        log.info(
+            "measured loss from fabric domain %s: in-domain %s, split %s, ratio %s",
+            fabric,
+            in_domain.stepTimeMs or in_domain.error,
+            split.stepTimeMs or split.error,
+            loss.ratio,
+        )
+        return loss
+
+    def _measure_only(
+        self,
+        fabric: str,
+        domain_nodes: Sequence[JSON],
+        idle: Sequence[str],
+        gpus: Mapping[str, Sequence[str]],
+    ) -> None:
+        """The loss on a domain whose check passed already: added to its passed records."""
+        loss = self.measure_loss(fabric, idle, gpus)
+        written: dict[str, str] = {}
+        for node in domain_nodes:
+            record = record_of(node)
+            if record is None or not record.passed or record.fabric != fabric:
+                continue
+            value = dump(record.model_copy(update={"measuredLoss": loss}))
+            name = node["metadata"]["name"]
+            self.d.patch_node(name, {"metadata": {"annotations": {labels.FABRIC_CHECK: value}}})
+            written[name] = value
+        if written:
+            with self._lock:
+                self._pending[fabric] = _Pending(written, self.d.clock() + PENDING_WAIT)
+
     def _cache_behind(self, fabric: str) -> bool:
         """Whether the Node cache does not show this domain's last written records yet."""
         with self._lock:
@@ -418,6 +519,10 @@ class FabricCheck:
         p = plan(fabric, domain_nodes, member_fps, floor, classes)
         if p.action == "none":
             self._say(fabric, "")
+            if d.measure_loss and len(member_fps) >= 2 and unmeasured(fabric, domain_nodes):
+                # Checks that passed before the loss was asked for (or by a controller
+                # without it): measure once now, without checking again.
+                self._measure_only(fabric, domain_nodes, sorted(member_fps), gpus)
             return
         if p.action == "wait":
             log.info("fabric check of %s waits: %s (%s)", fabric, p.reason, ", ".join(p.nodes))
@@ -438,7 +543,10 @@ class FabricCheck:
             if b is None:  # a retry keeps saying why the last try failed or did not run
                 self._say(fabric, f"the check is running over {len(p.nodes)} nodes")
             result = d.runner.run(fabric, {n: len(gpus.get(n, [])) for n in p.nodes}, floor)
-        writes = outcome(fabric, p, result, domain_nodes, member_fps, floor, d.now())
+        loss = None
+        if result.outcome == "Passed" and p.action == "run" and d.measure_loss:
+            loss = self.measure_loss(fabric, p.nodes, gpus)
+        writes = outcome(fabric, p, result, domain_nodes, member_fps, floor, d.now(), loss)
         written: dict[str, str] = {}
         for w in writes.nodes:
             d.patch_node(w.node, node_patch(w))

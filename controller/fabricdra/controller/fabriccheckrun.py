@@ -66,7 +66,7 @@ from fabricdra.api import computedomain as cd
 from fabricdra.api.jsontypes import JSON
 from fabricdra.kube.rest import COMPUTE_DOMAINS, PODS, SECRETS, SERVICES, ApiError, Kind
 
-from . import sshkey
+from . import fabricloss, sshkey
 from .fabriccheck import CheckResult
 
 log = logging.getLogger("fabricdra.controller")
@@ -123,8 +123,15 @@ def worker_script(port: int = SSH_PORT) -> str:
     )
 
 
-def launcher_script(hosts: Sequence[str], gpus: int, timeout: float, port: int = SSH_PORT) -> str:
-    """Wait for every worker's sshd, then one rank per GPU over all of them."""
+def launcher_script(
+    hosts: Sequence[str],
+    gpus: int,
+    timeout: float,
+    port: int = SSH_PORT,
+    program: Sequence[str] = (PROGRAM, "-t", TESTCASE),
+) -> str:
+    """Wait for every worker's sshd, then `program` (nvbandwidth's testcase; the measured
+    loss: all_reduce_perf, fabricloss.py) with one rank per GPU over all of them."""
     ssh = (
         f"-p {port} -i /root/.ssh/id_ed25519 -o StrictHostKeyChecking=no "
         "-o UserKnownHostsFile=/dev/null -o BatchMode=yes -o LogLevel=ERROR"
@@ -147,9 +154,7 @@ def launcher_script(hosts: Sequence[str], gpus: int, timeout: float, port: int =
         "--mca",
         "plm_rsh_args",
         ssh,
-        PROGRAM,
-        "-t",
-        TESTCASE,
+        *program,
     ]
     return "\n".join(
         [
@@ -169,9 +174,14 @@ def objects(
     settings: RunSettings,
     key: tuple[str, str],
     run_id: str = "0",
+    *,
+    program: Sequence[str] = (PROGRAM, "-t", TESTCASE),
+    multiple_cliques: bool = False,
 ) -> dict[str, list[JSON]]:
     """Kind plural -> the bodies of one check, the ComputeDomain first (the others are owned
-    by it: their ownerReferences get its UID once it exists, `own`)."""
+    by it: their ownerReferences get its UID once it exists, `own`). `multiple_cliques`: its
+    nodes may be in several NVLink domains, each node's clique its own IMEX domain (the
+    measured loss's split run: nothing crosses between the trays over NVLink)."""
     name, ns = run_name(fabric, run_id), settings.namespace
     meta_labels = {
         "app.kubernetes.io/name": "fabricdra",
@@ -190,6 +200,7 @@ def objects(
         "spec": {
             "channel": {"resourceClaimTemplate": {"name": f"{name}-channel"}},
             "imexMode": settings.imex_mode,
+            **({"allowMultipleCliques": True} if multiple_cliques else {}),
         },
     }
     private, public = key
@@ -272,7 +283,7 @@ def objects(
     launcher = pod(
         f"{name}-launcher",
         "launcher",
-        launcher_script(hosts, gpus, settings.timeout_seconds),
+        launcher_script(hosts, gpus, settings.timeout_seconds, program=program),
         {},
     )
     return {
@@ -455,46 +466,9 @@ class KubeRunner:
         per_node = min(gpus.values()) if gpus else 0
         if per_node < 1:
             return CheckResult("NotRun", "a node of the check publishes no GPU")
-        ns = self.settings.namespace
-        # An earlier try of this domain's check that was not deleted (an API error then).
-        selector = f"{DOMAIN_LABEL}={domain_hash(fabric)}"
-        for old in self.rest.list(COMPUTE_DOMAINS, ns, label_selector=selector)["items"]:
-            self._delete_run(old["metadata"]["name"])
-        run_id = uuid.uuid4().hex[:5]
-        name = run_name(fabric, run_id)
-        bodies = objects(fabric, nodes, per_node, self.settings, self.new_key(), run_id)
-        *workers, launcher = bodies[PODS.plural]
-        try:
-            domain = self.rest.create(COMPUTE_DOMAINS, bodies[COMPUTE_DOMAINS.plural][0], ns)
-            for body in [*bodies[SECRETS.plural], *bodies[SERVICES.plural], *workers]:
-                self.rest.create(_KINDS[f"{body['kind'].lower()}s"], own(body, domain), ns)
-        except ApiError as e:
-            self._delete_run(name)
-            return CheckResult("NotRun", f"could not create the check's objects: {e}")
-        log.info("fabric check of %s started: %s over %s", fabric, name, ", ".join(nodes))
-        try:
-            ips, why = self._wait_workers([w["metadata"]["name"] for w in workers])
-            if ips is None:
-                waiting = self._workers_waiting(name)
-                return CheckResult(
-                    "NotRun",
-                    f"the check did not finish: {why}" + (f"; {waiting}" if waiting else ""),
-                )
-            self.rest.create(PODS, own(with_workers(launcher, ips), domain), ns)
-            phase, why = self._wait(f"{name}-launcher", self.settings.timeout_seconds)
-            if phase not in ("Succeeded", "Failed"):
-                waiting = self._workers_waiting(name)
-                return CheckResult(
-                    "NotRun",
-                    f"the check did not finish: {why}" + (f"; {waiting}" if waiting else ""),
-                )
-            output = self.rest.text(
-                PODS.path(ns, f"{name}-launcher", "log"), query={"container": "launcher"}
-            )
-        except ApiError as e:
-            return CheckResult("NotRun", f"could not follow the check: {e}")
-        finally:
-            self._delete_run(name)
+        output, phase, why = self._launch(fabric, nodes, per_node)
+        if output is None:
+            return CheckResult("NotRun", why)
         matrix = parse(output)
         if matrix is None:
             tail = " | ".join(output.strip().splitlines()[-3:])
@@ -502,6 +476,81 @@ class KubeRunner:
                 "NotRun", f"the launcher ({phase}) printed no {TESTCASE} matrix: {tail[-300:]}"
             )
         return judge(matrix, {f"w{i}": n for i, n in enumerate(nodes)}, threshold_gbs)
+
+    def all_reduce(
+        self, key: str, nodes: Sequence[str], per_node: int, *, multiple_cliques: bool
+    ) -> tuple[str | None, str]:
+        """The measured loss's run (fabricloss.py): nccl-tests all_reduce_perf over `nodes`,
+        `per_node` ranks each, in the same kind of run as the check (its own ComputeDomain:
+        one IMEX domain, or one per clique with `multiple_cliques`). Its output, else None and
+        why it did not run. `key`: what names the run (a fabric domain and the placement)."""
+        if not self.settings.image:
+            return None, "no verification image is configured to run it from"
+        if per_node < 1:
+            return None, "a node of the run publishes no GPU"
+        output, _, why = self._launch(
+            key, list(nodes), per_node, program=fabricloss.command(),
+            multiple_cliques=multiple_cliques,
+        )  # fmt: skip
+        return output, why
+
+    def _launch(
+        self,
+        fabric: str,
+        nodes: list[str],
+        per_node: int,
+        *,
+        program: Sequence[str] = (PROGRAM, "-t", TESTCASE),
+        multiple_cliques: bool = False,
+    ) -> tuple[str | None, str, str]:
+        """One run's objects created, its launcher's log read, everything deleted: (the log,
+        the launcher's phase, ""), else (None, "", why not)."""
+        ns = self.settings.namespace
+        # An earlier try of this domain's check that was not deleted (an API error then).
+        selector = f"{DOMAIN_LABEL}={domain_hash(fabric)}"
+        for old in self.rest.list(COMPUTE_DOMAINS, ns, label_selector=selector)["items"]:
+            self._delete_run(old["metadata"]["name"])
+        run_id = uuid.uuid4().hex[:5]
+        name = run_name(fabric, run_id)
+        bodies = objects(
+            fabric, nodes, per_node, self.settings, self.new_key(), run_id,
+            program=program, multiple_cliques=multiple_cliques,
+        )  # fmt: skip
+        *workers, launcher = bodies[PODS.plural]
+        try:
+            domain = self.rest.create(COMPUTE_DOMAINS, bodies[COMPUTE_DOMAINS.plural][0], ns)
+            for body in [*bodies[SECRETS.plural], *bodies[SERVICES.plural], *workers]:
+                self.rest.create(_KINDS[f"{body['kind'].lower()}s"], own(body, domain), ns)
+        except ApiError as e:
+            self._delete_run(name)
+            return None, "", f"could not create the check's objects: {e}"
+        log.info("fabric check of %s started: %s over %s", fabric, name, ", ".join(nodes))
+        try:
+            ips, why = self._wait_workers([w["metadata"]["name"] for w in workers])
+            if ips is None:
+                waiting = self._workers_waiting(name)
+                return (
+                    None,
+                    "",
+                    (f"the check did not finish: {why}" + (f"; {waiting}" if waiting else "")),
+                )
+            self.rest.create(PODS, own(with_workers(launcher, ips), domain), ns)
+            phase, why = self._wait(f"{name}-launcher", self.settings.timeout_seconds)
+            if phase not in ("Succeeded", "Failed"):
+                waiting = self._workers_waiting(name)
+                return (
+                    None,
+                    "",
+                    (f"the check did not finish: {why}" + (f"; {waiting}" if waiting else "")),
+                )
+            output = self.rest.text(
+                PODS.path(ns, f"{name}-launcher", "log"), query={"container": "launcher"}
+            )
+        except ApiError as e:
+            return None, "", f"could not follow the check: {e}"
+        finally:
+            self._delete_run(name)
+        return output, phase, ""
 
     def cleanup(self) -> None:
         """Every check's objects an earlier controller left (it stopped mid-check)."""

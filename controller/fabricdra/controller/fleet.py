@@ -28,7 +28,8 @@ Fragmentation, per fabric domain: `largestFit` is the largest N for which an N-n
 ComputeDomain fits now (nodes whose GPUs are all free, that no ComputeDomain holds and that gang
 placement counts: capacity.py, with `require_verified_nodes` as the controller's
 `--require-verified-nodes`), less the nodes the gangs placed there still expect (as placement
-counts them: capacity.expected_by_fabric); in `none` at most 1 (no NVLink between its nodes), and
+counts them, a spanning gang's per-domain share included: capacity.expected_by_fabric); in
+`none` at most 1 (no NVLink between its nodes), and
 `freeGpusOnPartialNodes` the free GPUs sitting on nodes that are not whole.
 
 Per switch tier (issue 28 point 4): for each value of each tier label on the Nodes

@@ -204,6 +204,42 @@ class FleetCollector(Collector):
                     stranded.add_metric([d.name, cls, reason], n)
         yield from families.values()
         yield from (stranded, nodes, verified_nodes, largest)
+        yield from tier_metrics(view)
+
+
+def tier_metrics(view: Fleet) -> list[GaugeMetricFamily]:
+    """The per-tier rows (`Fleet.tiers`) as gauges labelled `tier` (tier-1, tier-2, tier-3,
+    nvlink) and `name` (the switch's tier label value, or the NVLink domain). Cardinality: one
+    series per switch and NVLink domain per gauge, bounded by the fabric's size, not by jobs
+    or devices (bench/scale.py's 5,000 nodes: 157 leaves, 20 spines, 5 cores and 278 NVL72
+    domains, 460 rows, 1,840 series)."""
+    labels = ["tier", "name"]
+    gauges = {
+        "nodes": GaugeMetricFamily(
+            "fabricdra_tier_nodes", "Nodes under the switch or NVLink domain.", labels=labels
+        ),
+        "freeGpus": GaugeMetricFamily(
+            "fabricdra_tier_free_gpus",
+            "Free (healthy, verified, unallocated) GPUs under the switch or NVLink domain.",
+            labels=labels,
+        ),
+        "largestGang": GaugeMetricFamily(
+            "fabricdra_tier_largest_gang_nodes",
+            "The largest gang (whole free nodes over every NVLink domain under it, less what "
+            "placed gangs still expect) that fits under the switch now.",
+            labels=labels,
+        ),
+        "largestSegment": GaugeMetricFamily(
+            "fabricdra_tier_largest_segment_nodes",
+            "The largest NVLink-local segment (whole free nodes inside one NVLink domain) "
+            "that fits under the switch now.",
+            labels=labels,
+        ),
+    }
+    for row in view.tiers():
+        for key, gauge in gauges.items():
+            gauge.add_metric([row["tier"], row["name"]], row[key])
+    return list(gauges.values())
 
 
 def register(

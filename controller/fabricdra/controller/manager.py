@@ -163,6 +163,9 @@ class ControllerConfig:
     # How many fabric domains are checked at once (one worker each; a check runs for minutes
     # and a rack's key is never in two workers: workqueue.py).
     fabric_check_concurrency: int = 16
+    # After a passed check, the measured loss (fabricloss.py): the all-reduce in one NVLink
+    # domain and split across two, shown in spanning ComputeDomains' status.
+    fabric_check_loss: bool = False
     # Read the Workload API's PodGroups and pods (workloads.py): only where the API server
     # serves them (the CLI's --workload-api decides).
     workload_api: bool = False
@@ -374,6 +377,7 @@ class Controller:
                     requeue_after=self.fabric_queue.add_after,
                     # Waiting gangs say what the check is doing (placement.py).
                     state_changed=lambda f: self.placement.room_may_have_freed(),
+                    measure_loss=self.config.fabric_check_loss,
                 )
             )
         self._stop = threading.Event()

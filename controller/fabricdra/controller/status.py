@@ -24,6 +24,7 @@ from fabricdra.api.computedomain import (
     NodeStatus,
     SegmentStatus,
 )
+from fabricdra.api.fabriccheck import MeasuredLoss
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,9 @@ class Observed:
     # Its claims refused a node whose fabric domain failed the multi-node NVLink check
     # (nodes.py, elastic and multi-clique domains), with why.
     fabric_check_refused: Sequence[str] = ()
+    # The newest measured loss the fabric check took in the gang's fabric domains
+    # (fabricloss.for_fabrics): shown by a spanning gang (status.placement) only.
+    measured_loss: MeasuredLoss | None = None
 
 
 @dataclass(frozen=True)
@@ -320,6 +324,7 @@ def compute(
             "conditions": conditions,
             "nodes": rows,
             "segments": segment_rows(domain, rows),
+            "measuredLoss": obs.measured_loss if domain.status.placement is not None else None,
             "observedGeneration": gen,
             # A multi-clique domain has no one fabric domain: its rows name each node's.
             "fabricDomain": ""
