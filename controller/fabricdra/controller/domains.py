@@ -5,6 +5,7 @@ cache is refused (409) instead of written back."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from collections import Counter
@@ -21,8 +22,9 @@ from fabricdra.kube.rest import (
     COMPUTE_DOMAINS,
     DAEMON_SETS,
     JSON_PATCH,
-    ApiError,
+    Conflict,
     Kind,
+    NotFound,
 )
 
 from . import capacity, channels, metrics, objects, records, status, workloads
@@ -139,11 +141,9 @@ class DomainReconciler:
         }
         try:
             self.d.rest.patch(COMPUTE_DOMAINS, meta["name"], patch, meta["namespace"], sub="status")
-        except ApiError as e:
-            if e.conflict or e.not_found:  # changed meanwhile: its event queues it again
-                self.d.requeue_after(key, 0.1)
-                return
-            raise
+        except (Conflict, NotFound):  # changed meanwhile: its event queues it again
+            self.d.requeue_after(key, 0.1)
+            return
         self.d.writer.domain_event(meta, status.Event("Warning", UNREADABLE, why))
 
     def _count_domains(self) -> None:
@@ -289,9 +289,7 @@ class DomainReconciler:
             out = self.d.rest.patch(
                 COMPUTE_DOMAINS, domain.name, patch, domain.namespace, sub="status"
             )
-        except ApiError as e:
-            if not e.conflict:
-                raise
+        except Conflict:
             log.info("status of %s changed meanwhile; recording its decisions again", key)
             self.d.requeue_after(key, 0.1)
             return None
@@ -336,9 +334,7 @@ class DomainReconciler:
         }
         try:
             out = d.rest.patch(COMPUTE_DOMAINS, domain.name, patch, domain.namespace, sub="status")
-        except ApiError as e:
-            if not e.conflict:
-                raise
+        except Conflict:
             d.requeue_after(key, 0.1)
             return None, ""
         log.info(
@@ -574,12 +570,10 @@ class DomainReconciler:
         patch["metadata"] = {"resourceVersion": domain.metadata["resourceVersion"]}
         try:
             self.d.rest.patch(COMPUTE_DOMAINS, domain.name, patch, domain.namespace, sub="status")
-        except ApiError as e:
-            if e.conflict:
-                log.info("status of %s changed meanwhile; recomputing", key)
-                self.d.requeue_after(key, 0.1)
-                return
-            raise
+        except Conflict:
+            log.info("status of %s changed meanwhile; recomputing", key)
+            self.d.requeue_after(key, 0.1)
+            return
         for ev in events:
             self.d.writer.event(domain, ev)
 
@@ -615,11 +609,8 @@ class DomainReconciler:
             {"op": "test", "path": f"/metadata/finalizers/{idx}", "value": cd.FINALIZER},
             {"op": "replace", "path": "/metadata/finalizers", "value": finalizers},
         ]
-        try:
+        with contextlib.suppress(NotFound):  # already gone
             d.rest.patch(COMPUTE_DOMAINS, name, patch, namespace, content_type=JSON_PATCH)
-        except ApiError as e:
-            if not e.not_found:
-                raise
         d.ownership.forget_domain(uid)
         d.placement.forget(f"{namespace}/{name}", uid)
 

@@ -64,7 +64,7 @@ from typing import Any, Protocol
 
 from fabricdra.api import computedomain as cd
 from fabricdra.api.jsontypes import JSON
-from fabricdra.kube.rest import COMPUTE_DOMAINS, PODS, SECRETS, SERVICES, ApiError, Kind
+from fabricdra.kube.rest import COMPUTE_DOMAINS, PODS, SECRETS, SERVICES, ApiError, Kind, NotFound
 
 from . import sshkey
 from .fabriccheck import CheckResult
@@ -531,9 +531,10 @@ class KubeRunner:
                 kind.path(self.settings.namespace, name),
                 body={"gracePeriodSeconds": 0, "propagationPolicy": "Background"},
             )
+        except NotFound:
+            pass
         except ApiError as e:
-            if not e.not_found:
-                log.warning("fabric check: %s %s not deleted: %s", kind.plural, name, e)
+            log.warning("fabric check: %s %s not deleted: %s", kind.plural, name, e)
 
     def _wait_workers(self, pods: Sequence[str]) -> tuple[list[str] | None, str]:
         """Every worker Running with its pod IP (the IPs, in order), else None and why."""
@@ -543,10 +544,8 @@ class KubeRunner:
             for pod in pods:
                 try:
                     status = self.rest.get(PODS, pod, self.settings.namespace).get("status") or {}
-                except ApiError as e:
-                    if e.not_found:
-                        return None, f"the worker pod {pod} was deleted"
-                    raise
+                except NotFound:
+                    return None, f"the worker pod {pod} was deleted"
                 phase = status.get("phase") or "Pending"
                 if phase in ("Succeeded", "Failed"):
                     return None, f"the worker pod {pod} ended ({phase})"
@@ -565,10 +564,8 @@ class KubeRunner:
         while True:
             try:
                 obj = self.rest.get(PODS, pod, self.settings.namespace)
-            except ApiError as e:
-                if e.not_found:
-                    return "Gone", "the launcher pod was deleted"
-                raise
+            except NotFound:
+                return "Gone", "the launcher pod was deleted"
             status = obj.get("status") or {}
             phase = status.get("phase") or "Pending"
             if phase in ("Succeeded", "Failed"):

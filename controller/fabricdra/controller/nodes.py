@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from fabricdra.api import computedomain as cd
 from fabricdra.api.computedomain import gang_size
 from fabricdra.api.jsontypes import JSON
-from fabricdra.kube.rest import CLAIMS, NODES, SLICES, ApiError
+from fabricdra.kube.rest import CLAIMS, NODES, SLICES, Conflict, NotFound
 
 from . import admission, capacity, metrics, objects, records
 from .claims import allocated_at, claim_views, dev_key, domain_uid, node_fabric
@@ -391,11 +391,8 @@ class NodeReconciler:
                 field_manager=FIELD_MANAGER,
                 sub="status",
             )
-        except ApiError as e:
-            if e.conflict or e.not_found:  # the claim changed meanwhile; its event requeues
-                self.d.enqueue_node_after(node, 0.1)
-                return
-            raise
+        except (Conflict, NotFound):  # the claim changed meanwhile; its event requeues
+            self.d.enqueue_node_after(node, 0.1)
 
     def _conflict_event(self, claim: JSON, why: str) -> None:
         key = self.d.ownership.key_of(domain_uid(claim))

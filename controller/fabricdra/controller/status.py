@@ -24,6 +24,7 @@ from fabricdra.api.computedomain import (
     NodeStatus,
     SegmentStatus,
 )
+from fabricdra.kube.events import EventType
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,9 @@ class Observed:
 
 @dataclass(frozen=True)
 class Event:
-    type: str  # Normal | Warning
+    """An Event the controller records (kube/events.py builds its body)."""
+
+    type: EventType
     reason: str
     message: str
 
