@@ -158,3 +158,15 @@ def test_no_module_but_the_rest_layer_compares_status_codes() -> None:
                 if on_status and any(_int_constants(s) for s in sides):
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not found, f"status codes compared outside kube/rest.py: {found}"
+
+
+def test_nothing_reads_the_old_properties() -> None:
+    """Tests, benches and e2e helpers catch by type too: `e.not_found` on an ApiError would be
+    an AttributeError at the worst moment (an integration fixture's clean-up)."""
+    found = []
+    for top in (*PACKAGES, "tests", "bench", "e2e"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Attribute) and node.attr in ("not_found", "conflict"):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not found, f"ApiError.not_found/.conflict are gone; catch NotFound/Conflict: {found}"
