@@ -200,56 +200,11 @@ def objects(
         "type": "Opaque",
         "stringData": {"id_ed25519": private, "authorized_keys": public},
     }
-    service: JSON = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": meta(name),
-        "spec": {
-            "clusterIP": "None",
-            "publishNotReadyAddresses": True,  # DNS before sshd is up: the launcher waits
-            "selector": {RUN_LABEL: name, "fabricdra.io/fabric-check-role": "worker"},
-            "ports": [{"name": "ssh", "port": SSH_PORT}],
-        },
-    }
+    service = _service(meta(name), name)
 
     def pod(pod_name: str, role: str, script: str, extra: JSON) -> JSON:
-        spec: JSON = {
-            "restartPolicy": "Never",
-            "automountServiceAccountToken": False,
-            "enableServiceLinks": False,
-            "terminationGracePeriodSeconds": 5,
-            "activeDeadlineSeconds": int(settings.timeout_seconds + START_SECONDS),
-            "tolerations": [{"operator": "Exists"}],
-            "volumes": [
-                {"name": "ssh", "secret": {"secretName": f"{name}-ssh", "defaultMode": 0o400}}
-            ],
-            **extra,
-        }
-        container: JSON = {
-            "name": role,
-            "image": settings.image,
-            "command": ["sh", "-c", script],
-            "volumeMounts": [{"name": "ssh", "mountPath": KEY_DIR, "readOnly": True}],
-        }
-        if role == "worker":
-            container["securityContext"] = {"privileged": True}
-            # NVIDIA's container runtime injects every GPU and the driver's libraries, as for
-            # the per-node verification pod.
-            container["env"] = [
-                {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
-                {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"},
-            ]
-            container["resources"] = {"claims": [{"name": "imex"}]}
-            container["ports"] = [{"name": "ssh", "containerPort": SSH_PORT}]
-        spec["containers"] = [container]
-        if settings.runtime_class and role == "worker":
-            spec["runtimeClassName"] = settings.runtime_class
-        return {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": meta(pod_name, **{"fabricdra.io/fabric-check-role": role}),
-            "spec": spec,
-        }
+        metadata = meta(pod_name, **{"fabricdra.io/fabric-check-role": role})
+        return _pod(settings, name, metadata, role, script, extra)
 
     hosts = [f"w{i}.{name}" for i in range(len(nodes))]
     workers = [
@@ -281,6 +236,58 @@ def objects(
         SERVICES.plural: [service],
         PODS.plural: [*workers, launcher],
     }
+
+
+def _service(metadata: JSON, run: str) -> JSON:
+    """The headless Service that names check `run`'s workers `w<i>.<run>` in DNS."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata,
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,  # DNS before sshd is up: the launcher waits
+            "selector": {RUN_LABEL: run, "fabricdra.io/fabric-check-role": "worker"},
+            "ports": [{"name": "ssh", "port": SSH_PORT}],
+        },
+    }
+
+
+def _pod(
+    settings: RunSettings, run: str, metadata: JSON, role: str, script: str, extra: JSON
+) -> JSON:
+    """One pod of check `run`: a worker (privileged, every GPU, the domain's channel, sshd)
+    or the launcher; `extra`: its placement fields."""
+    spec: JSON = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 5,
+        "activeDeadlineSeconds": int(settings.timeout_seconds + START_SECONDS),
+        "tolerations": [{"operator": "Exists"}],
+        "volumes": [{"name": "ssh", "secret": {"secretName": f"{run}-ssh", "defaultMode": 0o400}}],
+        **extra,
+    }
+    container: JSON = {
+        "name": role,
+        "image": settings.image,
+        "command": ["sh", "-c", script],
+        "volumeMounts": [{"name": "ssh", "mountPath": KEY_DIR, "readOnly": True}],
+    }
+    if role == "worker":
+        container["securityContext"] = {"privileged": True}
+        # NVIDIA's container runtime injects every GPU and the driver's libraries, as for
+        # the per-node verification pod.
+        container["env"] = [
+            {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+            {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"},
+        ]
+        container["resources"] = {"claims": [{"name": "imex"}]}
+        container["ports"] = [{"name": "ssh", "containerPort": SSH_PORT}]
+    spec["containers"] = [container]
+    if settings.runtime_class and role == "worker":
+        spec["runtimeClassName"] = settings.runtime_class
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
 
 def with_workers(launcher: JSON, ips: Sequence[str]) -> JSON:
