@@ -17,6 +17,7 @@ from fabricdra.api import computedomain as cd
 from fabricdra.api.computedomain import ComputeDomain
 from fabricdra.api.jsontypes import JSON
 from fabricdra.kube.informer import key_of
+from fabricdra.kube.patches import condition, conditional
 from fabricdra.kube.rest import (
     CLAIM_TEMPLATES,
     COMPUTE_DOMAINS,
@@ -127,18 +128,9 @@ class DomainReconciler:
             and ready.get("message") == why
         ):
             return  # said already: nothing rewritten
-        new = {
-            "type": cd.READY,
-            "status": "False",
-            "reason": UNREADABLE,
-            "message": why,
-            "lastTransitionTime": now(),
-        }
+        new = condition(cd.READY, "False", UNREADABLE, why, now=now())
         conditions = [c for c in conditions if c.get("type") != cd.READY] + [new]
-        patch = {
-            "metadata": {"resourceVersion": meta["resourceVersion"]},
-            "status": {"conditions": conditions},
-        }
+        patch = conditional(meta["resourceVersion"], {"status": {"conditions": conditions}})
         try:
             self.d.rest.patch(COMPUTE_DOMAINS, meta["name"], patch, meta["namespace"], sub="status")
         except (Conflict, NotFound):  # changed meanwhile: its event queues it again
@@ -157,13 +149,10 @@ class DomainReconciler:
 
     def _add_finalizer(self, domain: ComputeDomain) -> ComputeDomain:
         finalizers = [*domain.metadata.get("finalizers", []), cd.FINALIZER]
-        # resourceVersion makes the merge patch conditional: a list is replaced whole.
-        patch = {
-            "metadata": {
-                "finalizers": finalizers,
-                "resourceVersion": domain.metadata["resourceVersion"],
-            }
-        }
+        # Conditional: a merge patch replaces the list whole.
+        patch = conditional(
+            domain.metadata["resourceVersion"], {"metadata": {"finalizers": finalizers}}
+        )
         out = self.d.rest.patch(COMPUTE_DOMAINS, domain.name, patch, domain.namespace)
         return ComputeDomain.model_validate(out)
 
@@ -328,10 +317,9 @@ class DomainReconciler:
             return domain, hold
         if current is not None and d.ownership.nodes_of(domain.uid):
             return domain, ""
-        patch = {
-            "metadata": {"resourceVersion": domain.metadata["resourceVersion"]},
-            "status": {"podGroup": group.status()},
-        }
+        patch = conditional(
+            domain.metadata["resourceVersion"], {"status": {"podGroup": group.status()}}
+        )
         try:
             out = d.rest.patch(COMPUTE_DOMAINS, domain.name, patch, domain.namespace, sub="status")
         except Conflict:
@@ -567,7 +555,7 @@ class DomainReconciler:
             return
         # Conditional on the version this view was computed from: a stale cache gets a 409
         # (the watch then delivers the newer object, which queues this key again).
-        patch["metadata"] = {"resourceVersion": domain.metadata["resourceVersion"]}
+        patch = conditional(domain.metadata["resourceVersion"], patch)
         try:
             self.d.rest.patch(COMPUTE_DOMAINS, domain.name, patch, domain.namespace, sub="status")
         except Conflict:

@@ -31,6 +31,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from fabricdra.kube.patches import conditional
 from fabricdra.kube.rest import LEASES, ApiError, Conflict, NotFound, Rest
 
 log = logging.getLogger("fabricdra.controller.leader")
@@ -120,10 +121,7 @@ class LeaderElector:
         if holder != self.identity:
             spec["acquireTime"] = spec["renewTime"]
             spec["leaseTransitions"] = int(current.get("leaseTransitions") or 0) + 1
-        patch = {
-            "metadata": {"resourceVersion": lease["metadata"]["resourceVersion"]},
-            "spec": spec,
-        }
+        patch = conditional(lease["metadata"]["resourceVersion"], {"spec": spec})
         try:
             written = self.rest.patch(LEASES, self.name, patch, self.namespace, timeout=timeout)
         except Conflict:

@@ -11,6 +11,7 @@ from collections.abc import Set as AbstractSet
 from fabricdra.api import computedomain as cd
 from fabricdra.api.computedomain import gang_size
 from fabricdra.api.jsontypes import JSON
+from fabricdra.kube import patches
 from fabricdra.kube.rest import CLAIMS, NODES, SLICES, Conflict, NotFound
 
 from . import admission, capacity, metrics, objects, records
@@ -383,27 +384,20 @@ class NodeReconciler:
             conds = [dict(cond) for cond in before if cond.get("type") != condition]
             if r.get("device") == cd.CHANNEL_DEVICE and r.get("pool") == node:
                 conds.append(
-                    {
-                        "type": condition,
-                        "status": "True",
-                        "reason": reason,
-                        "message": message[:1024],
-                        "lastTransitionTime": now(),
-                    }
+                    patches.condition(condition, "True", reason, message[:1024], now=now())
                 )
             entry["conditions"] = conds
             entries.append(entry)
         meta = claim["metadata"]
-        body = {
-            "apiVersion": CLAIMS.api_version,
-            "kind": "ResourceClaim",
-            "metadata": {
-                "name": meta["name"],
-                "namespace": meta["namespace"],
-                "resourceVersion": meta["resourceVersion"],
+        body = patches.conditional(
+            meta["resourceVersion"],
+            {
+                "apiVersion": CLAIMS.api_version,
+                "kind": "ResourceClaim",
+                "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+                "status": {"devices": entries},
             },
-            "status": {"devices": entries},
-        }
+        )
         try:
             self.d.rest.apply(
                 CLAIMS,
