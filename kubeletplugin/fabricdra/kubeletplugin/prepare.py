@@ -123,7 +123,13 @@ class ApiClaimReader:
     def warn(self, claim: dict[str, Any], reason: str, message: str, timeout: float) -> None:
         meta = claim.get("metadata") or {}
         body = events.event(
-            ObjectRef.of(claim, api_version=CLAIMS.api_version, kind="ResourceClaim"),
+            ObjectRef(
+                CLAIMS.api_version,
+                "ResourceClaim",
+                str(meta.get("name")),
+                meta.get("namespace"),
+                meta.get("uid"),
+            ),
             Reporter("fabricdra-kubelet-plugin"),
             type="Warning",
             reason=reason,
