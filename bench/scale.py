@@ -61,6 +61,7 @@ skips the domains and measures only the scheduler rounds
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -94,6 +95,7 @@ from fabricdra.kube.rest import (
     PODS,
     SLICES,
     ApiError,
+    Conflict,
     Kind,
     Rest,
 )
@@ -240,22 +242,16 @@ def _install_crds(rest: Rest) -> None:
     """The node agent's NodeDevices CRD (the ComputeDomain one comes from install_crd)."""
     crds = Kind("apiextensions.k8s.io", "v1", "customresourcedefinitions", False)
     for path in sorted((DEVICE_CLASS_DIR.parent / "crds").glob("*.yaml")):
-        try:
+        with contextlib.suppress(Conflict):
             rest.create(crds, yaml.safe_load(path.read_text()))
-        except ApiError as e:
-            if not e.conflict:
-                raise
 
 
 def _install_device_classes(rest: Rest) -> None:
     for path in sorted(DEVICE_CLASS_DIR.glob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
             if doc:
-                try:
+                with contextlib.suppress(Conflict):
                     rest.create(DEVICE_CLASSES, doc)
-                except ApiError as e:
-                    if not e.conflict:
-                        raise
 
 
 def _controller(

@@ -26,8 +26,8 @@ from fabricdra.kube.rest import (
     NODES,
     PODS,
     SLICES,
-    ApiError,
     Kind,
+    NotFound,
     Rest,
 )
 from tests.e2e.installkit import NAMESPACE, Installed, offered_untainted, wait_running
@@ -56,10 +56,8 @@ POLICY_BINDINGS = Kind(
 def names(rest: Rest, kind: Kind, namespace: str | None = None, **selectors: str) -> list[str]:
     try:
         items = rest.list(kind, namespace, **selectors)["items"]
-    except ApiError as e:
-        if e.not_found:  # the kind is not served any more (its CRD is gone)
-            return []
-        raise
+    except NotFound:  # the kind is not served any more (its CRD is gone)
+        return []
     return sorted(
         f"{i['metadata'].get('namespace', '')}/{i['metadata']['name']}".lstrip("/") for i in items
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,9 @@ from fabricdra.kube.rest import (
     NODES,
     STRATEGIC_PATCH,
     ApiError,
+    Conflict,
     Kind,
+    NotFound,
     Rest,
 )
 from fabricdra.kubeletplugin.kubelet import ClaimRef
@@ -45,9 +47,7 @@ def snapshot_objects(cp: ControlPlane) -> dict[str, set[str]]:
         out = {"nodes": {n["metadata"]["uid"] for n in rest.list(NODES)["items"]}}
         try:
             domains = rest.list(COMPUTE_DOMAINS)["items"]
-        except ApiError as e:
-            if not e.not_found:
-                raise
+        except NotFound:
             domains = []  # the CRD is not installed yet
         out["domains"] = {d["metadata"]["uid"] for d in domains}
     return out
@@ -61,9 +61,7 @@ def remove_new_objects(cp: ControlPlane, before: dict[str, set[str]]) -> None:
         rest = Rest(api)
         try:
             domains = rest.list(COMPUTE_DOMAINS)["items"]
-        except ApiError as e:
-            if not e.not_found:
-                raise
+        except NotFound:
             domains = []
         for d in domains:
             meta = d["metadata"]
@@ -74,9 +72,8 @@ def remove_new_objects(cp: ControlPlane, before: dict[str, set[str]]) -> None:
                 if meta.get("finalizers"):
                     rest.patch(COMPUTE_DOMAINS, name, {"metadata": {"finalizers": None}}, ns)
                 rest.delete(COMPUTE_DOMAINS, name, ns)
-            except ApiError as e:
-                if not e.not_found:
-                    raise
+            except NotFound:
+                pass
         for n in rest.list(NODES)["items"]:
             if n["metadata"]["uid"] not in before["nodes"]:
                 rest.delete(NODES, n["metadata"]["name"])
@@ -92,11 +89,8 @@ def remove_new_objects(cp: ControlPlane, before: dict[str, set[str]]) -> None:
 
 def install_crd(rest: Rest) -> None:
     body = yaml.safe_load(CRD_FILE.read_text())
-    try:
+    with suppress(Conflict):
         rest.create(CRDS, body)
-    except ApiError as e:
-        if not e.conflict:
-            raise
 
     def established() -> bool:
         crd = rest.get(CRDS, body["metadata"]["name"])

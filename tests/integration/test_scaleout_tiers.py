@@ -5,6 +5,7 @@ mis-cabled node by name (no tiers, a record, an Event), and removes labels per d
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,15 @@ from fabricdra.controller.manager import Controller, ControllerConfig
 from fabricdra.controller.objects import DaemonSettings
 from fabricdra.controller.scaleout import group_name
 from fabricdra.controller.tierlabels import TREE
-from fabricdra.kube.rest import CONFIG_MAPS, EVENTS, NODE_DEVICES, NODES, ApiError, Kind, Rest
+from fabricdra.kube.rest import (
+    CONFIG_MAPS,
+    EVENTS,
+    NODE_DEVICES,
+    NODES,
+    Kind,
+    NotFound,
+    Rest,
+)
 
 from .computedomain_helpers import unique
 from .dra_setup import installed  # noqa: F401 - a fixture (the NodeDevices CRD)
@@ -103,9 +112,7 @@ def _publish(rest: Rest, node: str, nics: list[dict[str, Any]]) -> None:
     }
     try:
         obj = rest.get(NODE_DEVICES, node)
-    except ApiError as e:
-        if not e.not_found:
-            raise
+    except NotFound:
         rest.create(NODE_DEVICES, {**body, "spec": {"interfaces": nics}})
         return
     rest.patch(NODE_DEVICES, node, {"spec": {"interfaces": nics}})
@@ -248,8 +255,5 @@ def test_controller_writes_checks_and_removes_tier_labels(
     finally:
         controller.stop()
         for name in (n1, n2, bad, ib):
-            try:
+            with contextlib.suppress(NotFound):
                 rest.delete(NODE_DEVICES, name)
-            except ApiError as e:
-                if not e.not_found:
-                    raise

@@ -281,7 +281,7 @@ def kueue(
 
 
 def run(args: argparse.Namespace) -> int:
-    from fabricdra.kube.rest import NODE_DEVICES, NODES, ApiError, Rest
+    from fabricdra.kube.rest import NODE_DEVICES, NODES, ApiError, NotFound, Rest
 
     api = api_client(args.kubeconfig, USER_AGENT)
     rest = Rest(api)
@@ -289,9 +289,7 @@ def run(args: argparse.Namespace) -> int:
         nodes = rest.list(NODES).get("items", [])
         try:
             devices = rest.list(NODE_DEVICES).get("items", [])
-        except ApiError as e:
-            if not e.not_found:
-                raise
+        except NotFound:
             devices = []  # no NodeDevices CRD: no NIC facts, the labels still say the tree
     except ApiError as e:
         print(f"fabricdra topology: cannot read the cluster: {e}", file=sys.stderr)
@@ -338,7 +336,7 @@ def dump_configmap(fabric: str, text: str) -> dict[str, Any]:
 
 
 def run_dump(args: argparse.Namespace) -> int:
-    from fabricdra.kube.rest import CONFIG_MAPS, ApiError, Rest
+    from fabricdra.kube.rest import CONFIG_MAPS, ApiError, Conflict, Rest
 
     try:
         text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
@@ -350,9 +348,7 @@ def run_dump(args: argparse.Namespace) -> int:
     try:
         try:
             rest.create(CONFIG_MAPS, body, args.namespace)
-        except ApiError as e:
-            if e.status != 409:
-                raise
+        except Conflict:
             rest.replace(CONFIG_MAPS, name, body, args.namespace)
     except ApiError as e:
         print(f"fabricdra fabric-dump: cannot write ConfigMap {name}: {e}", file=sys.stderr)

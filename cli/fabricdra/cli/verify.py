@@ -32,7 +32,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from fabricdra.api.verification import ProbeResult, load_expectations, parse_profile
-from fabricdra.kube.rest import NODE_DEVICES, NODES, ApiError, Rest
+from fabricdra.kube.rest import NODE_DEVICES, NODES, ApiError, NotFound, Rest
 from fabricdra.kubeletplugin.discovery.node import NvmlSource, discover
 from fabricdra.kubeletplugin.discovery.nvml import SnapshotError, load_snapshot, read_live
 from fabricdra.kubeletplugin.discovery.sysfs import RootError, SysfsTree
@@ -242,9 +242,9 @@ def _cabling(args: argparse.Namespace) -> dict[str, Any]:
     api = api_client(args.kubeconfig, USER_AGENT)
     try:
         node = Rest(api).get(NODES, args.cabling_of)
+    except NotFound:
+        return cabling_verdict(None, args.cabling_of)
     except ApiError as e:
-        if e.not_found:
-            return cabling_verdict(None, args.cabling_of)
         return {"result": "NotRun", "findings": [f"cannot read Node {args.cabling_of}: {e}"]}
     finally:
         api.close()
@@ -295,9 +295,9 @@ def _annotate(args: argparse.Namespace, node: str, key: str, value: str | None) 
     api = api_client(args.kubeconfig, USER_AGENT)
     try:
         Rest(api).patch(NODES, node, {"metadata": {"annotations": {key: value}}})
+    except NotFound as e:
+        raise UsageError(f"node {node} not found") from e
     except ApiError as e:
-        if e.not_found:
-            raise UsageError(f"node {node} not found") from e
         print(f"fabricdra verify: cannot update node {node}: {e}", file=sys.stderr)
         return False
     finally:

@@ -46,8 +46,11 @@ from fabricdra.kube.rest import (
     NODES,
     PODS,
     SLICES,
-    ApiError,
+    Conflict,
+    Gone,
+    Invalid,
     Kind,
+    NotFound,
     Rest,
 )
 
@@ -119,10 +122,10 @@ def _items(
             ):
                 yield from page.get("items") or []
             return
-        except ApiError as e:
-            if e.not_found:
-                return
-            if not e.gone or attempt == RELIST_TRIES - 1:
+        except NotFound:
+            return
+        except Gone:
+            if attempt == RELIST_TRIES - 1:
                 raise
             log.info("the list of %s expired part way: listing again", kind.plural)
 
@@ -236,11 +239,9 @@ class Cleanup:
             ]
             try:
                 self.rest.patch(COMPUTE_DOMAINS, name, patch, namespace, content_type=JSON_PATCH)
-            except ApiError as e:
-                if e.not_found:
-                    return
-                if e.status not in (409, 422):
-                    raise
+            except NotFound:
+                return
+            except (Conflict, Invalid):
                 # Its finalizers changed meanwhile: read it again and retry.
                 fresh = self.rest.get_or_none(COMPUTE_DOMAINS, name, namespace)
                 if fresh is None:

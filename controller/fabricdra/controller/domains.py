@@ -5,6 +5,7 @@ cache is refused (409) instead of written back."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from collections import Counter
@@ -17,13 +18,15 @@ from fabricdra.api.computedomain import ComputeDomain
 from fabricdra.api.fabriccheck import MeasuredLoss
 from fabricdra.api.jsontypes import JSON
 from fabricdra.kube.informer import key_of
+from fabricdra.kube.patches import condition, conditional
 from fabricdra.kube.rest import (
     CLAIM_TEMPLATES,
     COMPUTE_DOMAINS,
     DAEMON_SETS,
     JSON_PATCH,
-    ApiError,
+    Conflict,
     Kind,
+    NotFound,
 )
 
 from . import capacity, channels, fabricloss, metrics, objects, records, status, workloads
@@ -126,25 +129,14 @@ class DomainReconciler:
             and ready.get("message") == why
         ):
             return  # said already: nothing rewritten
-        new = {
-            "type": cd.READY,
-            "status": "False",
-            "reason": UNREADABLE,
-            "message": why,
-            "lastTransitionTime": now(),
-        }
+        new = condition(cd.READY, "False", UNREADABLE, why, now=now())
         conditions = [c for c in conditions if c.get("type") != cd.READY] + [new]
-        patch = {
-            "metadata": {"resourceVersion": meta["resourceVersion"]},
-            "status": {"conditions": conditions},
-        }
+        patch = conditional(meta["resourceVersion"], {"status": {"conditions": conditions}})
         try:
             self.d.rest.patch(COMPUTE_DOMAINS, meta["name"], patch, meta["namespace"], sub="status")
-        except ApiError as e:
-            if e.conflict or e.not_found:  # changed meanwhile: its event queues it again
-                self.d.requeue_after(key, 0.1)
-                return
-            raise
+        except (Conflict, NotFound):  # changed meanwhile: its event queues it again
+            self.d.requeue_after(key, 0.1)
+            return
         self.d.writer.domain_event(meta, status.Event("Warning", UNREADABLE, why))
 
     def _count_domains(self) -> None:
@@ -158,13 +150,10 @@ class DomainReconciler:
 
     def _add_finalizer(self, domain: ComputeDomain) -> ComputeDomain:
         finalizers = [*domain.metadata.get("finalizers", []), cd.FINALIZER]
-        # resourceVersion makes the merge patch conditional: a list is replaced whole.
-        patch = {
-            "metadata": {
-                "finalizers": finalizers,
-                "resourceVersion": domain.metadata["resourceVersion"],
-            }
-        }
+        # Conditional: a merge patch replaces the list whole.
+        patch = conditional(
+            domain.metadata["resourceVersion"], {"metadata": {"finalizers": finalizers}}
+        )
         out = self.d.rest.patch(COMPUTE_DOMAINS, domain.name, patch, domain.namespace)
         return ComputeDomain.model_validate(out)
 
@@ -290,9 +279,7 @@ class DomainReconciler:
             out = self.d.rest.patch(
                 COMPUTE_DOMAINS, domain.name, patch, domain.namespace, sub="status"
             )
-        except ApiError as e:
-            if not e.conflict:
-                raise
+        except Conflict:
             log.info("status of %s changed meanwhile; recording its decisions again", key)
             self.d.requeue_after(key, 0.1)
             return None
@@ -331,15 +318,12 @@ class DomainReconciler:
             return domain, hold
         if current is not None and d.ownership.nodes_of(domain.uid):
             return domain, ""
-        patch = {
-            "metadata": {"resourceVersion": domain.metadata["resourceVersion"]},
-            "status": {"podGroup": group.status()},
-        }
+        patch = conditional(
+            domain.metadata["resourceVersion"], {"status": {"podGroup": group.status()}}
+        )
         try:
             out = d.rest.patch(COMPUTE_DOMAINS, domain.name, patch, domain.namespace, sub="status")
-        except ApiError as e:
-            if not e.conflict:
-                raise
+        except Conflict:
             d.requeue_after(key, 0.1)
             return None, ""
         log.info(
@@ -584,15 +568,13 @@ class DomainReconciler:
             return
         # Conditional on the version this view was computed from: a stale cache gets a 409
         # (the watch then delivers the newer object, which queues this key again).
-        patch["metadata"] = {"resourceVersion": domain.metadata["resourceVersion"]}
+        patch = conditional(domain.metadata["resourceVersion"], patch)
         try:
             self.d.rest.patch(COMPUTE_DOMAINS, domain.name, patch, domain.namespace, sub="status")
-        except ApiError as e:
-            if e.conflict:
-                log.info("status of %s changed meanwhile; recomputing", key)
-                self.d.requeue_after(key, 0.1)
-                return
-            raise
+        except Conflict:
+            log.info("status of %s changed meanwhile; recomputing", key)
+            self.d.requeue_after(key, 0.1)
+            return
         for ev in events:
             self.d.writer.event(domain, ev)
 
@@ -628,11 +610,8 @@ class DomainReconciler:
             {"op": "test", "path": f"/metadata/finalizers/{idx}", "value": cd.FINALIZER},
             {"op": "replace", "path": "/metadata/finalizers", "value": finalizers},
         ]
-        try:
+        with contextlib.suppress(NotFound):  # already gone
             d.rest.patch(COMPUTE_DOMAINS, name, patch, namespace, content_type=JSON_PATCH)
-        except ApiError as e:
-            if not e.not_found:
-                raise
         d.ownership.forget_domain(uid)
         d.placement.forget(f"{namespace}/{name}", uid)
 

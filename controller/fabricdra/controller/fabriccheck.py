@@ -543,6 +543,21 @@ class FabricCheck:
             if b is None:  # a retry keeps saying why the last try failed or did not run
                 self._say(fabric, f"the check is running over {len(p.nodes)} nodes")
             result = d.runner.run(fabric, {n: len(gpus.get(n, [])) for n in p.nodes}, floor)
+        self._finish(fabric, p, result, domain_nodes, member_fps, floor, gpus)
+
+    def _finish(
+        self,
+        fabric: str,
+        p: Plan,
+        result: CheckResult,
+        domain_nodes: Sequence[JSON],
+        member_fps: Mapping[str, str],
+        floor: float | None,
+        gpus: dict[str, list[str]],
+    ) -> None:
+        """A check's outcome: measure the loss after a pass (when asked), write the records
+        and Events, and back off after a failure."""
+        d = self.d
         loss = None
         if result.outcome == "Passed" and p.action == "run" and d.measure_loss:
             loss = self.measure_loss(fabric, p.nodes, gpus)

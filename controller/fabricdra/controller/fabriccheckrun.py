@@ -64,7 +64,7 @@ from typing import Any, Protocol
 
 from fabricdra.api import computedomain as cd
 from fabricdra.api.jsontypes import JSON
-from fabricdra.kube.rest import COMPUTE_DOMAINS, PODS, SECRETS, SERVICES, ApiError, Kind
+from fabricdra.kube.rest import COMPUTE_DOMAINS, PODS, SECRETS, SERVICES, ApiError, Kind, NotFound
 
 from . import fabricloss, sshkey
 from .fabriccheck import CheckResult
@@ -211,56 +211,11 @@ def objects(
         "type": "Opaque",
         "stringData": {"id_ed25519": private, "authorized_keys": public},
     }
-    service: JSON = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": meta(name),
-        "spec": {
-            "clusterIP": "None",
-            "publishNotReadyAddresses": True,  # DNS before sshd is up: the launcher waits
-            "selector": {RUN_LABEL: name, "fabricdra.io/fabric-check-role": "worker"},
-            "ports": [{"name": "ssh", "port": SSH_PORT}],
-        },
-    }
+    service = _service(meta(name), name)
 
     def pod(pod_name: str, role: str, script: str, extra: JSON) -> JSON:
-        spec: JSON = {
-            "restartPolicy": "Never",
-            "automountServiceAccountToken": False,
-            "enableServiceLinks": False,
-            "terminationGracePeriodSeconds": 5,
-            "activeDeadlineSeconds": int(settings.timeout_seconds + START_SECONDS),
-            "tolerations": [{"operator": "Exists"}],
-            "volumes": [
-                {"name": "ssh", "secret": {"secretName": f"{name}-ssh", "defaultMode": 0o400}}
-            ],
-            **extra,
-        }
-        container: JSON = {
-            "name": role,
-            "image": settings.image,
-            "command": ["sh", "-c", script],
-            "volumeMounts": [{"name": "ssh", "mountPath": KEY_DIR, "readOnly": True}],
-        }
-        if role == "worker":
-            container["securityContext"] = {"privileged": True}
-            # NVIDIA's container runtime injects every GPU and the driver's libraries, as for
-            # the per-node verification pod.
-            container["env"] = [
-                {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
-                {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"},
-            ]
-            container["resources"] = {"claims": [{"name": "imex"}]}
-            container["ports"] = [{"name": "ssh", "containerPort": SSH_PORT}]
-        spec["containers"] = [container]
-        if settings.runtime_class and role == "worker":
-            spec["runtimeClassName"] = settings.runtime_class
-        return {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": meta(pod_name, **{"fabricdra.io/fabric-check-role": role}),
-            "spec": spec,
-        }
+        metadata = meta(pod_name, **{"fabricdra.io/fabric-check-role": role})
+        return _pod(settings, name, metadata, role, script, extra)
 
     hosts = [f"w{i}.{name}" for i in range(len(nodes))]
     workers = [
@@ -292,6 +247,58 @@ def objects(
         SERVICES.plural: [service],
         PODS.plural: [*workers, launcher],
     }
+
+
+def _service(metadata: JSON, run: str) -> JSON:
+    """The headless Service that names check `run`'s workers `w<i>.<run>` in DNS."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata,
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,  # DNS before sshd is up: the launcher waits
+            "selector": {RUN_LABEL: run, "fabricdra.io/fabric-check-role": "worker"},
+            "ports": [{"name": "ssh", "port": SSH_PORT}],
+        },
+    }
+
+
+def _pod(
+    settings: RunSettings, run: str, metadata: JSON, role: str, script: str, extra: JSON
+) -> JSON:
+    """One pod of check `run`: a worker (privileged, every GPU, the domain's channel, sshd)
+    or the launcher; `extra`: its placement fields."""
+    spec: JSON = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 5,
+        "activeDeadlineSeconds": int(settings.timeout_seconds + START_SECONDS),
+        "tolerations": [{"operator": "Exists"}],
+        "volumes": [{"name": "ssh", "secret": {"secretName": f"{run}-ssh", "defaultMode": 0o400}}],
+        **extra,
+    }
+    container: JSON = {
+        "name": role,
+        "image": settings.image,
+        "command": ["sh", "-c", script],
+        "volumeMounts": [{"name": "ssh", "mountPath": KEY_DIR, "readOnly": True}],
+    }
+    if role == "worker":
+        container["securityContext"] = {"privileged": True}
+        # NVIDIA's container runtime injects every GPU and the driver's libraries, as for
+        # the per-node verification pod.
+        container["env"] = [
+            {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+            {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute,utility"},
+        ]
+        container["resources"] = {"claims": [{"name": "imex"}]}
+        container["ports"] = [{"name": "ssh", "containerPort": SSH_PORT}]
+    spec["containers"] = [container]
+    if settings.runtime_class and role == "worker":
+        spec["runtimeClassName"] = settings.runtime_class
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
 
 def with_workers(launcher: JSON, ips: Sequence[str]) -> JSON:
@@ -580,9 +587,10 @@ class KubeRunner:
                 kind.path(self.settings.namespace, name),
                 body={"gracePeriodSeconds": 0, "propagationPolicy": "Background"},
             )
+        except NotFound:
+            pass
         except ApiError as e:
-            if not e.not_found:
-                log.warning("fabric check: %s %s not deleted: %s", kind.plural, name, e)
+            log.warning("fabric check: %s %s not deleted: %s", kind.plural, name, e)
 
     def _wait_workers(self, pods: Sequence[str]) -> tuple[list[str] | None, str]:
         """Every worker Running with its pod IP (the IPs, in order), else None and why."""
@@ -592,10 +600,8 @@ class KubeRunner:
             for pod in pods:
                 try:
                     status = self.rest.get(PODS, pod, self.settings.namespace).get("status") or {}
-                except ApiError as e:
-                    if e.not_found:
-                        return None, f"the worker pod {pod} was deleted"
-                    raise
+                except NotFound:
+                    return None, f"the worker pod {pod} was deleted"
                 phase = status.get("phase") or "Pending"
                 if phase in ("Succeeded", "Failed"):
                     return None, f"the worker pod {pod} ended ({phase})"
@@ -614,10 +620,8 @@ class KubeRunner:
         while True:
             try:
                 obj = self.rest.get(PODS, pod, self.settings.namespace)
-            except ApiError as e:
-                if e.not_found:
-                    return "Gone", "the launcher pod was deleted"
-                raise
+            except NotFound:
+                return "Gone", "the launcher pod was deleted"
             status = obj.get("status") or {}
             phase = status.get("phase") or "Pending"
             if phase in ("Succeeded", "Failed"):

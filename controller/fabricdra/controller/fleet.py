@@ -270,63 +270,19 @@ def fleet(
 
     domains: dict[str, Domain] = {}
     view_nodes: dict[str, NodeFacts] = {}
+    gated = require_verified_nodes or require_fabric_verified
     for node, node_devs in sorted(by_node.items()):
-        gpus = [d for d in node_devs if d.type == "gpu"]
-        nics = [d for d in node_devs if d.type in capacity.NIC_TYPES]
-        fabric = sorted({d.fabric_domain for d in gpus if d.fabric_domain})
-        # A node's NICs and MIG devices count under its GPUs' domain (one per node).
-        domain = domains.setdefault(
-            fabric[0] if fabric else NO_DOMAIN, Domain(fabric[0] if fabric else NO_DOMAIN)
-        )
-        domain.nodes += 1
-        domain.verifiedNodes += all(d.verified for d in node_devs)
-        # Cordoned, NotReady, tainted out or gone: nothing on it is free (no pod goes there).
-        up = takes_pods(node)
-        whole = (
-            up
-            and bool(gpus)
-            and node not in held
-            and all(g.free for g in gpus)
-            and (
-                not (require_verified_nodes or require_fabric_verified)
-                or takes_pods(node, strict=True)
-            )
-        )
-        if whole:
-            domain.largestFit += 1
-        obj_labels = ((node_objs or {}).get(node, {}).get("metadata") or {}).get("labels") or {}
-        facts = NodeFacts(
-            fabric=domain.name,
-            tiers=tuple(str(obj_labels.get(t) or "") for t in TIER_LABELS),
-            gpus=len(gpus),
-            free_gpus=sum(1 for g in gpus if up and g.free),
-            whole=whole,
-            wholeable=up
-            and bool(gpus)
-            and all(g.healthy and g.verified for g in gpus)
-            and (
-                not (require_verified_nodes or require_fabric_verified)
-                or takes_pods(node, strict=True)
-            ),
+        labels_ = ((node_objs or {}).get(node, {}).get("metadata") or {}).get("labels") or {}
+        view_nodes[node] = _add_node(
+            domains,
+            node,
+            node_devs,
+            labels_,
             holder=held.get(node, ""),
+            up=takes_pods(node),
+            # Cordoned, NotReady, tainted out or gone: nothing on it is free (no pod goes there).
+            passes_gates=not gated or takes_pods(node, strict=True),
         )
-        view_nodes[node] = facts
-        for d in node_devs:
-            free = up and d.free
-            c = domain.classes.setdefault(d.device_class, Counts())
-            c.total += 1
-            c.healthy += d.healthy
-            c.verified += d.verified
-            c.allocated += d.allocated
-            c.free += free
-            if d.type != "gpu" or not free:
-                continue
-            if node in held:
-                c.stranded["computeDomain"] += 1
-            elif _nic_stranded(d, nics):
-                c.stranded["nicsUnavailable"] += 1
-            elif not whole:
-                domain.freeGpusOnPartialNodes += 1
     # The nodes gangs placed in a fabric domain still expect are not room for anyone else
     # (placement.free_nodes subtracts them the same way).
     expected_by = capacity.expected_by_fabric(compute_domains)
@@ -343,6 +299,60 @@ def fleet(
         expected=expected_by,
         gpu_keys=gpu_keys,
         scaleOut=scale_out(node_objs.values() if node_objs else ()),
+    )
+
+
+def _add_node(
+    domains: dict[str, Domain],
+    node: str,
+    node_devs: list[Device],
+    node_labels: Mapping[str, Any],
+    *,
+    holder: str,
+    up: bool,
+    passes_gates: bool,
+) -> NodeFacts:
+    """Count one node and its devices in its fabric domain (made on first sight); its facts.
+    `up`: it takes pods; `passes_gates`: also the gates gang placement is told to require."""
+    gpus = [d for d in node_devs if d.type == "gpu"]
+    nics = [d for d in node_devs if d.type in capacity.NIC_TYPES]
+    fabric = sorted({d.fabric_domain for d in gpus if d.fabric_domain})
+    # A node's NICs and MIG devices count under its GPUs' domain (one per node).
+    domain = domains.setdefault(
+        fabric[0] if fabric else NO_DOMAIN, Domain(fabric[0] if fabric else NO_DOMAIN)
+    )
+    domain.nodes += 1
+    domain.verifiedNodes += all(d.verified for d in node_devs)
+    whole = up and bool(gpus) and not holder and all(g.free for g in gpus) and passes_gates
+    if whole:
+        domain.largestFit += 1
+    for d in node_devs:
+        free = up and d.free
+        c = domain.classes.setdefault(d.device_class, Counts())
+        c.total += 1
+        c.healthy += d.healthy
+        c.verified += d.verified
+        c.allocated += d.allocated
+        c.free += free
+        if d.type != "gpu" or not free:
+            continue
+        if holder:
+            c.stranded["computeDomain"] += 1
+        elif _nic_stranded(d, nics):
+            c.stranded["nicsUnavailable"] += 1
+        elif not whole:
+            domain.freeGpusOnPartialNodes += 1
+    return NodeFacts(
+        fabric=domain.name,
+        tiers=tuple(str(node_labels.get(t) or "") for t in TIER_LABELS),
+        gpus=len(gpus),
+        free_gpus=sum(1 for g in gpus if up and g.free),
+        whole=whole,
+        wholeable=up
+        and bool(gpus)
+        and all(g.healthy and g.verified for g in gpus)
+        and passes_gates,
+        holder=holder,
     )
 
 

@@ -30,8 +30,8 @@ from fabricdra.kube.rest import (
     NODE_DEVICES,
     NODES,
     SLICES,
-    ApiError,
     Kind,
+    NotFound,
     Rest,
 )
 
@@ -47,8 +47,8 @@ log = structlog.get_logger("fabricdra.fleet")
 def _items(rest: Rest, kind: Kind, *, optional: bool = False) -> list[dict[str, Any]]:
     try:
         return list(rest.list(kind).get("items") or [])
-    except ApiError as e:
-        if optional and e.not_found:  # the CRD is not installed: there are none
+    except NotFound:
+        if optional:  # the CRD is not installed: there are none
             return []
         raise
 

@@ -31,7 +31,8 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from fabricdra.kube.rest import LEASES, ApiError, Rest
+from fabricdra.kube.patches import conditional
+from fabricdra.kube.rest import LEASES, ApiError, Conflict, NotFound, Rest
 
 log = logging.getLogger("fabricdra.controller.leader")
 
@@ -85,6 +86,19 @@ class LeaderElector:
         if record != self._observed:
             self._observed, self._observed_at = record, now
 
+    def _create(self, spec: dict[str, Any], now: float, timeout: float) -> bool:
+        """The first holder's Lease; False when another candidate created it first."""
+        body = {
+            "metadata": {"name": self.name, "namespace": self.namespace},
+            "spec": {**spec, "acquireTime": spec["renewTime"], "leaseTransitions": 0},
+        }
+        try:
+            created = self.rest.create(LEASES, body, self.namespace, timeout=timeout)
+        except Conflict:
+            return False
+        self._observe(created.get("spec", {}), now)
+        return True
+
     def try_acquire_or_renew(self, timeout: float = 5.0) -> bool:
         """One attempt; each request waits at most `timeout` seconds."""
         now = time.monotonic()
@@ -96,21 +110,8 @@ class LeaderElector:
         }
         try:
             lease = self.rest.get(LEASES, self.name, self.namespace, timeout=timeout)
-        except ApiError as e:
-            if not e.not_found:
-                raise
-            body = {
-                "metadata": {"name": self.name, "namespace": self.namespace},
-                "spec": {**spec, "acquireTime": spec["renewTime"], "leaseTransitions": 0},
-            }
-            try:
-                created = self.rest.create(LEASES, body, self.namespace, timeout=timeout)
-            except ApiError as ce:
-                if ce.conflict:
-                    return False
-                raise
-            self._observe(created.get("spec", {}), now)
-            return True
+        except NotFound:
+            return self._create(spec, now, timeout)
         current = lease.get("spec", {}) or {}
         self._observe(current, now)
         holder = current.get("holderIdentity")
@@ -120,16 +121,11 @@ class LeaderElector:
         if holder != self.identity:
             spec["acquireTime"] = spec["renewTime"]
             spec["leaseTransitions"] = int(current.get("leaseTransitions") or 0) + 1
-        patch = {
-            "metadata": {"resourceVersion": lease["metadata"]["resourceVersion"]},
-            "spec": spec,
-        }
+        patch = conditional(lease["metadata"]["resourceVersion"], {"spec": spec})
         try:
             written = self.rest.patch(LEASES, self.name, patch, self.namespace, timeout=timeout)
-        except ApiError as e:
-            if e.conflict:
-                return False
-            raise
+        except Conflict:
+            return False
         self._observe(written.get("spec", {}), now)
         return True
 

@@ -5,12 +5,14 @@ workload claims waiting at binding time (admission.py decides; this module write
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 
 from fabricdra.api import computedomain as cd
 from fabricdra.api.computedomain import gang_size
 from fabricdra.api.jsontypes import JSON
-from fabricdra.kube.rest import CLAIMS, NODES, SLICES, ApiError
+from fabricdra.kube import patches
+from fabricdra.kube.rest import CLAIMS, NODES, SLICES, Conflict, NotFound
 
 from . import admission, capacity, metrics, objects, records
 from .claims import allocated_at, claim_views, dev_key, domain_uid, node_fabric
@@ -49,7 +51,9 @@ def admitted_domains(domains: Cache, node: str, claims: Iterable[JSON]) -> set[s
     }
 
 
-# A claim's refusal reason where its node is the last free room of a placed gang.
+# A claim's refusal reason where another domain holds its node.
+NODE_HELD = "NodeHeld"
+# ... where its node is the last free room of a placed gang.
 RESERVED_FOR_GANG = "ReservedForGang"
 # ... where a spanning gang holds its whole share of the node's fabric domain already.
 OUTSIDE_PLACEMENT = "OutsidePlacement"
@@ -89,32 +93,10 @@ class NodeReconciler:
         claims = d.claims.by_index(BY_NODE, name)
         previous = d.ownership.owner(name)
         if node is None:
-            # No plugin here (or no node): no devices to offer. The hold lives on while a
-            # claim is still allocated on it (its pod may still run), never handed on: from
-            # its admitted claims, so a restarted controller (whose slice view lost the node
-            # with its slice) still knows who holds it.
-            d.rest.delete(SLICES, objects.slice_name(name))
-            if not claims:
-                d.ownership.forget_node(name)
-            else:
-                admitted = admitted_domains(d.domains, name, claims)
-                if admitted and previous not in admitted:
-                    d.ownership.set_owner(name, min(admitted))
-                    key = d.ownership.key_of(min(admitted))
-                    if key:
-                        d.enqueue_domain(key)
+            self._without_node(name, claims, previous)
             return
         fabric = node_fabric(node)
-        namespaces = domain_namespaces(d.domains, claims)
-        views = [v for cl in claims for v in claim_views(cl, name, namespaces)]
-        for view in views:  # claims made before their gang was placed may move it here
-            if view.state == "pending" and view.domain:
-                d.placement.follow(view.domain, fabric)
-        refused = self._fabric_check_refusals(node, views)
-        reserved = self._gang_reservations(name, fabric, views, previous)
-        outside = self._share_refusals(name, fabric, views)
-        turned_away = {*refused, *reserved, *outside}
-        views = [v for v in views if v.key not in turned_away]
+        views, refused, reserved, outside = self._turn_away(node, name, fabric, claims, previous)
         live, multi = self.live_domains([*(v.domain for v in views), previous])
         names = {uid: key for uid in live if (key := d.ownership.key_of(uid))}
         decision = admission.decide(
@@ -132,21 +114,7 @@ class NodeReconciler:
         self._ensure_node_label(node, decision.owner)
         by_key = {f"{cl['metadata']['namespace']}/{cl['metadata']['name']}": cl for cl in claims}
         admit, timed_out = self._gang(name, fabric, decision.admit, by_key, multi)
-        for key, next_ in timed_out.items():
-            where = (
-                "its cliques"
-                if domain_uid(by_key[key]) in multi
-                else f"fabric domain {fabric or '(none)'}"
-            )
-            why = (
-                f"the ComputeDomain's {self._want(by_key[key])} nodes were not all allocated in "
-                f"{where} within "
-                f"{d.gang_timeout_seconds:g}s; released so other jobs can use node {name}"
-                + (f"; {next_}" if next_ else "")
-            )
-            self._answer(by_key[key], name, cd.CONFLICT_CONDITION, "GangTimeout", why)
-            metrics.ADMISSIONS.labels("conflict").inc()
-            self._conflict_event(by_key[key], why)
+        self._answer_timed_out(name, fabric, timed_out, by_key, multi)
         for key in admit:
             self._answer(
                 by_key[key],
@@ -156,23 +124,14 @@ class NodeReconciler:
                 f"node {name} is held by this claim's ComputeDomain",
             )
             metrics.ADMISSIONS.labels("admitted").inc()
-        for key, why in decision.conflicts:
-            self._answer(by_key[key], name, cd.CONFLICT_CONDITION, "NodeHeld", why)
-            metrics.ADMISSIONS.labels("conflict").inc()
-            self._conflict_event(by_key[key], why)
-        for key, why in sorted(refused.items()):
-            self._answer(
-                by_key[key], name, cd.CONFLICT_CONDITION, capacity.FABRIC_CHECK_FAILED, why
-            )
-            metrics.ADMISSIONS.labels("conflict").inc()
-            self._conflict_event(by_key[key], why)
-        placed_refusals = [(RESERVED_FOR_GANG, reserved), (OUTSIDE_PLACEMENT, outside)]
-        for reason, key, message in (
-            (r, k, m) for r, refusals in placed_refusals for k, m in sorted(refusals.items())
-        ):
-            self._answer(by_key[key], name, cd.CONFLICT_CONDITION, reason, message)
-            metrics.ADMISSIONS.labels("conflict").inc()
-            self._conflict_event(by_key[key], message)
+        refusals = [
+            *((NODE_HELD, key, why) for key, why in decision.conflicts),
+            *((capacity.FABRIC_CHECK_FAILED, k, why) for k, why in sorted(refused.items())),
+            *((RESERVED_FOR_GANG, k, why) for k, why in sorted(reserved.items())),
+            *((OUTSIDE_PLACEMENT, k, why) for k, why in sorted(outside.items())),
+        ]
+        for reason, key, why in refusals:
+            self._refuse(by_key[key], name, reason, why)
         metrics.HELD_NODES.set(d.ownership.held_count())
         if previous != cd.FREE_OWNER and decision.owner == cd.FREE_OWNER:
             d.placement.room_may_have_freed()
@@ -180,6 +139,70 @@ class NodeReconciler:
             domain_key = d.ownership.key_of(uid)
             if domain_key:
                 d.enqueue_domain(domain_key)
+
+    def _without_node(self, name: str, claims: list[JSON], previous: str) -> None:
+        """No plugin here (or no node): no devices to offer. The hold lives on while a claim
+        is still allocated on it (its pod may still run), never handed on: from its admitted
+        claims, so a restarted controller (whose slice view lost the node with its slice)
+        still knows who holds it."""
+        d = self.d
+        d.rest.delete(SLICES, objects.slice_name(name))
+        if not claims:
+            d.ownership.forget_node(name)
+            return
+        admitted = admitted_domains(d.domains, name, claims)
+        if admitted and previous not in admitted:
+            d.ownership.set_owner(name, min(admitted))
+            key = d.ownership.key_of(min(admitted))
+            if key:
+                d.enqueue_domain(key)
+
+    def _turn_away(
+        self, node: JSON, name: str, fabric: str, claims: list[JSON], previous: str
+    ) -> tuple[list[admission.ClaimOnNode], dict[str, str], dict[str, str], dict[str, str]]:
+        """The node's claims admission decides on, and those turned away before it: refused
+        by the fabric check, reserved for a placed gang, outside their gang's placement."""
+        d = self.d
+        namespaces = domain_namespaces(d.domains, claims)
+        views = [v for cl in claims for v in claim_views(cl, name, namespaces)]
+        for view in views:  # claims made before their gang was placed may move it here
+            if view.state == "pending" and view.domain:
+                d.placement.follow(view.domain, fabric)
+        refused = self._fabric_check_refusals(node, views)
+        reserved = self._gang_reservations(name, fabric, views, previous)
+        outside = self._share_refusals(name, fabric, views)
+        turned_away = {*refused, *reserved, *outside}
+        views = [v for v in views if v.key not in turned_away]
+        return views, refused, reserved, outside
+
+    def _answer_timed_out(
+        self,
+        name: str,
+        fabric: str,
+        timed_out: Mapping[str, str],
+        by_key: Mapping[str, JSON],
+        multi: AbstractSet[str],
+    ) -> None:
+        """Claims of gangs not all allocated in time: released, saying where the gang goes."""
+        for key, next_ in timed_out.items():
+            where = (
+                "its cliques"
+                if domain_uid(by_key[key]) in multi
+                else f"fabric domain {fabric or '(none)'}"
+            )
+            why = (
+                f"the ComputeDomain's {self._want(by_key[key])} nodes were not all allocated in "
+                f"{where} within "
+                f"{self.d.gang_timeout_seconds:g}s; released so other jobs can use node {name}"
+                + (f"; {next_}" if next_ else "")
+            )
+            self._refuse(by_key[key], name, "GangTimeout", why)
+
+    def _refuse(self, claim: JSON, node: str, reason: str, why: str) -> None:
+        """The conflict condition on a claim at binding time, counted and told in an Event."""
+        self._answer(claim, node, cd.CONFLICT_CONDITION, reason, why)
+        metrics.ADMISSIONS.labels("conflict").inc()
+        self._conflict_event(claim, why)
 
     def _gang_reservations(
         self, name: str, fabric: str, views: Iterable[admission.ClaimOnNode], previous: str
@@ -361,27 +384,20 @@ class NodeReconciler:
             conds = [dict(cond) for cond in before if cond.get("type") != condition]
             if r.get("device") == cd.CHANNEL_DEVICE and r.get("pool") == node:
                 conds.append(
-                    {
-                        "type": condition,
-                        "status": "True",
-                        "reason": reason,
-                        "message": message[:1024],
-                        "lastTransitionTime": now(),
-                    }
+                    patches.condition(condition, "True", reason, message[:1024], now=now())
                 )
             entry["conditions"] = conds
             entries.append(entry)
         meta = claim["metadata"]
-        body = {
-            "apiVersion": CLAIMS.api_version,
-            "kind": "ResourceClaim",
-            "metadata": {
-                "name": meta["name"],
-                "namespace": meta["namespace"],
-                "resourceVersion": meta["resourceVersion"],
+        body = patches.conditional(
+            meta["resourceVersion"],
+            {
+                "apiVersion": CLAIMS.api_version,
+                "kind": "ResourceClaim",
+                "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+                "status": {"devices": entries},
             },
-            "status": {"devices": entries},
-        }
+        )
         try:
             self.d.rest.apply(
                 CLAIMS,
@@ -391,11 +407,8 @@ class NodeReconciler:
                 field_manager=FIELD_MANAGER,
                 sub="status",
             )
-        except ApiError as e:
-            if e.conflict or e.not_found:  # the claim changed meanwhile; its event requeues
-                self.d.enqueue_node_after(node, 0.1)
-                return
-            raise
+        except (Conflict, NotFound):  # the claim changed meanwhile; its event requeues
+            self.d.enqueue_node_after(node, 0.1)
 
     def _conflict_event(self, claim: JSON, why: str) -> None:
         key = self.d.ownership.key_of(domain_uid(claim))

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fabricdra.kube.rest import SLICES, ApiError
+from fabricdra.kube.rest import SLICES, NotFound
 
 from . import objects
 
@@ -92,9 +92,7 @@ def check(rest: Any) -> Preflight:
     old = below_floor(major, minor)
     try:
         served = {r.get("name") for r in rest.call("GET", f"/apis/{GROUP_VERSION}")["resources"]}
-    except ApiError as e:
-        if not e.not_found:
-            raise
+    except NotFound:
         return Preflight(version, [f"the API server does not serve {GROUP_VERSION} (DRA)"], old)
     missing = [r for r in RESOURCES if r not in served]
     if missing:

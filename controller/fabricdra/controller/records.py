@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from fabricdra.api.jsontypes import JSON
+from fabricdra.kube.patches import conditional
 from fabricdra.kube.rest import COMPUTE_DOMAINS
 
 if TYPE_CHECKING:
@@ -48,10 +49,7 @@ def record_fabric(
         raise NotRecorded(
             f"ComputeDomain {key} is recorded in fabric domain {recorded}, not {fabric}"
         )
-    patch = {
-        "metadata": {"resourceVersion": meta["resourceVersion"]},
-        "status": {"fabricDomain": fabric},
-    }
+    patch = conditional(meta["resourceVersion"], {"status": {"fabricDomain": fabric}})
     rest.patch(COMPUTE_DOMAINS, name, patch, namespace, sub="status")
 
 
@@ -74,4 +72,4 @@ def decisions_patch(
         want["fabricDomain"] = fabric
     if not want:
         return None
-    return {"metadata": {"resourceVersion": resource_version}, "status": want}
+    return conditional(resource_version, {"status": want})

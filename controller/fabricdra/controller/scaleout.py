@@ -250,73 +250,21 @@ def build_tree(
     disagree. A failed node gets no tiers: it claims no closeness until fixed.
     """
     declared = declared or DeclaredTopology()
-    by_port: dict[str, str] = {}
-    for dump in dumps:
-        by_port.update({port: sw for port, (sw, _) in dump.ca_ports.items()})
-
-    def leaf_of(nic: Nic) -> str | None:
-        if nic.switch:
-            return nic.switch
-        if nic.port_guid and nic.port_guid in by_port:
-            return by_port[nic.port_guid]
-        return None
-
-    # A switch's other name (LLDP system name, IB NodeDescription): the topology file may use it.
-    aliases = {
-        n.switch: n.switch_name
-        for nics in nodes.values()
-        for n in nics
-        if n.switch and n.switch_name
-    }
-    leaves: dict[str, dict[str, str]] = {}  # node -> compute NIC -> leaf
-    others: dict[str, dict[str, str]] = {}  # node -> storage/frontend NIC -> leaf
-    for node, nics in nodes.items():
-        compute = _compute_nics(nics)
-        leaves[node] = {n.name: leaf for n in compute if (leaf := leaf_of(n))}
-        others[node] = {
-            n.name: leaf for n in nics if n not in compute and (leaf := leaf_of(n)) is not None
-        }
-        if not leaves[node] and node in declared.node_switch:
-            # Nothing measured or declared per NIC: the file's leaf for the node (trusted).
-            leaves[node] = {"": declared.node_switch[node]}
-
-    # Blocks.
-    on_leaf: Counter[str] = Counter()
-    pairs: Counter[tuple[str, str]] = Counter()
-    for per_nic in leaves.values():
-        distinct = sorted(set(per_nic.values()))
-        on_leaf.update(distinct)
-        pairs.update((a, b) for i, a in enumerate(distinct) for b in distinct[i + 1 :])
-    unions = _Unions()
-    for leaf in on_leaf:
-        unions.find(leaf)
-    for (a, b), count in pairs.items():
-        if count >= min(2, on_leaf[a], on_leaf[b]):
-            unions.join(a, b)
-    blocks: dict[str, set[str]] = defaultdict(set)
-    for leaf in on_leaf:
-        blocks[unions.find(leaf)].add(leaf)
-
-    # Each rail's leaf in each block: the one most of the block's nodes reach on that rail.
-    rails: dict[tuple[str, int], Counter[str]] = defaultdict(Counter)
+    leaves, others = _leaves(nodes, dumps, declared)
+    unions, blocks = _blocks(leaves)
     rail_of = {(node, n.name): n.rail for node, nics in nodes.items() for n in nics}
-    for node, per_nic in leaves.items():
-        for nic, leaf in per_nic.items():
-            rail = rail_of.get((node, nic))
-            if rail is not None:
-                rails[(unions.find(leaf), rail)][leaf] += 1
-
+    rails = _rails(leaves, unions, rail_of)
+    aliases = _aliases(nodes)
     levels = [d.levels() for d in dumps]
     above_block: dict[frozenset[str], tuple[str, ...]] = {}  # a block's tiers, computed once
     verdicts: dict[str, Verdict] = {}
     for node in sorted(nodes):
         per_nic = leaves[node]
-        failures: list[str] = []
-        for each in nodes[node]:
-            if each.disagreement:
-                failures.append(
-                    f"{each.name}: topology file and measurement disagree: {each.disagreement}"
-                )
+        failures = [
+            f"{each.name}: topology file and measurement disagree: {each.disagreement}"
+            for each in nodes[node]
+            if each.disagreement
+        ]
         if not per_nic:
             verdicts[node] = Verdict(node, failures=tuple(failures))
             continue
@@ -333,34 +281,9 @@ def build_tree(
                     f"than the node's other NICs ({group_name(block)})"
                 )
         if rail_optimised:
-            by_leaf: dict[str, list[str]] = defaultdict(list)
-            for nic, leaf in per_nic.items():
-                if unions.find(leaf) == home:
-                    by_leaf[leaf].append(nic)
-            for leaf, names in sorted(by_leaf.items()):
-                if len(names) > 1:
-                    failures.append(
-                        f"{' and '.join(sorted(names))} all reach leaf {leaf}: a rail-optimised "
-                        "block wants one compute NIC per leaf"
-                    )
-            for nic, leaf in sorted(per_nic.items()):
-                rail = rail_of.get((node, nic))
-                seen = rails.get((home, rail)) if rail is not None else None
-                if not seen or unions.find(leaf) != home:
-                    continue
-                want, count = min(seen.items(), key=lambda kv: (-kv[1], kv[0]))
-                if leaf != want and count > seen[leaf]:
-                    failures.append(
-                        f"{nic} (rail {rail}) reaches leaf {leaf}; rail {rail} of this block is "
-                        f"leaf {want} ({count} of {sum(seen.values())} NICs)"
-                    )
-            for nic, leaf in sorted(others[node].items()):
-                if leaf in block:
-                    role = next((n.role for n in nodes[node] if n.name == nic), None)
-                    failures.append(
-                        f"{nic} ({role or 'not compute'}) reaches compute leaf {leaf} of a "
-                        "rail-optimised block"
-                    )
+            failures += _rail_failures(
+                node, nodes[node], per_nic, others[node], home, block, unions, rails, rail_of
+            )
         if failures:
             verdicts[node] = Verdict(
                 node, failures=tuple(failures), block=tuple(sorted(block)), checked=rail_optimised
@@ -376,6 +299,127 @@ def build_tree(
             checked=rail_optimised,
         )
     return verdicts
+
+
+def _leaves(
+    nodes: Mapping[str, Sequence[Nic]], dumps: Sequence[FabricDump], declared: DeclaredTopology
+) -> tuple[dict[str, dict[str, str]], dict[str, dict[str, str]]]:
+    """Each node's compute NICs' leaves (node -> NIC -> leaf) and its storage and frontend
+    NICs' (the same shape): measured, else from a fabric dump, else the file's node leaf."""
+    by_port: dict[str, str] = {}
+    for dump in dumps:
+        by_port.update({port: sw for port, (sw, _) in dump.ca_ports.items()})
+
+    def leaf_of(nic: Nic) -> str | None:
+        if nic.switch:
+            return nic.switch
+        if nic.port_guid and nic.port_guid in by_port:
+            return by_port[nic.port_guid]
+        return None
+
+    leaves: dict[str, dict[str, str]] = {}  # node -> compute NIC -> leaf
+    others: dict[str, dict[str, str]] = {}  # node -> storage/frontend NIC -> leaf
+    for node, nics in nodes.items():
+        compute = _compute_nics(nics)
+        leaves[node] = {n.name: leaf for n in compute if (leaf := leaf_of(n))}
+        others[node] = {
+            n.name: leaf for n in nics if n not in compute and (leaf := leaf_of(n)) is not None
+        }
+        if not leaves[node] and node in declared.node_switch:
+            # Nothing measured or declared per NIC: the file's leaf for the node (trusted).
+            leaves[node] = {"": declared.node_switch[node]}
+    return leaves, others
+
+
+def _aliases(nodes: Mapping[str, Sequence[Nic]]) -> dict[str, str]:
+    """A switch's other name (LLDP system name, IB NodeDescription): the topology file may
+    use it."""
+    return {
+        n.switch: n.switch_name
+        for nics in nodes.values()
+        for n in nics
+        if n.switch and n.switch_name
+    }
+
+
+def _blocks(leaves: Mapping[str, Mapping[str, str]]) -> tuple[_Unions, dict[str, set[str]]]:
+    """The leaves joined into blocks (see build_tree), and each block's leaves by its root."""
+    on_leaf: Counter[str] = Counter()
+    pairs: Counter[tuple[str, str]] = Counter()
+    for per_nic in leaves.values():
+        distinct = sorted(set(per_nic.values()))
+        on_leaf.update(distinct)
+        pairs.update((a, b) for i, a in enumerate(distinct) for b in distinct[i + 1 :])
+    unions = _Unions()
+    for leaf in on_leaf:
+        unions.find(leaf)
+    for (a, b), count in pairs.items():
+        if count >= min(2, on_leaf[a], on_leaf[b]):
+            unions.join(a, b)
+    blocks: dict[str, set[str]] = defaultdict(set)
+    for leaf in on_leaf:
+        blocks[unions.find(leaf)].add(leaf)
+    return unions, blocks
+
+
+def _rails(
+    leaves: Mapping[str, Mapping[str, str]],
+    unions: _Unions,
+    rail_of: Mapping[tuple[str, str], int | None],
+) -> dict[tuple[str, int], Counter[str]]:
+    """How many NICs of each rail of each block reach each leaf (the rail's leaf: the most)."""
+    rails: dict[tuple[str, int], Counter[str]] = defaultdict(Counter)
+    for node, per_nic in leaves.items():
+        for nic, leaf in per_nic.items():
+            rail = rail_of.get((node, nic))
+            if rail is not None:
+                rails[(unions.find(leaf), rail)][leaf] += 1
+    return rails
+
+
+def _rail_failures(
+    node: str,
+    nics: Sequence[Nic],
+    per_nic: Mapping[str, str],
+    others: Mapping[str, str],
+    home: str,
+    block: set[str],
+    unions: _Unions,
+    rails: Mapping[tuple[str, int], Counter[str]],
+    rail_of: Mapping[tuple[str, str], int | None],
+) -> list[str]:
+    """A node's cabling faults within its rail-optimised block: two compute NICs on one
+    leaf, a NIC off its rail's leaf, a storage or frontend NIC on a compute leaf."""
+    failures: list[str] = []
+    by_leaf: dict[str, list[str]] = defaultdict(list)
+    for nic, leaf in per_nic.items():
+        if unions.find(leaf) == home:
+            by_leaf[leaf].append(nic)
+    for leaf, names in sorted(by_leaf.items()):
+        if len(names) > 1:
+            failures.append(
+                f"{' and '.join(sorted(names))} all reach leaf {leaf}: a rail-optimised "
+                "block wants one compute NIC per leaf"
+            )
+    for nic, leaf in sorted(per_nic.items()):
+        rail = rail_of.get((node, nic))
+        seen = rails.get((home, rail)) if rail is not None else None
+        if not seen or unions.find(leaf) != home:
+            continue
+        want, count = min(seen.items(), key=lambda kv: (-kv[1], kv[0]))
+        if leaf != want and count > seen[leaf]:
+            failures.append(
+                f"{nic} (rail {rail}) reaches leaf {leaf}; rail {rail} of this block is "
+                f"leaf {want} ({count} of {sum(seen.values())} NICs)"
+            )
+    for nic, leaf in sorted(others.items()):
+        if leaf in block:
+            role = next((n.role for n in nics if n.name == nic), None)
+            failures.append(
+                f"{nic} ({role or 'not compute'}) reaches compute leaf {leaf} of a "
+                "rail-optimised block"
+            )
+    return failures
 
 
 def _tiers(

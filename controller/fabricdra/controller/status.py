@@ -25,6 +25,7 @@ from fabricdra.api.computedomain import (
     SegmentStatus,
 )
 from fabricdra.api.fabriccheck import MeasuredLoss
+from fabricdra.kube.events import EventType
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,9 @@ class Observed:
 
 @dataclass(frozen=True)
 class Event:
-    type: str  # Normal | Warning
+    """An Event the controller records (kube/events.py builds its body)."""
+
+    type: EventType
     reason: str
     message: str
 
@@ -220,104 +223,24 @@ def without_fabric(
     )
 
 
+# A condition's (status, reason, message), as compute decides it.
+Verdict = tuple[bool, str, str]
+
+
 def compute(
     domain: ComputeDomain, obs: Observed, now: str
 ) -> tuple[ComputeDomainStatus, list[Event]]:
     rows = node_rows(domain, obs)
     previous = {c.type: c for c in domain.status.conditions}
     gen = domain.generation
-    want = domain.num_nodes
-    ready_rows = [r for r in rows if r.ready]
-    not_ready = [r for r in rows if not r.ready]
     held_names = {h.name for h in obs.held}
     silent = sorted(n for n, rep in obs.reports.items() if rep.silent and n in held_names)
-
-    if domain.spec.imexMode == "host" and not not_ready:
-        daemons = (
-            True,
-            "HostManaged",
-            "IMEX runs on the hosts; each node's IMEX service is "
-            "checked when a workload's channel is prepared",
-        )
-    elif not_ready:
-        failing = [r for r in not_ready if r.message and not r.message.startswith("waiting")]
-        reason = "ImexNotReady" if failing else "WaitingForDaemons"
-        if silent:
-            reason = "DaemonUnresponsive"
-        detail = "; ".join(f"{r.name}: {r.message}" for r in not_ready[:10])
-        daemons = (False, reason, f"{len(ready_rows)}/{len(rows)} IMEX daemons ready; {detail}")
-    elif want is not None and len(rows) < want:
-        daemons = (False, "WaitingForNodes", f"{len(rows)}/{want} nodes joined")
-    elif no_fabric := without_fabric(domain, rows):
-        daemons = no_fabric
-    else:
-        daemons = (True, "AllDaemonsReady", f"{len(rows)} IMEX daemon(s) ready")
-
-    moved = "; ".join(
-        f"node {h.name} moved from NVLink fabric domain {h.fabric_domain} to "
-        f"{h.moved_to or '(none)'} while held; it keeps its row and IMEX peer slot in "
-        f"{h.fabric_domain} until the domain's claims on it are released"
-        for h in sorted(obs.held, key=lambda h: h.name)
-        if h.moved_to is not None
-    )
-    if obs.finished:
-        ready = (
-            False,
-            "Finished",
-            f"the gang ran and its pods are gone (no node held, no claim allocated): its "
-            f"placement in fabric domain {domain.status.fabricDomain or '-'} no longer holds "
-            "room for it; delete the ComputeDomain when its job is done",
-        )
-    elif obs.too_large:  # before the objects: a gang too large is never placed either
-        ready = (False, "FabricTooSmall", obs.too_large)
-    elif not obs.objects_ready:
-        ready = (False, obs.objects_reason, obs.objects_message)
-    elif moved:  # its NVLink to the others is gone: the domain is not whole
-        ready = (False, "CliqueChanged", moved)
-    elif not daemons[0]:
-        ready = (False, daemons[1], daemons[2])
-    elif want is not None and len(ready_rows) < want:
-        ready = (False, "WaitingForNodes", f"{len(ready_rows)}/{want} nodes ready")
-    else:
-        ready = (
-            True,
-            "Ready",
-            f"{len(rows)} node(s) ready; channel "
-            f"{domain.status.channels[0] if domain.status.channels else '-'}",
-        )
-
-    if not ready[0] and ready[1] == "WaitingForNodes" and obs.gang_timeout:
-        # Why the gang waits again, where `kubectl describe` shows it.
-        ready = (False, ready[1], f"{ready[2]}; the gang timeout released it: {obs.gang_timeout}")
-
-    errors = [
-        f"{r.name}: {r.message}"
-        for r in not_ready
-        if r.message and not r.message.startswith("waiting")
-    ]
-    if obs.fabric_conflicts:
-        degraded = (True, "FabricConflict", "; ".join(obs.fabric_conflicts[:10]))
-    elif obs.fabric_check_refused:
-        degraded = (True, "FabricCheckFailed", "; ".join(obs.fabric_check_refused[:10]))
-    elif moved:
-        degraded = (True, "CliqueChanged", moved)
-    elif silent:
-        degraded = (
-            True,
-            "DaemonUnresponsive",
-            "no heartbeat from the IMEX daemon (or host report) of "
-            + ", ".join(silent[:10])
-            + "; the node may be down",
-        )
-    elif errors:
-        degraded = (True, "ImexError", "; ".join(errors[:10]))
-    else:
-        degraded = (False, "AsExpected", "")
-
+    moved = _moved(obs)
+    daemons = _daemons_ready(domain, rows, silent)
     conditions = [
-        _condition(previous, cd.READY, *ready, now, gen),
+        _condition(previous, cd.READY, *_ready(domain, obs, rows, daemons, moved), now, gen),
         _condition(previous, cd.DAEMONS_READY, *daemons, now, gen),
-        _condition(previous, cd.DEGRADED, *degraded, now, gen),
+        _condition(previous, cd.DEGRADED, *_degraded(obs, rows, moved, silent), now, gen),
     ]
     status = domain.status.model_copy(
         update={
@@ -326,18 +249,134 @@ def compute(
             "segments": segment_rows(domain, rows),
             "measuredLoss": obs.measured_loss if domain.status.placement is not None else None,
             "observedGeneration": gen,
-            # A multi-clique domain has no one fabric domain: its rows name each node's.
-            "fabricDomain": ""
-            if domain.spec.allowMultipleCliques
-            else obs.placed
-            if obs.placed
-            else ""
-            if obs.unpin and not rows
-            else domain.status.fabricDomain
-            or next((r.fabricDomain for r in rows if r.fabricDomain), ""),
+            "fabricDomain": _fabric_domain(domain, obs, rows),
         }
     )
     return status, transitions(domain, status)
+
+
+def _daemons_ready(domain: ComputeDomain, rows: Sequence[NodeStatus], silent: list[str]) -> Verdict:
+    """DaemonsReady: every joined node's IMEX daemon (or host service) ready."""
+    want = domain.num_nodes
+    ready_rows = [r for r in rows if r.ready]
+    not_ready = [r for r in rows if not r.ready]
+    if domain.spec.imexMode == "host" and not not_ready:
+        return (
+            True,
+            "HostManaged",
+            "IMEX runs on the hosts; each node's IMEX service is "
+            "checked when a workload's channel is prepared",
+        )
+    if not_ready:
+        failing = [r for r in not_ready if r.message and not r.message.startswith("waiting")]
+        reason = "ImexNotReady" if failing else "WaitingForDaemons"
+        if silent:
+            reason = "DaemonUnresponsive"
+        detail = "; ".join(f"{r.name}: {r.message}" for r in not_ready[:10])
+        return (False, reason, f"{len(ready_rows)}/{len(rows)} IMEX daemons ready; {detail}")
+    if want is not None and len(rows) < want:
+        return (False, "WaitingForNodes", f"{len(rows)}/{want} nodes joined")
+    if no_fabric := without_fabric(domain, rows):
+        return no_fabric
+    return (True, "AllDaemonsReady", f"{len(rows)} IMEX daemon(s) ready")
+
+
+def _moved(obs: Observed) -> str:
+    """Held nodes whose fabric label moved them to another clique ("" for none)."""
+    return "; ".join(
+        f"node {h.name} moved from NVLink fabric domain {h.fabric_domain} to "
+        f"{h.moved_to or '(none)'} while held; it keeps its row and IMEX peer slot in "
+        f"{h.fabric_domain} until the domain's claims on it are released"
+        for h in sorted(obs.held, key=lambda h: h.name)
+        if h.moved_to is not None
+    )
+
+
+def _ready(
+    domain: ComputeDomain,
+    obs: Observed,
+    rows: Sequence[NodeStatus],
+    daemons: Verdict,
+    moved: str,
+) -> Verdict:
+    """Ready, the first reason in order of precedence that the domain is not."""
+    ready = _ready_before_timeout(domain, obs, rows, daemons, moved)
+    if not ready[0] and ready[1] == "WaitingForNodes" and obs.gang_timeout:
+        # Why the gang waits again, where `kubectl describe` shows it.
+        return (False, ready[1], f"{ready[2]}; the gang timeout released it: {obs.gang_timeout}")
+    return ready
+
+
+def _ready_before_timeout(
+    domain: ComputeDomain,
+    obs: Observed,
+    rows: Sequence[NodeStatus],
+    daemons: Verdict,
+    moved: str,
+) -> Verdict:
+    want = domain.num_nodes
+    ready_rows = [r for r in rows if r.ready]
+    if obs.finished:
+        return (
+            False,
+            "Finished",
+            f"the gang ran and its pods are gone (no node held, no claim allocated): its "
+            f"placement in fabric domain {domain.status.fabricDomain or '-'} no longer holds "
+            "room for it; delete the ComputeDomain when its job is done",
+        )
+    if obs.too_large:  # before the objects: a gang too large is never placed either
+        return (False, "FabricTooSmall", obs.too_large)
+    if not obs.objects_ready:
+        return (False, obs.objects_reason, obs.objects_message)
+    if moved:  # its NVLink to the others is gone: the domain is not whole
+        return (False, "CliqueChanged", moved)
+    if not daemons[0]:
+        return (False, daemons[1], daemons[2])
+    if want is not None and len(ready_rows) < want:
+        return (False, "WaitingForNodes", f"{len(ready_rows)}/{want} nodes ready")
+    return (
+        True,
+        "Ready",
+        f"{len(rows)} node(s) ready; channel "
+        f"{domain.status.channels[0] if domain.status.channels else '-'}",
+    )
+
+
+def _degraded(obs: Observed, rows: Sequence[NodeStatus], moved: str, silent: list[str]) -> Verdict:
+    """Degraded, the first reason in order of precedence (docs/compute-domains.md)."""
+    errors = [
+        f"{r.name}: {r.message}"
+        for r in rows
+        if not r.ready and r.message and not r.message.startswith("waiting")
+    ]
+    if obs.fabric_conflicts:
+        return (True, "FabricConflict", "; ".join(obs.fabric_conflicts[:10]))
+    if obs.fabric_check_refused:
+        return (True, "FabricCheckFailed", "; ".join(obs.fabric_check_refused[:10]))
+    if moved:
+        return (True, "CliqueChanged", moved)
+    if silent:
+        return (
+            True,
+            "DaemonUnresponsive",
+            "no heartbeat from the IMEX daemon (or host report) of "
+            + ", ".join(silent[:10])
+            + "; the node may be down",
+        )
+    if errors:
+        return (True, "ImexError", "; ".join(errors[:10]))
+    return (False, "AsExpected", "")
+
+
+def _fabric_domain(domain: ComputeDomain, obs: Observed, rows: Sequence[NodeStatus]) -> str:
+    """status.fabricDomain: the gang's placement, else the recorded one or the first row's."""
+    if domain.spec.allowMultipleCliques:
+        return ""  # a multi-clique domain has no one fabric domain: its rows name each node's
+    if obs.placed:
+        return obs.placed
+    if obs.unpin and not rows:
+        return ""
+    return domain.status.fabricDomain or next((r.fabricDomain for r in rows if r.fabricDomain), "")
 
 
 def transitions(domain: ComputeDomain, new: ComputeDomainStatus) -> list[Event]:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fabricdra.api.jsontypes import JSON
-from fabricdra.kube.rest import ApiError, Kind
+from fabricdra.kube.rest import Kind, NotFound
 
 PODGROUPS = Kind("scheduling.k8s.io", "v1alpha2", "podgroups", True)
 # Pod index: "<namespace>/<claim template name>" for each template a pod in a group names.
@@ -42,10 +42,8 @@ def served(call: Callable[[str, str], JSON]) -> bool:
     the controller runs without the Workload API and every domain needs `numNodes`."""
     try:
         doc = call("GET", f"/apis/{PODGROUPS.group}/{PODGROUPS.version}")
-    except ApiError as e:
-        if e.not_found:
-            return False
-        raise
+    except NotFound:
+        return False
     return any(r.get("name") == PODGROUPS.plural for r in doc.get("resources") or [])
 
 

@@ -5,18 +5,20 @@ counter, so the metric, the bench and the tests count the same thing."""
 from __future__ import annotations
 
 import logging
-import uuid
 from datetime import UTC, datetime
 from typing import Any
 
 from fabricdra.api import computedomain as cd
 from fabricdra.api.computedomain import ComputeDomain
 from fabricdra.api.jsontypes import JSON
+from fabricdra.kube import events
+from fabricdra.kube.events import ObjectRef, Reporter
 from fabricdra.kube.rest import (
     DEVICE_CLASSES,
     EVENTS,
     NAMESPACES,
     ApiError,
+    Conflict,
     CountingRest,
     Kind,
 )
@@ -48,10 +50,8 @@ class Writer:
         """Create; None if it already existed (409)."""
         try:
             return self.rest.create(kind, body, namespace)
-        except ApiError as e:
-            if e.conflict:
-                return None
-            raise
+        except Conflict:
+            return None
 
     def get(self, kind: Kind, name: str, namespace: str | None) -> JSON | None:
         return self.rest.get_or_none(kind, name, namespace)
@@ -62,40 +62,33 @@ class Writer:
 
     def domain_event(self, meta: JSON, ev: Event) -> None:
         """The same from the domain's metadata alone (a domain this controller cannot read)."""
-        name, namespace = str(meta.get("name", "")), str(meta.get("namespace", ""))
-        involved = {
-            "apiVersion": cd.API_VERSION,
-            "kind": cd.KIND,
-            "name": name,
-            "namespace": namespace,
-            "uid": str(meta.get("uid", "")),
-        }
-        self._event(namespace, name, involved, ev)
+        namespace = str(meta.get("namespace", ""))
+        about = ObjectRef(
+            cd.API_VERSION,
+            cd.KIND,
+            str(meta.get("name", "")),
+            namespace,
+            str(meta.get("uid", "")),
+        )
+        self._event(namespace, about, ev)
 
     def node_event(self, node: str, ev: Event) -> None:
         """A best-effort Event on a Node (in `default`, where the kubelet's node Events go)."""
-        involved = {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node}
-        self._event("default", node, involved, ev)
+        self._event("default", ObjectRef("v1", "Node", node, uid=node), ev)
 
-    def _event(self, namespace: str, name: str, involved: JSON, ev: Event) -> None:
-        stamp = now()
-        body = {
-            "metadata": {"name": f"{name}.{uuid.uuid4().hex[:12]}", "namespace": namespace},
-            "involvedObject": involved,
-            "type": ev.type,
-            "reason": ev.reason,
-            "message": ev.message[:1024],
-            "source": {"component": "fabricdra-controller"},
-            "firstTimestamp": stamp,
-            "lastTimestamp": stamp,
-            "count": 1,
-            "reportingComponent": "fabricdra.io/compute-domain-controller",
-            "reportingInstance": self.identity,
-        }
+    def _event(self, namespace: str, about: ObjectRef, ev: Event) -> None:
+        reporter = Reporter(
+            "fabricdra-controller",
+            reporting_component="fabricdra.io/compute-domain-controller",
+            reporting_instance=self.identity,
+        )
+        body = events.event(
+            about, reporter, type=ev.type, reason=ev.reason, message=ev.message, namespace=namespace
+        )
         try:
             self.create(EVENTS, body, namespace)
         except ApiError as e:  # events are best effort
-            log.info("event %s for %s %s: %s", ev.reason, involved["kind"], name, e)
+            log.info("event %s for %s %s: %s", ev.reason, about.kind, about.name, e)
 
     def ensure_namespace(self, name: str) -> None:
         if self.rest.get_or_none(NAMESPACES, name) is None:

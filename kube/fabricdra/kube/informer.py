@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 import urllib3
 
 from fabricdra.api.jsontypes import JSON
-from fabricdra.kube.rest import ApiError, Kind, Rest
+from fabricdra.kube.rest import ApiError, Gone, Kind, Rest
 
 log = logging.getLogger("fabricdra.informer")
 Handler = Callable[[str, JSON | None, JSON | None], None]  # (event, old, new)
@@ -236,12 +236,13 @@ class Informer:
                 if not version:
                     version = self._relist()
                 version = self._watch(version)
+            except Gone:
+                if self._stop.is_set():
+                    return
+                version = ""  # too old: list again
             except ApiError as e:
                 if self._stop.is_set():
                     return  # stopping: the server or our caller closed the stream
-                if e.gone:
-                    version = ""  # too old: list again
-                    continue
                 log.warning("watch %s failed: %s", self.kind.plural, e)
                 self._stop.wait(1.0)
             except Exception:

@@ -77,24 +77,59 @@ DEVICE_CLASSES = Kind("resource.k8s.io", "v1", "deviceclasses", False)
 
 
 class ApiError(Exception):
-    """A failed API call, with the HTTP status (0 = no response) and the server's message."""
+    """A failed API call, with the HTTP status (0 = no response) and the server's message.
+
+    Typed by what a caller does with it: `NotFound` (treat as absent), `Conflict` (someone
+    else wrote first, or it already exists: re-read or let its event requeue), `Gone` (the
+    resource version expired: re-list), `Invalid` (the server refused the body), `Forbidden`
+    (RBAC says no: retrying will not help) and `Throttled` (429: back off). Anything else is
+    this base class. `ApiError(status, message)` always builds the subclass for `status`, so a
+    404 is a `NotFound` wherever it was made (the REST layer, a watch's ERROR event, a fake).
+    """
+
+    def __new__(cls, status: int, message: str) -> ApiError:
+        typed = _BY_STATUS.get(status, cls) if cls is ApiError else cls
+        return Exception.__new__(typed, status, message)
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"{status}: {message}")
         self.status = status
         self.message = message
 
-    @property
-    def not_found(self) -> bool:
-        return self.status == 404
 
-    @property
-    def conflict(self) -> bool:
-        return self.status == 409
+class NotFound(ApiError):
+    """404: the object (or the kind) does not exist."""
 
-    @property
-    def gone(self) -> bool:
-        return self.status == 410
+
+class Conflict(ApiError):
+    """409: a stale resourceVersion, or a create of a name that exists."""
+
+
+class Gone(ApiError):
+    """410: the resource version is too old (after etcd compaction); re-list."""
+
+
+class Invalid(ApiError):
+    """422: the server refused the body (a validation error)."""
+
+
+class Forbidden(ApiError):
+    """403: RBAC does not allow the call; another attempt will not change that."""
+
+
+class Throttled(ApiError):
+    """429: the server (API priority and fairness) asks the client to back off."""
+
+
+# https://kubernetes.io/docs/reference/using-api/api-concepts/#http-status-codes
+_BY_STATUS: dict[int, type[ApiError]] = {
+    403: Forbidden,
+    404: NotFound,
+    409: Conflict,
+    410: Gone,
+    422: Invalid,
+    429: Throttled,
+}
 
 
 class Rest:
@@ -182,10 +217,8 @@ class Rest:
         """The object, or None when it does not exist."""
         try:
             return self.get(kind, name, namespace)
-        except ApiError as e:
-            if e.not_found:
-                return None
-            raise
+        except NotFound:
+            return None
 
     def list(
         self,
@@ -305,10 +338,8 @@ class Rest:
             self.call(
                 "DELETE", kind.path(namespace, name), body={"propagationPolicy": "Background"}
             )
-        except ApiError as e:
-            if e.not_found:
-                return False
-            raise
+        except NotFound:
+            return False
         self._accepted(kind, "delete")
         return True
 

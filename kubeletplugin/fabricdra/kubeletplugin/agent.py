@@ -93,6 +93,7 @@ from .devices import (
 from .discovery.node import Discovery, NvmlSource, Previous, discover
 from .discovery.nvml import (
     LiveXidEvents,
+    NvmlReadings,
     ReplayedXidEvents,
     XidEventSource,
     load_snapshot,
@@ -200,6 +201,45 @@ class AgentConfig:
         return (self.state_dir or self.plugin_dir) / "xid-errors.json"
 
 
+def _node_publisher(config: AgentConfig, api: Any) -> Publisher:
+    """The publisher of this node's ResourceSlices and NodeDevices record."""
+    from .publisher import NodePublisher
+    from .resourceslices import ApiFeatures
+
+    lists = config.list_type_attributes
+    features = (
+        None
+        if config.resource_model == "auto"
+        else ApiFeatures(config.resource_model, list_attributes=lists)
+    )
+    return NodePublisher(
+        api,
+        config.node_name,
+        features=features,
+        list_attributes=lists,
+        evict_on_fatal=config.evict_on_fatal,
+    )
+
+
+def _verify_tools(config: AgentConfig, api: Any) -> Tools:
+    """The verification tools, run in a pod of `verify_image` where one is set."""
+    if not config.verify_image:
+        return config.verify_tools
+    from fabricdra.kube.rest import Rest
+
+    from .verification.podrun import PodExecutor
+
+    pod = PodExecutor(
+        Rest(api),
+        config.verify_namespace,
+        config.node_name,
+        config.verify_image,
+        runtime_class=config.verify_runtime_class,
+    )
+    # In the pod the image's own PATH finds the tools.
+    return replace(config.verify_tools, executor=pod, path=None)
+
+
 class Agent:
     def __init__(
         self,
@@ -220,24 +260,7 @@ class Agent:
             xid_source = ReplayedXidEvents(snapshot)
         boot_id = current_boot_id(config.boot_id_file)
         self.xids = XidWatch(xid_source, state_file=config.xid_record_path, boot_id=boot_id)
-        if publisher is None:
-            from .publisher import NodePublisher
-            from .resourceslices import ApiFeatures
-
-            lists = config.list_type_attributes
-            features = (
-                None
-                if config.resource_model == "auto"
-                else ApiFeatures(config.resource_model, list_attributes=lists)
-            )
-            publisher = NodePublisher(
-                api,
-                config.node_name,
-                features=features,
-                list_attributes=lists,
-                evict_on_fatal=config.evict_on_fatal,
-            )
-        self.publisher = publisher
+        self.publisher = publisher or _node_publisher(config, api)
         self.neighbours = NeighbourSources(config.scale_out)
         self._topology_problem: str | None = None
         self.health = HealthBroadcaster(resend_seconds=config.health_resend_seconds)
@@ -247,21 +270,7 @@ class Agent:
         self.inventory = DeviceInventory(())
         self.previous: Previous | None = None
         self.verification = Schedule(interval=config.verify_interval)
-        self.verify_tools = config.verify_tools
-        if config.verify_image:
-            from fabricdra.kube.rest import Rest
-
-            from .verification.podrun import PodExecutor
-
-            pod = PodExecutor(
-                Rest(api),
-                config.verify_namespace,
-                config.node_name,
-                config.verify_image,
-                runtime_class=config.verify_runtime_class,
-            )
-            # In the pod the image's own PATH finds the tools.
-            self.verify_tools = replace(config.verify_tools, executor=pod, path=None)
+        self.verify_tools = _verify_tools(config, api)
         self._restored = False
         self._reverify: str | None = None  # the reverify annotation this pass answers
         # A run with active probes goes on off the pass thread (tools take minutes): the
@@ -287,6 +296,52 @@ class Agent:
         self.withheld: dict[str, list[str]] = {}  # group -> device names, this pass
         reader = ApiClaimReader(api)
         checkpoint = Checkpoint(config.checkpoint_path, boot_id=boot_id)
+        self.driver = self._devices_driver(api, claims, reader, checkpoint, mig_nvml)
+        # The API reads a pass uses (the Node: RDMA mode label, reverify annotation, device
+        # plugins on its capacity; gone holds): their own thread once the agent runs, so a hung
+        # API server never holds up health or taints.
+        self.facts = ApiFacts(
+            metrics.counting_rest(api),
+            config.node_name,
+            config.devices.rdma_mode,
+            self.driver.claims,
+            self.wake.set,
+            rules=config.device_plugin_rules,
+            offline=api is None,  # without an API (offline, unit tests) no Node to read
+        )
+        # Its own thread: a hung claim read never holds up discovery, Xid or health updates.
+        self.sweeper = ClaimSweeper(
+            checkpoint, self.driver.claims, config.sweep_interval, DRIVER_NAME
+        )
+        self.server = self._plugin_server()
+
+    def _plugin_server(self) -> PluginServer:
+        """kubelet's registration and DRA gRPC sockets, serving the driver and health."""
+        config = self.config
+        return PluginServer(
+            self.driver,
+            PluginPaths.for_driver(
+                DRIVER_NAME,
+                registry_dir=config.registry_dir,
+                plugin_dir=config.plugin_dir,
+                instance=config.pod_uid,
+            ),
+            health=self.health,
+            on_registration=self._registered,
+            metrics=metrics.claim_metrics(),
+        )
+
+    def _devices_driver(
+        self,
+        api: Any,
+        claims: ClaimReader | None,
+        reader: ApiClaimReader,
+        checkpoint: Checkpoint,
+        mig_nvml: MigNvml | None,
+    ) -> DevicesDriver:
+        """Prepare and unprepare (kubelet's gRPC calls): claims read through `claims`, else
+        from the API server by `reader`."""
+        config = self.config
         # Dynamic MIG creates instances through NVML itself; with recorded NVML answers
         # (--nvml-snapshot) there is no GPU to create them on, and placements are refused.
         if mig_nvml is None and config.devices.dynamic_mig and config.nvml_snapshot is None:
@@ -294,7 +349,7 @@ class Agent:
         dynamic_mig = None
         if config.devices.dynamic_mig and mig_nvml is not None:
             dynamic_mig = DynamicMig(mig_nvml, config.mig_journal_path)
-        self.driver = DevicesDriver(
+        return DevicesDriver(
             node_name=config.node_name,
             inventory=lambda: self.inventory,
             claims=claims or reader,
@@ -314,34 +369,6 @@ class Agent:
                 metrics.counting_rest(api), config.node_name, config.sysfs_root, config.proc_root
             ),
             dynamic_mig=dynamic_mig,
-        )
-        # The API reads a pass uses (the Node: RDMA mode label, reverify annotation, device
-        # plugins on its capacity; gone holds): their own thread once the agent runs, so a hung
-        # API server never holds up health or taints.
-        self.facts = ApiFacts(
-            metrics.counting_rest(api),
-            config.node_name,
-            config.devices.rdma_mode,
-            self.driver.claims,
-            self.wake.set,
-            rules=config.device_plugin_rules,
-            offline=api is None,  # without an API (offline, unit tests) no Node to read
-        )
-        # Its own thread: a hung claim read never holds up discovery, Xid or health updates.
-        self.sweeper = ClaimSweeper(
-            checkpoint, self.driver.claims, config.sweep_interval, DRIVER_NAME
-        )
-        self.server = PluginServer(
-            self.driver,
-            PluginPaths.for_driver(
-                DRIVER_NAME,
-                registry_dir=config.registry_dir,
-                plugin_dir=config.plugin_dir,
-                instance=config.pod_uid,
-            ),
-            health=self.health,
-            on_registration=self._registered,
-            metrics=metrics.claim_metrics(),
         )
 
     def _registered(self, status: Any) -> None:
@@ -397,12 +424,11 @@ class Agent:
             self._topology_problem = problem
         return inputs
 
-    def _take(self, discovery: Discovery, start: float, tree: SysfsTree) -> DeviceInventory:
-        """Swap in this pass's inventory and tell kubelet about device health."""
-        for part, reason in discovery.failures.items():
-            log.error("discovery failed; keeping the previous record", part=part, error=reason)
-        nvml = self.xids.apply(discovery.nvml)  # with the Xids seen: health and GpuInfo
-        gpus = keep_unhealthy(
+    def _pass_gpu_health(
+        self, discovery: Discovery, nvml: NvmlReadings | None
+    ) -> dict[str, GpuHealth]:
+        """This pass's GPU health (NVML, DCGM, AMD), a GPU once unhealthy kept so."""
+        self._gpu_health = keep_unhealthy(
             gpu_health(
                 nvml,
                 self.config.dcgm_url,
@@ -412,7 +438,14 @@ class Agent:
             ),
             self._gpu_health,
         )
-        self._gpu_health = gpus
+        return self._gpu_health
+
+    def _take(self, discovery: Discovery, start: float, tree: SysfsTree) -> DeviceInventory:
+        """Swap in this pass's inventory and tell kubelet about device health."""
+        for part, reason in discovery.failures.items():
+            log.error("discovery failed; keeping the previous record", part=part, error=reason)
+        nvml = self.xids.apply(discovery.nvml)  # with the Xids seen: health and GpuInfo
+        gpus = self._pass_gpu_health(discovery, nvml)
         entries = self.driver.checkpoint.entries()
         uids = [e.uid for e in entries]
         # A GPU the kernel removed (fell off the bus) stays offered, tainted, from its last

@@ -28,15 +28,15 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import structlog
 
 from fabricdra.api import labels as label_keys
+from fabricdra.kube import events
+from fabricdra.kube.events import ObjectRef, Reporter
 from fabricdra.kube.rest import EVENTS, NODE_DEVICES, NODES
 
 from .coexistence import BUILTIN_RULES, Conflict, Rule, device_plugin_conflicts
@@ -213,24 +213,14 @@ class ApiFacts:
         """A Warning event on `about` (this node's Node or NodeDevices) in `default`, where
         cluster-scoped objects' events go; False: not recorded."""
         try:
-            now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-            meta = about["metadata"]
-            body = {
-                "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:12]}"},
-                "involvedObject": {
-                    "apiVersion": about.get("apiVersion", "v1"),
-                    "kind": about.get("kind", "Node"),
-                    "name": meta["name"],
-                    "uid": meta.get("uid"),
-                },
-                "type": "Warning",
-                "reason": reason,
-                "message": message,
-                "source": {"component": "fabricdra-kubelet-plugin", "host": self.node_name},
-                "firstTimestamp": now,
-                "lastTimestamp": now,
-                "count": 1,
-            }
+            body = events.event(
+                ObjectRef.of(about, api_version="v1", kind="Node"),
+                Reporter("fabricdra-kubelet-plugin", host=self.node_name),
+                type="Warning",
+                reason=reason,
+                message=message,
+                namespace="default",
+            )
             self.rest.create(EVENTS, body, "default", timeout=10.0, retries=False)
         except Exception as e:  # an event is advice: the log line already says it
             log.warning("cannot record event", reason=reason, error=str(e))

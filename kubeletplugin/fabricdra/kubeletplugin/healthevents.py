@@ -19,14 +19,14 @@ it was reported); Events are advice, so a failure never stops the pass's other w
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import structlog
 
+from fabricdra.kube import events
+from fabricdra.kube.events import ObjectRef, Reporter
 from fabricdra.kube.rest import EVENTS, SLICES
 
 from .devices import Device, DeviceInventory, Health, holder_name
@@ -41,7 +41,6 @@ REASONS: dict[Health, str] = {
     "Healthy": "DeviceHealthy",
     "Unknown": "DeviceHealthUnknown",
 }
-MAX_MESSAGE = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,28 +118,14 @@ class HealthEvents:
             message += f": {device.health_reason}"
         if device.health == "Unhealthy":
             message += f" (taint {TAINT_KEY}={taint_value(device)})"
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        meta = node.get("metadata", {})
-        body = {
-            "metadata": {
-                "name": f"{self.node_name}.{uuid.uuid4().hex[:12]}",
-                "namespace": NAMESPACE,
-            },
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "name": self.node_name,
-                "uid": meta.get("uid"),
-            },
-            "type": "Warning" if device.health == "Unhealthy" else "Normal",
-            "reason": REASONS[device.health],
-            "message": message[:MAX_MESSAGE],
-            "source": {"component": COMPONENT, "host": self.node_name},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-            "reportingComponent": COMPONENT,
-            "reportingInstance": self.node_name,
-        }
+        uid = (node.get("metadata") or {}).get("uid")
+        body = events.event(
+            ObjectRef("v1", "Node", self.node_name, uid=uid),
+            Reporter(COMPONENT, self.node_name, COMPONENT, self.node_name),
+            type="Warning" if device.health == "Unhealthy" else "Normal",
+            reason=REASONS[device.health],
+            message=message,
+            namespace=NAMESPACE,
+        )
         self.rest.create(EVENTS, body, NAMESPACE)
         log.info("device health changed", device=device.name, health=device.health, was=was)

@@ -48,15 +48,15 @@ what was recorded — also in a later process.
 from __future__ import annotations
 
 import json
-import uuid as uuidlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
 import structlog
 
+from fabricdra.kube import events
+from fabricdra.kube.events import ObjectRef, Reporter
 from fabricdra.kube.rest import CLAIMS, EVENTS, PODS, ApiError
 
 from . import devicemetadata, exclusivity, kinds, metrics, ncclenv
@@ -122,27 +122,20 @@ class ApiClaimReader:
 
     def warn(self, claim: dict[str, Any], reason: str, message: str, timeout: float) -> None:
         meta = claim.get("metadata") or {}
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = {
-            "metadata": {
-                "name": f"{meta.get('name')}.{uuidlib.uuid4().hex[:12]}",
-                "namespace": meta.get("namespace"),
-            },
-            "involvedObject": {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "ResourceClaim",
-                "name": meta.get("name"),
-                "namespace": meta.get("namespace"),
-                "uid": meta.get("uid"),
-            },
-            "type": "Warning",
-            "reason": reason,
-            "message": message[:1024],
-            "source": {"component": "fabricdra-kubelet-plugin"},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
+        body = events.event(
+            ObjectRef(
+                CLAIMS.api_version,
+                "ResourceClaim",
+                str(meta.get("name")),
+                meta.get("namespace"),
+                meta.get("uid"),
+            ),
+            Reporter("fabricdra-kubelet-plugin"),
+            type="Warning",
+            reason=reason,
+            message=message,
+            namespace=meta.get("namespace"),
+        )
         try:
             self._rest.create(EVENTS, body, meta.get("namespace"), timeout=timeout, retries=False)
         except ApiError as e:  # an event is advice: never fail a prepare over it

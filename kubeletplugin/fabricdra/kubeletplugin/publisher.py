@@ -51,7 +51,16 @@ from fabricdra.api.nodedevices import API_VERSION as ND_API_VERSION
 from fabricdra.api.nodedevices import KIND as ND_KIND
 from fabricdra.api.nodedevices import NodeDevicesSpec
 from fabricdra.api.verification import Verification
-from fabricdra.kube.rest import JSON_PATCH, NODE_DEVICES, NODES, SLICES, ApiError, Kind
+from fabricdra.kube.rest import (
+    JSON_PATCH,
+    NODE_DEVICES,
+    NODES,
+    SLICES,
+    ApiError,
+    Conflict,
+    Invalid,
+    Kind,
+)
 
 from . import metrics
 from .devices import DeviceInventory
@@ -263,7 +272,7 @@ class NodePublisher:
             except ApiError as e:
                 if self._lists_refused(e):
                     continue  # the same pass again, with scalars
-                if not e.conflict or attempt == SLICE_ATTEMPTS:
+                if not isinstance(e, Conflict) or attempt == SLICE_ATTEMPTS:
                     raise
                 log.info("slice write conflicted; listing again", attempt=attempt, error=str(e))
 
@@ -274,7 +283,7 @@ class NodePublisher:
         features = self.features
         if features is None or not features.list_attributes:
             return False
-        if e.status != 422 or "exactly one value must be specified" not in e.message:
+        if not isinstance(e, Invalid) or "exactly one value must be specified" not in e.message:
             return False
         log.error(
             "--list-type-attributes: the API server refuses list attributes "

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fabricdra.kube.informer import Informer
-from fabricdra.kube.rest import COMPUTE_DOMAINS, ApiError, Rest
+from fabricdra.kube.rest import COMPUTE_DOMAINS, ApiError, NotFound, Rest
 
 from .imex import ImexSupervisor, State
 from .report import delete_report, write_report
@@ -96,9 +96,7 @@ class ImexDaemon:
         who = self.who
         try:
             domain = self.rest.get(COMPUTE_DOMAINS, who.domain_name, who.domain_namespace)
-        except ApiError as e:
-            if not e.not_found:
-                raise
+        except NotFound:
             domain = None
         return self.step(domain)
 

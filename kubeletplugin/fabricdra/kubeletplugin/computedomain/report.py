@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from fabricdra.api import computedomain as cd
-from fabricdra.kube.rest import LEASES, ApiError, Rest
+from fabricdra.kube.rest import LEASES, NotFound, Rest
 
 
 def lease_name(domain_uid: str, node: str) -> str:
@@ -53,9 +53,8 @@ def write_report(
             rest.patch(LEASES, name, patch, namespace)
             return True
         live = rest.get(LEASES, name, namespace)
-    except ApiError as e:
-        if not e.not_found:
-            raise
+    except NotFound:
+        pass
     if live is None:
         body: dict[str, Any] = {
             "metadata": {

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from fabricdra.kube.rest import CLAIMS, ApiError, Rest
+from fabricdra.kube.rest import CLAIMS, ApiError, NotFound, Rest
 
 from .cdi import CdiWriter
 from .checkpoint import Checkpoint, ClaimEntry
@@ -81,9 +81,9 @@ def read_claim(reader: ClaimReader, claim: ClaimRef) -> dict[str, Any]:
     Call it before taking any lock."""
     try:
         obj = reader.read_claim(claim.namespace, claim.name, api_timeout())
+    except NotFound:
+        raise PrepareError(f"ResourceClaim {claim.namespace}/{claim.name} not found") from None
     except ApiError as e:
-        if e.not_found:
-            raise PrepareError(f"ResourceClaim {claim.namespace}/{claim.name} not found") from None
         raise PrepareError(f"cannot read the ResourceClaim: {e}") from None
     uid = (obj.get("metadata") or {}).get("uid")
     if uid != claim.uid:
@@ -175,8 +175,10 @@ def is_gone(reader: ClaimReader, entry: ClaimEntry, timeout: float = READ_BUDGET
     delete); a read that cannot reach the server raises."""
     try:
         obj = reader.read_claim(entry.namespace, entry.name, timeout)
-    except ApiError as e:
-        return e.not_found
+    except NotFound:
+        return True
+    except ApiError:
+        return False
     return (obj.get("metadata") or {}).get("uid") != entry.uid
 
 

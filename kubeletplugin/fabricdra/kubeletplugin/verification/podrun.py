@@ -24,7 +24,7 @@ from typing import Any
 
 import structlog
 
-from fabricdra.kube.rest import PODS, ApiError, Rest
+from fabricdra.kube.rest import PODS, ApiError, NotFound, Rest
 
 log = structlog.get_logger("fabricdra.verification")
 
@@ -163,9 +163,10 @@ class PodExecutor:
                 PODS.path(self.namespace, name),
                 body={"gracePeriodSeconds": 0, "propagationPolicy": "Background"},
             )
+        except NotFound:
+            pass
         except ApiError as e:
-            if not e.not_found:
-                log.warning("verification pod not deleted", pod=name, error=str(e))
+            log.warning("verification pod not deleted", pod=name, error=str(e))
 
     def _wait(self, name: str, limit: float) -> tuple[str, str]:
         """(phase, why) once the pod ended or `limit` seconds passed."""
@@ -174,10 +175,8 @@ class PodExecutor:
         while True:
             try:
                 pod = self.rest.get(PODS, name, self.namespace)
-            except ApiError as e:
-                if e.not_found:
-                    return "Gone", "deleted before it finished"
-                raise
+            except NotFound:
+                return "Gone", "deleted before it finished"
             status = pod.get("status") or {}
             phase = status.get("phase") or "Pending"
             if phase in ("Succeeded", "Failed"):
