@@ -35,6 +35,8 @@ from fabricdra.kubeletplugin.kubelet.driver import serving
 from fabricdra.proto.gen.dra_v1 import api_pb2 as v1_pb2
 from fabricdra.proto.gen.dra_v1 import api_pb2_grpc as v1_grpc
 
+from .socketdir import remove_dir, short_dir
+
 NS = "team"
 NODE = "gb-1"
 
@@ -159,8 +161,9 @@ class Kubelet:
     """The driver behind a real PluginServer, and kubelet's v1 stub for it."""
 
     def __init__(self, base: Path, driver: ComputeDomainDriver) -> None:
+        self.sockets = short_dir()  # not under `base`: a socket's path is short
         self.paths = PluginPaths.for_driver(
-            cd.DRIVER, registry_dir=base / "reg", plugin_dir=base / "sock"
+            cd.DRIVER, registry_dir=self.sockets / "reg", plugin_dir=self.sockets / "sock"
         )
         self.server = PluginServer(driver, self.paths)
         self.server.start()
@@ -185,6 +188,7 @@ class Kubelet:
     def close(self) -> None:
         self.channel.close()
         self.server.stop()
+        remove_dir(self.sockets)
 
 
 def specs(base: Path) -> list[str]:

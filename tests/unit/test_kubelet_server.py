@@ -38,6 +38,8 @@ from fabricdra.proto.gen.dra_v1beta1 import api_pb2_grpc as v1beta1_grpc
 from fabricdra.proto.gen.pluginregistration_v1 import api_pb2 as reg_pb2
 from fabricdra.proto.gen.pluginregistration_v1 import api_pb2_grpc as reg_grpc
 
+from .socketdir import socket_dir
+
 
 class RecordingDriver:
     driver_name = "test.fabricdra.io"
@@ -65,11 +67,11 @@ class RecordingDriver:
 
 
 @pytest.fixture
-def sockets(tmp_path_factory: pytest.TempPathFactory) -> PluginPaths:
-    base = tmp_path_factory.mktemp("ks")
-    return PluginPaths.for_driver(
-        RecordingDriver.driver_name, registry_dir=base / "reg", plugin_dir=base / "plugin"
-    )
+def sockets() -> Iterator[PluginPaths]:
+    with socket_dir() as base:
+        yield PluginPaths.for_driver(
+            RecordingDriver.driver_name, registry_dir=base / "reg", plugin_dir=base / "plugin"
+        )
 
 
 @pytest.fixture
@@ -296,48 +298,49 @@ def test_rolling_update_names_each_pods_sockets_like_upstream(tmp_path: Path) ->
     assert paths.dra_socket == tmp_path / "p" / "dra-u-1.sock"
 
 
-def test_the_old_pods_exit_leaves_the_new_pods_sockets(tmp_path: Path) -> None:
+def test_the_old_pods_exit_leaves_the_new_pods_sockets() -> None:
     """A rolling update with maxSurge: the new pod starts while the old one serves, then the
     old one stops. The new pod's sockets (and kubelet's way to it) must survive."""
+    with socket_dir() as base:
 
-    def paths(uid: str) -> PluginPaths:
-        return PluginPaths.for_driver(
-            RecordingDriver.driver_name,
-            registry_dir=tmp_path / "reg",
-            plugin_dir=tmp_path / "plugin",
-            instance=uid,
-        )
-
-    old, new = (
-        PluginServer(RecordingDriver(), paths("old")),
-        PluginServer(RecordingDriver(), paths("new")),
-    )
-    old.start()
-    new.start()
-    # Both are there for kubelet (1.33+ keeps both registered and uses the newer one).
-    assert sorted(p.name for p in (tmp_path / "reg").iterdir()) == [
-        "test.fabricdra.io-new-reg.sock",
-        "test.fabricdra.io-old-reg.sock",
-    ]
-    old.stop()
-    try:
-        assert stat.S_ISSOCK(new.paths.registration_socket.stat().st_mode)
-        assert stat.S_ISSOCK(new.paths.dra_socket.stat().st_mode)
-        assert not old.paths.registration_socket.exists()
-        assert not old.paths.dra_socket.exists()
-        with channel(new.paths.registration_socket) as ch:
-            info = reg_grpc.RegistrationStub(ch).GetInfo(reg_pb2.InfoRequest(), timeout=30)
-        assert info.endpoint == str(new.paths.dra_socket)
-        with channel(new.paths.dra_socket) as ch:
-            resp = v1_grpc.DRAPluginStub(ch).NodePrepareResources(
-                v1_pb2.NodePrepareResourcesRequest(
-                    claims=[v1_pb2.Claim(namespace="ns", name="c", uid="u1")]
-                ),
-                timeout=30,
+        def paths(uid: str) -> PluginPaths:
+            return PluginPaths.for_driver(
+                RecordingDriver.driver_name,
+                registry_dir=base / "reg",
+                plugin_dir=base / "plugin",
+                instance=uid,
             )
-        assert resp.claims["u1"].devices[0].device_name == "gpu-0"
-    finally:
-        new.stop()
+
+        old, new = (
+            PluginServer(RecordingDriver(), paths("old")),
+            PluginServer(RecordingDriver(), paths("new")),
+        )
+        old.start()
+        new.start()
+        # Both are there for kubelet (1.33+ keeps both registered and uses the newer one).
+        assert sorted(p.name for p in (base / "reg").iterdir()) == [
+            "test.fabricdra.io-new-reg.sock",
+            "test.fabricdra.io-old-reg.sock",
+        ]
+        old.stop()
+        try:
+            assert stat.S_ISSOCK(new.paths.registration_socket.stat().st_mode)
+            assert stat.S_ISSOCK(new.paths.dra_socket.stat().st_mode)
+            assert not old.paths.registration_socket.exists()
+            assert not old.paths.dra_socket.exists()
+            with channel(new.paths.registration_socket) as ch:
+                info = reg_grpc.RegistrationStub(ch).GetInfo(reg_pb2.InfoRequest(), timeout=30)
+            assert info.endpoint == str(new.paths.dra_socket)
+            with channel(new.paths.dra_socket) as ch:
+                resp = v1_grpc.DRAPluginStub(ch).NodePrepareResources(
+                    v1_pb2.NodePrepareResourcesRequest(
+                        claims=[v1_pb2.Claim(namespace="ns", name="c", uid="u1")]
+                    ),
+                    timeout=30,
+                )
+            assert resp.claims["u1"].devices[0].device_name == "gpu-0"
+        finally:
+            new.stop()
 
 
 def test_a_uid_too_long_for_the_socket_path_is_cut_to_fit(tmp_path: Path) -> None:
