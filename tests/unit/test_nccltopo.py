@@ -70,7 +70,8 @@ def pcis(root: ET.Element) -> dict[str, ET.Element]:
 def test_two_gpus_and_their_rail_nics_exactly(dgx: Host) -> None:
     text = topology(dgx, {GPU0, GPU1, NIC0, NIC1})
     root = ET.fromstring(text)
-    assert root.tag == "system" and root.attrib == {"version": "1"}
+    assert root.tag == "system"
+    assert root.attrib == {"version": "1"}
     by_bus = pcis(root)
     # Exactly those devices and the switch above each: no other GPU, HCA, storage NIC, and no
     # downstream or root port (NCCL draws a switch as its upstream port).
@@ -93,8 +94,10 @@ def test_two_gpus_and_their_rail_nics_exactly(dgx: Host) -> None:
     assert by_bus[SWITCH0].attrib["class"] == "0x060400"
     # The process's own facts are NCCL's: no rank, CUDA index, GDR or link of a GPU.
     gpu = by_bus[GPU0].find("gpu")
-    assert gpu is not None and gpu.attrib == {"sm": "90"}
-    assert "link_speed" not in by_bus[GPU0].attrib and by_bus[GPU0].attrib["class"] == "0x030200"
+    assert gpu is not None
+    assert gpu.attrib == {"sm": "90"}
+    assert "link_speed" not in by_bus[GPU0].attrib
+    assert by_bus[GPU0].attrib["class"] == "0x030200"
     (cpu,) = root.findall("cpu")
     assert cpu.attrib == {
         "numaid": "0",
