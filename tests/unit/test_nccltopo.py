@@ -186,3 +186,21 @@ def test_cpulist_mask_is_the_kernels_cpumask_form() -> None:
 
 def test_cpuinfo_without_a_file_is_unknown_not_invented(tmp_path: Path) -> None:
     assert cpu_facts(tmp_path, machine="aarch64") == CpuFacts("arm64")
+
+
+def test_only_a_measured_rail_is_written(dgx: Host) -> None:
+    """NCCL confines a ring to one rail by `rail` (with NCCL_CROSS_NIC=0): a declared or
+    disputed rail stays out, the rule of NCCL_CROSS_NIC=0 itself."""
+    import dataclasses
+
+    (nic,) = [d for d in inventory(dgx) if d.endpoint and d.endpoint.rdmaDevice == "mlx5_0"]
+    assert nic.interface is not None
+    assert nic.interface.scaleOut is not None
+    declared = dataclasses.replace(nic.interface.scaleOut, railSource="declared")
+    iface = dataclasses.replace(nic.interface, scaleOut=declared)
+    entry = topo_device(dataclasses.replace(nic, interface=iface, endpoint=iface), "mlx5_0")
+    assert entry is not None
+    assert entry.rail is None
+    measured = topo_device(nic, "mlx5_0")
+    assert measured is not None
+    assert measured.rail == 0

@@ -73,7 +73,9 @@ def topo_device(device: Device, nccl_name: str | None) -> TopoDevice | None:
         numa=ep.numaNode if ep.numaNode is not None else parent.numaNode,
         cpus=ep.cpuAffinity or parent.cpuAffinity,
         net=nccl_name,
-        rail=record.rail if record is not None else None,
+        # Measured rails only, the rule of NCCL_CROSS_NIC=0 (prepare.rail_aligned): NCCL
+        # confines a ring to one rail by this value, so a declared or disputed one stays out.
+        rail=record.rail if record is not None and record.railSource == "measured" else None,
     )
 
 
