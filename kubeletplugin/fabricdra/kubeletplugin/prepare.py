@@ -22,6 +22,9 @@ against the *current* `DeviceInventory`, and write one CDI spec for the claim:
   and injects GPUs nobody was granted. A container given only NICs never gets it: the GPUs
   NVIDIA's device plugin (env mode) gave the same container stay.
   No NUMA or CPU settings are injected: a MIG slice or a shared GPU cannot honour them.
+- With --nccl-topo-file (default on), a claim with a whole NVIDIA GPU: NCCL's XML topology of
+  the pod's GPUs and NICs (nccltopo.py, nccltopofiles.py) mounted read-only, NCCL_TOPO_FILE
+  pointing at it, through the claim-level `nccltopo-<claim uid>` CDI device.
 
 Refusals (the driver is the last line of defence): a device that overlaps one another
 prepared claim holds — the same device, a GPU and its MIG instances, a PF and its VFs — unless
