@@ -65,7 +65,7 @@ from fabricdra.kube.rest import CLAIMS, EVENTS, PODS, ApiError
 from . import devicemetadata, exclusivity, gpusharing, kinds, metrics, ncclenv, nccltopofiles
 from .devicemetadata import Granted, MetadataFiles
 from .devices import Device, DeviceConfig, DeviceInventory
-from .discovery.sysfs import SysfsTree
+from .discovery.sysfs import RootError, SysfsTree
 from .dynamicmig import DynamicMig, JournalUnreadable
 from .hostdevices import DeviceNodeError, HostLayout
 from .kinds import ClaimGroup, PrepareContext
@@ -374,7 +374,7 @@ class DevicesDriver:
             finally:
                 tree.close()
             text = render(pod, facts, nccltopofiles.cpu_facts(self.host.proc_root))
-        except (TopologyError, ValueError, OSError) as e:
+        except (TopologyError, ValueError, OSError, RootError) as e:
             log.warning("no NCCL topology file for the claim", claim=claim.name, reason=str(e))
             return spec, prepared
         try:
