@@ -1,7 +1,8 @@
 """`fabricdra kubelet-plugin` against a real kubelet and containerd: the plugin registers, the
-scheduler allocates a GPU and an RDMA NIC of the sample HGX node to a claim, kubelet prepares
-it, containerd injects the CDI spec, and the pod sees exactly its device nodes and
-NCCL_IB_HCA. Deleting the pod unprepares the claim (its CDI spec goes away)."""
+scheduler allocates a GPU and an RDMA NIC of a DGX H100 node to a claim, kubelet prepares
+it, containerd injects the CDI spec, and the pod sees exactly its device nodes, NCCL_IB_HCA
+and, read-only, the NCCL topology NCCL_TOPO_FILE names (the node is a DGX H100, whose bridges
+show their link files). Deleting the pod unprepares the claim (its CDI spec goes away)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def test_pod_gets_its_gpu_and_nic(
     if not node_cluster.is_local:
         pytest.skip("the plugin runs as a process on this machine: needs the local node cluster")
     base = tmp_path_factory.mktemp("e2e-plugin")
-    host = build_host(base / "host", vf_nics=())
+    host = build_host(base / "host", dgx=True)
     ns = f"kp-{uuid.uuid4().hex[:8]}"
     node = node_cluster.node_name
     argv = [
@@ -140,7 +141,11 @@ def test_pod_gets_its_gpu_and_nic(
                                     "sh",
                                     "-c",
                                     "ls /dev/infiniband; ls /dev | grep nvidia; "
-                                    "echo HCA=$NCCL_IB_HCA; sleep 5",
+                                    "echo HCA=$NCCL_IB_HCA; "
+                                    # the topology's tokens, and whether the mount is read-only
+                                    "tr ' ' '\\n' < $NCCL_TOPO_FILE; "
+                                    "touch $NCCL_TOPO_FILE 2>/dev/null || echo TOPO-READ-ONLY; "
+                                    "sleep 5",
                                 ],  # hold the claim
                                 "resources": {"claims": [{"name": "devs"}]},
                             }
@@ -210,4 +215,11 @@ def test_pod_gets_its_gpu_and_nic(
     assert len([x for x in lines if x.startswith("uverbs")]) == 1
     assert f"HCA=={nic_device.endpoint.rdmaDevice}" in lines  # "=": exact names
     assert "nvidiactl" in lines
+    # NCCL's topology of exactly this GPU and this NIC (and its measured rail), read-only
+    assert "TOPO-READ-ONLY" in lines
+    assert f'busid="{gpu_device.accelerator.pciBusId}"' in lines  # type: ignore[union-attr]
+    assert len([x for x in lines if x.startswith("<gpu")]) == 1
+    assert [x for x in lines if x.startswith("name=")] == [
+        f'name="{nic_device.endpoint.rdmaDevice}"'
+    ]
     assert len([x for x in lines if x.startswith("nvidia") and x[6:].isdigit()]) == 1

@@ -19,10 +19,29 @@ from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
 from fabricdra.kubeletplugin.hostdevices import HostLayout
 from tests.sysfs.builder import UP, SysfsBuilder
-from tests.sysfs.nodes import Hgx, h100_snapshot, hgx_h100, rdma_node
+from tests.sysfs.nodes import Hgx, dgx_h100, h100_snapshot, hgx_h100, rdma_node
 
 DRIVER = "devices.fabricdra.io"
 NVIDIA_MAJOR, UVERBS_MAJOR, MISC_MAJOR, UVM_MAJOR, CAPS_MAJOR = 195, 231, 10, 510, 511
+
+
+# The first processor of a DGX H100's /proc/cpuinfo (2 x Intel Xeon Platinum 8480C, DGX H100
+# User Guide, https://docs.nvidia.com/dgx/dgxh100-user-guide/introduction-to-dgxh100.html;
+# Sapphire Rapids is family 6 model 143 = 0x8F, the model NCCL's topo.cc tests for).
+DGX_H100_CPUINFO = """processor\t: 0
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+model\t\t: 143
+model name\t: Intel(R) Xeon(R) Platinum 8480C
+stepping\t: 8
+physical id\t: 0
+cpu cores\t: 56
+
+processor\t: 1
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+model\t\t: 143
+"""
 
 
 @dataclass
@@ -50,13 +69,22 @@ def build_host(
     broken_nics: tuple[int, ...] = (),
     mig_gpu: int | None = None,
     rdma_cm: bool = True,
+    dgx: bool = False,
 ) -> Host:
+    """`dgx`: a DGX H100 (tests/sysfs/nodes.py `dgx_h100`: InfiniBand rail HCAs, link files on
+    every bridge, its CPUs in /proc/cpuinfo) instead of the plain HGX board."""
     b = SysfsBuilder(root / "sys")
-    hgx = hgx_h100(b, vf_nics=vf_nics, vfs_per_nic=2, broken_nics=broken_nics)
+    if dgx:
+        hgx = dgx_h100(b)
+    else:
+        hgx = hgx_h100(b, vf_nics=vf_nics, vfs_per_nic=2, broken_nics=broken_nics)
     snapshot = root / "nvml.json"
     snapshot.write_text(json.dumps(h100_snapshot(hgx.gpus, mig_gpu=mig_gpu)))
     discovery = discover(SysfsTree(root / "sys"), lambda: load_snapshot(snapshot))
     dev, proc = root / "dev", root / "proc"
+    if dgx:
+        proc.mkdir(parents=True, exist_ok=True)
+        (proc / "cpuinfo").write_text(DGX_H100_CPUINFO)
     for i, bus in enumerate(hgx.gpus):
         info = proc / "driver" / "nvidia" / "gpus" / bus / "information"
         info.parent.mkdir(parents=True)

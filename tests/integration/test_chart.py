@@ -267,6 +267,17 @@ def test_opt_in_values_reach_the_agent(chart: Chart, value: str, flag: str) -> N
     assert flag in args({value: True})
 
 
+def test_nccl_topo_file_is_on_by_default_and_can_be_turned_off(chart: Chart) -> None:
+    """Issue 27 point 6: `ncclTopoFile` (default true) reaches the agent either way."""
+
+    def args(values: dict[str, Any] | None = None) -> list[str]:
+        ds = _one(chart.template(values), "DaemonSet", "fabricdra-node")
+        return list(ds["spec"]["template"]["spec"]["containers"][0]["args"])
+
+    assert "--nccl-topo-file=true" in args()
+    assert "--nccl-topo-file=false" in args({"ncclTopoFile": False})
+
+
 def test_the_node_agent_may_read_pods(chart: Chart) -> None:
     """Issue 32 point 4: prepare reads an RDMA claim's pods for their PodGroup."""
     role = _one(chart.template(), "ClusterRole", "fabricdra-node-devices")

@@ -84,8 +84,10 @@ class Plugin:
         boot_id: str | None = "boot-1",
         instance: str | None = None,
         metadata: bool = False,
+        nccl_topo: bool = False,
     ) -> None:
         self.metadata_dir = base / "plugin" / "metadata" if metadata else None
+        self.nccl_topo_dir = base / "plugin" / "nccl-topo" if nccl_topo else None
         self.base, self.host, self.api, self.node = base, host, api, node
         self.inventory = inventory
         self.toolkit_dirs = toolkit_dirs
@@ -112,6 +114,7 @@ class Plugin:
             toolkit=ToolkitSpecs(self.toolkit_dirs),
             pods=reader,
             metadata_dir=self.metadata_dir,
+            nccl_topo_dir=self.nccl_topo_dir,
         )
         self.server = PluginServer(self.driver, self.paths, health=self.health)
         self.server.start()
@@ -544,6 +547,40 @@ def test_device_metadata_reaches_the_container_through_the_cdi_ids_kubelet_gets(
         assert doc["metadata"]["uid"] == uid
         assert [d["name"] for d in doc["requests"][0]["devices"]] == [GPU0]
         assert p.unprepare([(ns, "train", uid)]).claims[uid].error == ""
+        assert not Path(mount["hostPath"]).exists()
+    finally:
+        p.stop()
+
+
+def test_nccl_topology_of_two_gpus_and_their_rail_hcas_over_grpc(
+    tmp_path_factory: pytest.TempPathFactory, api: Any, ns: str
+) -> None:
+    """Issue 27 point 6: a DGX H100 claim of GPUs 0-1 and their rail HCAs; the container gets
+    NCCL_TOPO_FILE and a read-only mount of NCCL's XML describing exactly those four devices
+    (their rails on the nets); unprepare removes it."""
+    import xml.etree.ElementTree as ET
+
+    dgx = build_host(tmp_path_factory.mktemp("dgx"), dgx=True)
+    p = Plugin(tmp_path_factory.mktemp("topo"), dgx, api, dgx.inventory(), nccl_topo=True)
+    p.start()
+    try:
+        results = [result("gpu", GPU0), result("gpu", GPU1)]
+        results += [result("nic", NIC0), result("nic", NIC1)]
+        uid = create_claim(api, ns, "ring", results)
+        devices = p.prepare([(ns, "ring", uid)]).claims[uid].devices
+        name = f"nccltopo-{uid}"
+        assert all(f"k8s.devices.fabricdra.io/device={name}" in d.cdi_device_ids for d in devices)
+        edits = edits_by_device(p.spec(uid))[name]  # the spec validates as CDI
+        target = f"/var/run/fabricdra/nccl-topo-{uid}.xml"
+        assert edits["env"] == [f"NCCL_TOPO_FILE={target}"]
+        (mount,) = edits["mounts"]
+        assert (mount["containerPath"], mount["options"]) == (target, ["ro", "bind"])
+        root = ET.fromstring(Path(mount["hostPath"]).read_text())
+        gpus = {x.attrib["busid"] for x in root.iter("pci") if x.find("gpu") is not None}
+        assert gpus == {"0000:18:00.0", "0000:3a:00.0"}
+        nets = {n.attrib["name"]: n.attrib.get("rail") for n in root.iter("net")}
+        assert nets == {"mlx5_0": "0", "mlx5_1": "1"}
+        assert p.unprepare([(ns, "ring", uid)]).claims[uid].error == ""
         assert not Path(mount["hostPath"]).exists()
     finally:
         p.stop()

@@ -90,6 +90,16 @@ def test_device_metadata_is_off_unless_asked_for(monkeypatch: pytest.MonkeyPatch
     assert _config().device_metadata is True  # type: ignore[attr-defined]
 
 
+def test_nccl_topo_file_is_on_unless_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FABRICDRA_NCCL_TOPO_FILE", raising=False)
+    assert _config().nccl_topo_file is True  # type: ignore[attr-defined]
+    assert _config("--nccl-topo-file=false").nccl_topo_file is False  # type: ignore[attr-defined]
+    monkeypatch.setenv("FABRICDRA_NCCL_TOPO_FILE", "false")
+    assert _config().nccl_topo_file is False  # type: ignore[attr-defined]
+    with pytest.raises(SystemExit):  # argparse: "invalid choice: 'maybe'"
+        _config("--nccl-topo-file=maybe")
+
+
 def test_list_type_attributes_are_off_unless_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("FABRICDRA_LIST_TYPE_ATTRIBUTES", raising=False)
     assert _config().list_type_attributes is False  # type: ignore[attr-defined]

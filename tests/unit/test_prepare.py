@@ -148,6 +148,7 @@ class Node:
     claims: Claims = field(default_factory=Claims)
     toolkit_dir: Path | None = None
     metadata: bool = False  # --device-metadata
+    nccl_topo: bool = False  # --nccl-topo-file
 
     def __post_init__(self) -> None:
         self.inventory: DeviceInventory = self.host.inventory()
@@ -161,6 +162,7 @@ class Node:
             toolkit=ToolkitSpecs((self.toolkit_dir,) if self.toolkit_dir else ()),
             pods=self.claims,
             metadata_dir=self.base / "plugin" / "metadata" if self.metadata else None,
+            nccl_topo_dir=self.base / "plugin" / "nccl-topo" if self.nccl_topo else None,
         )
 
     def prepare(self, claim: ClaimRef) -> list[PreparedDevice]:
@@ -573,3 +575,108 @@ def test_nics_without_rails_leave_nccl_cross_nic_alone(nic_node: Node, dgx_nics:
     )
     ids = kubelet_ids(nic_node.prepare(claim))
     assert nic_node.cdi().env_values(ids, "NCCL_CROSS_NIC") == set()
+
+
+# -- NCCL_TOPO_FILE (issue 27 point 6) ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dgx(tmp_path_factory: pytest.TempPathFactory) -> Host:
+    return build_host(tmp_path_factory.mktemp("dgxh100"), dgx=True)
+
+
+DGX_NIC0, DGX_NIC1 = "rdma-0000-19-00-0", "rdma-0000-3b-00-0"  # mlx5_0, mlx5_1: rails 0, 1
+
+
+def topo_files(node: Node, ids: Sequence[str]) -> dict[str, str]:
+    """NCCL_TOPO_FILE value -> the content of the host file mounted there, for every value a
+    container given `ids` can end with."""
+    cdi = node.cdi()
+    by_target = {m["containerPath"]: m["hostPath"] for m in mounts(node, ids).values()}
+    return {v: Path(by_target[v]).read_text() for v in cdi.env_values(ids, "NCCL_TOPO_FILE")}
+
+
+def described(text: str) -> set[str]:
+    """The GPUs (bus ids) and nets (names) a topology file describes."""
+    import xml.etree.ElementTree as ET
+
+    root = ET.fromstring(text)
+    gpus = {p.attrib["busid"] for p in root.iter("pci") if p.find("gpu") is not None}
+    return gpus | {n.attrib["name"] for n in root.iter("net")}
+
+
+def test_a_gpu_claim_gets_the_topology_of_exactly_its_devices(tmp_path: Path, dgx: Host) -> None:
+    node = Node(tmp_path, dgx, nccl_topo=True)
+    claim = node.claims.add(
+        "pair",
+        [
+            {"request": "gpu", "device": GPU0},
+            {"request": "gpu", "device": GPU1},
+            {"request": "nic", "device": DGX_NIC0},
+            {"request": "nic", "device": DGX_NIC1},
+        ],
+    )
+    devices = node.prepare(claim)
+    for request in ("", "gpu", "nic"):  # whole claim, or one request: the same one file
+        files = topo_files(node, kubelet_ids(devices, request))
+        assert list(files) == [f"/var/run/fabricdra/nccl-topo-{claim.uid}.xml"]
+    (text,) = topo_files(node, kubelet_ids(devices)).values()
+    assert described(text) == {"0000:18:00.0", "0000:3a:00.0", "mlx5_0", "mlx5_1"}
+    assert '<net name="mlx5_0" rail="0"/>' in text
+    (mount,) = [m for m in mounts(node, kubelet_ids(devices)).values() if "nccl" in m["hostPath"]]
+    assert mount["options"] == ["ro", "bind"]
+    node.driver.unprepare(claim)
+    assert not Path(mount["hostPath"]).exists()
+
+
+def test_a_nic_only_claim_gets_no_topology(tmp_path: Path, dgx: Host) -> None:
+    """NCCL builds its graph from GPUs: a file without one would give it nothing to use."""
+    node = Node(tmp_path, dgx, nccl_topo=True)
+    devices = node.prepare(node.claims.add("nics", [{"request": "nic", "device": DGX_NIC0}]))
+    assert node.cdi().env_values(kubelet_ids(devices), "NCCL_TOPO_FILE") == set()
+    assert not (tmp_path / "plugin" / "nccl-topo").exists()
+
+
+def test_claims_of_one_pod_describe_the_pods_devices_whatever_claim_wins(
+    tmp_path: Path, dgx: Host
+) -> None:
+    """Like NCCL_IB_HCA: a container using several claims ends with one NCCL_TOPO_FILE (CDI
+    environment is last-wins), so every claim's file describes the pod's GPUs and NICs; a claim
+    of another pod keeps its own."""
+    node = Node(tmp_path, dgx, nccl_topo=True)
+    a = node.claims.add("a", [{"request": "gpu", "device": GPU0}], pods=["trainer"])
+    b = node.claims.add("b", [{"request": "gpu", "device": GPU1}], pods=["trainer"])
+    nics = node.claims.add(
+        "n",
+        [{"request": "nic", "device": DGX_NIC0}, {"request": "nic", "device": DGX_NIC1}],
+        pods=["trainer"],
+    )
+    other = node.claims.add("o", [{"request": "gpu", "device": "gpu-0000-4b-00-0"}], pods=["web"])
+    ids = [i for c in (a, b, nics) for i in kubelet_ids(node.prepare(c))]
+    other_ids = kubelet_ids(node.prepare(other))
+    files = topo_files(node, ids)
+    assert len(files) == 2  # a's and b's paths: the NIC-only claim carries none
+    pod = {"0000:18:00.0", "0000:3a:00.0", "mlx5_0", "mlx5_1"}
+    assert {frozenset(described(t)) for t in files.values()} == {frozenset(pod)}
+    (alone,) = topo_files(node, other_ids).values()
+    assert described(alone) == {"0000:4b:00.0"}
+
+
+def test_no_topology_file_unless_asked(tmp_path: Path, dgx: Host) -> None:
+    node = Node(tmp_path, dgx)
+    devices = node.prepare(node.claims.add("plain", [{"request": "gpu", "device": GPU0}]))
+    assert node.cdi().env_values(kubelet_ids(devices), "NCCL_TOPO_FILE") == set()
+
+
+def test_a_node_whose_switch_links_are_unreadable_gets_no_topology(
+    tmp_path: Path, hgx: Host
+) -> None:
+    """The HGX tree has no link files on its bridges: NCCL could not use a file naming the
+    NIC's switch without them, so none is written (and prepare succeeds)."""
+    node = Node(tmp_path, hgx, nccl_topo=True)
+    devices = node.prepare(
+        node.claims.add(
+            "g", [{"request": "gpu", "device": GPU0}, {"request": "nic", "device": NIC0}]
+        )
+    )
+    assert node.cdi().env_values(kubelet_ids(devices), "NCCL_TOPO_FILE") == set()

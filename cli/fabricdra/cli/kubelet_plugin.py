@@ -116,6 +116,14 @@ def register(sub: Any) -> None:
         "/var/run/kubernetes.io/dra-device-attributes [FABRICDRA_DEVICE_METADATA=true]",
     )
     a(
+        "--nccl-topo-file",
+        default=env_choice("NCCL_TOPO_FILE", "true", ["true", "false"]),
+        choices=["true", "false"],
+        help="write NCCL's XML topology of the pod's GPUs and NICs (with their PCIe switches, "
+        "NUMA nodes and rails) for every claim with an NVIDIA GPU, mounted read-only with "
+        "NCCL_TOPO_FILE pointing at it (default true) [FABRICDRA_NCCL_TOPO_FILE]",
+    )
+    a(
         "--claim-sweep-interval",
         type=float,
         default=env_float("CLAIM_SWEEP_INTERVAL", 600),
@@ -292,6 +300,7 @@ def build_config(args: argparse.Namespace) -> Any:
         proc_root=Path(args.proc_root),
         devices=devices,
         device_metadata=args.device_metadata,
+        nccl_topo_file=args.nccl_topo_file == "true",
         list_type_attributes=args.list_type_attributes,
         evict_on_fatal=args.evict_on_fatal,
         discovery_interval=args.discovery_interval,

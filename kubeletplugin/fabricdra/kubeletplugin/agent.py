@@ -148,6 +148,8 @@ class AgentConfig:
     # KEP-5304: each request's device metadata file mounted into the containers (under
     # plugin_dir, which the chart mounts at the same path on the host).
     device_metadata: bool = False
+    # NCCL_TOPO_FILE for every claim with a GPU (nccltopofiles.py), under plugin_dir too.
+    nccl_topo_file: bool = True
     # DRAListTypeAttributes is on in the cluster (alpha in 1.36): list values (a Grace GPU's
     # NUMA nodes) may be published.
     list_type_attributes: bool = False
@@ -362,6 +364,7 @@ class Agent:
             # PodGroup links (KEP-5729) are read where the claims are: from the API server.
             pods=reader if claims is None else None,
             metadata_dir=config.plugin_dir / "metadata" if config.device_metadata else None,
+            nccl_topo_dir=config.plugin_dir / "nccl-topo" if config.nccl_topo_file else None,
             # Only where claims are read from the API server is there one to write to.
             network=None
             if claims is not None

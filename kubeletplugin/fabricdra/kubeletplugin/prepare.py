@@ -22,6 +22,9 @@ against the *current* `DeviceInventory`, and write one CDI spec for the claim:
   and injects GPUs nobody was granted. A container given only NICs never gets it: the GPUs
   NVIDIA's device plugin (env mode) gave the same container stay.
   No NUMA or CPU settings are injected: a MIG slice or a shared GPU cannot honour them.
+- With --nccl-topo-file (default on), a claim with a whole NVIDIA GPU: NCCL's XML topology of
+  the pod's GPUs and NICs (nccltopo.py, nccltopofiles.py) mounted read-only, NCCL_TOPO_FILE
+  pointing at it, through the claim-level `nccltopo-<claim uid>` CDI device.
 
 Refusals (the driver is the last line of defence): a device that overlaps one another
 prepared claim holds — the same device, a GPU and its MIG instances, a PF and its VFs — unless
@@ -59,9 +62,10 @@ from fabricdra.kube import events
 from fabricdra.kube.events import ObjectRef, Reporter
 from fabricdra.kube.rest import CLAIMS, EVENTS, PODS, ApiError
 
-from . import devicemetadata, exclusivity, kinds, metrics, ncclenv
+from . import devicemetadata, exclusivity, kinds, metrics, ncclenv, nccltopofiles
 from .devicemetadata import Granted, MetadataFiles
 from .devices import Device, DeviceConfig, DeviceInventory
+from .discovery.sysfs import RootError, SysfsTree
 from .hostdevices import DeviceNodeError, HostLayout
 from .kinds import ClaimGroup, PrepareContext
 from .kinds.nvidia import gpusharing
@@ -80,6 +84,7 @@ from .kubelet.claims import (
     recorded_answer,
     remove_recorded_specs,
 )
+from .nccltopo import TopoDevice, TopologyError, render
 from .networkstatus import NetworkStatus
 
 log = structlog.get_logger("fabricdra.prepare")
@@ -182,9 +187,13 @@ class DevicesDriver:
     # --device-metadata (KEP-5304): where each request's metadata file is written on the host
     # (devicemetadata.py); None: no metadata for containers.
     metadata_dir: Path | None = None
+    # --nccl-topo-file: where each GPU claim's NCCL topology (NCCL_TOPO_FILE) is written on the
+    # host (nccltopofiles.py); None: none written.
+    nccl_topo_dir: Path | None = None
     # Reads happen outside the lock; resolving, the in-use check and writing inside it.
     locks_itself = True
     _metadata: MetadataFiles | None = field(default=None, init=False, repr=False)
+    _topo: nccltopofiles.TopoFiles | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         # Entries of another boot: their containers are gone; so must their spec files be
@@ -193,6 +202,9 @@ class DevicesDriver:
         if self.metadata_dir is not None:
             self._metadata = MetadataFiles(self.metadata_dir, DRIVER_NAME)
             self._metadata.keep_only(e.uid for e in self.checkpoint.entries())
+        if self.nccl_topo_dir is not None:
+            self._topo = nccltopofiles.TopoFiles(self.nccl_topo_dir)
+            self._topo.keep_only(e.uid for e in self.checkpoint.entries())
 
     @property
     def driver_name(self) -> str:
@@ -228,11 +240,14 @@ class DevicesDriver:
                 except DeviceNodeError as e:
                     raise PrepareError(str(e)) from None
                 spec, prepared = self._with_metadata(claim, obj, grants, spec, prepared)
+                spec, prepared = self._with_topology(claim, obj, grants, spec, prepared, pod_groups)
                 ncclenv.widen_all(companions, hcas)  # before ours is recorded: see ncclenv
                 self._record(claim, obj, grants, spec, prepared, pod_groups)
             except Exception:
                 if self._metadata is not None:
                     self._metadata.remove(claim.uid)
+                if self._topo is not None:
+                    self._topo.remove(claim.uid)
                 # Nothing half-made: MIG instances this call created (a claim's second
                 # placement refused, device nodes missing) go again; kubelet retries.
                 if placements:
@@ -313,6 +328,68 @@ class DevicesDriver:
             for p in prepared
         ]
         return CdiSpec(kind=self.cdi.kind, devices=tuple(devices)), out
+
+    def _with_topology(
+        self,
+        claim: ClaimRef,
+        obj: dict[str, Any],
+        grants: Sequence[Grant],
+        spec: CdiSpec | None,
+        prepared: list[PreparedDevice],
+        pod_groups: dict[str, str | None],
+    ) -> tuple[CdiSpec | None, list[PreparedDevice]]:
+        """With --nccl-topo-file: the NCCL topology of the pod's GPUs and NICs of this driver
+        (nccltopofiles.py), written for this claim where it has a GPU and mounted by every
+        device of it through one claim-level CDI device; the files of the prepared claims a
+        pod of it may use with it rewritten to the same content. A fact NCCL requires that
+        cannot be read leaves the claim without a file (NCCL then reads the host itself)."""
+        if self._topo is None:
+            return spec, prepared
+        own = [self._topo_device(g.device) for g in grants]
+        ours = [d for d in own if d is not None]
+        linked = ncclenv.companions(
+            self.checkpoint.entries(), claim.uid, ncclenv.consumers(obj, pod_groups)
+        )
+        widen = [e.uid for e in linked if self._topo.exists(e.uid)]
+        if not nccltopofiles.has_gpu(ours) and not widen:
+            return spec, prepared  # nothing to describe NCCL would use, nothing to widen
+        inventory = self.inventory()
+        pod = list(ours)
+        for entry in linked:
+            for r in entry.devices or ():
+                device = inventory.get(r.base_name)
+                d = self._topo_device(device) if device is not None else None
+                if d is not None:
+                    pod.append(d)
+        try:
+            tree = SysfsTree(self.host.sysfs_root)
+            try:
+                facts = nccltopofiles.pci_facts(tree, pod)
+            finally:
+                tree.close()
+            text = render(pod, facts, nccltopofiles.cpu_facts(self.host.proc_root))
+        except (TopologyError, ValueError, OSError, RootError) as e:
+            log.warning("no NCCL topology file for the claim", claim=claim.name, reason=str(e))
+            return spec, prepared
+        try:
+            for uid in widen:
+                self._topo.write(uid, text)
+            if not nccltopofiles.has_gpu(ours):
+                return spec, prepared
+            self._topo.write(claim.uid, text)
+        except OSError as e:
+            raise PrepareError(f"cannot write the NCCL topology file: {e}") from None
+        name = nccltopofiles.device_name(claim.uid)
+        devices = [
+            *(spec.devices if spec is not None else ()),
+            CdiDevice(name, self._topo.edits(claim.uid)),
+        ]
+        topo_id = self.cdi.device_id(name)
+        out = [replace(p, cdi_device_ids=(*p.cdi_device_ids, topo_id)) for p in prepared]
+        return CdiSpec(kind=self.cdi.kind, devices=tuple(devices)), out
+
+    def _topo_device(self, device: Device) -> TopoDevice | None:
+        return nccltopofiles.topo_device(device, kinds.kind_of(device).nccl_hca(device))
 
     def _mig_made(self, claim_uid: str, created: bool = False) -> set[str]:
         """The devices the journal names for this claim (`created`: only those whose
@@ -571,6 +648,8 @@ class DevicesDriver:
             self.cdi.remove(claim.uid)  # its own spec name, also without a checkpoint entry
             if self._metadata is not None:
                 self._metadata.remove(claim.uid)
+            if self._topo is not None:
+                self._topo.remove(claim.uid)
             if self.dynamic_mig is not None:
                 # Only instances the journal says this claim had created; adopted ones never.
                 try:
