@@ -55,8 +55,9 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
+# The unit tier needs nothing (no cluster, no helm, no network) and runs on every core.
 unit: venv
-	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+	$(BIN)/pytest tests/unit -n auto $(PYTEST_ARGS)
 
 # Everything: lint, strict typing, unit tests, integration tests against a real control plane
 # and end-to-end tests against a real kubelet + containerd node.
