@@ -62,7 +62,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import structlog
 from prometheus_client import start_http_server
@@ -90,24 +90,14 @@ from .devices import (
     HeldAs,
     holder_name,
 )
-from .discovery.node import Discovery, NvmlSource, Previous, discover
-from .discovery.nvml import (
-    LiveXidEvents,
-    NvmlReadings,
-    ReplayedXidEvents,
-    XidEventSource,
-    load_snapshot,
-    read_live,
-)
+from .discovery.node import Discovery, Previous, discover
 from .discovery.scaleout.annotate import ScaleOutInputs
 from .discovery.sysfs import SysfsTree
+from .families import DEFAULT_TOOLKIT_DIRS
+from .families import build as build_families
 from .health import DcgmState, gpu_health, keep_unhealthy, nvidia_bound
 from .hostdevices import HostLayout
-from .kinds.nvidia.dynamicmig import DynamicMig, MigNvml
-from .kinds.nvidia.mignvml import LiveMigNvml
-from .kinds.nvidia.nvidiacdi import DEFAULT_SPEC_DIRS, ToolkitSpecs
-from .kinds.nvidia.seengpus import SeenGpus
-from .kinds.nvidia.xids import XidWatch
+from .kinds.family import PassFacts
 from .kubelet import ClaimSweeper, DeviceHealth, HealthBroadcaster, PluginPaths, PluginServer
 from .kubelet.cdi import CdiWriter
 from .kubelet.checkpoint import BOOT_ID_PATH, Checkpoint, ClaimEntry, current_boot_id
@@ -118,6 +108,9 @@ from .scaleoutsources import NeighbourSources, ScaleOutConfig, inputs_for
 from .verification import GateInput, Tools, VerificationRun, fingerprint
 from .verification import metrics as verification_metrics
 from .verification.runner import CHANGED, FIRST_RUN, Schedule, run_once
+
+if TYPE_CHECKING:
+    from .discovery.nvml import NvmlReadings
 
 log = structlog.get_logger("fabricdra.agent")
 
@@ -137,7 +130,7 @@ class AgentConfig:
     sysfs_root: Path = Path("/sys")
     nvml_snapshot: Path | None = None  # recorded NVML answers instead of the library
     cdi_dir: Path = Path("/var/run/cdi")
-    toolkit_cdi_dirs: tuple[Path, ...] = DEFAULT_SPEC_DIRS
+    toolkit_cdi_dirs: tuple[Path, ...] = DEFAULT_TOOLKIT_DIRS
     plugin_dir: Path = Path("/var/lib/kubelet/plugins") / DRIVER_NAME
     registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
     pod_uid: str | None = None  # per-pod socket names (rolling updates), see PluginPaths
@@ -188,19 +181,8 @@ class AgentConfig:
 
     @property
     def mig_journal_path(self) -> Path:
-        """The MIG instances dynamic MIG created (dynamicmig.py): survives restarts."""
+        """The MIG instances dynamic MIG created (kinds/nvidia/dynamicmig.py)."""
         return (self.state_dir or self.plugin_dir) / "dynamic-mig.json"
-
-    @property
-    def seen_gpus_path(self) -> Path:
-        """The last record of every GPU seen in this boot (seengpus.py): a lost GPU a claim
-        holds is kept published across a restart."""
-        return (self.state_dir or self.plugin_dir) / "gpus-seen.json"
-
-    @property
-    def xid_record_path(self) -> Path:
-        """The critical Xids seen in this boot (they are events: NVML never repeats them)."""
-        return (self.state_dir or self.plugin_dir) / "xid-errors.json"
 
 
 def _node_publisher(config: AgentConfig, api: Any) -> Publisher:
@@ -250,25 +232,26 @@ class Agent:
         *,
         publisher: Publisher | None = None,
         claims: ClaimReader | None = None,
-        mig_nvml: MigNvml | None = None,
+        mig_nvml: Any = None,  # dynamic MIG's NVML calls (tests' fakes); None: the library's
     ) -> None:
         self.config = config
         SysfsTree(config.sysfs_root).close()  # a bad root fails at start, not at the first pass
-        self.nvml_source: NvmlSource = read_live
-        xid_source: XidEventSource = LiveXidEvents()
-        if config.nvml_snapshot is not None:
-            snapshot = config.nvml_snapshot
-            self.nvml_source = lambda: load_snapshot(snapshot)
-            xid_source = ReplayedXidEvents(snapshot)
         boot_id = current_boot_id(config.boot_id_file)
-        self.xids = XidWatch(xid_source, state_file=config.xid_record_path, boot_id=boot_id)
+        # Each device family's state (families.py), driven through its hooks (kinds/family.py).
+        self.families = build_families(
+            config.devices,
+            state_dir=config.state_dir or config.plugin_dir,
+            boot_id=boot_id,
+            toolkit_cdi_dirs=config.toolkit_cdi_dirs,
+            nvml_snapshot=config.nvml_snapshot,
+            mig_nvml=mig_nvml,
+        )
         self.publisher = publisher or _node_publisher(config, api)
         self.neighbours = NeighbourSources(config.scale_out)
         self._topology_problem: str | None = None
         self.health = HealthBroadcaster(resend_seconds=config.health_resend_seconds)
         self.dcgm_state = DcgmState()
         self._gpu_health: dict[str, GpuHealth] = {}
-        self.seen_gpus = SeenGpus(config.seen_gpus_path, boot_id)
         self.inventory = DeviceInventory(())
         self.previous: Previous | None = None
         self.verification = Schedule(interval=config.verify_interval)
@@ -298,7 +281,7 @@ class Agent:
         self.withheld: dict[str, list[str]] = {}  # group -> device names, this pass
         reader = ApiClaimReader(api)
         checkpoint = Checkpoint(config.checkpoint_path, boot_id=boot_id)
-        self.driver = self._devices_driver(api, claims, reader, checkpoint, mig_nvml)
+        self.driver = self._devices_driver(api, claims, reader, checkpoint)
         # The API reads a pass uses (the Node: RDMA mode label, reverify annotation, device
         # plugins on its capacity; gone holds): their own thread once the agent runs, so a hung
         # API server never holds up health or taints.
@@ -339,18 +322,10 @@ class Agent:
         claims: ClaimReader | None,
         reader: ApiClaimReader,
         checkpoint: Checkpoint,
-        mig_nvml: MigNvml | None,
     ) -> DevicesDriver:
         """Prepare and unprepare (kubelet's gRPC calls): claims read through `claims`, else
         from the API server by `reader`."""
         config = self.config
-        # Dynamic MIG creates instances through NVML itself; with recorded NVML answers
-        # (--nvml-snapshot) there is no GPU to create them on, and placements are refused.
-        if mig_nvml is None and config.devices.dynamic_mig and config.nvml_snapshot is None:
-            mig_nvml = LiveMigNvml()
-        dynamic_mig = None
-        if config.devices.dynamic_mig and mig_nvml is not None:
-            dynamic_mig = DynamicMig(mig_nvml, config.mig_journal_path)
         return DevicesDriver(
             node_name=config.node_name,
             inventory=lambda: self.inventory,
@@ -358,7 +333,6 @@ class Agent:
             cdi=CdiWriter(config.cdi_dir, CDI_KIND),
             checkpoint=checkpoint,
             host=HostLayout(config.dev_root, config.proc_root, config.sysfs_root),
-            toolkit=ToolkitSpecs(config.toolkit_cdi_dirs),
             devices=config.devices,
             events=reader,
             # PodGroup links (KEP-5729) are read where the claims are: from the API server.
@@ -371,7 +345,7 @@ class Agent:
             else NetworkStatus(
                 metrics.counting_rest(api), config.node_name, config.sysfs_root, config.proc_root
             ),
-            dynamic_mig=dynamic_mig,
+            **self.families.driver_options(),
         )
 
     def _registered(self, status: Any) -> None:
@@ -388,7 +362,7 @@ class Agent:
         tree = SysfsTree(self.config.sysfs_root)
         try:
             discovery = discover(
-                tree, self.nvml_source, self.previous, scaleout=self._scale_out_inputs()
+                tree, self.families.nvml_source, self.previous, scaleout=self._scale_out_inputs()
             )
             inventory = self._take(discovery, start, tree)
             if not self.config.verification_gate:
@@ -447,18 +421,15 @@ class Agent:
         """Swap in this pass's inventory and tell kubelet about device health."""
         for part, reason in discovery.failures.items():
             log.error("discovery failed; keeping the previous record", part=part, error=reason)
-        nvml = self.xids.apply(discovery.nvml)  # with the Xids seen: health and GpuInfo
-        gpus = self._pass_gpu_health(discovery, nvml)
         entries = self.driver.checkpoint.entries()
         uids = [e.uid for e in entries]
-        # A GPU the kernel removed (fell off the bus) stays offered, tainted, from its last
-        # record until this process ends, and after a restart while a claim holds it, so the
-        # claims holding it keep their health signal (seengpus.py).
-        current = None if "accelerators" in discovery.failures else discovery.accelerators
-        lost = self.seen_gpus.update(current, held_devices(entries))
-        if lost:
-            log.warning("GPUs left the PCI bus; kept, tainted", gpus=[a.pciBusId for a in lost])
-        created_mig = self._created_mig()
+        # What the families add to the pass (NVIDIA: Xids applied to the readings, GPUs that
+        # left the bus, the MIG instances dynamic MIG created).
+        pass_facts = PassFacts(nvml=discovery.nvml)
+        for family in self.families.all:
+            family.observe(discovery, held_devices(entries), pass_facts)
+        nvml, lost, created_mig = pass_facts.nvml, pass_facts.lost, pass_facts.created_mig
+        gpus = self._pass_gpu_health(discovery, nvml)
         netns = self._netns(tree)  # a local read (sysfs), once per pass
 
         def inventory_for(facts: Facts) -> tuple[DeviceInventory, list[ClaimEntry]]:
@@ -789,34 +760,14 @@ class Agent:
         if interfaces is not None:
             self.previous = Previous(interfaces, None)
 
-    def recover_mig(self) -> list[str]:
-        """At start-up, before kubelet can prepare anything: destroy the MIG instances a crash
-        left half-recorded (dynamicmig.py); the devices concerned. An NVML failure is logged:
-        the journal keeps them for the next start."""
-        mig = self.driver.dynamic_mig
-        if mig is None:
-            return []
-        try:
-            touched = mig.recover()
-        except Exception as e:
-            log.error("dynamic MIG recovery failed; retried at the next start", error=str(e))
-            return []
-        if touched:
-            log.warning("dynamic MIG records resolved at start-up", devices=touched)
-        return touched
-
-    def _created_mig(self) -> set[str]:
-        mig = self.driver.dynamic_mig
-        if mig is None:
-            return set()
-        try:
-            return mig.created()
-        except Exception as e:  # an unreadable journal: its instances are adopted, not lost
-            log.error("dynamic MIG journal unreadable", error=str(e))
-            return set()
+    def start_families(self) -> None:
+        """At start-up, before kubelet can prepare anything: each family's start hook (NVIDIA:
+        dynamic MIG records a crash left half-made are resolved)."""
+        for family in self.families.all:
+            family.start()
 
     def _serve(self, stop: threading.Event) -> None:
-        self.recover_mig()
+        self.start_families()
         self.seed_history()
         self.pass_once()
         self.server.start()
@@ -831,16 +782,9 @@ class Agent:
                     break
                 now = time.monotonic()
                 due = woken or now >= next_pass or any(t <= now for t in self._rechecks)
-                if not due:
-                    # Xid events between passes: a new critical one is published now.
-                    try:
-                        fresh = self.xids.poll()
-                    except Exception:
-                        log.exception("Xid poll failed; the next pass reads them")
-                        fresh = False
-                    if not fresh:
-                        continue
-                    log.info("critical Xid error seen; publishing now")
+                # Events between passes (a new critical Xid): published now.
+                if not due and not self._families_poll():
+                    continue
                 self._rechecks = [t for t in self._rechecks if t > now]
                 try:
                     self.pass_once()
@@ -851,7 +795,19 @@ class Agent:
             self.facts.stop()
             self.sweeper.stop()
             self.server.stop()
-            self.xids.close()
+            for family in self.families.all:
+                family.close()
+
+    def _families_poll(self) -> bool:
+        fresh = False
+        for family in self.families.all:
+            try:
+                if family.poll():
+                    log.info("a device event asks for a pass; publishing now", family=family.name)
+                    fresh = True
+            except Exception:
+                log.exception("device event poll failed; the next pass reads them")
+        return fresh
 
     def _until_next_pass(self, next_pass: float) -> float:
         wait = max(0.0, next_pass - time.monotonic())
