@@ -94,4 +94,4 @@ def test_a_device_plugins_gpus_are_not_offered_again(
             assert [d for d in published if d.startswith("gpu-")]
             assert len(_events(api, node)) == 2
         finally:
-            agent.xids.close()
+            agent.families.nvidia.xids.close()

@@ -445,14 +445,14 @@ def test_a_critical_xid_taints_the_gpu_and_survives_a_plugin_restart(
         record([{"xid": 79}])
         agent.pass_once()
         first = wait_for(lambda: taint_time(api), what="the Xid's taint")
-        agent.xids.close()
+        agent.families.nvidia.xids.close()
 
         record([])  # a new process: the event is not delivered again
         time.sleep(1.1)  # the clock moves on (times have one-second resolution)
         restarted = Agent(config, api)
         restarted.pass_once()
         assert taint_time(api) == first
-        restarted.xids.close()
+        restarted.families.nvidia.xids.close()
 
 
 def test_a_gpu_that_falls_off_the_bus_stays_published_tainted_until_a_restart(
@@ -487,14 +487,14 @@ def test_a_gpu_that_falls_off_the_bus_stays_published_tainted_until_a_restart(
             h.device_name == device and h.health == "Unhealthy"
             for h in health_reports(node, inventory)
         )
-        agent.xids.close()
+        agent.families.nvidia.xids.close()
 
         restarted = Agent(config, api)  # a new process publishes what is on the bus
         restarted.pass_once()
         assert wait_for(
             lambda: device not in taint_keys(api, node), what="the GPU withdrawn after a restart"
         )
-        restarted.xids.close()
+        restarted.families.nvidia.xids.close()
 
 
 def test_a_lost_gpu_a_claim_holds_stays_published_unhealthy_across_a_restart(
@@ -536,7 +536,7 @@ def test_a_lost_gpu_a_claim_holds_stays_published_unhealthy_across_a_restart(
         host.nvml_snapshot.write_text(json.dumps(snapshot))
         agent.pass_once()
         assert TAINT_KEY in taint_keys(api, node)[device]
-        agent.xids.close()
+        agent.families.nvidia.xids.close()
 
         restarted = Agent(config, api)  # a new process: the kernel no longer lists the GPU
         inventory = restarted.pass_once()
@@ -554,11 +554,11 @@ def test_a_lost_gpu_a_claim_holds_stays_published_unhealthy_across_a_restart(
         restarted.pass_once()
         assert device not in taint_keys(api, node)
         assert device not in streamed(restarted)
-        restarted.xids.close()
+        restarted.families.nvidia.xids.close()
 
         again = Agent(config, api)  # and it does not come back after another restart
         assert again.pass_once().get(device) is None
-        again.xids.close()
+        again.families.nvidia.xids.close()
 
 
 def test_a_critical_xid_between_passes_is_published_within_seconds(
@@ -820,7 +820,7 @@ def test_the_node_label_picks_the_rdma_mode_and_a_held_nic_keeps_its_own(
         agent.pass_once()
         assert _rdma_modes(api, node) == {}
         assert "gpu-0000-18-00-0" in slice_devices(api, node)
-        agent.xids.close()
+        agent.families.nvidia.xids.close()
 
 
 def test_a_hold_whose_claim_left_the_api_no_longer_keeps_its_mode(
@@ -896,4 +896,4 @@ def test_a_hold_whose_claim_left_the_api_no_longer_keeps_its_mode(
         agent.driver.unprepare(refs["gone"])
         agent.pass_once()
         assert _rdma_modes(api, node)[gone] == "shared"  # unprepared: the node's mode
-        agent.xids.close()
+        agent.families.nvidia.xids.close()

@@ -183,4 +183,4 @@ def test_the_agent_withholds_with_a_netns_reading_from_the_hosts_sysfs(tmp_path:
         assert {d.type for d in agent.pass_once()} == {"gpu", "rdma"}
         assert agent.withheld == {}
     finally:
-        agent.xids.close()
+        agent.families.nvidia.xids.close()

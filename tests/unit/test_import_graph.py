@@ -251,3 +251,39 @@ def test_the_vendor_scan_finds_a_second_definition(tmp_path: Path) -> None:
     f.write_text('"""Vendor 0x10de in prose is fine."""\nA = "0x10de"\nB = 0x1002\nC = "15b3"\n')
     hits = spelled_vendor_ids(f, {"0x10de", "0x1002", "0x15b3"})
     assert [h.split()[0] for h in hits] == ["m.py:2", "m.py:3", "m.py:4"]
+
+
+# The composition's core: it holds families (families.py builds them) and calls their hooks
+# through `kinds` (the registry and protocols) only; a family's own modules, and the kind
+# modules of one vendor, are not its to import (issue 31).
+FAMILY_FREE = ("agent", "devices")
+FAMILY_PACKAGES = ("nvidia", "gaudi")
+KIND_MODULES = ("nvidia_gpu", "nvidia_mig", "amd_gpu", "efa", "rdma")
+
+
+def family_imports(graph: dict[str, set[str]], module: str) -> set[str]:
+    kinds = f"{PACKAGE}.kinds."
+    out = set()
+    for dep in graph[f"{PACKAGE}.{module}"]:
+        rest = dep.removeprefix(kinds)
+        if dep.startswith(kinds) and rest.split(".")[0] in (*FAMILY_PACKAGES, *KIND_MODULES):
+            out.add(dep.removeprefix(PACKAGE + "."))
+        if module == "devices" and dep.endswith(".discovery.nvml"):  # no NVML type either
+            out.add(dep.removeprefix(PACKAGE + "."))
+    return out
+
+
+@pytest.mark.parametrize("module", FAMILY_FREE)
+def test_the_core_imports_no_family_module(module: str) -> None:
+    found = family_imports(import_graph(modules()), module)
+    assert found == set(), f"{module}.py imports family modules at run time: {sorted(found)}"
+
+
+def test_the_family_rule_sees_a_family_import() -> None:
+    graph = {f"{PACKAGE}.agent": {f"{PACKAGE}.kinds.nvidia.xids", f"{PACKAGE}.kinds"}}
+    assert family_imports(graph, "agent") == {"kinds.nvidia.xids"}
+
+
+def test_the_agent_stays_under_600_lines() -> None:
+    lines = len((ROOT / "agent.py").read_text().splitlines())
+    assert lines < 600, f"agent.py has {lines} lines: move a concept into its own module"

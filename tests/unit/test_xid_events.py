@@ -130,7 +130,7 @@ def test_an_application_xid_informs_and_blocks_nothing(node: Node) -> None:
         "effect": "None",
     }
     assert taints(inventory, GPU0) == [informs]
-    agent.xids.close()
+    agent.families.nvidia.xids.close()
     node.restarted()
     restarted, _ = node.agent()
     assert taints(restarted.pass_once(), GPU0) == [informs]
@@ -153,7 +153,7 @@ def test_critical_xids_survive_a_plugin_restart_but_not_a_reboot(node: Node) -> 
     agent.pass_once()
     node.xid(3, 48)  # double-bit ECC
     assert agent.pass_once().get("gpu-0000-5c-00-0").health == "Unhealthy"  # type: ignore[union-attr]
-    agent.xids.close()
+    agent.families.nvidia.xids.close()
     node.restarted()  # NVML will not deliver that event again
 
     restarted, _ = node.agent("boot-1")
@@ -175,7 +175,7 @@ def test_an_event_set_that_fails_makes_health_unknown_for_that_pass(node: Node) 
         def drain(self) -> list[XidEvent]:
             raise XidEventsError("nvmlEventSetWait: Unknown Error")
 
-    agent.xids.source = Broken(node.snapshot_path)
+    agent.families.nvidia.xids.source = Broken(node.snapshot_path)
     gpu = agent.pass_once().get(GPU0)
     assert gpu is not None
     assert gpu.health == "Unknown"

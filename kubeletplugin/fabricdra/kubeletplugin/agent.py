@@ -32,14 +32,8 @@ registration — kubelet deletes the node's slices when it starts):
    has published (the event never comes before health or the slices);
 4. `NodePublisher.sync` (slices, NodeDevices, labels; it compares with the live objects, so
    a pass that changes nothing writes nothing, and slices kubelet deleted come back).
-Verification (docs/verification.md) runs whenever it is due (`verification.runner.Schedule`):
-the first pass runs it, so a new node is never offered on trust; a run that did not pass is
-retried with a backoff; the Node annotation `fabricdra.io/reverify` (read each pass) asks for
-a run and is removed once it is recorded; the publisher applies the gate from the last run.
-With the active probes off it runs inside the pass, before publishing; with them on (the
-tools take minutes) it runs on its own thread — in the verification pod with `verify_image`
-— and a later pass records it (the thread's end wakes one); the tools run only while no
-claim is prepared on the node (`_busy`).
+Verification (docs/verification.md) runs whenever it is due, the publisher applying the gate
+from the last run (verificationgate.py).
 The first pass runs before the sockets open, so kubelet never reaches a plugin without an
 inventory. After each registration, passes also run `REGISTRATION_RECHECKS` seconds later:
 kubelet wipes the node's slices in the background when it starts, and that wipe can land
@@ -56,16 +50,13 @@ previous state kept; the loop goes on.
 
 from __future__ import annotations
 
-import errno
 import threading
 import time
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import structlog
-from prometheus_client import start_http_server
 
 from fabricdra.api.verification import SystemProfile
 
@@ -74,14 +65,7 @@ from .apifacts import ApiFacts, Facts
 from .assembly import assemble
 from .coexistence import (
     BUILTIN_RULES,
-    GROUPS,
-    Conflict,
-    Group,
-    NetnsMode,
     Rule,
-    netns_conflicts,
-    read_netns_mode,
-    withhold,
 )
 from .devices import (
     DeviceConfig,
@@ -90,24 +74,15 @@ from .devices import (
     HeldAs,
     holder_name,
 )
-from .discovery.node import Discovery, NvmlSource, Previous, discover
-from .discovery.nvml import (
-    LiveXidEvents,
-    NvmlReadings,
-    ReplayedXidEvents,
-    XidEventSource,
-    load_snapshot,
-    read_live,
-)
+from .discovery.node import Discovery, Previous, discover
 from .discovery.scaleout.annotate import ScaleOutInputs
 from .discovery.sysfs import SysfsTree
+from .families import DEFAULT_TOOLKIT_DIRS
+from .families import build as build_families
 from .health import DcgmState, gpu_health, keep_unhealthy, nvidia_bound
+from .holds import held_devices, held_endpoints, pins_mode
 from .hostdevices import HostLayout
-from .kinds.nvidia.dynamicmig import DynamicMig, MigNvml
-from .kinds.nvidia.mignvml import LiveMigNvml
-from .kinds.nvidia.nvidiacdi import DEFAULT_SPEC_DIRS, ToolkitSpecs
-from .kinds.nvidia.seengpus import SeenGpus
-from .kinds.nvidia.xids import XidWatch
+from .kinds.family import PassFacts
 from .kubelet import ClaimSweeper, DeviceHealth, HealthBroadcaster, PluginPaths, PluginServer
 from .kubelet.cdi import CdiWriter
 from .kubelet.checkpoint import BOOT_ID_PATH, Checkpoint, ClaimEntry, current_boot_id
@@ -115,9 +90,14 @@ from .kubelet.claims import ClaimReader
 from .networkstatus import NetworkStatus
 from .prepare import CDI_KIND, DRIVER_NAME, ApiClaimReader, DevicesDriver
 from .scaleoutsources import NeighbourSources, ScaleOutConfig, inputs_for
-from .verification import GateInput, Tools, VerificationRun, fingerprint
+from .verification import GateInput, Tools
 from .verification import metrics as verification_metrics
-from .verification.runner import CHANGED, FIRST_RUN, Schedule, run_once
+from .verification.runner import Schedule
+from .verificationgate import VerificationGate
+from .withholding import Withholding
+
+if TYPE_CHECKING:
+    from .discovery.nvml import NvmlReadings
 
 log = structlog.get_logger("fabricdra.agent")
 
@@ -137,7 +117,7 @@ class AgentConfig:
     sysfs_root: Path = Path("/sys")
     nvml_snapshot: Path | None = None  # recorded NVML answers instead of the library
     cdi_dir: Path = Path("/var/run/cdi")
-    toolkit_cdi_dirs: tuple[Path, ...] = DEFAULT_SPEC_DIRS
+    toolkit_cdi_dirs: tuple[Path, ...] = DEFAULT_TOOLKIT_DIRS
     plugin_dir: Path = Path("/var/lib/kubelet/plugins") / DRIVER_NAME
     registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
     pod_uid: str | None = None  # per-pod socket names (rolling updates), see PluginPaths
@@ -188,19 +168,8 @@ class AgentConfig:
 
     @property
     def mig_journal_path(self) -> Path:
-        """The MIG instances dynamic MIG created (dynamicmig.py): survives restarts."""
+        """The MIG instances dynamic MIG created (kinds/nvidia/dynamicmig.py)."""
         return (self.state_dir or self.plugin_dir) / "dynamic-mig.json"
-
-    @property
-    def seen_gpus_path(self) -> Path:
-        """The last record of every GPU seen in this boot (seengpus.py): a lost GPU a claim
-        holds is kept published across a restart."""
-        return (self.state_dir or self.plugin_dir) / "gpus-seen.json"
-
-    @property
-    def xid_record_path(self) -> Path:
-        """The critical Xids seen in this boot (they are events: NVML never repeats them)."""
-        return (self.state_dir or self.plugin_dir) / "xid-errors.json"
 
 
 def _node_publisher(config: AgentConfig, api: Any) -> Publisher:
@@ -223,25 +192,6 @@ def _node_publisher(config: AgentConfig, api: Any) -> Publisher:
     )
 
 
-def _verify_tools(config: AgentConfig, api: Any) -> Tools:
-    """The verification tools, run in a pod of `verify_image` where one is set."""
-    if not config.verify_image:
-        return config.verify_tools
-    from fabricdra.kube.rest import Rest
-
-    from .verification.podrun import PodExecutor
-
-    pod = PodExecutor(
-        Rest(api),
-        config.verify_namespace,
-        config.node_name,
-        config.verify_image,
-        runtime_class=config.verify_runtime_class,
-    )
-    # In the pod the image's own PATH finds the tools.
-    return replace(config.verify_tools, executor=pod, path=None)
-
-
 class Agent:
     def __init__(
         self,
@@ -250,55 +200,34 @@ class Agent:
         *,
         publisher: Publisher | None = None,
         claims: ClaimReader | None = None,
-        mig_nvml: MigNvml | None = None,
+        mig_nvml: Any = None,  # dynamic MIG's NVML calls (tests' fakes); None: the library's
     ) -> None:
         self.config = config
         SysfsTree(config.sysfs_root).close()  # a bad root fails at start, not at the first pass
-        self.nvml_source: NvmlSource = read_live
-        xid_source: XidEventSource = LiveXidEvents()
-        if config.nvml_snapshot is not None:
-            snapshot = config.nvml_snapshot
-            self.nvml_source = lambda: load_snapshot(snapshot)
-            xid_source = ReplayedXidEvents(snapshot)
         boot_id = current_boot_id(config.boot_id_file)
-        self.xids = XidWatch(xid_source, state_file=config.xid_record_path, boot_id=boot_id)
+        # Each device family's state (families.py), driven through its hooks (kinds/family.py).
+        self.families = build_families(
+            config.devices,
+            state_dir=config.state_dir or config.plugin_dir,
+            boot_id=boot_id,
+            toolkit_cdi_dirs=config.toolkit_cdi_dirs,
+            nvml_snapshot=config.nvml_snapshot,
+            mig_nvml=mig_nvml,
+        )
         self.publisher = publisher or _node_publisher(config, api)
         self.neighbours = NeighbourSources(config.scale_out)
         self._topology_problem: str | None = None
         self.health = HealthBroadcaster(resend_seconds=config.health_resend_seconds)
         self.dcgm_state = DcgmState()
         self._gpu_health: dict[str, GpuHealth] = {}
-        self.seen_gpus = SeenGpus(config.seen_gpus_path, boot_id)
         self.inventory = DeviceInventory(())
         self.previous: Previous | None = None
-        self.verification = Schedule(interval=config.verify_interval)
-        self.verify_tools = _verify_tools(config, api)
-        self._restored = False
-        self._reverify: str | None = None  # the reverify annotation this pass answers
-        # A run with active probes goes on off the pass thread (tools take minutes): the
-        # thread, the reverify request it answers, and its result once done.
-        self._verifying: threading.Thread | None = None
-        self._verifying_answers: str | None = None
-        self._verified: VerificationRun | None = None
-        self._verified_lock = threading.Lock()
-        self._verifying_done = False
-        self._fingerprint = ""
         self.wake = threading.Event()
         self._rechecks: list[float] = []  # monotonic times of extra passes still due
         self.passes = 0  # discovery passes done
-        # Coexistence (coexistence.py): the RDMA namespace mode of the last readable reading
-        # (the device plugins on the Node's capacity are API facts, apifacts.py), this pass's
-        # conflicts and withheld devices, and the withheld set a report was last made for.
-        self._netns_mode: NetnsMode | None = None
-        self._netns_known = False
-        self._withheld_report: (
-            tuple[Mapping[str, Any] | None, list[Conflict], dict[Group, list[str]]] | None
-        ) = None
-        self._reported_withheld: tuple[str, ...] = ()
-        self.withheld: dict[str, list[str]] = {}  # group -> device names, this pass
         reader = ApiClaimReader(api)
         checkpoint = Checkpoint(config.checkpoint_path, boot_id=boot_id)
-        self.driver = self._devices_driver(api, claims, reader, checkpoint, mig_nvml)
+        self.driver = self._devices_driver(api, claims, reader, checkpoint)
         # The API reads a pass uses (the Node: RDMA mode label, reverify annotation, device
         # plugins on its capacity; gone holds): their own thread once the agent runs, so a hung
         # API server never holds up health or taints.
@@ -310,6 +239,10 @@ class Agent:
             self.wake.set,
             rules=config.device_plugin_rules,
             offline=api is None,  # without an API (offline, unit tests) no Node to read
+        )
+        self.withholding = Withholding(self.facts)
+        self.gate = VerificationGate(
+            config, api, self.publisher, self.facts, checkpoint, self.wake.set
         )
         # Its own thread: a hung claim read never holds up discovery, Xid or health updates.
         self.sweeper = ClaimSweeper(
@@ -339,18 +272,10 @@ class Agent:
         claims: ClaimReader | None,
         reader: ApiClaimReader,
         checkpoint: Checkpoint,
-        mig_nvml: MigNvml | None,
     ) -> DevicesDriver:
         """Prepare and unprepare (kubelet's gRPC calls): claims read through `claims`, else
         from the API server by `reader`."""
         config = self.config
-        # Dynamic MIG creates instances through NVML itself; with recorded NVML answers
-        # (--nvml-snapshot) there is no GPU to create them on, and placements are refused.
-        if mig_nvml is None and config.devices.dynamic_mig and config.nvml_snapshot is None:
-            mig_nvml = LiveMigNvml()
-        dynamic_mig = None
-        if config.devices.dynamic_mig and mig_nvml is not None:
-            dynamic_mig = DynamicMig(mig_nvml, config.mig_journal_path)
         return DevicesDriver(
             node_name=config.node_name,
             inventory=lambda: self.inventory,
@@ -358,7 +283,6 @@ class Agent:
             cdi=CdiWriter(config.cdi_dir, CDI_KIND),
             checkpoint=checkpoint,
             host=HostLayout(config.dev_root, config.proc_root, config.sysfs_root),
-            toolkit=ToolkitSpecs(config.toolkit_cdi_dirs),
             devices=config.devices,
             events=reader,
             # PodGroup links (KEP-5729) are read where the claims are: from the API server.
@@ -371,7 +295,7 @@ class Agent:
             else NetworkStatus(
                 metrics.counting_rest(api), config.node_name, config.sysfs_root, config.proc_root
             ),
-            dynamic_mig=dynamic_mig,
+            **self.families.driver_options(),
         )
 
     def _registered(self, status: Any) -> None:
@@ -388,32 +312,15 @@ class Agent:
         tree = SysfsTree(self.config.sysfs_root)
         try:
             discovery = discover(
-                tree, self.nvml_source, self.previous, scaleout=self._scale_out_inputs()
+                tree, self.families.nvml_source, self.previous, scaleout=self._scale_out_inputs()
             )
             inventory = self._take(discovery, start, tree)
             if not self.config.verification_gate:
                 self._publish(discovery, inventory, None)
-                self._report_withheld()
+                self.withholding.report()
                 return inventory
-            answered = self._collect_verification()
-            why = self._verification_due(tree, discovery)
-            if why is not None and self._verifying is not None:
-                why = None  # a run is under way: its result decides, at a later pass
-            if why in (FIRST_RUN, CHANGED):
-                # Published unverified while the run goes on (bandwidth tools take minutes):
-                # an old result never speaks for new hardware, a new node is never offered.
-                self._publish(discovery, inventory, self._gate())
-            background = why is not None and self.verify_tools.run_bandwidth
-            if why is not None and background:
-                self._start_verification(discovery, why)
-            elif why is not None:
-                self._run_verification(tree, discovery, why)
-            self._publish(discovery, inventory, self._gate())
-            if why is not None and not background and self._reverify is not None:
-                self._answered_reverify(self._reverify)
-            if answered is not None:
-                self._answered_reverify(answered)
-            self._report_withheld()
+            self.gate.run_in_pass(tree, discovery, lambda g: self._publish(discovery, inventory, g))
+            self.withholding.report()
         finally:
             tree.close()
         return inventory
@@ -447,19 +354,16 @@ class Agent:
         """Swap in this pass's inventory and tell kubelet about device health."""
         for part, reason in discovery.failures.items():
             log.error("discovery failed; keeping the previous record", part=part, error=reason)
-        nvml = self.xids.apply(discovery.nvml)  # with the Xids seen: health and GpuInfo
-        gpus = self._pass_gpu_health(discovery, nvml)
         entries = self.driver.checkpoint.entries()
         uids = [e.uid for e in entries]
-        # A GPU the kernel removed (fell off the bus) stays offered, tainted, from its last
-        # record until this process ends, and after a restart while a claim holds it, so the
-        # claims holding it keep their health signal (seengpus.py).
-        current = None if "accelerators" in discovery.failures else discovery.accelerators
-        lost = self.seen_gpus.update(current, held_devices(entries))
-        if lost:
-            log.warning("GPUs left the PCI bus; kept, tainted", gpus=[a.pciBusId for a in lost])
-        created_mig = self._created_mig()
-        netns = self._netns(tree)  # a local read (sysfs), once per pass
+        # What the families add to the pass (NVIDIA: Xids applied to the readings, GPUs that
+        # left the bus, the MIG instances dynamic MIG created).
+        pass_facts = PassFacts(nvml=discovery.nvml)
+        for family in self.families.all:
+            family.observe(discovery, held_devices(entries), pass_facts)
+        nvml, lost, created_mig = pass_facts.nvml, pass_facts.lost, pass_facts.created_mig
+        gpus = self._pass_gpu_health(discovery, nvml)
+        netns = self.withholding.netns(tree)  # a local read (sysfs), once per pass
 
         def inventory_for(facts: Facts) -> tuple[DeviceInventory, list[ClaimEntry]]:
             """This pass's inventory under `facts`, and the claims whose hold changes what
@@ -490,7 +394,7 @@ class Agent:
                 inventory = replace(
                     inventory, devices=tuple(d for d in inventory if d.name not in withheld)
                 )
-            return self._coexist(inventory, facts, netns), pinning
+            return self.withholding.apply(inventory, facts, netns), pinning
 
         # Health first, from local facts and the last-known API facts: no API read comes
         # before kubelet hears about a device (issue 29 point 4).
@@ -517,70 +421,16 @@ class Agent:
         self.previous = Previous(discovery.interfaces, discovery.accelerators)
         return inventory
 
+    @property
+    def withheld(self) -> dict[str, list[str]]:
+        """This pass's devices withheld, by group (coexistence.py)."""
+        return self.withholding.withheld
+
     def _swap(self, inventory: DeviceInventory) -> None:
         """Make `inventory` the one prepare resolves against, and tell kubelet its health."""
         self.inventory = inventory
         self.health.publish(health_reports(self.config.node_name, inventory))
         _count_devices(inventory)
-
-    def _netns(self, tree: SysfsTree) -> list[Conflict]:
-        """The groups the RDMA subsystem's namespace mode withholds (coexistence.py), read from
-        this pass's sysfs; unreadable: the last reading; never readable: RDMA and EFA."""
-        try:
-            self._netns_mode, self._netns_known = read_netns_mode(tree), True
-        except ValueError as e:
-            log.warning("RDMA namespace mode unreadable; last reading kept", error=str(e))
-        if not self._netns_known:
-            return [Conflict(g, "the RDMA namespace mode is unreadable") for g in ("rdma", "efa")]
-        return netns_conflicts(self._netns_mode)
-
-    def _coexist(
-        self, inventory: DeviceInventory, facts: Facts, netns: list[Conflict]
-    ) -> DeviceInventory:
-        """This pass's inventory without the devices another advertiser hands out here: a
-        device plugin on the Node's capacity (as last read, apifacts.py), or an RDMA
-        subsystem in exclusive namespace mode (`netns`). The Node never read: the groups it
-        decides are withheld (unknown is not "no device plugin"). The report of a change (a
-        log line, an event on the Node) waits until the pass has published
-        (`_report_withheld`)."""
-        plugins = facts.plugins
-        if plugins is None:
-            plugins = tuple(Conflict(g, "the Node could not be read yet") for g in GROUPS)
-        conflicts = [*plugins, *netns]
-        kept, dropped = withhold(inventory, conflicts)
-        self.withheld = dict(dropped.items())
-        self._withheld_report = (facts.node, conflicts, dropped)
-        return kept
-
-    def _report_withheld(self) -> None:
-        """A log line and a Warning event on the Node each time the withheld set changes: after
-        the pass has told kubelet and published, so an API write never delays either."""
-        if self._withheld_report is None:
-            return
-        node, conflicts, dropped = self._withheld_report
-        reasons = {g: [c.reason for c in conflicts if c.group == g] for g in dropped}
-        key = tuple(f"{g}={len(dropped[g])}:{';'.join(reasons[g])}" for g in sorted(dropped))
-        if key == self._reported_withheld:
-            return
-        if not dropped:
-            log.info("no device withheld: no other advertiser on this node")
-            self._reported_withheld = key
-            return
-        for group in sorted(dropped):
-            log.warning(
-                "devices withheld: another advertiser hands them out on this node",
-                group=group,
-                devices=len(dropped[group]),
-                because=reasons[group],
-            )
-        message = "; ".join(
-            f"{len(dropped[g])} {g} device(s) not offered by devices.fabricdra.io: "
-            + ", ".join(reasons[g])
-            for g in sorted(dropped)
-        )
-        message += " (docs/coexistence.md)"
-        if node is None or self.facts.event(node, "DevicesWithheld", message[:1024]):
-            self._reported_withheld = key
 
     def _publish(
         self, discovery: Discovery, inventory: DeviceInventory, gate: GateInput | None
@@ -596,147 +446,27 @@ class Agent:
         if gate is not None:
             verification_metrics.record_state(getattr(self.publisher, "verification", None))
 
-    def _gate(self) -> GateInput:
-        return GateInput(self.verification.last_run, self._fingerprint)
-
-    def _verification_due(self, tree: SysfsTree, discovery: Discovery) -> str | None:
-        if not self._restored and self.verification.last_run is None:
-            recorded = getattr(self.publisher, "recorded_verification", None)
-            try:
-                if recorded is not None:
-                    self.verification.restore(recorded())
-                self._restored = True
-            except Exception as e:  # the API may be down: this pass verifies afresh
-                log.warning("recorded verification unreadable", error=str(e))
-        if discovery.interfaces is None or discovery.accelerators is None:
-            return None  # only a complete enumeration says what the node has: keep the last
-        self._reverify = self._reverify_request()
-        if self._reverify is not None:
-            self.verification.request()
-        self._fingerprint = fingerprint(tree, discovery.interfaces, discovery.accelerators)
-        why = self.verification.due(self._fingerprint)
-        if why == CHANGED:
-            self.verification.baseline.clear()  # a repair: its own link flaps do not count
-        return why
-
-    def _reverify_request(self) -> str | None:
-        """The reverify annotation as last read (apifacts.py): never read on the pass."""
-        entries = self.driver.checkpoint.entries()
-        return self.facts.current(e.uid for e in entries).reverify
-
-    def _answered_reverify(self, value: str) -> None:
-        clear = getattr(self.publisher, "clear_reverify", None)
-        try:
-            if clear is not None:
-                clear(value)
-        except Exception as e:  # a newer request, or the API is down: the next pass sees it
-            log.warning("reverify annotation not removed", error=str(e))
-        else:
-            self.facts.forget_reverify(value)
-            log.info("reverification done; annotation removed")
-
-    def _run_verification(self, tree: SysfsTree, discovery: Discovery, why: str) -> None:
-        log.info("verification run starting", reason=why)
-        self.verification.ran(
-            run_once(
-                tree,
-                discovery.interfaces or [],
-                discovery.accelerators or [],
-                discovery.nvml,
-                self._fingerprint,
-                tools=self.verify_tools,
-                expect=self.config.verify_expect,
-                baseline=self.verification.baseline,
-            )
-        )
-
-    def _busy(self) -> str | None:
-        """Why the node is not idle for the active probes: claims prepared on its devices
-        (the checkpoint), which the tools would disturb and be disturbed by."""
-        entries = self.driver.checkpoint.entries()
-        if not entries:
-            return None
-        return f"node busy: {len(entries)} claim(s) prepared on it"
-
-    def _start_verification(self, discovery: Discovery, why: str) -> None:
-        """Run verification (with the active probes) on its own thread; the pass goes on and
-        publishes the gate as it is, and the thread's end starts a pass that records it."""
-        log.info("verification run starting", reason=why, background=True)
-        interfaces, accelerators = discovery.interfaces or [], discovery.accelerators or []
-        nvml, fp, busy = discovery.nvml, self._fingerprint, self._busy()
-        previous = self.verification.last_run
-        self._verifying_answers = self._reverify
-        if busy is not None:
-            log.info("active probes not run: the node is busy", reason=busy)
-
-        def work() -> None:
-            tree = SysfsTree(self.config.sysfs_root)
-            try:
-                run = run_once(
-                    tree,
-                    interfaces,
-                    accelerators,
-                    nvml,
-                    fp,
-                    tools=self.verify_tools,
-                    expect=self.config.verify_expect,
-                    baseline=self.verification.baseline,
-                    busy=busy,
-                    previous=previous,
-                )
-            except Exception:
-                log.exception("verification run failed to complete; retried later")
-                run = None
-            finally:
-                tree.close()
-            with self._verified_lock:
-                self._verified = run
-                self._verifying_done = True
-            self.wake.set()
-
-        self._verifying_done = False
-        self._verifying = threading.Thread(target=work, name="verification", daemon=True)
-        self._verifying.start()
-
-    def _collect_verification(self) -> str | None:
-        """Take a finished background run into the schedule; returns the reverify request it
-        answered (to be removed once published)."""
-        if self._verifying is None:
-            return None
-        with self._verified_lock:
-            if not self._verifying_done:
-                return None
-            run, self._verified = self._verified, None
-        self._verifying.join()
-        self._verifying = None
-        answered, self._verifying_answers = self._verifying_answers, None
-        if run is None:
-            return None
-        self.verification.ran(run)
-        return answered
+    @property
+    def verification(self) -> Schedule:
+        """When verification is due, and its last run (verificationgate.py)."""
+        return self.gate.schedule
 
     def join_verification(self, timeout: float | None = None) -> bool:
         """Wait for a background run to end (tests, shutdown); True when none is under way."""
-        thread = self._verifying
-        if thread is not None:
-            thread.join(timeout)
-            return not thread.is_alive()
-        return True
+        return self.gate.join(timeout)
 
     def request_verification(self) -> None:
         """Run verification in the next pass (fresh error-counter window), and start that
         pass now."""
-        self.verification.request()
-        self.wake.set()
+        self.gate.request()
 
     def run(self, stop: threading.Event) -> None:
         servers: list[Any] = []
         ended = threading.Event()
         binder = None
         if self.config.metrics_port:
-            binder = threading.Thread(
-                target=self._serve_metrics, args=(ended, servers), name="metrics", daemon=True
-            )
+            where = (self.config.metrics_port or 0, self.config.metrics_address, ended, servers)
+            binder = threading.Thread(target=metrics.serve, args=where, name="metrics", daemon=True)
             binder.start()
         try:
             self._serve(stop)
@@ -748,29 +478,6 @@ class Agent:
             for http in servers:
                 http.shutdown()
                 http.server_close()
-
-    def _serve_metrics(self, ended: threading.Event, servers: list[Any]) -> None:
-        """Open the metrics port, retrying while it is taken: in the host network, a rolling
-        update's new pod starts while the old pod still holds the port (maxSurge), and
-        serves it once the old pod has exited."""
-        port, warned = self.config.metrics_port or 0, False
-        while not ended.is_set():
-            try:
-                http, _ = start_http_server(
-                    port, self.config.metrics_address, registry=metrics.REGISTRY
-                )
-            except OSError as e:
-                if e.errno != errno.EADDRINUSE:
-                    log.error("metrics port cannot be opened", port=port, error=str(e))
-                    return
-                if not warned:
-                    log.warning("metrics port in use (another pod?); retrying", port=port)
-                    warned = True
-                ended.wait(1.0)
-                continue
-            servers.append(http)
-            log.info("metrics served", port=port)
-            return
 
     def seed_history(self) -> None:
         """Start from the link history this node last published (NodeDevices), so a failure's
@@ -789,34 +496,14 @@ class Agent:
         if interfaces is not None:
             self.previous = Previous(interfaces, None)
 
-    def recover_mig(self) -> list[str]:
-        """At start-up, before kubelet can prepare anything: destroy the MIG instances a crash
-        left half-recorded (dynamicmig.py); the devices concerned. An NVML failure is logged:
-        the journal keeps them for the next start."""
-        mig = self.driver.dynamic_mig
-        if mig is None:
-            return []
-        try:
-            touched = mig.recover()
-        except Exception as e:
-            log.error("dynamic MIG recovery failed; retried at the next start", error=str(e))
-            return []
-        if touched:
-            log.warning("dynamic MIG records resolved at start-up", devices=touched)
-        return touched
-
-    def _created_mig(self) -> set[str]:
-        mig = self.driver.dynamic_mig
-        if mig is None:
-            return set()
-        try:
-            return mig.created()
-        except Exception as e:  # an unreadable journal: its instances are adopted, not lost
-            log.error("dynamic MIG journal unreadable", error=str(e))
-            return set()
+    def start_families(self) -> None:
+        """At start-up, before kubelet can prepare anything: each family's start hook (NVIDIA:
+        dynamic MIG records a crash left half-made are resolved)."""
+        for family in self.families.all:
+            family.start()
 
     def _serve(self, stop: threading.Event) -> None:
-        self.recover_mig()
+        self.start_families()
         self.seed_history()
         self.pass_once()
         self.server.start()
@@ -831,16 +518,9 @@ class Agent:
                     break
                 now = time.monotonic()
                 due = woken or now >= next_pass or any(t <= now for t in self._rechecks)
-                if not due:
-                    # Xid events between passes: a new critical one is published now.
-                    try:
-                        fresh = self.xids.poll()
-                    except Exception:
-                        log.exception("Xid poll failed; the next pass reads them")
-                        fresh = False
-                    if not fresh:
-                        continue
-                    log.info("critical Xid error seen; publishing now")
+                # Events between passes (a new critical Xid): published now.
+                if not due and not self._families_poll():
+                    continue
                 self._rechecks = [t for t in self._rechecks if t > now]
                 try:
                     self.pass_once()
@@ -851,7 +531,19 @@ class Agent:
             self.facts.stop()
             self.sweeper.stop()
             self.server.stop()
-            self.xids.close()
+            for family in self.families.all:
+                family.close()
+
+    def _families_poll(self) -> bool:
+        fresh = False
+        for family in self.families.all:
+            try:
+                if family.poll():
+                    log.info("a device event asks for a pass; publishing now", family=family.name)
+                    fresh = True
+            except Exception:
+                log.exception("device event poll failed; the next pass reads them")
+        return fresh
 
     def _until_next_pass(self, next_pass: float) -> float:
         wait = max(0.0, next_pass - time.monotonic())
@@ -879,45 +571,6 @@ def health_reports(pool: str, inventory: DeviceInventory) -> list[DeviceHealth]:
                 for k in range(inventory.shared_holders)
             )
     return out
-
-
-def held_endpoints(entries: Iterable[ClaimEntry]) -> dict[str, HeldAs]:
-    """How prepared claims hold each device (by inventory name): `shared` when allocated as a
-    share (a `shareID`, or a 1.34/1.35 holder name `<endpoint>-s<k>`), else `exclusive`; an
-    exclusive hold wins over a share. What the publisher keeps offering a held NIC as, so a
-    mode change never moves a prepared device."""
-    out: dict[str, HeldAs] = {}
-    for entry in entries:
-        for r in entry.devices or ():
-            shared = r.share_id is not None or r.device_name != r.base_name
-            if out.get(r.base_name) != "exclusive":
-                out[r.base_name] = "shared" if shared else "exclusive"
-    return out
-
-
-def held_devices(entries: Iterable[ClaimEntry]) -> set[str]:
-    """Every device prepared claims hold, by inventory name, and the devices those are part
-    of (a MIG instance's GPU, a VF's PF)."""
-    out: set[str] = set()
-    for entry in entries:
-        for r in entry.devices or ():
-            out.add(r.base_name)
-            if r.within is not None:
-                out.add(r.within)
-    return out
-
-
-def pins_mode(entry: ClaimEntry, natural: DeviceInventory) -> bool:
-    """Whether `entry`'s hold changes what is offered: it holds an RDMA endpoint that the
-    node's modes alone (`natural`: built with no holds) offer in another mode or not at all.
-    A VF is offered `vf` however it is held. GPUs are offered the same held or not."""
-    for name, held_as in held_endpoints([entry]).items():
-        if not name.startswith("rdma-"):  # endpoint names (`endpoint_name`); GPUs never pin
-            continue
-        device = natural.get(name)
-        if device is None or device.mode not in (held_as, "vf"):
-            return True
-    return False
 
 
 def _count_devices(inventory: DeviceInventory) -> None:

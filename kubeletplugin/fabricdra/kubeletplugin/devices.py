@@ -55,10 +55,10 @@ from typing import TYPE_CHECKING, Literal
 from fabricdra.api.inventory import Accelerator, Endpoint, Interface, MigDevice
 
 from .discovery.nvlink import nvlink_groups
-from .discovery.nvml import NvmlReadings
 from .discovery.vendors import AMD, NVIDIA
 
-if TYPE_CHECKING:  # annotations only: the model imports no family module at run time
+if TYPE_CHECKING:  # annotations only: the model imports no family module nor NVML at run time
+    from .discovery.nvml import NvmlReadings
     from .kinds.nvidia.migprofiles import Placement
 
 RdmaMode = Literal["exclusive", "shared", "off"]

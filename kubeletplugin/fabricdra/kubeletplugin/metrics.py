@@ -6,11 +6,16 @@ docs/kubelet-plugin.md.
 
 from __future__ import annotations
 
+import errno
+import threading
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from fabricdra.kube.rest import CountingRest, Kind
+
+log = structlog.get_logger("fabricdra.agent")
 
 if TYPE_CHECKING:
     from fabricdra.kubeletplugin.kubelet.server import ClaimMetrics
@@ -96,3 +101,25 @@ def claim_metrics() -> ClaimMetrics:
     from fabricdra.kubeletplugin.kubelet.server import ClaimMetrics
 
     return ClaimMetrics(PREPARE_SECONDS, UNPREPARE_SECONDS, PREPARE_ERRORS, UNPREPARE_ERRORS)
+
+
+def serve(port: int, address: str, ended: threading.Event, servers: list[Any]) -> None:
+    """Open the metrics port, retrying while it is taken: in the host network, a rolling
+    update's new pod starts while the old pod still holds the port (maxSurge), and
+    serves it once the old pod has exited."""
+    warned = False
+    while not ended.is_set():
+        try:
+            http, _ = start_http_server(port, address, registry=REGISTRY)
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                log.error("metrics port cannot be opened", port=port, error=str(e))
+                return
+            if not warned:
+                log.warning("metrics port in use (another pod?); retrying", port=port)
+                warned = True
+            ended.wait(1.0)
+            continue
+        servers.append(http)
+        log.info("metrics served", port=port)
+        return
