@@ -242,9 +242,11 @@ def test_prepare_gpus_and_their_nics(plugin: Plugin, api: Any, ns: str, version:
         ]
     }
     assert edits[f"{NIC1}-{uid}"]["deviceNodes"][0]["path"] == "/dev/infiniband/uverbs1"
-    # rdma_cm and NCCL_IB_HCA once per claim; "=": NCCL matches the names exactly
+    # rdma_cm and NCCL_IB_HCA once per claim; "=": NCCL matches the names exactly. The host
+    # is rail-optimised (one NIC beside each GPU): every granted NIC has a measured rail, so
+    # NCCL keeps each ring on its rail (docs/scale-out.md, "Rail").
     assert edits[f"rdma-{uid}"] == {
-        "env": ["NCCL_IB_HCA==mlx5_0,mlx5_1"],
+        "env": ["NCCL_IB_HCA==mlx5_0,mlx5_1", "NCCL_CROSS_NIC=0"],
         "deviceNodes": [
             {
                 "path": "/dev/infiniband/rdma_cm",
@@ -272,7 +274,8 @@ def test_prepare_a_virtual_function(plugin: Plugin, api: Any, ns: str) -> None:
     assert entry.error == ""
     edits = edits_by_device(plugin.spec(uid))
     assert edits[f"{VF60}-{uid}"]["deviceNodes"][0]["path"] == "/dev/infiniband/uverbs7"
-    assert edits[f"rdma-{uid}"]["env"] == ["NCCL_IB_HCA==mlx5_6v0"]
+    # A VF carries its physical function's rail.
+    assert edits[f"rdma-{uid}"]["env"] == ["NCCL_IB_HCA==mlx5_6v0", "NCCL_CROSS_NIC=0"]
 
 
 def test_a_pf_with_vfs_is_not_offered_whole(plugin: Plugin, api: Any, ns: str) -> None:
