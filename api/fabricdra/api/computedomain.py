@@ -50,6 +50,13 @@ FREE_OWNER = "free"
 # admitted its claim's node for the claim's domain, which closes the race between two domains'
 # pods scheduled onto one free node in the same instant.
 ADMITTED_CONDITION = "compute-domain.fabricdra.io/admitted"
+# ComputeDomain annotation: the batch scheduler that chooses the domain's nodes. With
+# `kueue` (Kueue's topology-aware scheduling assigns the pods' nodes), the controller never
+# places the domain as a gang, even with numNodes: it follows the nodes its pods' claims are
+# allocated on, as an elastic domain does (docs/compute-domains.md, "With Kueue"). Any other
+# value: placed by the controller as usual.
+PLACED_BY = "fabricdra.io/placed-by"
+PLACED_BY_KUEUE = "kueue"
 CONFLICT_CONDITION = "compute-domain.fabricdra.io/conflict"
 
 # Opaque claim-parameter kinds (driver compute-domain.fabricdra.io) the controller puts into
@@ -388,6 +395,12 @@ class ComputeDomainStatus(_Model):
         "channel id in that IMEX domain) and its nodes.",
     )
     observedGeneration: int = 0
+
+
+def placed_by_kueue(obj: Mapping[str, Any]) -> bool:
+    """A stored ComputeDomain whose nodes Kueue assigns (PLACED_BY): never placed by fabricdra."""
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    return bool(annotations.get(PLACED_BY) == PLACED_BY_KUEUE)
 
 
 def gang_size(obj: Mapping[str, Any]) -> int | None:

@@ -38,7 +38,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fabricdra.api.computedomain import FREE_OWNER, ComputeDomain, gang_size
+from fabricdra.api.computedomain import FREE_OWNER, ComputeDomain, gang_size, placed_by_kueue
 from fabricdra.api.jsontypes import JSON
 
 from . import capacity, hierarchy, podfit, records
@@ -136,8 +136,14 @@ def recorded_shares(obj: Mapping[str, Any]) -> dict[str, int] | None:
 
 def is_gang(domain: ComputeDomain) -> bool:
     """A gang placed in one fabric domain: `numNodes` > 1, and not a domain that may span
-    several cliques (that one is never steered to a fabric domain)."""
-    return (domain.num_nodes or 1) > 1 and not domain.spec.allowMultipleCliques
+    several cliques (that one is never steered to a fabric domain), nor one whose nodes Kueue
+    assigns (its pods are gated until Kueue's topology assignment: a fabric domain chosen
+    here could differ from it, and its claims, pinned there, could then go nowhere)."""
+    return (
+        (domain.num_nodes or 1) > 1
+        and not domain.spec.allowMultipleCliques
+        and not placed_by_kueue({"metadata": domain.metadata})
+    )
 
 
 class GpuRoom(Mapping[str, int]):
@@ -400,6 +406,8 @@ class Placement:
 
     def place(self, domain: ComputeDomain, key: str) -> Placed:
         """The gang's fabric domain, placing it now (best fit) if it has none yet."""
+        if placed_by_kueue({"metadata": domain.metadata}):
+            return Placed(None)  # Kueue chose its nodes: it follows its claims (is_gang)
         if domain.spec.spans:
             return self._place_spanning(domain, key)
         if not is_gang(domain):
@@ -581,6 +589,12 @@ class Placement:
         obj = d.domains.get(key) if key else None
         if obj is None or not fabric:
             return ""
+        if placed_by_kueue(obj):
+            # Not placed here, so nothing to place again: Kueue's assignment stands.
+            return (
+                "Kueue assigned the gang's nodes (fabricdra.io/placed-by): its pods are "
+                "retried there, and Kueue's waitForPodsReady requeues the workload"
+            )
         with self._lock:
             recorded = (obj.get("status") or {}).get("fabricDomain", "")
             if self._current(uid, recorded) != fabric:
@@ -637,7 +651,7 @@ class Placement:
             return False
         spec = obj.get("spec") or {}
         want = gang_size(obj) or 1
-        if want <= 1 or spec.get("allowMultipleCliques") is True:
+        if want <= 1 or spec.get("allowMultipleCliques") is True or placed_by_kueue(obj):
             return False
         with self._lock:
             current = self._current(uid, (obj.get("status") or {}).get("fabricDomain", ""))
