@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any
 
 import structlog
 
+from . import claimfolders
 from .devices import Device
 from .kubelet.cdi import ContainerEdits, Mount, write_atomic
 
@@ -135,21 +135,11 @@ class MetadataFiles:
         )
 
     def remove(self, claim_uid: str) -> None:
-        if not claim_uid or "/" in claim_uid or claim_uid in (".", ".."):
-            return  # never a path outside the folder
-        shutil.rmtree(self.dir / claim_uid, ignore_errors=True)
+        claimfolders.remove(self.dir, claim_uid)
 
     def keep_only(self, claim_uids: Iterable[str]) -> None:
         """Remove the files of claims the checkpoint no longer names (another boot's)."""
-        keep = set(claim_uids)
-        try:
-            found = list(self.dir.iterdir())
-        except FileNotFoundError:
-            return
-        for entry in found:
-            if entry.name not in keep and entry.is_dir() and not entry.is_symlink():
-                log.info("removing device metadata of a claim no longer prepared", uid=entry.name)
-                shutil.rmtree(entry, ignore_errors=True)
+        claimfolders.keep_only(self.dir, claim_uids, "device metadata")
 
 
 def device_name(request: str, claim_uid: str) -> str:

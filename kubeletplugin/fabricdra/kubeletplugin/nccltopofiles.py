@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import os
 import platform
-import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import structlog
 
+from . import claimfolders
+from .claimfolders import safe_uid
 from .devices import Device
 from .discovery.sysfs import Absent, SysfsTree, Unreadable
 from .kubelet.cdi import ContainerEdits, Mount, write_atomic
@@ -181,7 +182,7 @@ class TopoFiles:
         return self.dir / claim_uid / FILE_NAME
 
     def exists(self, claim_uid: str) -> bool:
-        return _safe(claim_uid) and self.host_path(claim_uid).is_file()
+        return safe_uid(claim_uid) and self.host_path(claim_uid).is_file()
 
     def write(self, claim_uid: str, text: str) -> None:
         """Write (only when the content changed). Raises OSError."""
@@ -202,24 +203,11 @@ class TopoFiles:
         )
 
     def remove(self, claim_uid: str) -> None:
-        if _safe(claim_uid):
-            shutil.rmtree(self.dir / claim_uid, ignore_errors=True)
+        claimfolders.remove(self.dir, claim_uid)
 
     def keep_only(self, claim_uids: Iterable[str]) -> None:
         """Remove the files of claims the checkpoint no longer names (another boot's)."""
-        keep = set(claim_uids)
-        try:
-            found = list(self.dir.iterdir())
-        except FileNotFoundError:
-            return
-        for entry in found:
-            if entry.name not in keep and entry.is_dir() and not entry.is_symlink():
-                log.info("removing the NCCL topology of a claim no longer prepared", uid=entry.name)
-                shutil.rmtree(entry, ignore_errors=True)
-
-
-def _safe(claim_uid: str) -> bool:
-    return bool(claim_uid) and "/" not in claim_uid and claim_uid not in (".", "..")
+        claimfolders.keep_only(self.dir, claim_uids, "the NCCL topology")
 
 
 def has_gpu(devices: Sequence[TopoDevice]) -> bool:
