@@ -77,6 +77,45 @@ class Env:
         return LAYOUT[self.nodes.index(node)]
 
 
+def kueue_objects(namespace: str) -> list[dict[str, Any]]:
+    """The Topology, a flavor over the test's nodes, a ClusterQueue with CPU quota and the
+    namespace's LocalQueue."""
+    return [
+        topology_object("fabric"),
+        {
+            "apiVersion": f"{API_GROUP}/{API_VERSION}",
+            "kind": "ResourceFlavor",
+            "metadata": {"name": "fabric-nodes"},
+            "spec": {"nodeLabels": {FLAVOR_LABEL: "kueue"}, "topologyName": "fabric"},
+        },
+        {
+            "apiVersion": f"{API_GROUP}/{API_VERSION}",
+            "kind": "ClusterQueue",
+            "metadata": {"name": "fabric"},
+            "spec": {
+                "namespaceSelector": {},
+                "resourceGroups": [
+                    {
+                        "coveredResources": ["cpu"],
+                        "flavors": [
+                            {
+                                "name": "fabric-nodes",
+                                "resources": [{"name": "cpu", "nominalQuota": "100"}],
+                            }
+                        ],
+                    }
+                ],
+            },
+        },
+        {
+            "apiVersion": f"{API_GROUP}/{API_VERSION}",
+            "kind": "LocalQueue",
+            "metadata": {"name": QUEUE, "namespace": namespace},
+            "spec": {"clusterQueue": "fabric"},
+        },
+    ]
+
+
 @pytest.fixture(scope="module")
 def env(multi_node_cluster: MultiNodeCluster) -> Iterator[Env]:
     cluster = multi_node_cluster
@@ -95,45 +134,10 @@ def env(multi_node_cluster: MultiNodeCluster) -> Iterator[Env]:
     kueue.start()
     namespace = f"kueue-{uuid.uuid4().hex[:6]}"
     cp.create_namespace(namespace)
-    create_objects(
-        cp,
-        [
-            topology_object("fabric"),
-            {
-                "apiVersion": f"{API_GROUP}/{API_VERSION}",
-                "kind": "ResourceFlavor",
-                "metadata": {"name": "fabric-nodes"},
-                "spec": {"nodeLabels": {FLAVOR_LABEL: "kueue"}, "topologyName": "fabric"},
-            },
-            {
-                "apiVersion": f"{API_GROUP}/{API_VERSION}",
-                "kind": "ClusterQueue",
-                "metadata": {"name": "fabric"},
-                "spec": {
-                    "namespaceSelector": {},
-                    "resourceGroups": [
-                        {
-                            "coveredResources": ["cpu"],
-                            "flavors": [
-                                {
-                                    "name": "fabric-nodes",
-                                    "resources": [{"name": "cpu", "nominalQuota": "100"}],
-                                }
-                            ],
-                        }
-                    ],
-                },
-            },
-            {
-                "apiVersion": f"{API_GROUP}/{API_VERSION}",
-                "kind": "LocalQueue",
-                "metadata": {"name": QUEUE, "namespace": namespace},
-                "spec": {"clusterQueue": "fabric"},
-            },
-        ],
-    )
+    create_objects(cp, kueue_objects(namespace))
     e = Env(cluster, kueue, namespace, allocatable.pop())
-    wait_for(lambda: _queue_active(e), timeout=TIMEOUT, what="the ClusterQueue Active")
+    with e.cluster.api_client() as api:
+        wait_for(lambda: queue_active(api), timeout=TIMEOUT, what="the ClusterQueue Active")
     try:
         yield e
     finally:
@@ -148,11 +152,10 @@ def _millicpu(quantity: str) -> int:
     return int(quantity[:-1]) if quantity.endswith("m") else int(float(quantity) * 1000)
 
 
-def _queue_active(e: Env) -> bool:
-    with e.cluster.api_client() as api:
-        cq = client.CustomObjectsApi(api).get_cluster_custom_object(
-            API_GROUP, API_VERSION, "clusterqueues", "fabric"
-        )
+def queue_active(api: Any) -> bool:
+    cq = client.CustomObjectsApi(api).get_cluster_custom_object(
+        API_GROUP, API_VERSION, "clusterqueues", "fabric"
+    )
     conditions = {c["type"]: c["status"] for c in cq.get("status", {}).get("conditions", [])}
     return conditions.get("Active") == "True"
 

@@ -35,10 +35,9 @@ from kubernetes import client
 
 from e2e.harness.controlplane import wait_for
 from e2e.harness.images import TEST_IMAGE
-from e2e.harness.kueue import API_GROUP, API_VERSION, Kueue, create_objects
+from e2e.harness.kueue import Kueue, create_objects
 from e2e.harness.multinode import MultiNodeCluster
 from fabricdra.api import computedomain as cd
-from fabricdra.api.kueue import topology_object
 from fabricdra.kube.rest import CLAIM_TEMPLATES, COMPUTE_DOMAINS, PODS
 from tests.e2e import test_multinode_computedomain as cdtest
 from tests.e2e.test_multinode_kueue import (
@@ -52,6 +51,8 @@ from tests.e2e.test_multinode_kueue import (
     _blocker,
     _millicpu,
     _wait_gone,
+    kueue_objects,
+    queue_active,
 )
 from tests.integration.computedomain_helpers import condition, domain_body
 
@@ -78,52 +79,6 @@ class Env:
         return LAYOUT[self.nodes.index(node)]
 
 
-def _kueue_objects(namespace: str) -> list[dict[str, Any]]:
-    """Topology, flavor, ClusterQueue (CPU quota) and LocalQueue, as test_multinode_kueue."""
-    return [
-        topology_object("fabric"),
-        {
-            "apiVersion": f"{API_GROUP}/{API_VERSION}",
-            "kind": "ResourceFlavor",
-            "metadata": {"name": "fabric-nodes"},
-            "spec": {"nodeLabels": {FLAVOR_LABEL: "kueue"}, "topologyName": "fabric"},
-        },
-        {
-            "apiVersion": f"{API_GROUP}/{API_VERSION}",
-            "kind": "ClusterQueue",
-            "metadata": {"name": "fabric"},
-            "spec": {
-                "namespaceSelector": {},
-                "resourceGroups": [
-                    {
-                        "coveredResources": ["cpu"],
-                        "flavors": [
-                            {
-                                "name": "fabric-nodes",
-                                "resources": [{"name": "cpu", "nominalQuota": "100"}],
-                            }
-                        ],
-                    }
-                ],
-            },
-        },
-        {
-            "apiVersion": f"{API_GROUP}/{API_VERSION}",
-            "kind": "LocalQueue",
-            "metadata": {"name": QUEUE, "namespace": namespace},
-            "spec": {"clusterQueue": "fabric"},
-        },
-    ]
-
-
-def _queue_active(rest_api: Any) -> bool:
-    cq = client.CustomObjectsApi(rest_api).get_cluster_custom_object(
-        API_GROUP, API_VERSION, "clusterqueues", "fabric"
-    )
-    conditions = {c["type"]: c["status"] for c in cq.get("status", {}).get("conditions", [])}
-    return conditions.get("Active") == "True"
-
-
 @pytest.fixture(scope="module")
 def env(
     multi_node_cluster: MultiNodeCluster, tmp_path_factory: pytest.TempPathFactory
@@ -147,9 +102,9 @@ def env(
         try:
             namespace = f"kueue-cd-{uuid.uuid4().hex[:6]}"
             cp.create_namespace(namespace)
-            create_objects(cp, _kueue_objects(namespace))
+            create_objects(cp, kueue_objects(namespace))
             with cluster.api_client() as api:
-                wait_for(lambda: _queue_active(api), timeout=TIMEOUT, what="the ClusterQueue")
+                wait_for(lambda: queue_active(api), timeout=TIMEOUT, what="the ClusterQueue")
             ctl = cdtest._controller(cde, "kueue-cd")
             try:
                 cdtest._wait_leading(cde, ctl)
