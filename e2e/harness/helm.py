@@ -57,6 +57,13 @@ def merged(base: dict[str, Any], values: dict[str, Any] | None) -> dict[str, Any
     return out
 
 
+def one(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    """The one rendered object of `kind` named `name` (an assertion error names a miss)."""
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind}/{name}: {len(found)} rendered"
+    return found[0]
+
+
 class Chart:
     def __init__(
         self, chart_dir: Path = CHART_DIR, *, base_values: dict[str, Any] | None = None

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from e2e.harness.errors import HarnessError
-from e2e.harness.helm import CHART_DIR, Chart
+from e2e.harness.helm import CHART_DIR, Chart, one
 from fabricdra.controller import rbac
 
 pytestmark = pytest.mark.integration
@@ -35,12 +35,6 @@ def _kinds(docs: list[dict[str, Any]]) -> dict[str, list[str]]:
     for d in docs:
         out.setdefault(d["kind"], []).append(d["metadata"]["name"])
     return out
-
-
-def _one(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
-    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
-    assert len(found) == 1, f"{kind}/{name}: {len(found)} rendered"
-    return found[0]
 
 
 def test_chart_lints_clean(chart: Chart) -> None:
@@ -68,24 +62,24 @@ def test_default_render_has_every_component(chart: Chart) -> None:
         "nodedevices.fabricdra.io",
     ]
     assert len(kinds["DeviceClass"]) == 5
-    ds = _one(docs, "DaemonSet", "fabricdra-node")
+    ds = one(docs, "DaemonSet", "fabricdra-node")
     containers = {c["name"]: c for c in ds["spec"]["template"]["spec"]["containers"]}
     assert sorted(containers) == ["compute-domain", "devices"]
     for c in containers.values():
         assert "startupProbe" in c
         assert "readinessProbe" in c
-    dep = _one(docs, "Deployment", "fabricdra-controller")
+    dep = one(docs, "Deployment", "fabricdra-controller")
     assert dep["spec"]["replicas"] == 2
     # No surge pod: on a small or host-network cluster it could never be placed.
     assert dep["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0
     assert "--leader-elect=true" in dep["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert _one(docs, "PodDisruptionBudget", "fabricdra-controller")["spec"]["minAvailable"] == 1
+    assert one(docs, "PodDisruptionBudget", "fabricdra-controller")["spec"]["minAvailable"] == 1
     assert len(kinds["ValidatingAdmissionPolicy"]) == len(kinds["ValidatingAdmissionPolicyBinding"])
 
 
 def test_imex_daemon_image_is_this_image_at_the_chart_version(chart: Chart) -> None:
     version = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())["appVersion"]
-    dep = _one(chart.template(), "Deployment", "fabricdra-controller")
+    dep = one(chart.template(), "Deployment", "fabricdra-controller")
     c = dep["spec"]["template"]["spec"]["containers"][0]
     image = f"ghcr.io/fabricdra/fabricdra:{version}"
     assert c["image"] == image
@@ -107,7 +101,7 @@ def test_beside_nvidias_driver_gpus_off_offers_only_nics_and_domains(chart: Char
         "rdma-vf.fabricdra.io",
         "rdma.fabricdra.io",
     ]
-    ds = _one(docs, "DaemonSet", "fabricdra-node")
+    ds = one(docs, "DaemonSet", "fabricdra-node")
     devices = ds["spec"]["template"]["spec"]["containers"][0]
     assert "--gpus=false" in devices["args"]
     assert all(m["name"] != "driver-root" for m in devices["volumeMounts"])
@@ -118,7 +112,7 @@ def test_efa_is_off_by_default_and_its_value_reaches_the_agent_and_the_classes(
 ) -> None:
     def rendered(values: dict[str, Any] | None = None) -> tuple[list[str], list[str]]:
         docs = chart.template(values or {})
-        ds = _one(docs, "DaemonSet", "fabricdra-node")
+        ds = one(docs, "DaemonSet", "fabricdra-node")
         args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
         return args, _kinds(docs)["DeviceClass"]
 
@@ -142,7 +136,7 @@ def test_gaudi_is_off_by_default_and_its_value_reaches_the_agent_and_its_class(
 ) -> None:
     for values, on in (({}, False), ({"gaudi": {"enabled": True}}, True)):
         docs = chart.template(values)
-        ds = _one(docs, "DaemonSet", "fabricdra-node")
+        ds = one(docs, "DaemonSet", "fabricdra-node")
         args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
         assert ("--gaudi" in args) is on
         assert ("gaudi.fabricdra.io" in _kinds(docs)["DeviceClass"]) is on
@@ -153,7 +147,7 @@ def test_compute_domains_off_drops_controller_and_plugin(chart: Chart) -> None:
     kinds = _kinds(docs)
     assert "Deployment" not in kinds
     assert kinds["CustomResourceDefinition"] == ["nodedevices.fabricdra.io"]
-    ds = _one(docs, "DaemonSet", "fabricdra-node")
+    ds = one(docs, "DaemonSet", "fabricdra-node")
     assert [c["name"] for c in ds["spec"]["template"]["spec"]["containers"]] == ["devices"]
 
 
@@ -165,7 +159,7 @@ def test_rdma_mode_and_paths_reach_the_agent(chart: Chart) -> None:
             "nvmlSnapshot": "/etc/nvml.json",
         }
     )
-    ds = _one(docs, "DaemonSet", "fabricdra-node")
+    ds = one(docs, "DaemonSet", "fabricdra-node")
     args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--rdma-mode=shared" in args
     assert "--rdma-shared-holders=8" in args
@@ -175,7 +169,7 @@ def test_rdma_mode_and_paths_reach_the_agent(chart: Chart) -> None:
 
 def test_the_verification_profile_reaches_the_agent_inline(chart: Chart) -> None:
     def args(values: dict[str, Any]) -> list[str]:
-        ds = _one(chart.template(values), "DaemonSet", "fabricdra-node")
+        ds = one(chart.template(values), "DaemonSet", "fabricdra-node")
         return list(ds["spec"]["template"]["spec"]["containers"][0]["args"])
 
     assert not [a for a in args({}) if a.startswith("--verify-expect")]
@@ -193,7 +187,7 @@ def test_the_verification_image_gives_the_agent_a_pod_on_its_node_and_nothing_mo
     image = "registry.example/fabricdra-verify:1"
 
     def args(docs: list[dict[str, Any]]) -> list[str]:
-        ds = _one(docs, "DaemonSet", "fabricdra-node")
+        ds = one(docs, "DaemonSet", "fabricdra-node")
         return list(ds["spec"]["template"]["spec"]["containers"][0]["args"])
 
     plain = chart.template({})
@@ -206,19 +200,19 @@ def test_the_verification_image_gives_the_agent_a_pod_on_its_node_and_nothing_mo
     assert f"--verify-image={image}" in args(docs)
     assert "--verify-runtime-class=nvidia" in args(docs)
     assert [a for a in args(docs) if a.startswith("--verify-namespace=")]
-    role = _one(docs, "Role", "fabricdra-node-verification")
+    role = one(docs, "Role", "fabricdra-node-verification")
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "create", "delete"]},
         {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
     ]
-    binding = _one(docs, "RoleBinding", "fabricdra-node-verification")
+    binding = one(docs, "RoleBinding", "fabricdra-node-verification")
     assert binding["metadata"]["namespace"] == role["metadata"]["namespace"]
     assert "ClusterRole" not in json.dumps(binding["roleRef"])
-    policy = _one(docs, "ValidatingAdmissionPolicy", "fabricdra-node-verification-pods")
+    policy = one(docs, "ValidatingAdmissionPolicy", "fabricdra-node-verification-pods")
     rule = policy["spec"]["validations"][-1]["expression"]
     assert "object.spec.nodeName == variables.nodeName" in rule
     assert f"c.image == '{image}'" in rule
-    _one(docs, "ValidatingAdmissionPolicyBinding", "fabricdra-node-verification-pods")
+    one(docs, "ValidatingAdmissionPolicyBinding", "fabricdra-node-verification-pods")
     off = chart.template({"verification": {"activeProbes": False}})
     assert "--verify-active=off" in args(off)
 
@@ -227,7 +221,7 @@ def test_dynamic_mig_value_reaches_the_agent(chart: Chart) -> None:
     """Issue 20 point 2: off by default (no flag at all), `dynamicMIG: true` passes it."""
 
     def args(values: dict[str, Any] | None = None) -> list[str]:
-        ds = _one(chart.template(values), "DaemonSet", "fabricdra-node")
+        ds = one(chart.template(values), "DaemonSet", "fabricdra-node")
         return list(ds["spec"]["template"]["spec"]["containers"][0]["args"])
 
     assert "--dynamic-mig" not in args()
@@ -239,7 +233,7 @@ def test_gpu_shares_value_reaches_the_agent(chart: Chart) -> None:
     helm refuses 1 (a GPU shared by one claim is not shared) naming the key."""
 
     def args(values: dict[str, Any] | None = None) -> list[str]:
-        ds = _one(chart.template(values), "DaemonSet", "fabricdra-node")
+        ds = one(chart.template(values), "DaemonSet", "fabricdra-node")
         return list(ds["spec"]["template"]["spec"]["containers"][0]["args"])
 
     assert not [a for a in args() if a.startswith("--gpu-shares")]
@@ -260,7 +254,7 @@ def test_opt_in_values_reach_the_agent(chart: Chart, value: str, flag: str) -> N
     """Off by default (no flag at all); `<value>: true` passes the flag."""
 
     def args(values: dict[str, Any] | None = None) -> list[str]:
-        ds = _one(chart.template(values), "DaemonSet", "fabricdra-node")
+        ds = one(chart.template(values), "DaemonSet", "fabricdra-node")
         return list(ds["spec"]["template"]["spec"]["containers"][0]["args"])
 
     assert flag not in args()
@@ -271,7 +265,7 @@ def test_nccl_topo_file_is_on_by_default_and_can_be_turned_off(chart: Chart) -> 
     """Issue 27 point 6: `ncclTopoFile` (default true) reaches the agent either way."""
 
     def args(values: dict[str, Any] | None = None) -> list[str]:
-        ds = _one(chart.template(values), "DaemonSet", "fabricdra-node")
+        ds = one(chart.template(values), "DaemonSet", "fabricdra-node")
         return list(ds["spec"]["template"]["spec"]["containers"][0]["args"])
 
     assert "--nccl-topo-file=true" in args()
@@ -280,13 +274,13 @@ def test_nccl_topo_file_is_on_by_default_and_can_be_turned_off(chart: Chart) -> 
 
 def test_the_node_agent_may_read_pods(chart: Chart) -> None:
     """Issue 32 point 4: prepare reads an RDMA claim's pods for their PodGroup."""
-    role = _one(chart.template(), "ClusterRole", "fabricdra-node-devices")
+    role = one(chart.template(), "ClusterRole", "fabricdra-node-devices")
     assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]} in role["rules"]
 
 
 def test_rdma_overrides_and_vfs_reach_the_agent(chart: Chart) -> None:
     """Issue 20 point 4: per-NIC modes and the VF switch (the node label needs no value)."""
-    args = _one(chart.template(), "DaemonSet", "fabricdra-node")["spec"]["template"]["spec"][
+    args = one(chart.template(), "DaemonSet", "fabricdra-node")["spec"]["template"]["spec"][
         "containers"
     ][0]["args"]
     assert "--rdma-vfs=true" in args
@@ -303,7 +297,7 @@ def test_rdma_overrides_and_vfs_reach_the_agent(chart: Chart) -> None:
             }
         }
     )
-    args = _one(docs, "DaemonSet", "fabricdra-node")["spec"]["template"]["spec"]["containers"][0][
+    args = one(docs, "DaemonSet", "fabricdra-node")["spec"]["template"]["spec"]["containers"][0][
         "args"
     ]
     assert "--rdma-mode=off" in args
@@ -339,9 +333,9 @@ def _rules(role: dict[str, Any]) -> list[dict[str, Any]]:
 
 def test_compute_domain_rbac_is_the_controllers_own_rule_set(chart: Chart) -> None:
     docs = chart.template()
-    assert _rules(_one(docs, "ClusterRole", "fabricdra-controller")) == rbac.CONTROLLER
-    assert _rules(_one(docs, "ClusterRole", "fabricdra-node-compute-domain")) == rbac.NODE_PLUGIN
-    assert _rules(_one(docs, "ClusterRole", "fabricdra-imex-daemon")) == rbac.IMEX_DAEMON
+    assert _rules(one(docs, "ClusterRole", "fabricdra-controller")) == rbac.CONTROLLER
+    assert _rules(one(docs, "ClusterRole", "fabricdra-node-compute-domain")) == rbac.NODE_PLUGIN
+    assert _rules(one(docs, "ClusterRole", "fabricdra-imex-daemon")) == rbac.IMEX_DAEMON
     # The controller names the IMEX DaemonSets' service account; the chart must create it.
     from fabricdra.controller.objects import DaemonSettings
 
@@ -361,10 +355,10 @@ def test_no_cluster_role_grants_leases(chart: Chart) -> None:
         ("fabricdra-node-compute-domain-leases", rbac.NODE_PLUGIN_NAMESPACED),
         ("fabricdra-imex-daemon-leases", rbac.IMEX_DAEMON_NAMESPACED),
     ]:
-        role = _one(docs, "Role", name)
+        role = one(docs, "Role", name)
         assert role["metadata"]["namespace"] == ns
         assert _rules(role) == rules
-        binding = _one(docs, "RoleBinding", name)
+        binding = one(docs, "RoleBinding", name)
         assert binding["metadata"]["namespace"] == ns
         assert binding["roleRef"] == {
             "apiGroup": "rbac.authorization.k8s.io",
@@ -387,7 +381,7 @@ def test_device_nodes_are_seen_at_their_host_path(chart: Chart) -> None:
     # CDI specs name the host's device node paths: the agent must see them where the host has
     # them, or the runtime is handed a path that exists only inside the agent's container.
     docs = chart.template({"devRoot": "/srv/dev"})
-    pod = _one(docs, "DaemonSet", "fabricdra-node")["spec"]["template"]["spec"]
+    pod = one(docs, "DaemonSet", "fabricdra-node")["spec"]["template"]["spec"]
     volumes = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"]}
     for c in pod["containers"]:
         assert "--dev-root=/srv/dev" in c["args"]
@@ -401,7 +395,7 @@ def test_nvml_comes_from_the_driver_root_without_shadowing_the_images_libraries(
     chart: Chart,
 ) -> None:
     docs = chart.template()
-    devices = _one(docs, "DaemonSet", "fabricdra-node")["spec"]["template"]["spec"]["containers"][0]
+    devices = one(docs, "DaemonSet", "fabricdra-node")["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e.get("value") for e in devices["env"]}
     folders = env["LD_LIBRARY_PATH"].split(":")
     first_host = next(i for i, f in enumerate(folders) if f.startswith("/driver-root"))
@@ -419,10 +413,10 @@ def test_node_plugins_run_as_root_and_the_controller_does_not(chart: Chart) -> N
     # The image's default user is 65532: a node plugin left to it cannot bind its socket in
     # the kubelet's root-owned plugin folder.
     docs = chart.template()
-    node = _one(docs, "DaemonSet", "fabricdra-node")["spec"]["template"]["spec"]
+    node = one(docs, "DaemonSet", "fabricdra-node")["spec"]["template"]["spec"]
     for c in node["containers"]:
         assert c["securityContext"]["runAsUser"] == 0, c["name"]
-    controller = _one(docs, "Deployment", "fabricdra-controller")["spec"]["template"]["spec"]
+    controller = one(docs, "Deployment", "fabricdra-controller")["spec"]["template"]["spec"]
     assert controller["securityContext"]["runAsNonRoot"] is True
 
 
@@ -445,9 +439,9 @@ def test_uninstall_cleanup_is_a_pre_delete_hook_with_its_own_least_privilege(
         assert notes["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
         # Its account and rights exist before the Job starts.
         assert int(notes["helm.sh/hook-weight"]) < 0 or d["kind"] == "Job"
-    assert _rules(_one(docs, "ClusterRole", "fabricdra-cleanup")) == rbac.CLEANUP
-    assert _rules(_one(docs, "Role", "fabricdra-cleanup")) == rbac.CLEANUP_NAMESPACED
-    job = _one(docs, "Job", "fabricdra-cleanup")
+    assert _rules(one(docs, "ClusterRole", "fabricdra-cleanup")) == rbac.CLEANUP
+    assert _rules(one(docs, "Role", "fabricdra-cleanup")) == rbac.CLEANUP_NAMESPACED
+    job = one(docs, "Job", "fabricdra-cleanup")
     pod = job["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "fabricdra-cleanup"
     args = pod["containers"][0]["args"]
@@ -458,7 +452,7 @@ def test_uninstall_cleanup_is_a_pre_delete_hook_with_its_own_least_privilege(
     component = job["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
     assert component not in COMPONENTS.strip("()").split(",")
     for kind, name in (("DaemonSet", "fabricdra-node"), ("Deployment", "fabricdra-controller")):
-        labels = _one(docs, kind, name)["spec"]["template"]["metadata"]["labels"]
+        labels = one(docs, kind, name)["spec"]["template"]["metadata"]["labels"]
         assert labels["app.kubernetes.io/component"] in COMPONENTS.strip("()").split(",")
 
 
@@ -478,7 +472,7 @@ def test_extra_env_reaches_the_imex_daemons_the_controller_runs(chart: Chart) ->
         {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
         {"name": "NODE_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
     ]
-    dep = _one(chart.template({"extraEnv": env}), "Deployment", "fabricdra-controller")
+    dep = one(chart.template({"extraEnv": env}), "Deployment", "fabricdra-controller")
     args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
     (flag,) = [a for a in args if a.startswith("--daemon-env=")]
     domain = ComputeDomain.model_validate(
@@ -491,7 +485,7 @@ def test_extra_env_reaches_the_imex_daemons_the_controller_runs(chart: Chart) ->
     daemon_env = ds["spec"]["template"]["spec"]["containers"][0]["env"]
     assert daemon_env[-2:] == env
     assert daemon_env[0]["name"] == "NODE_NAME"  # the daemon's own come first
-    plain = _one(chart.template(), "Deployment", "fabricdra-controller")
+    plain = one(chart.template(), "Deployment", "fabricdra-controller")
     assert not [
         a
         for a in plain["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -504,7 +498,7 @@ def test_node_pods_roll_with_a_surge_and_per_pod_sockets(chart: Chart) -> None:
     each pod's sockets carry its UID), so each container gets its pod's UID, and readiness is
     this pod's own socket, not any socket of the driver."""
     for values in ({}, {"node": {"hostNetwork": True}}):
-        ds = _one(chart.template(values=values), "DaemonSet", "fabricdra-node")
+        ds = one(chart.template(values=values), "DaemonSet", "fabricdra-node")
         assert ds["spec"]["updateStrategy"]["rollingUpdate"] == {
             "maxSurge": "10%",
             "maxUnavailable": 0,
@@ -530,7 +524,7 @@ def test_the_readiness_probe_finds_this_pods_socket_only(chart: Chart) -> None:
     regular file of that name."""
     root = Path(tempfile.mkdtemp(prefix="fdra-probe-"))
     try:
-        ds = _one(chart.template({"kubeletRootDir": str(root)}), "DaemonSet", "fabricdra-node")
+        ds = one(chart.template({"kubeletRootDir": str(root)}), "DaemonSet", "fabricdra-node")
         uid = "348fda06-4e9c-44a3-b4a9-454e6c1d2f00"
         for c in ds["spec"]["template"]["spec"]["containers"]:
             driver = {
@@ -656,11 +650,11 @@ def test_gang_timeout_is_passed_and_stays_below_the_schedulers_binding_wait(char
     """Issue 22: a gang released by kube-scheduler's binding timeout (600 s) first is released
     pod by pod, never as a whole: the chart's default is below it and the schema refuses 600."""
     docs = chart.template()
-    deployment = _one(docs, "Deployment", "fabricdra-controller")
+    deployment = one(docs, "Deployment", "fabricdra-controller")
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--gang-timeout-seconds=300" in args
     docs = chart.template({"controller": {"gangTimeoutSeconds": 599}})
-    deployment = _one(docs, "Deployment", "fabricdra-controller")
+    deployment = one(docs, "Deployment", "fabricdra-controller")
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--gang-timeout-seconds=599" in args
     for bad in (600, 900, 0):
@@ -673,7 +667,7 @@ def test_the_fabric_check_is_on_exactly_with_the_active_probes(chart: Chart) -> 
     probes are, with the same opt-out; it runs from the verification image."""
 
     def args(values: dict[str, Any]) -> list[str]:
-        deploy = _one(chart.template(values), "Deployment", "fabricdra-controller")
+        deploy = one(chart.template(values), "Deployment", "fabricdra-controller")
         return list(deploy["spec"]["template"]["spec"]["containers"][0]["args"])
 
     # activeProbes `auto` (the default) without an image: no probes, no check.
@@ -718,7 +712,7 @@ def test_scale_out_values_reach_the_agent(chart: Chart) -> None:
     topology ConfigMap is mounted where --topology-file points."""
 
     def agent(values: dict[str, Any]) -> dict[str, Any]:
-        ds = _one(chart.template(values), "DaemonSet", "fabricdra-node")
+        ds = one(chart.template(values), "DaemonSet", "fabricdra-node")
         spec = ds["spec"]["template"]["spec"]
         (container,) = [c for c in spec["containers"] if c["name"] == "devices"]
         return {"container": container, "volumes": spec["volumes"]}
@@ -762,7 +756,7 @@ def test_the_measured_loss_is_off_unless_asked_for_and_only_with_the_fabric_chec
     extra MPI runs after every passed check: opt-in)."""
 
     def args(values: dict[str, Any]) -> list[str]:
-        deploy = _one(chart.template(values), "Deployment", "fabricdra-controller")
+        deploy = one(chart.template(values), "Deployment", "fabricdra-controller")
         return list(deploy["spec"]["template"]["spec"]["containers"][0]["args"])
 
     assert "--fabric-check-loss=false" in args({"verification": {"activeProbes": True}})

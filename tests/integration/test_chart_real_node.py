@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from e2e.harness.errors import HarnessError
-from e2e.harness.helm import CHART_DIR, Chart
+from e2e.harness.helm import CHART_DIR, Chart, one
 from fabricdra.controller import rbac
 
 pytestmark = pytest.mark.integration
@@ -26,14 +26,8 @@ def chart() -> Chart:
     return Chart()
 
 
-def _one(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
-    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
-    assert len(found) == 1, f"{kind}/{name}: {len(found)} rendered"
-    return found[0]
-
-
 def _node_pod(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    spec: dict[str, Any] = _one(docs, "DaemonSet", "fabricdra-node")["spec"]["template"]["spec"]
+    spec: dict[str, Any] = one(docs, "DaemonSet", "fabricdra-node")["spec"]["template"]["spec"]
     return spec
 
 
@@ -130,8 +124,8 @@ def test_node_pods_go_to_gpu_or_rdma_nodes_never_control_planes(chart: Chart) ->
 
 def test_controller_and_cleanup_job_have_tolerations_and_a_priority_class(chart: Chart) -> None:
     docs = chart.template()
-    controller = _one(docs, "Deployment", "fabricdra-controller")["spec"]["template"]["spec"]
-    job = _one(docs, "Job", "fabricdra-cleanup")["spec"]["template"]["spec"]
+    controller = one(docs, "Deployment", "fabricdra-controller")["spec"]["template"]["spec"]
+    job = one(docs, "Job", "fabricdra-cleanup")["spec"]["template"]["spec"]
     for pod in (controller, job):
         assert pod["priorityClassName"] == "system-cluster-critical"
         assert {"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}.items() <= (
@@ -142,17 +136,17 @@ def test_controller_and_cleanup_job_have_tolerations_and_a_priority_class(chart:
         "cleanup": {"priorityClassName": "ops"},
     }
     docs = chart.template(values)
-    controller = _one(docs, "Deployment", "fabricdra-controller")["spec"]["template"]["spec"]
+    controller = one(docs, "Deployment", "fabricdra-controller")["spec"]["template"]["spec"]
     assert controller["priorityClassName"] == "ops"
     assert "tolerations" not in controller
-    job = _one(docs, "Job", "fabricdra-cleanup")["spec"]["template"]["spec"]
+    job = one(docs, "Job", "fabricdra-cleanup")["spec"]["template"]["spec"]
     assert job["priorityClassName"] == "ops"
 
 
 def test_a_namespace_the_chart_creates_admits_privileged_pods(chart: Chart) -> None:
     assert not [d for d in chart.template() if d["kind"] == "Namespace"]
     docs = chart.template({"namespace": {"create": True}}, namespace="gpu-ops")
-    ns = _one(docs, "Namespace", "gpu-ops")
+    ns = one(docs, "Namespace", "gpu-ops")
     assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
     # Helm keeps its release record in it: uninstall must not delete it under itself.
     assert ns["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
@@ -165,14 +159,14 @@ def test_controller_daemonset_lease_and_namespace_rights_are_a_role_in_its_names
     chart: Chart,
 ) -> None:
     docs = chart.template(namespace="gpu-ops")
-    cluster = _rules(_one(docs, "ClusterRole", "fabricdra-controller"))
+    cluster = _rules(one(docs, "ClusterRole", "fabricdra-controller"))
     assert cluster == rbac.CONTROLLER
     for r in cluster:
         assert not {"daemonsets", "namespaces", "leases"} & set(r["resources"]), r
-    role = _one(docs, "Role", "fabricdra-controller")
+    role = one(docs, "Role", "fabricdra-controller")
     assert role["metadata"]["namespace"] == "gpu-ops"
     assert _rules(role) == rbac.CONTROLLER_NAMESPACED
-    binding = _one(docs, "RoleBinding", "fabricdra-controller")
+    binding = one(docs, "RoleBinding", "fabricdra-controller")
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
         "kind": "Role",
@@ -184,7 +178,7 @@ def test_controller_daemonset_lease_and_namespace_rights_are_a_role_in_its_names
 
 
 def test_node_label_policy_also_guards_annotations_and_finalizers(chart: Chart) -> None:
-    policy = _one(chart.template(), "ValidatingAdmissionPolicy", "fabricdra-node-labels")
+    policy = one(chart.template(), "ValidatingAdmissionPolicy", "fabricdra-node-labels")
     rule = policy["spec"]["validations"][1]["expression"]
     # unchanged, but for the removal of a served re-verification request (issue 18)
     assert "variables.oldAnnotations[k] == variables.newAnnotations[k]" in rule
@@ -247,7 +241,7 @@ def test_combinations_that_render_a_broken_object_are_refused_naming_the_key(
 
 def test_the_refused_combinations_next_to_valid_ones(chart: Chart) -> None:
     """The rules above refuse only the broken combination."""
-    ds = _one(
+    ds = one(
         chart.template({"node": {"maxSurge": 0, "maxUnavailable": 1}}),
         "DaemonSet",
         "fabricdra-node",
@@ -278,7 +272,7 @@ def test_global_values_are_accepted_and_the_chart_works_as_a_subchart(
         "template", "platform", str(parent), "--namespace=gpu-ops", "--kube-version=v1.36.0"
     )
     docs = [d for d in yaml.safe_load_all(out) if d]
-    assert _one(docs, "DaemonSet", "fabricdra-node")["metadata"]["namespace"] == "gpu-ops"
+    assert one(docs, "DaemonSet", "fabricdra-node")["metadata"]["namespace"] == "gpu-ops"
 
 
 # -- point 10: liveness, and helm template without --kube-version ----------------------------

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from e2e.harness.helm import Chart
+from e2e.harness.helm import Chart, one
 
 pytestmark = pytest.mark.integration
 
@@ -19,14 +19,8 @@ def chart() -> Chart:
     return Chart()
 
 
-def _one(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
-    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
-    assert len(found) == 1, f"{kind}/{name}: {len(found)} rendered"
-    return found[0]
-
-
 def _controller(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    deploy = _one(docs, "Deployment", "fabricdra-controller")
+    deploy = one(docs, "Deployment", "fabricdra-controller")
     return dict(deploy["spec"]["template"]["spec"])
 
 
@@ -61,7 +55,7 @@ def test_one_ibnetdiscover_cronjob_per_fabric(chart: Chart) -> None:
         {"scaleOut": {"fabricDump": {"fabrics": fabrics, "image": "rdma-tools:1"}}},
         namespace="gpu-ops",
     )
-    job = _one(docs, "CronJob", "fabricdra-ibnetdiscover-compute")
+    job = one(docs, "CronJob", "fabricdra-ibnetdiscover-compute")
     pod = job["spec"]["jobTemplate"]["spec"]["template"]["spec"]
     (init,) = pod["initContainers"]
     assert init["image"] == "rdma-tools:1"
@@ -75,10 +69,10 @@ def test_one_ibnetdiscover_cronjob_per_fabric(chart: Chart) -> None:
         "--namespace=gpu-ops",
     ]
     assert store["securityContext"]["runAsNonRoot"] is True
-    other = _one(docs, "CronJob", "fabricdra-ibnetdiscover-storage")
+    other = one(docs, "CronJob", "fabricdra-ibnetdiscover-storage")
     init = other["spec"]["jobTemplate"]["spec"]["template"]["spec"]["initContainers"][0]
     assert init["command"][-1] == "ibnetdiscover > /dump/ibnetdiscover.txt"
-    role = _one(docs, "Role", "fabricdra-fabric-dump")
+    role = one(docs, "Role", "fabricdra-fabric-dump")
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create"]},
         {
@@ -102,6 +96,6 @@ def test_fabrics_without_an_image_are_refused_naming_the_key(chart: Chart) -> No
 
 
 def test_node_agent_may_not_write_tier_labels(chart: Chart) -> None:
-    policy = _one(chart.template(), "ValidatingAdmissionPolicy", "fabricdra-node-labels")
+    policy = one(chart.template(), "ValidatingAdmissionPolicy", "fabricdra-node-labels")
     rule = policy["spec"]["validations"][1]["expression"]
     assert "!k.startsWith('fabricdra.io/network.')" in rule
