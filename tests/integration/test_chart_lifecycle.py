@@ -13,8 +13,7 @@ import pytest
 import yaml
 
 from e2e.harness.errors import HarnessError
-from e2e.harness.helm import CHART_DIR, PREVIOUS_CHART, Chart, chart_at
-from tests.integration.test_chart import _one
+from e2e.harness.helm import CHART_DIR, PREVIOUS_CHART, Chart, chart_at, one
 
 pytestmark = pytest.mark.integration
 
@@ -124,8 +123,8 @@ def test_the_new_templates_render_with_the_previous_charts_values(
     (reused / "values.yaml").write_text(yaml.safe_dump(old_values))
     docs = Chart(reused).template()
     assert _images(docs) == {f"ghcr.io/fabricdra/fabricdra:{_package_version()}"}
-    _one(docs, "DaemonSet", "fabricdra-node")
-    _one(docs, "Deployment", "fabricdra-controller")
+    one(docs, "DaemonSet", "fabricdra-node")
+    one(docs, "Deployment", "fabricdra-controller")
 
 
 # -- point 8: rollout, PDB, namespace, paths -----------------------------------------------
@@ -167,14 +166,14 @@ def test_schema_refuses_rollouts_the_api_server_rejects(
 def test_schema_accepts_the_rollouts_the_api_server_does(
     chart: Chart, node: dict[str, Any]
 ) -> None:
-    ds = _one(chart.template({"node": node}), "DaemonSet", "fabricdra-node")
+    ds = one(chart.template({"node": node}), "DaemonSet", "fabricdra-node")
     assert ds["spec"]["updateStrategy"]["rollingUpdate"] == node
 
 
 def test_default_rollout_surges_a_tenth_of_the_nodes(chart: Chart) -> None:
     """One node at a time is hours at 5,000 nodes; a surge never leaves a node without its
     plugins, and a broken new pod never gets Ready, so the rollout stops at the first tenth."""
-    ds = _one(chart.template(), "DaemonSet", "fabricdra-node")
+    ds = one(chart.template(), "DaemonSet", "fabricdra-node")
     assert ds["spec"]["updateStrategy"]["rollingUpdate"] == {
         "maxSurge": "10%",
         "maxUnavailable": 0,
@@ -235,7 +234,7 @@ def test_toolkit_cdi_dirs_are_normalised(chart: Chart) -> None:
     """`/var/run/cdi/` is the cdiDir: mounted again read-only it would shadow the folder the
     agent writes its specs to."""
     docs = chart.template({"toolkitCdiDirs": ["/etc/cdi/", "/var/run/cdi/", "/etc/cdi"]})
-    pod = _one(docs, "DaemonSet", "fabricdra-node")["spec"]["template"]["spec"]
+    pod = one(docs, "DaemonSet", "fabricdra-node")["spec"]["template"]["spec"]
     mounts = [m for c in pod["containers"] for m in c["volumeMounts"]]
     paths = [m["mountPath"] for m in mounts]
     assert all(not p.endswith("/") for p in paths), paths
@@ -256,23 +255,23 @@ def test_name_overrides(chart: Chart) -> None:
     DeviceClasses and CRDs keep their names (policies and the controller name them; one
     driver per cluster)."""
     named = chart.template({"nameOverride": "gpu-dra"})
-    _one(named, "DaemonSet", "gpu-dra-node")
-    dep = _one(named, "Deployment", "gpu-dra-controller")
+    one(named, "DaemonSet", "gpu-dra-node")
+    dep = one(named, "Deployment", "gpu-dra-controller")
     assert dep["metadata"]["labels"]["app.kubernetes.io/name"] == "gpu-dra"
     assert dep["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] == "gpu-dra"
     full = chart.template({"fullnameOverride": "acme-dra", "nameOverride": "ignored"})
-    _one(full, "DaemonSet", "acme-dra-node")
-    _one(full, "Deployment", "acme-dra-controller")
-    _one(full, "PodDisruptionBudget", "acme-dra-controller")
+    one(full, "DaemonSet", "acme-dra-node")
+    one(full, "Deployment", "acme-dra-controller")
+    one(full, "PodDisruptionBudget", "acme-dra-controller")
     assert {s["metadata"]["name"] for s in _of_kind(full, "Service")} == {
         "acme-dra-node-metrics",
         "acme-dra-controller-metrics",
     }
-    _one(full, "ServiceAccount", "fabricdra-node")
+    one(full, "ServiceAccount", "fabricdra-node")
     # Selectors stay on the release and component: a DaemonSet's selector is immutable.
     assert (
         dep["spec"]["selector"]
-        == _one(full, "Deployment", "acme-dra-controller")["spec"]["selector"]
+        == one(full, "Deployment", "acme-dra-controller")["spec"]["selector"]
     )
     with pytest.raises(HarnessError, match="fullnameOverride"):
         chart.template({"fullnameOverride": "Not_A_Name"})
@@ -287,8 +286,8 @@ def test_pod_annotations_labels_and_service_account_annotations(chart: Chart) ->
         }
     )
     pods = [
-        _one(docs, "DaemonSet", "fabricdra-node")["spec"]["template"],
-        _one(docs, "Deployment", "fabricdra-controller")["spec"]["template"],
+        one(docs, "DaemonSet", "fabricdra-node")["spec"]["template"],
+        one(docs, "Deployment", "fabricdra-controller")["spec"]["template"],
     ]
     for pod in pods:
         assert pod["metadata"]["annotations"]["example.com/scrape"] == "yes"
@@ -309,7 +308,7 @@ def test_service_monitor_is_optional_and_scrapes_the_metrics_services(chart: Cha
         {"metrics": {"serviceMonitor": {"enabled": True, "interval": "15s",
                                         "labels": {"release": "kube-prometheus-stack"}}}}
     )  # fmt: skip
-    monitor = _one(docs, "ServiceMonitor", "fabricdra")
+    monitor = one(docs, "ServiceMonitor", "fabricdra")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     assert monitor["spec"]["endpoints"] == [{"port": "metrics", "interval": "15s"}]
@@ -350,12 +349,12 @@ def test_network_policy_admits_only_the_metrics_ports(chart: Chart) -> None:
 
 
 def _agent_args(docs: list[dict[str, Any]]) -> list[str]:
-    ds = _one(docs, "DaemonSet", "fabricdra-node")
+    ds = one(docs, "DaemonSet", "fabricdra-node")
     return list(ds["spec"]["template"]["spec"]["containers"][0]["args"])
 
 
 def _controller_args(docs: list[dict[str, Any]]) -> list[str]:
-    dep = _one(docs, "Deployment", "fabricdra-controller")
+    dep = one(docs, "Deployment", "fabricdra-controller")
     return list(dep["spec"]["template"]["spec"]["containers"][0]["args"])
 
 
@@ -410,18 +409,18 @@ def test_compute_domains_off_runs_a_pre_upgrade_release_of_what_the_controller_m
     on = chart.template()
     assert [j["metadata"]["name"] for j in _of_kind(on, "Job")] == ["fabricdra-cleanup"]
     assert (
-        _one(on, "ClusterRole", "fabricdra-cleanup")["metadata"]["annotations"]["helm.sh/hook"]
+        one(on, "ClusterRole", "fabricdra-cleanup")["metadata"]["annotations"]["helm.sh/hook"]
         == "pre-delete"
     )
     off = chart.template({"computeDomains": {"enabled": False}})
-    job = _one(off, "Job", "fabricdra-release-domains")
+    job = one(off, "Job", "fabricdra-release-domains")
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-upgrade"
     args = job["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--scope=compute-domains" in args
-    uninstall = _one(off, "Job", "fabricdra-cleanup")
+    uninstall = one(off, "Job", "fabricdra-cleanup")
     assert uninstall["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
     assert not [a for a in uninstall["spec"]["template"]["spec"]["containers"][0]["args"]
                 if a.startswith("--scope")]  # fmt: skip
     for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"):
-        hook = _one(off, kind, "fabricdra-cleanup")["metadata"]["annotations"]["helm.sh/hook"]
+        hook = one(off, kind, "fabricdra-cleanup")["metadata"]["annotations"]["helm.sh/hook"]
         assert hook == "pre-delete,pre-upgrade", kind
