@@ -42,6 +42,7 @@ import grpc
 
 from e2e.harness.controlplane import ControlPlane
 from fabricdra.cli import logs
+from fabricdra.kubeletplugin.kinds.nvidia.claims import NvidiaClaims
 from fabricdra.kubeletplugin.kinds.nvidia.nvidiacdi import ToolkitSpecs
 from fabricdra.kubeletplugin.kubelet import HealthBroadcaster, PluginPaths, PluginServer
 from fabricdra.kubeletplugin.kubelet.cdi import CdiWriter
@@ -114,7 +115,7 @@ def latency(cp: ControlPlane, base: Path, cdi_dir: Path, calls: int) -> None:
             cdi=CdiWriter(cdi_dir, CDI_KIND),
             checkpoint=Checkpoint(base / "state" / "checkpoint.json"),
             host=host.layout,
-            toolkit=ToolkitSpecs(()),
+            families=(NvidiaClaims(ToolkitSpecs(())),),
         )
         paths = PluginPaths.for_driver(DRIVER, registry_dir=base / "reg", plugin_dir=base / "pl")
         total, excl, repeat = [], [], []
@@ -308,7 +309,7 @@ def foreign(cp: ControlPlane, base: Path, cdi_dir: Path, calls: int) -> None:
                 cdi=CdiWriter(folder, CDI_KIND),
                 checkpoint=Checkpoint(base / "state3" / "checkpoint.json"),
                 host=host.layout,
-                toolkit=ToolkitSpecs((folder,)),
+                families=(NvidiaClaims(ToolkitSpecs((folder,))),),
             )
             paths = PluginPaths.for_driver(
                 DRIVER, registry_dir=base / "reg3", plugin_dir=base / "pl3"

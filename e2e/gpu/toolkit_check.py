@@ -41,6 +41,7 @@ from fabricdra.kubeletplugin.devices import DeviceInventory, gpu_info
 from fabricdra.kubeletplugin.discovery.node import Discovery, discover
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
 from fabricdra.kubeletplugin.hostdevices import HostLayout
+from fabricdra.kubeletplugin.kinds.nvidia.claims import NvidiaClaims
 from fabricdra.kubeletplugin.kinds.nvidia.nvidiacdi import TOOLKIT_KIND, ToolkitSpecs
 from fabricdra.kubeletplugin.kubelet import ClaimRef
 from fabricdra.kubeletplugin.kubelet.cdi import CdiWriter
@@ -155,7 +156,7 @@ def prepare(host: Host, toolkit_dir: Path, work: Path) -> tuple[Any, list[str]]:
         cdi=CdiWriter(work / "claim-cdi", CDI_KIND),
         checkpoint=Checkpoint(work / "checkpoint.json", boot_id="toolkit-check"),
         host=host.layout,
-        toolkit=ToolkitSpecs((toolkit_dir,)),
+        families=(NvidiaClaims(ToolkitSpecs((toolkit_dir,))),),
     )
     [prepared] = driver.prepare(ClaimRef(namespace="default", name="gpu", uid=CLAIM_UID))
     return gpu, list(prepared.cdi_device_ids)

@@ -28,6 +28,7 @@ from fabricdra.proto.gen.dra_v1 import api_pb2_grpc as v1_grpc
 from tests.integration.kubelethost import build_host, create_claim
 from tests.integration.test_kubelet_agent import agent_config, crds, node, slice_devices
 from tests.nvmlfake.mig import Crash, FakeMigGpu, FakeNvml
+from tests.unit.test_dynamic_mig_prepare import mig_of
 
 pytestmark = pytest.mark.integration
 
@@ -79,8 +80,8 @@ def test_agent_recovers_prepares_publishes_and_unprepares_a_placement(
             wait_for(agent.server.paths.registration_socket.exists, what="the registration socket")
             # recovered before kubelet could call: the leftover is gone, and its record
             assert nvml.gpus[bus].instances == {}
-            assert agent.driver.dynamic_mig is not None
-            assert agent.driver.dynamic_mig.records() == []
+            assert mig_of(agent.driver) is not None
+            assert mig_of(agent.driver).records() == []
             assert placement in wait_for(
                 lambda: [d for d in slice_devices(api, node) if d == placement],
                 what="the placement published",
@@ -124,7 +125,7 @@ def test_agent_recovers_prepares_publishes_and_unprepares_a_placement(
             unprepared = _call(socket, "NodeUnprepareResources", node, "mig", uid)
             assert unprepared.error == ""
             assert nvml.gpus[bus].instances == {}
-            assert agent.driver.dynamic_mig.records() == []
+            assert mig_of(agent.driver).records() == []
         finally:
             agent.stop_event_wakes(stop)
             thread.join(timeout=20)

@@ -18,6 +18,7 @@ import yaml
 from e2e.harness.controlplane import ControlPlane
 from fabricdra.kubeletplugin.agent import health_reports
 from fabricdra.kubeletplugin.devices import DeviceConfig, DeviceInventory
+from fabricdra.kubeletplugin.kinds.nvidia.claims import NvidiaClaims
 from fabricdra.kubeletplugin.kinds.nvidia.nvidiacdi import ToolkitSpecs
 from fabricdra.kubeletplugin.kubelet import HealthBroadcaster, PluginPaths, PluginServer
 from fabricdra.kubeletplugin.kubelet.cdi import CdiWriter
@@ -111,7 +112,7 @@ class Plugin:
             cdi=CdiWriter(self.cdi_dir, CDI_KIND),
             checkpoint=Checkpoint(self.checkpoint_path, boot_id=self.boot_id),
             host=self.host.layout,
-            toolkit=ToolkitSpecs(self.toolkit_dirs),
+            families=(NvidiaClaims(ToolkitSpecs(self.toolkit_dirs)),),
             pods=reader,
             metadata_dir=self.metadata_dir,
             nccl_topo_dir=self.nccl_topo_dir,

@@ -18,6 +18,7 @@ from kubernetes import client
 from e2e.harness.controlplane import ControlPlane
 from fabricdra.kube.rest import CLAIMS, Rest
 from fabricdra.kubeletplugin import metrics
+from fabricdra.kubeletplugin.kinds.nvidia.claims import NvidiaClaims
 from fabricdra.kubeletplugin.kinds.nvidia.nvidiacdi import ToolkitSpecs
 from fabricdra.kubeletplugin.kubelet import PluginPaths, PluginServer
 from fabricdra.kubeletplugin.kubelet.cdi import CdiWriter
@@ -66,7 +67,7 @@ def _serve(base: Path, host: RdmaHost, api: Any, proc_root: Path) -> PluginServe
         cdi=CdiWriter(base / "cdi", CDI_KIND),
         checkpoint=Checkpoint(base / "checkpoint.json", boot_id="b"),
         host=host.layout,
-        toolkit=ToolkitSpecs(()),
+        families=(NvidiaClaims(ToolkitSpecs(())),),
         network=NetworkStatus(metrics.counting_rest(api), NODE, host.root / "sys", proc_root),
     )
     server = PluginServer(

@@ -21,6 +21,7 @@ import grpc
 import pytest
 
 from fabricdra.kubeletplugin import metrics
+from fabricdra.kubeletplugin.kinds.nvidia.claims import NvidiaClaims
 from fabricdra.kubeletplugin.kinds.nvidia.nvidiacdi import ToolkitSpecs
 from fabricdra.kubeletplugin.kubelet import PluginPaths, PluginServer
 from fabricdra.kubeletplugin.kubelet.cdi import CdiWriter
@@ -129,7 +130,7 @@ class Node:
             cdi=CdiWriter(self.cdi_dir, CDI_KIND),
             checkpoint=Checkpoint(base / "checkpoint.json", boot_id="b"),
             host=host.layout,
-            toolkit=ToolkitSpecs(()),
+            families=(NvidiaClaims(ToolkitSpecs(())),),
         )
         self.paths = PluginPaths.for_driver(
             DRIVER, registry_dir=base / "registry", plugin_dir=base / "plugin"

@@ -16,6 +16,7 @@ from fabricdra.kubeletplugin.devices import DeviceConfig, DeviceInventory, gpu_i
 from fabricdra.kubeletplugin.discovery.node import discover
 from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
+from fabricdra.kubeletplugin.kinds.nvidia.claims import NvidiaClaims
 from fabricdra.kubeletplugin.kinds.nvidia.dynamicmig import DynamicMig, Instance
 from fabricdra.kubeletplugin.kinds.nvidia.mignvml import LiveMigNvml
 from fabricdra.kubeletplugin.kinds.nvidia_mig import MIG_CREATE_BUDGET
@@ -68,9 +69,19 @@ def _node(
         cdi=CdiWriter(tmp_path / "cdi", CDI_KIND),
         checkpoint=Checkpoint(tmp_path / "state" / "checkpoint.json", boot_id="boot-1"),
         host=host.layout,
-        dynamic_mig=DynamicMig(nvml, tmp_path / "state" / "mig.json") if journal else None,
+        families=(
+            NvidiaClaims(
+                dynamic_mig=DynamicMig(nvml, tmp_path / "state" / "mig.json") if journal else None
+            ),
+        ),
     )
     return driver, nvml, claims, bus, [gi.id for gi in adopted]
+
+
+def mig_of(driver: DevicesDriver) -> DynamicMig | None:
+    """The dynamic MIG the driver's NVIDIA family hooks were given."""
+    [nvidia] = [f for f in driver.families if isinstance(f, NvidiaClaims)]
+    return nvidia.dynamic_mig
 
 
 def _stem(bus: str) -> str:
@@ -121,8 +132,8 @@ def test_placement_nvml_refuses_fails_prepare_and_leaves_nothing(tmp_path: Path)
     claim = claims.add("c", [{"request": "mig", "device": f"mig-{_stem(bus)}-4g-40gb-m0"}])
     with pytest.raises(PrepareError, match="cannot create the MIG instance"):
         driver.prepare(claim)
-    assert driver.dynamic_mig is not None
-    assert driver.dynamic_mig.records() == []
+    assert mig_of(driver) is not None
+    assert mig_of(driver).records() == []
 
 
 def test_without_dynamic_mig_a_placement_is_refused(tmp_path: Path) -> None:
@@ -148,8 +159,8 @@ def test_a_refused_second_placement_undoes_the_first(tmp_path: Path) -> None:
     with pytest.raises(PrepareError, match="4g-40gb-m0: cannot create the MIG instance"):
         driver.prepare(claim)
     assert [gi.profile for gi in nvml.gpus[bus].instances.values()] == ["1g.10gb"]
-    assert driver.dynamic_mig is not None
-    assert driver.dynamic_mig.records() == []
+    assert mig_of(driver) is not None
+    assert mig_of(driver).records() == []
     assert driver.checkpoint.get(claim.uid) is None
 
 
@@ -162,8 +173,8 @@ def test_missing_capability_nodes_undo_the_instance(tmp_path: Path) -> None:
     with pytest.raises(PrepareError, match="no DeviceFileMinor"):
         driver.prepare(claim)
     assert list(nvml.gpus[bus].instances) == adopted
-    assert driver.dynamic_mig is not None
-    assert driver.dynamic_mig.records() == []
+    assert mig_of(driver) is not None
+    assert mig_of(driver).records() == []
 
 
 def test_creation_is_not_started_late_in_kubelets_deadline(tmp_path: Path) -> None:
@@ -203,13 +214,14 @@ def test_the_agent_creates_through_nvml_only_with_the_flag_on_a_real_gpu(tmp_pat
     """--dynamic-mig on a GPU node: the live NVML creator, its journal in the state folder
     (it outlives the pod); off, or with recorded NVML answers (no GPU to create on): none,
     so prepare refuses a placement."""
-    on = _agent(tmp_path / "on", dynamic_mig=True, snapshot=False).driver.dynamic_mig
+    on = mig_of(_agent(tmp_path / "on", dynamic_mig=True, snapshot=False).driver)
     assert on is not None
     assert isinstance(on.nvml, LiveMigNvml)
     assert on.path == tmp_path / "on" / "state" / "dynamic-mig.json"
-    assert _agent(tmp_path / "off", dynamic_mig=False, snapshot=False).driver.dynamic_mig is None
+    off = _agent(tmp_path / "off", dynamic_mig=False, snapshot=False)
+    assert mig_of(off.driver) is None
     recorded = _agent(tmp_path / "rec", dynamic_mig=True, snapshot=True)
-    assert recorded.driver.dynamic_mig is None
+    assert mig_of(recorded.driver) is None
 
 
 def _next_pass(tmp_path: Path, driver: DevicesDriver, nvml: FakeNvml, bus: str) -> None:
@@ -232,13 +244,13 @@ def _next_pass(tmp_path: Path, driver: DevicesDriver, nvml: FakeNvml, bus: str) 
     d = discover(SysfsTree(tmp_path / "host" / "sys"), lambda: readings)
     assert d.interfaces is not None
     assert d.accelerators is not None
-    assert driver.dynamic_mig is not None
+    assert mig_of(driver) is not None
     inventory = build_devices(
         d.interfaces,
         d.accelerators,
         DeviceConfig(dynamic_mig=True),
         gpu_info=gpu_info(readings),
-        created_mig=driver.dynamic_mig.created(),
+        created_mig=mig_of(driver).created(),
     )
     driver.inventory = lambda: inventory
 
@@ -261,8 +273,8 @@ def test_a_placement_freed_before_the_next_pass_is_created_again(tmp_path: Path)
     driver.prepare(b)
     (gi,) = nvml.gpus[bus].instances.values()
     assert (gi.profile, gi.start) == ("3g.40gb", 4)
-    assert driver.dynamic_mig is not None
-    assert [(r.claim, r.created) for r in driver.dynamic_mig.records()] == [
+    assert mig_of(driver) is not None
+    assert [(r.claim, r.created) for r in mig_of(driver).records()] == [
         (b.uid, Instance(gi.id, 0, gi.uuid, "3g.40gb", 4))
     ]
 

@@ -15,6 +15,7 @@ from fabricdra.kubeletplugin.assembly import build_devices
 from fabricdra.kubeletplugin.devices import DeviceConfig, DeviceInventory
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
 from fabricdra.kubeletplugin.hostdevices import HostLayout
+from fabricdra.kubeletplugin.kinds.nvidia.claims import NvidiaClaims
 from fabricdra.kubeletplugin.kinds.nvidia.nvidiacdi import ToolkitSpecs
 from fabricdra.kubeletplugin.kubelet.cdi import CdiWriter
 from fabricdra.kubeletplugin.kubelet.checkpoint import Checkpoint
@@ -126,7 +127,7 @@ def _driver(tmp_path: Path, root: Path, claims: Claims, config: DeviceConfig) ->
         cdi=CdiWriter(tmp_path / "cdi", CDI_KIND),
         checkpoint=Checkpoint(tmp_path / "state" / "checkpoint.json", boot_id="boot-1"),
         host=HostLayout(dev, tmp_path / "proc", root),
-        toolkit=ToolkitSpecs(()),
+        families=(NvidiaClaims(ToolkitSpecs(())),),
         devices=config,
     )
 

@@ -17,6 +17,7 @@ from fabricdra.kubeletplugin.devices import DeviceConfig, DeviceInventory
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
 from fabricdra.kubeletplugin.hostdevices import HostLayout
 from fabricdra.kubeletplugin.kinds.gaudi.sysfs import GaudiRecord
+from fabricdra.kubeletplugin.kinds.nvidia.claims import NvidiaClaims
 from fabricdra.kubeletplugin.kinds.nvidia.nvidiacdi import ToolkitSpecs
 from fabricdra.kubeletplugin.kubelet import PrepareError
 from fabricdra.kubeletplugin.kubelet.cdi import CdiWriter
@@ -100,7 +101,7 @@ def _driver(tmp_path: Path, root: Path, claims: Claims) -> DevicesDriver:
         cdi=CdiWriter(tmp_path / "cdi", CDI_KIND),
         checkpoint=Checkpoint(tmp_path / "state" / "checkpoint.json", boot_id="boot-1"),
         host=HostLayout(dev, tmp_path / "proc", root),
-        toolkit=ToolkitSpecs(()),
+        families=(NvidiaClaims(ToolkitSpecs(())),),
         devices=ON,
     )
 

@@ -256,7 +256,7 @@ def test_the_vendor_scan_finds_a_second_definition(tmp_path: Path) -> None:
 # The composition's core: it holds families (families.py builds them) and calls their hooks
 # through `kinds` (the registry and protocols) only; a family's own modules, and the kind
 # modules of one vendor, are not its to import (issue 31).
-FAMILY_FREE = ("agent", "devices")
+FAMILY_FREE = ("agent", "devices", "prepare")
 FAMILY_PACKAGES = ("nvidia", "gaudi")
 KIND_MODULES = ("nvidia_gpu", "nvidia_mig", "amd_gpu", "efa", "rdma")
 

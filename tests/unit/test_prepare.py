@@ -24,6 +24,7 @@ import yaml
 
 from fabricdra.kube.rest import ApiError
 from fabricdra.kubeletplugin.devices import DeviceInventory
+from fabricdra.kubeletplugin.kinds.nvidia.claims import NvidiaClaims
 from fabricdra.kubeletplugin.kinds.nvidia.nvidiacdi import ToolkitSpecs
 from fabricdra.kubeletplugin.kubelet import ClaimRef, PreparedDevice, PrepareError
 from fabricdra.kubeletplugin.kubelet.cdi import CdiWriter
@@ -159,7 +160,7 @@ class Node:
             cdi=CdiWriter(self.base / "cdi", CDI_KIND),
             checkpoint=Checkpoint(self.base / "state" / "checkpoint.json", boot_id="boot-1"),
             host=self.host.layout,
-            toolkit=ToolkitSpecs((self.toolkit_dir,) if self.toolkit_dir else ()),
+            families=(NvidiaClaims(ToolkitSpecs((self.toolkit_dir,) if self.toolkit_dir else ())),),
             pods=self.claims,
             metadata_dir=self.base / "plugin" / "metadata" if self.metadata else None,
             nccl_topo_dir=self.base / "plugin" / "nccl-topo" if self.nccl_topo else None,

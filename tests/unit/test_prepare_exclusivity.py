@@ -30,6 +30,7 @@ from fabricdra.kubeletplugin.discovery.node import discover
 from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
 from fabricdra.kubeletplugin.exclusivity import Hold, find_conflict, may_coexist, recorded_hold
+from fabricdra.kubeletplugin.kinds.nvidia.claims import NvidiaClaims
 from fabricdra.kubeletplugin.kinds.nvidia.nvidiacdi import ToolkitSpecs
 from fabricdra.kubeletplugin.kubelet import ClaimRef, PrepareError
 from fabricdra.kubeletplugin.kubelet.cdi import CdiWriter
@@ -155,7 +156,7 @@ class Node:
             cdi=CdiWriter(base / "cdi", CDI_KIND),
             checkpoint=Checkpoint(base / "checkpoint.json", boot_id="boot-1"),
             host=host.layout,
-            toolkit=ToolkitSpecs(()),
+            families=(NvidiaClaims(ToolkitSpecs(())),),
         )
 
     def prepare(self, name: str, *results: dict[str, Any]) -> str:

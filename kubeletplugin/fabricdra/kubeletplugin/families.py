@@ -38,8 +38,9 @@ class Families:
         return self.nvidia.nvml_source
 
     def driver_options(self) -> dict[str, Any]:
-        """What prepare (prepare.DevicesDriver) takes from the families."""
-        return {"toolkit": self.nvidia.toolkit, "dynamic_mig": self.nvidia.dynamic_mig}
+        """What prepare (prepare.DevicesDriver) takes from the families: their per-claim
+        hooks (kinds/family.py ClaimHooks), in the order they run."""
+        return {"families": (self.nvidia.claims,)}
 
 
 def build(

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -68,10 +69,7 @@ from .devices import Device, DeviceConfig, DeviceInventory
 from .discovery.sysfs import RootError, SysfsTree
 from .hostdevices import DeviceNodeError, HostLayout
 from .kinds import ClaimGroup, PrepareContext
-from .kinds.nvidia import gpusharing
-from .kinds.nvidia.dynamicmig import DynamicMig, JournalUnreadable
-from .kinds.nvidia.nvidiacdi import ToolkitSpecs
-from .kinds.nvidia_mig import is_placement
+from .kinds.family import ClaimHooks, OpaqueConfigs, OpaqueSetting
 from .kubelet import ClaimRef, PreparedDevice, PrepareError
 from .kubelet.cdi import CdiDevice, CdiSpec, CdiWriter
 from .kubelet.checkpoint import Checkpoint, ClaimEntry, PreparedRecord
@@ -156,10 +154,11 @@ class Grant:
     device_name: str  # as allocated (a shared holder name resolves to its endpoint)
     share_id: str | None
     admin_access: bool = False
-    # A share of a shared GPU: what it consumes (gpusharing.consumed); None otherwise.
+    # A share of a shared GPU: what it consumes (its kind's `consumed`); None otherwise.
     consumed: dict[str, int] | None = None
-    # The claim's sharing strategy for this GPU (opaque GpuConfig); None: none set.
-    sharing: gpusharing.Sharing | None = None
+    # The claim's opaque setting for this device (NVIDIA: a GpuConfig sharing strategy);
+    # None: none set.
+    sharing: OpaqueSetting | None = None
 
 
 @dataclass
@@ -172,13 +171,12 @@ class DevicesDriver:
     cdi: CdiWriter
     checkpoint: Checkpoint
     host: HostLayout = field(default_factory=HostLayout)
-    toolkit: ToolkitSpecs = field(default_factory=ToolkitSpecs)
+    # Each device family's part in a prepare (kinds/family.py ClaimHooks; families.py builds
+    # them): what its kinds are lent, its begin -> undo, its opaque configuration.
+    families: Sequence[ClaimHooks] = ()
     events: EventRecorder | None = None
     # status.devices[].networkData of granted RDMA netdevs (networkstatus.py); None: not written.
     network: NetworkStatus | None = None
-    # Dynamic MIG (--dynamic-mig): creates a placement's instance at prepare and destroys it
-    # at unprepare (dynamicmig.py has the order); None: such a placement is refused.
-    dynamic_mig: DynamicMig | None = None
     # How this node offers its devices: kinds whose container edits depend on it read it.
     devices: DeviceConfig = field(default_factory=DeviceConfig)
     # Reads the pods an RDMA claim is reserved for, for their PodGroup (KEP-5729: ncclenv);
@@ -230,12 +228,12 @@ class DevicesDriver:
             hcas, companions = ncclenv.pod_hcas(
                 self.checkpoint.entries(), claim.uid, obj, own, pod_groups
             )
-            # Only a claim with placements reads the journal (an unreadable one fails them).
-            placements = any(is_placement(g.device) for g in grants)
-            made_before = self._mig_made(claim.uid) if placements else set()
+            undo = [f.begin(claim.uid, [g.device for g in grants]) for f in self.families]
             try:
                 try:
-                    with self.toolkit.pinned():
+                    with ExitStack() as serving:
+                        for f in self.families:
+                            serving.enter_context(f.serving())
                         spec, prepared = self.build(claim, grants, hcas)
                 except DeviceNodeError as e:
                     raise PrepareError(str(e)) from None
@@ -248,10 +246,9 @@ class DevicesDriver:
                     self._metadata.remove(claim.uid)
                 if self._topo is not None:
                     self._topo.remove(claim.uid)
-                # Nothing half-made: MIG instances this call created (a claim's second
-                # placement refused, device nodes missing) go again; kubelet retries.
-                if placements:
-                    self._undo_mig(claim.uid, made_before)
+                # Nothing half-made (NVIDIA: MIG instances this call created); kubelet retries.
+                for u in undo:
+                    u()
                 raise
         if self.network is not None:
             self.network.write(claim.namespace, claim.name, grants)
@@ -391,28 +388,6 @@ class DevicesDriver:
     def _topo_device(self, device: Device) -> TopoDevice | None:
         return nccltopofiles.topo_device(device, kinds.kind_of(device).nccl_hca(device))
 
-    def _mig_made(self, claim_uid: str, created: bool = False) -> set[str]:
-        """The devices the journal names for this claim (`created`: only those whose
-        instance's ids are recorded)."""
-        if self.dynamic_mig is None:
-            return set()
-        return {
-            r.device
-            for r in self.dynamic_mig.records()
-            if r.claim == claim_uid and (r.created is not None or not created)
-        }
-
-    def _undo_mig(self, claim_uid: str, before: set[str]) -> None:
-        if self.dynamic_mig is None:
-            return
-        made = self._mig_made(claim_uid) - before
-        if not made:
-            return
-        try:
-            self.dynamic_mig.destroy(claim_uid, made)
-        except Exception as e:  # left in the journal: unprepare or the next prepare retries
-            log.error("MIG instances of a failed prepare not destroyed", error=str(e))
-
     def _already_prepared(self, claim: ClaimRef) -> list[PreparedDevice] | None:
         """The recorded answer of an earlier prepare of this claim (same UID), while every
         spec file it wrote is still there; None: prepare it (again)."""
@@ -504,11 +479,8 @@ class DevicesDriver:
                 )
             request = str(r.get("request", "")).split("/", 1)[0]
             strategy = sharing.get(request)
-            if strategy is not None and not (device.type == "gpu" and device.mig is None):
-                raise PrepareError(
-                    f"device {name} (request {request}): a GpuConfig sharing strategy applies "
-                    "to whole NVIDIA GPUs only"
-                )
+            if strategy is not None:
+                strategy[1].check(device, name, request)
             share_id = r.get("shareID")
             grants.append(
                 Grant(
@@ -517,21 +489,25 @@ class DevicesDriver:
                     device_name=name,
                     share_id=share_id,
                     admin_access=bool(r.get("adminAccess")),
-                    consumed=gpusharing.consumed(r, device) if share_id is not None else None,
-                    sharing=strategy,
+                    consumed=kinds.kind_of(device).consumed(device, r)
+                    if share_id is not None
+                    else None,
+                    sharing=strategy[0] if strategy is not None else None,
                 )
             )
         return grants
 
     def _sharing_config(
         self, config: Sequence[Any], ours: Sequence[dict[str, Any]]
-    ) -> dict[str, gpusharing.Sharing]:
-        """The GPU sharing strategy of each request (opaque `GpuConfig`, gpusharing.py); a
-        later entry beats an earlier one (the API lists the class's, then the claim's).
-        Anything else addressed to this driver is a mistake the user must hear about, not
-        something to ignore."""
+    ) -> dict[str, tuple[OpaqueSetting, OpaqueConfigs]]:
+        """The opaque setting of each request (NVIDIA: a `GpuConfig` sharing strategy,
+        gpusharing.py), with the family's configs that parsed it; a later entry beats an
+        earlier one (the API lists the class's, then the claim's). Anything addressed to this
+        driver that no family takes is a mistake the user must hear about, not something to
+        ignore."""
         requests = {str(r.get("request", "")).split("/", 1)[0] for r in ours}
-        out: dict[str, gpusharing.Sharing] = {}
+        out: dict[str, tuple[OpaqueSetting, OpaqueConfigs]] = {}
+        configs = next((f.opaque for f in self.families if f.opaque is not None), None)
         for c in config:
             opaque = (c or {}).get("opaque") or {}
             if opaque.get("driver") != self.driver_name:
@@ -540,7 +516,9 @@ class DevicesDriver:
             if applies and not requests.intersection(applies):
                 continue
             try:
-                strategy = gpusharing.parse_gpu_config(opaque.get("parameters"))
+                if configs is None:
+                    raise PrepareError("this driver takes no opaque configuration")
+                strategy = configs.parse(opaque.get("parameters"))
             except PrepareError as e:
                 raise PrepareError(
                     f"opaque configuration for driver {self.driver_name} (source "
@@ -548,10 +526,10 @@ class DevicesDriver:
                     "it from the claim or its DeviceClass"
                 ) from None
             for request in applies or requests:
-                if strategy is None:
+                if strategy is None or configs is None:
                     out.pop(request, None)
                 else:
-                    out[request] = strategy
+                    out[request] = (strategy, configs)
         return out
 
     def _refuse_in_use(self, claim: ClaimRef, grants: Sequence[Grant]) -> None:
@@ -590,11 +568,11 @@ class DevicesDriver:
         ctx = PrepareContext(
             claim.uid,
             self.host,
-            self.toolkit,
-            self.dynamic_mig,
-            self.devices,
+            config=self.devices,
             rail_aligned=rail_aligned([g.device for g in grants]),
         )
+        for f in self.families:
+            ctx = f.lend(ctx)
         for g in grants:
             dev = g.device
             kind = kinds.kind_of(dev)
@@ -650,17 +628,9 @@ class DevicesDriver:
                 self._metadata.remove(claim.uid)
             if self._topo is not None:
                 self._topo.remove(claim.uid)
-            if self.dynamic_mig is not None:
-                # Only instances the journal says this claim had created; adopted ones never.
-                try:
-                    self.dynamic_mig.destroy(claim.uid)
-                except JournalUnreadable:
-                    # A claim recorded with no MIG device had no instance to destroy: its
-                    # unprepare does not wait for the journal to be mended.
-                    names = [r.device_name for r in (entry.devices or [])] if entry else None
-                    if names is None or any(n.startswith("mig-") for n in names):
-                        raise
-                    log.error("MIG journal unreadable; unprepared a claim without MIG devices")
+            names = [r.device_name for r in (entry.devices or [])] if entry else None
+            for f in self.families:
+                f.release(claim.uid, names)
             self.checkpoint.remove(claim.uid)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 from fabricdra.api.deviceclasses import load_device_classes
 from fabricdra.api.inventory import Accelerator, MigDevice
@@ -37,7 +38,7 @@ from .base import (
     numa_value,
     pci_values,
 )
-from .nvidia import migprofiles
+from .nvidia import gpusharing, migprofiles
 from .nvidia.migprofiles import Placement
 
 VOID_GPUS = "NVIDIA_VISIBLE_DEVICES=void"
@@ -82,6 +83,9 @@ class NvidiaAcceleratorKind(DeviceKind):
 
     def counters(self, device: Device) -> CounterUse | None:
         return dynamic_mig_counters(device)
+
+    def consumed(self, device: Device, result: Mapping[str, Any]) -> dict[str, int] | None:
+        return gpusharing.consumed(result, device)
 
     def needs_partitionable(self, device: Device) -> bool:
         # Dynamic MIG's whole GPU and the placements not created yet only exist on a

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fabricdra.api.inventory import Accelerator, Endpoint, Interface, PciTopology
 
@@ -63,7 +63,8 @@ class PrepareContext:
 
     claim_uid: str
     host: HostLayout
-    toolkit: ToolkitSpecs
+    # Lent by the NVIDIA family (kinds/nvidia/claims.py `lend`); None: no toolkit specs.
+    toolkit: ToolkitSpecs | None = None
     dynamic_mig: DynamicMig | None = None
     config: DeviceConfig | None = None  # the node's offer settings (None: the defaults)
     # Every NIC the claim was granted has a measured rail (docs/scale-out.md): NCCL may then
@@ -154,6 +155,13 @@ class DeviceKind(Protocol):
 
     def counters(self, device: Device) -> CounterUse | None:
         """The shared counter set it draws on (partitionable devices, 1.36+); None: none."""
+        return None
+
+    def consumed(self, device: Device, result: Mapping[str, Any]) -> dict[str, int] | None:
+        """What the allocation result of a share of `device` consumes of its capacities
+        (`consumedCapacity`; prepare checks it against what the shares already prepared left:
+        exclusivity.py); None: not offered with consumable capacity. PrepareError for what
+        cannot be read."""
         return None
 
     def needs_partitionable(self, device: Device) -> bool:

@@ -12,19 +12,38 @@ these hooks without naming any of them, so a new family never edits the agent:
   dynamic MIG created);
 - `poll`: between passes, whether an event asks for a pass now (NVIDIA: a new critical Xid);
 - `close`: when the agent stops.
+
+Prepare (prepare.py) holds each family's per-claim part (`ClaimHooks`, built with the family:
+`Families.driver_options`) and calls it without naming any family:
+
+- `lend`: what the family's kinds need to serve a claim's devices, put in their
+  `PrepareContext` (NVIDIA: the toolkit's CDI specs, dynamic MIG);
+- `begin` → undo: before the claim's devices are served; the undo is called when prepare fails
+  after that, so nothing serving made is left behind (NVIDIA: destroy the MIG instances this
+  call created);
+- `serving`: the section the claim's devices are served in (NVIDIA: one look at the toolkit's
+  spec folders for all of them);
+- `release`: at unprepare, what the claim's prepare made (NVIDIA: its MIG instances);
+- `opaque`: the opaque configuration the family takes (NVIDIA: `GpuConfig`'s sharing
+  strategy); None: none. Today one family takes opaque configuration: the first that has one
+  parses every entry addressed to this driver.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from fabricdra.api.inventory import Accelerator
 
+    from ..devices import Device
     from ..discovery.node import Discovery
     from ..discovery.nvml import NvmlReadings
+    from ..kubelet.cdi import ContainerEdits
+    from .base import PrepareContext
 
 
 @dataclass
@@ -56,3 +75,59 @@ class Family(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class Undo(Protocol):
+    def __call__(self) -> None:
+        """Undo what serving the claim's devices made (best effort: log, never raise)."""
+        ...
+
+
+class OpaqueSetting(Protocol):
+    """One opaque configuration entry, parsed (NVIDIA: a `GpuConfig` sharing strategy)."""
+
+    def edits(self, devices: int) -> ContainerEdits:
+        """What a container given `devices` devices under this setting also gets, in its own
+        CDI device (empty: none)."""
+        ...
+
+
+class OpaqueConfigs(Protocol):
+    """The opaque configuration a family takes (dra-example-driver's ConfigHandler)."""
+
+    def parse(self, params: object) -> OpaqueSetting | None:
+        """An entry's `parameters`, parsed (None: it sets nothing); PrepareError naming what
+        is wrong."""
+        ...
+
+    def check(self, device: Device, name: str, request: str) -> None:
+        """PrepareError when a setting cannot apply to `device` (allocated as `name` for
+        `request`)."""
+        ...
+
+
+class ClaimHooks(Protocol):
+    """A family's part in preparing a claim (see the module docstring)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def opaque(self) -> OpaqueConfigs | None: ...
+
+    def lend(self, ctx: PrepareContext) -> PrepareContext:
+        """`ctx` with what this family's kinds need to serve a device."""
+        ...
+
+    def begin(self, claim_uid: str, devices: Sequence[Device]) -> Undo:
+        """Before the claim's `devices` are served (under the checkpoint's lock)."""
+        ...
+
+    def serving(self) -> AbstractContextManager[object]:
+        """The section the claim's devices are served in."""
+        ...
+
+    def release(self, claim_uid: str, devices: Sequence[str] | None) -> None:
+        """At unprepare (under the lock): remove what the claim's prepare made. `devices`:
+        the names the checkpoint recorded for it (None: no entry)."""
+        ...

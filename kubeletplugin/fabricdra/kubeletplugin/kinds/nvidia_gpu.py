@@ -23,7 +23,7 @@ class NvidiaGpu(NvidiaAcceleratorKind):
         if acc is None or not self.owns(device):
             raise PrepareError(f"device {device.name} is not a whole NVIDIA GPU")
         minor = ctx.host.nvidia_minor(acc.pciBusId)
-        toolkit = ctx.toolkit.gpu_id(acc.uuid, minor)
+        toolkit = ctx.toolkit.gpu_id(acc.uuid, minor) if ctx.toolkit is not None else None
         if toolkit is not None:
             return Served(toolkit_id=toolkit, group=GPUS)
         return Served(device_nodes(ctx.host.nvidia_gpu_nodes(minor)), group=GPUS)

@@ -63,7 +63,11 @@ class NvidiaMig(NvidiaAcceleratorKind):
                 "device nodes cannot be found or a toolkit CDI device checked against them"
             )
         caps = ctx.host.mig_cap_nodes(minor, mig.gpuInstanceId, mig.computeInstanceId)
-        toolkit = ctx.toolkit.mig_id(mig.uuid, minor, [c.path for c in caps])
+        toolkit = (
+            ctx.toolkit.mig_id(mig.uuid, minor, [c.path for c in caps])
+            if ctx.toolkit is not None
+            else None
+        )
         if toolkit is not None:
             return Served(toolkit_id=toolkit, group=GPUS)
         return Served(device_nodes([*ctx.host.nvidia_gpu_nodes(minor), *caps]), group=GPUS)

@@ -18,6 +18,7 @@ from ...discovery.nvml import (
     read_live,
 )
 from ..family import PassFacts
+from .claims import NvidiaClaims
 from .dynamicmig import DynamicMig, MigNvml
 from .mignvml import LiveMigNvml
 from .nvidiacdi import ToolkitSpecs
@@ -60,6 +61,8 @@ class NvidiaFamily:
         if dynamic_mig and mig_nvml is not None:
             # The MIG instances dynamic MIG created (dynamicmig.py): survives restarts.
             self.dynamic_mig = DynamicMig(mig_nvml, state_dir / "dynamic-mig.json")
+        # Its part in each prepare (begin -> undo, release, GpuConfig): prepare.py's hooks.
+        self.claims = NvidiaClaims(self.toolkit, self.dynamic_mig)
 
     def start(self) -> None:
         self.recover_mig()
