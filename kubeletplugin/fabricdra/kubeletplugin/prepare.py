@@ -455,7 +455,7 @@ class DevicesDriver:
         ours = [r for r in results if r.get("driver") == self.driver_name]
         if not ours:
             raise PrepareError(f"the allocation has no devices of driver {self.driver_name}")
-        sharing = self._sharing_config(devices.get("config") or [], ours)
+        sharing = self._opaque_settings(devices.get("config") or [], ours)
         inventory = self.inventory()
         grants = []
         for r in ours:
@@ -497,7 +497,7 @@ class DevicesDriver:
             )
         return grants
 
-    def _sharing_config(
+    def _opaque_settings(
         self, config: Sequence[Any], ours: Sequence[dict[str, Any]]
     ) -> dict[str, tuple[OpaqueSetting, OpaqueConfigs]]:
         """The opaque setting of each request (NVIDIA: a `GpuConfig` sharing strategy,
