@@ -86,6 +86,15 @@ NOT_ON_THE_INVENTORY_PATH = (
     "zipfile",
     "tempfile",
     "importlib.resources",
+    # Standard library this path no longer needs (issue 31 point 8), each a few % of its CPU:
+    "hashlib",  # (OpenSSL) only to hash an over-long switch id into a label value
+    "socket",  # os.uname().nodename is the host name
+    "subprocess",  # only the agent runs lldpcli
+    "signal",  # only the long-running subcommands stop on signals
+    "threading",
+    "pathlib",  # and with it urllib.parse and ipaddress
+    "urllib",
+    "ipaddress",
 )
 
 

@@ -7,11 +7,12 @@ import argparse
 import json
 import math
 import os
-import signal
 import sys
-import threading
 from collections.abc import Callable, Collection
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import threading
 
 
 class UsageError(Exception):
@@ -195,6 +196,11 @@ def stop_event() -> threading.Event:
     bytecodes, which may be inside that thread's own `stop.wait()` while it holds the event's
     lock, and `set()` there waits for that lock for ever (seen: `fabricdra fleet --watch`
     hung on SIGINT). A short thread sets it once the lock is free."""
+    # Here: only the long-running subcommands stop on signals; `fabricdra inventory` need not
+    # import signal and threading.
+    import signal
+    import threading
+
     stop = threading.Event()
 
     def handler(*_: object) -> None:

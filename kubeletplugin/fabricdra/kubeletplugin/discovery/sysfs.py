@@ -15,7 +15,6 @@ import os
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TypeVar
 
 from .beneath import Beneath
@@ -67,10 +66,12 @@ class SysfsTree:
     def __init__(
         self, root: str | os.PathLike[str] = "/sys", *, kernel_confined: bool = True
     ) -> None:
-        path = Path(root)
-        if not path.exists():
+        # os.path, not pathlib: importing pathlib (and urllib.parse, ipaddress) was ~3 % of
+        # `fabricdra inventory`'s start-up (bench/startup.py).
+        path = os.fspath(root)
+        if not os.path.exists(path):
             raise RootError(f"sysfs root {path} does not exist")
-        if not path.is_dir():
+        if not os.path.isdir(path):
             raise RootError(f"sysfs root {path} is not a directory")
         self.root = os.path.realpath(path)
         self._prefix = self.root.rstrip(os.sep) + os.sep

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Protocol
 
 from .live import _text
@@ -171,8 +171,8 @@ class ReplayedXidEvents:
     older snapshot says nothing about events), events from `xidEvents`, each delivered once
     in the recorded order."""
 
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = path
         self._delivered: dict[str, int] = {}
 
     def _load(self) -> NvmlReadings:

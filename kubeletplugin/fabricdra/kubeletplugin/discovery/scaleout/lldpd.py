@@ -16,7 +16,6 @@ source, an interface it does not list is reported as "lldpd heard no neighbour",
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Mapping
 from typing import Any
 
@@ -74,6 +73,8 @@ def parse_neighbors(text: str) -> dict[str, Neighbour]:
 
 
 def run_lldpcli(timeout: float = 5.0) -> str:
+    import subprocess  # here: only the agent asks lldpd; `fabricdra inventory` reads a file
+
     try:
         done = subprocess.run(list(COMMAND), capture_output=True, text=True, timeout=timeout)
     except FileNotFoundError:
