@@ -352,8 +352,8 @@ def test_each_pass_reads_the_node_afresh(
     os.symlink(target_b, net / a)
     os.symlink(target_a, net / b)
     after = agent.pass_once()
-    assert after.get(first).endpoint.name == b  # type: ignore[union-attr]
-    assert after.get(second).endpoint.name == a  # type: ignore[union-attr]
+    assert rdma.payload_of(after.get(first)).endpoint.name == b  # type: ignore[arg-type]
+    assert rdma.payload_of(after.get(second)).endpoint.name == a  # type: ignore[arg-type]
 
 
 def test_slices_come_back_when_kubelets_wipe_lands_after_the_republish(

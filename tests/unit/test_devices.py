@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -367,3 +368,20 @@ def test_an_accelerator_off_its_vendors_driver_is_kept_in_the_inventory_but_not_
     d = discover(SysfsTree(str(a.root)))
     offered = {gpu_of(x).accelerator.pciBusId for x in _build(d).devices if gpu_payload(x)}
     assert offered == set(mi300x.gpus[1:])
+
+
+def test_holder_names_resolve_to_a_shared_endpoint_still_in_the_inventory(tmp_path: Path) -> None:
+    """A shared endpoint's holder names resolve to it, an exclusive one's do not; an inventory
+    narrowed with `replace` (coexistence's withholding) keeps only its own devices' sets."""
+    d, hgx = _discover(tmp_path)
+    shared = dns_label("rdma", hgx.nics[0])
+    config = DeviceConfig(
+        rdma_mode="exclusive", rdma_overrides=(RdmaOverride(hgx.nics[0], "shared"),)
+    )
+    inv = _build(d, config=config)
+    assert inv.holder_sets == {shared}
+    assert inv.get(f"{shared}-s3") is inv.get(shared)
+    assert inv.get(f"{dns_label('rdma', hgx.nics[1])}-s3") is None
+    narrowed = replace(inv, devices=tuple(x for x in inv if x.name != shared))
+    assert narrowed.holder_sets == frozenset()
+    assert narrowed.get(f"{shared}-s3") is None

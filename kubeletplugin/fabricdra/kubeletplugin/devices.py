@@ -286,10 +286,10 @@ class DeviceInventory:
             if d.name in by_name:
                 raise ValueError(f"two devices named {d.name!r}")
             by_name[d.name] = d
-        unknown = sorted(self.holder_sets - by_name.keys())
-        if unknown:
-            raise ValueError(f"holder sets name devices not in the inventory: {unknown}")
         object.__setattr__(self, "_by_name", by_name)
+        # Only devices still here: an inventory narrowed by `replace(inv, devices=...)` (the
+        # devices another advertiser hands out, withheld) keeps the others' answers.
+        object.__setattr__(self, "holder_sets", self.holder_sets & by_name.keys())
 
     def get(self, name: str) -> Device | None:
         """The device a ResourceSlice device name stands for: its own name, or for a shared
