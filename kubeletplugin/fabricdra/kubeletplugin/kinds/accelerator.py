@@ -7,7 +7,7 @@ in devices.py's docstring; each kind module takes its own devices out of `vendor
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from fabricdra.api.deviceclasses import load_device_classes
@@ -38,6 +38,12 @@ from .base import (
     numa_value,
     pci_values,
 )
+
+# The payload lives in its own module (gpusharing.py reads it too); re-exported here, where the
+# kinds that build it read it.
+from .gpupayload import GpuPayload as GpuPayload
+from .gpupayload import gpu_payload as gpu_payload
+from .gpupayload import payload_of as payload_of
 from .nvidia import gpusharing, migprofiles
 from .nvidia.migprofiles import Placement
 
@@ -59,39 +65,6 @@ class GpusGroup:
 
 
 GPUS = GpusGroup()
-
-
-@dataclass(frozen=True)
-class GpuPayload:
-    """A GPU's or MIG instance's own record (types `gpu` and `mig`, NVIDIA and AMD): one
-    record for both, since a MIG instance, a dynamic-MIG placement and the whole GPU are built
-    from the same GPU and differ only in `mig` and `placement`."""
-
-    accelerator: Accelerator  # gpu: itself; mig: the parent GPU
-    mig: MigDevice | None = None  # an existing MIG instance (static, adopted or created)
-    info: GpuInfo | None = None  # NVML's facts about the (parent) GPU
-    # The GPU left the PCI bus; kept published (tainted) from its last record so the claims
-    # holding it keep their health signal, but prepare refuses it.
-    lost: bool = False
-    # Dynamic MIG only: the device draws on its GPU's counter set (`counter_set_name`): a
-    # profile placement consumes its slices (`placement`), the whole GPU (no placement) all.
-    # `mig` is set where the instance exists (adopted at start, or created by prepare).
-    dynamic_mig: bool = False
-    placement: Placement | None = None
-    # gpu: offered to up to this many claims at once (gpusharing.py); 0: to one claim.
-    shares: int = 0
-
-
-def payload_of(device: Device) -> GpuPayload:
-    """A GPU's or MIG instance's payload; TypeError for a device of another kind."""
-    if not isinstance(device.payload, GpuPayload):
-        raise TypeError(f"device {device.name} (type {device.type}) is not a GPU or MIG device")
-    return device.payload
-
-
-def gpu_payload(device: Device) -> GpuPayload | None:
-    """The payload where `device` is a GPU or MIG instance; None for another kind's."""
-    return device.payload if isinstance(device.payload, GpuPayload) else None
 
 
 def _with(device: Device, **changes: Any) -> Device:

@@ -34,7 +34,7 @@ from typing import Any, Literal
 from ...devices import Device
 from ...kubelet import PrepareError
 from ...kubelet.cdi import ContainerEdits, Mount
-from ..accelerator import gpu_payload
+from ..gpupayload import gpu_payload
 
 MIB = 2**20
 MEMORY, SHARES = "memory", "shares"
