@@ -36,11 +36,13 @@ from typing import Any
 
 import yaml
 
+from fabricdra.kubeletplugin import kinds
 from fabricdra.kubeletplugin.assembly import build_devices
 from fabricdra.kubeletplugin.devices import DeviceInventory, gpu_info
 from fabricdra.kubeletplugin.discovery.node import Discovery, discover
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
 from fabricdra.kubeletplugin.hostdevices import HostLayout
+from fabricdra.kubeletplugin.kinds import accelerator
 from fabricdra.kubeletplugin.kinds.nvidia.claims import NvidiaClaims
 from fabricdra.kubeletplugin.kinds.nvidia.nvidiacdi import TOOLKIT_KIND, ToolkitSpecs
 from fabricdra.kubeletplugin.kubelet import ClaimRef
@@ -140,11 +142,7 @@ def prepare(host: Host, toolkit_dir: Path, work: Path) -> tuple[Any, list[str]]:
     """Prepare the node's first whole NVIDIA GPU; its device and the CDI ids answered."""
     inv = inventory(host)
     gpu = next(
-        (
-            d
-            for d in inv
-            if d.type == "gpu" and d.accelerator and d.accelerator.vendorId == "0x10de"
-        ),
+        (d for d in inv if d.type == "gpu" and kinds.kind_of(d).name == "nvidia-gpu"),
         None,
     )
     if gpu is None:
@@ -326,9 +324,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         host, toolkit_dir = live_host(), a.toolkit_cdi_dir.resolve()
     gpu, ids = prepare(host, toolkit_dir, work)
-    _say(f"prepared {gpu.name} ({gpu.accelerator.uuid}): {' '.join(ids)}")
+    uuid = accelerator.payload_of(gpu).accelerator.uuid
+    _say(f"prepared {gpu.name} ({uuid}): {' '.join(ids)}")
     result: dict[str, Any] = {"mode": "recorded" if a.recorded else "gpu", "device": gpu.name}
-    result["uuid"], result["cdiDeviceIds"] = gpu.accelerator.uuid, ids
+    result["uuid"], result["cdiDeviceIds"] = uuid, ids
     problems = []
     if not ids or not ids[0].startswith(f"{TOOLKIT_KIND}="):
         problems.append(f"prepare did not answer the toolkit's id first: {ids}")
@@ -364,8 +363,9 @@ def _judge(recorded: bool, gpu: Any, rc: int, output: str) -> list[str]:
     lines = output.splitlines()
     if not recorded:
         listed = [line for line in lines if line.startswith("GPU ")]
-        if len(listed) != 1 or gpu.accelerator.uuid not in listed[0]:
-            return [f"nvidia-smi -L listed {listed}, want exactly {gpu.accelerator.uuid}"]
+        uuid = accelerator.payload_of(gpu).accelerator.uuid
+        if len(listed) != 1 or uuid is None or uuid not in listed[0]:
+            return [f"nvidia-smi -L listed {listed}, want exactly {uuid}"]
         return []
     nodes = sorted(line for line in lines if line.startswith("/dev/nvidia"))
     want = ["/dev/nvidia-modeset", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia0"]

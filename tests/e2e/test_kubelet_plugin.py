@@ -22,6 +22,7 @@ from e2e.harness.controlplane import wait_for
 from e2e.harness.existing import ExistingCluster
 from e2e.harness.images import TEST_IMAGE
 from e2e.harness.nodecluster import NodeCluster
+from fabricdra.kubeletplugin.kinds import accelerator, rdma
 from tests.integration.kubelethost import build_host
 
 pytestmark = pytest.mark.e2e
@@ -207,19 +208,17 @@ def test_pod_gets_its_gpu_and_nic(
     gpu_device = inventory.get(gpu)
     assert nic_device is not None
     assert gpu_device is not None
-    assert nic_device.endpoint is not None
+    nic_ep, gpu_acc = rdma.payload_of(nic_device).endpoint, accelerator.payload_of(gpu_device)
     # the pair shares its outermost bridge, and the container got exactly that NIC's node
-    assert nic_device.endpoint.topology.pciRootId == gpu_device.accelerator.topology.pciRootId  # type: ignore[union-attr]
-    assert nic_device.endpoint.verbsDevice in lines
+    assert nic_ep.topology.pciRootId == gpu_acc.accelerator.topology.pciRootId
+    assert nic_ep.verbsDevice in lines
     assert "rdma_cm" in lines
     assert len([x for x in lines if x.startswith("uverbs")]) == 1
-    assert f"HCA=={nic_device.endpoint.rdmaDevice}" in lines  # "=": exact names
+    assert f"HCA=={nic_ep.rdmaDevice}" in lines  # "=": exact names
     assert "nvidiactl" in lines
     # NCCL's topology of exactly this GPU and this NIC (and its measured rail), read-only
     assert "TOPO-READ-ONLY" in lines
-    assert f'busid="{gpu_device.accelerator.pciBusId}"' in lines  # type: ignore[union-attr]
+    assert f'busid="{gpu_acc.accelerator.pciBusId}"' in lines
     assert len([x for x in lines if x.startswith("<gpu")]) == 1
-    assert [x for x in lines if x.startswith("name=")] == [
-        f'name="{nic_device.endpoint.rdmaDevice}"'
-    ]
+    assert [x for x in lines if x.startswith("name=")] == [f'name="{nic_ep.rdmaDevice}"']
     assert len([x for x in lines if x.startswith("nvidia") and x[6:].isdigit()]) == 1

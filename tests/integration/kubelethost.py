@@ -18,6 +18,7 @@ from fabricdra.kubeletplugin.discovery.node import Discovery, discover
 from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
 from fabricdra.kubeletplugin.hostdevices import HostLayout
+from fabricdra.kubeletplugin.kinds import rdma
 from tests.sysfs.builder import UP, SysfsBuilder
 from tests.sysfs.nodes import Hgx, dgx_h100, h100_snapshot, hgx_h100, rdma_node
 
@@ -128,7 +129,7 @@ class RdmaHost:
     def device(self, rdma_device: str) -> str:
         """The inventory name of the endpoint bound to `rdma_device`."""
         for d in self.inventory():
-            if d.endpoint is not None and d.endpoint.rdmaDevice == rdma_device:
+            if d.type == "rdma" and rdma.payload_of(d).endpoint.rdmaDevice == rdma_device:
                 return d.name
         raise KeyError(rdma_device)
 

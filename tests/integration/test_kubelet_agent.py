@@ -28,6 +28,7 @@ from e2e.harness.controlplane import ControlPlane
 from e2e.harness.poll import wait_for
 from e2e.harness.process import free_port
 from fabricdra.kubeletplugin.agent import Agent, AgentConfig, health_reports
+from fabricdra.kubeletplugin.kinds import accelerator, rdma
 from fabricdra.kubeletplugin.kubelet import ClaimRef
 from fabricdra.kubeletplugin.kubelet.driver import PrepareError
 from fabricdra.kubeletplugin.resourceslices import TAINT_KEY
@@ -339,8 +340,8 @@ def test_each_pass_reads_the_node_afresh(
     agent, config, _ = running
     before = agent.pass_once()
     first, second = "rdma-0000-19-00-0", "rdma-0000-3b-00-0"
-    a = before.get(first).endpoint.name  # type: ignore[union-attr]
-    b = before.get(second).endpoint.name  # type: ignore[union-attr]
+    a = rdma.payload_of(before.get(first)).endpoint.name  # type: ignore[arg-type]
+    b = rdma.payload_of(before.get(second)).endpoint.name  # type: ignore[arg-type]
     assert a
     assert b
     assert a != b
@@ -351,8 +352,8 @@ def test_each_pass_reads_the_node_afresh(
     os.symlink(target_b, net / a)
     os.symlink(target_a, net / b)
     after = agent.pass_once()
-    assert after.get(first).endpoint.name == b  # type: ignore[union-attr]
-    assert after.get(second).endpoint.name == a  # type: ignore[union-attr]
+    assert rdma.payload_of(after.get(first)).endpoint.name == b  # type: ignore[arg-type]
+    assert rdma.payload_of(after.get(second)).endpoint.name == a  # type: ignore[arg-type]
 
 
 def test_slices_come_back_when_kubelets_wipe_lands_after_the_republish(
@@ -482,7 +483,7 @@ def test_a_gpu_that_falls_off_the_bus_stays_published_tainted_until_a_restart(
         )
         lost = inventory.get(device)
         assert lost is not None
-        assert (lost.health, lost.lost) == ("Unhealthy", True)
+        assert (lost.health, accelerator.payload_of(lost).lost) == ("Unhealthy", True)
         assert any(
             h.device_name == device and h.health == "Unhealthy"
             for h in health_reports(node, inventory)
@@ -542,7 +543,7 @@ def test_a_lost_gpu_a_claim_holds_stays_published_unhealthy_across_a_restart(
         inventory = restarted.pass_once()
         lost = inventory.get(device)
         assert lost is not None, "the held GPU was withdrawn after the restart"
-        assert (lost.health, lost.lost) == ("Unhealthy", True)
+        assert (lost.health, accelerator.payload_of(lost).lost) == ("Unhealthy", True)
         assert TAINT_KEY in taint_keys(api, node)[device]
         assert streamed(restarted)[device] == health_pb2.UNHEALTHY
         # a new claim of it is refused (it is lost), as before the restart

@@ -525,6 +525,6 @@ def test_a_conflict_midway_through_a_rewrite_is_retried_within_the_pass(node: No
     assert len({s.spec.pool.generation for s in slices}) == 1
     names = sorted(x.name for s in slices for x in s.spec.devices)
     assert names == sorted(
-        [d.name for d in fewer if d.mode != "shared"]
-        + [f"{d.name}-s{k}" for d in fewer if d.mode == "shared" for k in range(60)]
+        [d.name for d in fewer if d.name not in fewer.holder_sets]
+        + [f"{d.name}-s{k}" for d in fewer if d.name in fewer.holder_sets for k in range(60)]
     )

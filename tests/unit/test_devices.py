@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,9 @@ from fabricdra.kubeletplugin.devices import (
 from fabricdra.kubeletplugin.discovery.node import Discovery, discover
 from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
+from fabricdra.kubeletplugin.kinds.accelerator import gpu_payload
+from fabricdra.kubeletplugin.kinds.accelerator import payload_of as gpu_of
+from fabricdra.kubeletplugin.kinds.rdma import payload_of as rdma_of
 from tests.sysfs.builder import SysfsBuilder
 from tests.sysfs.nodes import Hgx, amd_mi300x, h100_snapshot, hgx_h100, write_json
 
@@ -49,14 +53,14 @@ def test_hgx_offers_every_gpu_and_every_rdma_nic_exclusive(tmp_path: Path) -> No
     inv = _build(d)
     gpus = [x for x in inv.devices if x.type == "gpu"]
     rdma = [x for x in inv.devices if x.type == "rdma"]
-    assert sorted(g.accelerator.pciBusId for g in gpus if g.accelerator) == sorted(hgx.gpus)
-    assert sorted(r.endpoint.pciBusId for r in rdma if r.endpoint) == sorted(hgx.nics)
-    assert {r.mode for r in rdma} == {"exclusive"}
+    assert sorted(gpu_of(g).accelerator.pciBusId for g in gpus) == sorted(hgx.gpus)
+    assert sorted(rdma_of(r).endpoint.pciBusId for r in rdma) == sorted(hgx.nics)
+    assert {rdma_of(r).mode for r in rdma} == {"exclusive"}
     # The management NIC (no RDMA device), loopback and docker0 are in no mode.
     assert len(inv) == 16
     assert inv.get("gpu-0000-18-00-0") is not None
     assert inv.get("rdma-0000-19-00-0") is not None
-    assert inv.get("rdma-0000-19-00-0").interface.name == "enp25s0np0"  # type: ignore[union-attr]
+    assert rdma_of(inv.get("rdma-0000-19-00-0")).interface.name == "enp25s0np0"  # type: ignore[arg-type]
     assert [x.name for x in inv.devices] == sorted(x.name for x in inv.devices)
 
 
@@ -76,7 +80,7 @@ def test_names_are_stable_dns_labels_from_bus_ids(tmp_path: Path) -> None:
 def test_shared_mode_offers_whole_functions_shared(tmp_path: Path) -> None:
     d, _ = _discover(tmp_path)
     inv = _build(d, config=DeviceConfig(rdma_mode="shared"))
-    assert {x.mode for x in inv.devices if x.type == "rdma"} == {"shared"}
+    assert {rdma_of(x).mode for x in inv.devices if x.type == "rdma"} == {"shared"}
     assert len([x for x in inv.devices if x.type == "rdma"]) == 8
 
 
@@ -85,16 +89,15 @@ def test_pf_with_vfs_offers_only_its_vfs(tmp_path: Path) -> None:
     inv = _build(d, config=DeviceConfig(rdma_mode="shared"))
     pf0 = hgx.nics[0]
     assert inv.get(dns_label("rdma", pf0)) is None
-    vfs = [x for x in inv.devices if x.mode == "vf"]
-    assert sorted(v.endpoint.pciBusId for v in vfs if v.endpoint) == sorted(
+    vfs = [x for x in inv.devices if x.type == "rdma" and rdma_of(x).mode == "vf"]
+    assert sorted(rdma_of(v).endpoint.pciBusId for v in vfs) == sorted(
         hgx.vfs[hgx.nics[0]] + hgx.vfs[hgx.nics[1]]
     )
     for v in vfs:
-        assert v.interface is not None
-        assert v.interface.pciBusId in (hgx.nics[0], hgx.nics[1])
-        assert v.endpoint is not v.interface
+        assert rdma_of(v).interface.pciBusId in (hgx.nics[0], hgx.nics[1])
+        assert rdma_of(v).endpoint is not rdma_of(v).interface
     # The other six PFs stay whole-function, in the node's mode.
-    assert len([x for x in inv.devices if x.mode == "shared"]) == 6
+    assert len([x for x in inv.devices if x.type == "rdma" and rdma_of(x).mode == "shared"]) == 6
 
 
 def test_vfs_configured_flag_alone_sends_pf_to_vf_mode() -> None:
@@ -110,7 +113,7 @@ def test_vfs_configured_flag_alone_sends_pf_to_vf_mode() -> None:
     )
     assert len(build_devices([pf], [])) == 0
     whole = pf.model_copy(update={"sriovVfsConfigured": False})
-    assert [x.mode for x in build_devices([whole], [])] == ["exclusive"]
+    assert [rdma_of(x).mode for x in build_devices([whole], [])] == ["exclusive"]
 
 
 def test_endpoint_without_rdma_device_is_in_no_mode(tmp_path: Path) -> None:
@@ -136,9 +139,9 @@ def test_failed_link_is_unhealthy_and_kept(tmp_path: Path) -> None:
     assert broken is not None
     assert broken.health == "Unhealthy"
     assert broken.health_reason
-    assert broken.endpoint
-    assert broken.endpoint.link
-    assert broken.health_reason == broken.endpoint.link.reason
+    link = rdma_of(broken).endpoint.link
+    assert link
+    assert broken.health_reason == link.reason
     ok = inv.get(dns_label("rdma", hgx.nics[0]))
     assert ok is not None
     assert ok.health == "Healthy"
@@ -171,7 +174,7 @@ def test_gpu_health_from_readings(tmp_path: Path) -> None:
         hgx.gpus[2]: GpuHealth(healthy=None),
     }
     inv = _build(d, gpu_health=health)
-    by_bus = {x.accelerator.pciBusId: x for x in inv.devices if x.accelerator}
+    by_bus = {gpu_of(x).accelerator.pciBusId: x for x in inv.devices if gpu_payload(x)}
     assert by_bus[hgx.gpus[0]].health == "Unhealthy"
     assert by_bus[hgx.gpus[0]].health_reason == "uncorrectable ECC errors: 3"
     assert by_bus[hgx.gpus[1]].health == "Healthy"
@@ -191,8 +194,8 @@ def test_mig_gpu_offers_its_instances_not_itself(tmp_path: Path) -> None:
         f"mig-{hgx.gpus[1].replace(':', '-').replace('.', '-')}-gi1-ci0",
         f"mig-{hgx.gpus[1].replace(':', '-').replace('.', '-')}-gi2-ci0",
     ]
-    assert all(m.accelerator and m.accelerator.pciBusId == hgx.gpus[1] for m in migs)
-    assert all(m.mig is not None for m in migs)
+    assert all(gpu_of(m).accelerator.pciBusId == hgx.gpus[1] for m in migs)
+    assert all(gpu_of(m).mig is not None for m in migs)
     assert all(m.health == "Unhealthy" for m in migs)  # the parent's health
     assert inv.get(dns_label("gpu", hgx.gpus[1])) is None
     assert len([x for x in inv.devices if x.type == "gpu"]) == 7
@@ -243,7 +246,7 @@ def test_rdma_off_offers_only_gpus(tmp_path: Path) -> None:
 
 
 def _rdma_modes(inv: DeviceInventory) -> dict[str, str | None]:
-    return {x.name: x.mode for x in inv.devices if x.type == "rdma"}
+    return {x.name: rdma_of(x).mode for x in inv.devices if x.type == "rdma"}
 
 
 def test_rdma_mode_off_offers_no_rdma_endpoint_and_keeps_the_gpus(tmp_path: Path) -> None:
@@ -256,7 +259,7 @@ def test_rdma_mode_off_offers_no_rdma_endpoint_and_keeps_the_gpus(tmp_path: Path
 def test_a_per_nic_override_by_pci_address_or_netdev_beats_the_node_mode(tmp_path: Path) -> None:
     d, hgx = _discover(tmp_path)
     nic0, nic1, nic2 = hgx.nics[0], hgx.nics[1], hgx.nics[2]
-    netdev1 = _build(d).get(dns_label("rdma", nic1)).endpoint.name  # type: ignore[union-attr]
+    netdev1 = rdma_of(_build(d).get(dns_label("rdma", nic1))).endpoint.name  # type: ignore[arg-type]
     assert netdev1
     config = DeviceConfig(
         rdma_mode="shared",
@@ -356,12 +359,29 @@ def test_an_accelerator_off_its_vendors_driver_is_kept_in_the_inventory_but_not_
     assert d.accelerators is not None
     drivers = {a.pciBusId: a.driver for a in d.accelerators}
     assert (drivers[hgx.gpus[0]], drivers[hgx.gpus[1]]) == ("vfio-pci", None)  # kept
-    offered = {x.accelerator.pciBusId for x in _build(d).devices if x.accelerator}
+    offered = {gpu_of(x).accelerator.pciBusId for x in _build(d).devices if gpu_payload(x)}
     assert offered == set(hgx.gpus[2:])
 
     a = SysfsBuilder(tmp_path / "amd" / "sys")
     mi300x = amd_mi300x(a)
     a.rebind(mi300x.gpus[0], "vfio-pci")
     d = discover(SysfsTree(str(a.root)))
-    offered = {x.accelerator.pciBusId for x in _build(d).devices if x.accelerator}
+    offered = {gpu_of(x).accelerator.pciBusId for x in _build(d).devices if gpu_payload(x)}
     assert offered == set(mi300x.gpus[1:])
+
+
+def test_holder_names_resolve_to_a_shared_endpoint_still_in_the_inventory(tmp_path: Path) -> None:
+    """A shared endpoint's holder names resolve to it, an exclusive one's do not; an inventory
+    narrowed with `replace` (coexistence's withholding) keeps only its own devices' sets."""
+    d, hgx = _discover(tmp_path)
+    shared = dns_label("rdma", hgx.nics[0])
+    config = DeviceConfig(
+        rdma_mode="exclusive", rdma_overrides=(RdmaOverride(hgx.nics[0], "shared"),)
+    )
+    inv = _build(d, config=config)
+    assert inv.holder_sets == {shared}
+    assert inv.get(f"{shared}-s3") is inv.get(shared)
+    assert inv.get(f"{dns_label('rdma', hgx.nics[1])}-s3") is None
+    narrowed = replace(inv, devices=tuple(x for x in inv if x.name != shared))
+    assert narrowed.holder_sets == frozenset()
+    assert narrowed.get(f"{shared}-s3") is None

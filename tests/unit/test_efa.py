@@ -15,6 +15,7 @@ from fabricdra.kubeletplugin.assembly import build_devices
 from fabricdra.kubeletplugin.devices import DeviceConfig, DeviceInventory
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
 from fabricdra.kubeletplugin.hostdevices import HostLayout
+from fabricdra.kubeletplugin.kinds import efa
 from fabricdra.kubeletplugin.kinds.nvidia.claims import NvidiaClaims
 from fabricdra.kubeletplugin.kinds.nvidia.nvidiacdi import ToolkitSpecs
 from fabricdra.kubeletplugin.kubelet.cdi import CdiWriter
@@ -116,9 +117,10 @@ def _driver(tmp_path: Path, root: Path, claims: Claims, config: DeviceConfig) ->
     inventory = _inventory(root, config)
     dev = tmp_path / "dev"
     for d in inventory:
-        if d.endpoint is not None and d.endpoint.verbsDevice:
-            n = int(d.endpoint.verbsDevice.removeprefix("uverbs"))
-            mknod(dev / "infiniband" / d.endpoint.verbsDevice, UVERBS_MAJOR, 192 + n)
+        verbs = efa.payload_of(d).endpoint.verbsDevice if d.type == "efa" else None
+        if verbs:
+            n = int(verbs.removeprefix("uverbs"))
+            mknod(dev / "infiniband" / verbs, UVERBS_MAJOR, 192 + n)
     mknod(dev / "infiniband" / "rdma_cm", 10, 58)  # there, and still not handed over
     return DevicesDriver(
         node_name="node-a",

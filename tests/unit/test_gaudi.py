@@ -16,6 +16,7 @@ from fabricdra.kubeletplugin.assembly import assemble
 from fabricdra.kubeletplugin.devices import DeviceConfig, DeviceInventory
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
 from fabricdra.kubeletplugin.hostdevices import HostLayout
+from fabricdra.kubeletplugin.kinds.gaudi import payload_of
 from fabricdra.kubeletplugin.kinds.gaudi.sysfs import GaudiRecord
 from fabricdra.kubeletplugin.kinds.nvidia.claims import NvidiaClaims
 from fabricdra.kubeletplugin.kinds.nvidia.nvidiacdi import ToolkitSpecs
@@ -70,7 +71,7 @@ def test_each_gaudi_is_one_device_with_its_placement_and_scale_out_ports(node: P
 
 
 def test_the_ports_and_nodes_are_each_gaudis_own(node: Path) -> None:
-    payloads = [d.payload for d in _inventory(node) if d.type == "gaudi"]
+    payloads = [payload_of(d).record for d in _inventory(node) if d.type == "gaudi"]
     assert payloads == [
         GaudiRecord(0, ("hbl_0", "hbl_1", "hbl_2")),
         GaudiRecord(1, ("hbl_3", "hbl_4", "hbl_5")),

@@ -3,13 +3,16 @@
 kernel-shaped sysfs tree; every attribute and capacity its devices publish, and its `type`,
 are documented in docs/attributes.md; prepare refuses what the kind cannot serve (a device of
 another kind, a host without its device nodes) with an error naming the device; an Unhealthy
-device is tainted, with the kind's value, and a Healthy or Unknown one is not.
+device is tainted, with the kind's value, and a Healthy or Unknown one is not; its devices
+carry its own typed payload, which its `payload_of` reads and refuses for another kind's
+device (issue 31 point 3).
 
 A new kind fails `test_every_kind_has_a_sample` until it gets a sample here."""
 
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -210,10 +213,12 @@ def test_prepare_refuses_without_the_device_nodes(
     with pytest.raises((PrepareError, DeviceNodeError)) as e:
         kind.serve(device, ctx)
     names = {device.name}
-    if device.accelerator is not None:
-        names.add(device.accelerator.pciBusId)
-    if device.endpoint is not None and device.endpoint.rdmaDevice:
-        names.add(device.endpoint.rdmaDevice)
+    acc = getattr(device.payload, "accelerator", None)  # any kind's: GPU, Gaudi
+    if acc is not None:
+        names.add(acc.pciBusId)
+    ep = getattr(device.payload, "endpoint", None)  # any NIC kind's: RDMA, EFA
+    if ep is not None and ep.rdmaDevice:
+        names.add(ep.rdmaDevice)
     assert any(n in str(e.value) for n in names), f"{kind.name}: {e.value} names no device"
 
 
@@ -260,3 +265,29 @@ def test_a_tree_without_devices_offers_none(tmp_path: Path) -> None:
     assert (
         len(build_devices(d.interfaces or [], d.accelerators or [], sysfs=SysfsTree(b.root))) == 0
     )
+
+
+def _payload_of(kind: DeviceKind) -> Callable[[Device], object]:
+    """The kind module's typed payload reader (`payload_of`): every kind defines one."""
+    reader = getattr(sys.modules[type(kind).__module__], "payload_of", None)
+    assert callable(reader), f"{kind.name}: its module defines no payload_of"
+    return reader  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("kind", _kinds())
+def test_a_kind_reads_its_own_typed_payload_and_refuses_another_kinds(
+    kind: DeviceKind, built: Any
+) -> None:
+    read = _payload_of(kind)
+    own = [d for d in built(kind.name) if kind.owns(d)]
+    payload_type = type(own[0].payload)
+    assert payload_type.__module__.startswith("fabricdra.kubeletplugin.kinds"), payload_type
+    for device in own:
+        assert type(device.payload) is payload_type
+        assert read(device) is device.payload
+    for other in KINDS:
+        device = _sample(other, built)
+        if isinstance(device.payload, payload_type):
+            continue  # a kind sharing the payload (NVIDIA and AMD GPUs, MIG instances)
+        with pytest.raises(TypeError, match=re.escape(device.name)):
+            read(device)

@@ -14,6 +14,7 @@ from fabricdra.kubeletplugin import kinds
 from fabricdra.kubeletplugin.assembly import build_devices
 from fabricdra.kubeletplugin.devices import DeviceInventory, gpu_info
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
+from fabricdra.kubeletplugin.kinds import rdma
 from fabricdra.kubeletplugin.nccltopo import (
     CpuFacts,
     PciFacts,
@@ -194,12 +195,14 @@ def test_only_a_measured_rail_is_written(dgx: Host) -> None:
     disputed rail stays out, the rule of NCCL_CROSS_NIC=0 itself."""
     import dataclasses
 
-    (nic,) = [d for d in inventory(dgx) if d.endpoint and d.endpoint.rdmaDevice == "mlx5_0"]
-    assert nic.interface is not None
-    assert nic.interface.scaleOut is not None
-    declared = dataclasses.replace(nic.interface.scaleOut, railSource="declared")
-    iface = dataclasses.replace(nic.interface, scaleOut=declared)
-    entry = topo_device(dataclasses.replace(nic, interface=iface, endpoint=iface), "mlx5_0")
+    nics = [d for d in inventory(dgx) if d.type == "rdma"]
+    (nic,) = [d for d in nics if rdma.payload_of(d).endpoint.rdmaDevice == "mlx5_0"]
+    payload = rdma.payload_of(nic)
+    assert payload.interface.scaleOut is not None
+    declared = dataclasses.replace(payload.interface.scaleOut, railSource="declared")
+    iface = dataclasses.replace(payload.interface, scaleOut=declared)
+    moved = dataclasses.replace(payload, interface=iface, endpoint=iface)
+    entry = topo_device(dataclasses.replace(nic, payload=moved), "mlx5_0")
     assert entry is not None
     assert entry.rail is None
     measured = topo_device(nic, "mlx5_0")

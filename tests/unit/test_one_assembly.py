@@ -21,6 +21,7 @@ from fabricdra.cli.kubelet_plugin import build_config
 from fabricdra.kubeletplugin.assembly import assemble
 from fabricdra.kubeletplugin.devices import DeviceConfig, DeviceInventory
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
+from fabricdra.kubeletplugin.kinds import accelerator, efa
 from fabricdra.kubeletplugin.publisher import node_devices_spec
 from tests.sysfs.builder import SysfsBuilder
 from tests.sysfs.nodes import aws_efa_node, discover_at
@@ -104,8 +105,10 @@ def test_every_published_device_is_in_the_node_devices_record(node: Path) -> Non
     inventory, spec = _record(node, DeviceConfig(efa=True))
     assert [d.name for d in inventory] == [EFA0, EFA1, GPU]
     for device in inventory:
-        ep, acc = device.endpoint, device.accelerator
-        bus = ep.pciBusId if ep is not None else acc.pciBusId if acc is not None else None
+        if device.type == "efa":
+            bus = efa.payload_of(device).endpoint.pciBusId
+        else:
+            bus = accelerator.payload_of(device).accelerator.pciBusId
         assert bus in _recorded_buses(spec), f"{device.name} is not in the NodeDevices record"
     assert [(a.rdmaDevice, a.verbsDevice, a.link and a.link.verdict) for a in spec.adapters] == [
         ("efa_0", "uverbs0", "OK"),

@@ -24,6 +24,7 @@ import yaml
 
 from fabricdra.kube.rest import ApiError
 from fabricdra.kubeletplugin.devices import DeviceInventory
+from fabricdra.kubeletplugin.kinds import accelerator, rdma
 from fabricdra.kubeletplugin.kinds.nvidia.claims import NvidiaClaims
 from fabricdra.kubeletplugin.kinds.nvidia.nvidiacdi import ToolkitSpecs
 from fabricdra.kubeletplugin.kubelet import ClaimRef, PreparedDevice, PrepareError
@@ -179,22 +180,18 @@ class Node:
 
     def verbs_of(self, hcas: Sequence[str]) -> set[str]:
         """The container paths of these HCAs' verbs devices."""
-        by_name = {
-            d.endpoint.rdmaDevice: d.endpoint.verbsDevice
-            for d in self.inventory
-            if d.endpoint is not None
-        }
+        eps = [rdma.payload_of(d).endpoint for d in self.inventory if d.type == "rdma"]
+        by_name = {ep.rdmaDevice: ep.verbsDevice for ep in eps}
         return {f"/dev/infiniband/{by_name[h]}" for h in hcas}
 
     def hcas_reachable(self, ids: Sequence[str]) -> set[str]:
         """The HCAs whose verbs device a container given `ids` can open."""
         paths = self.cdi().node_paths(ids)
+        eps = [rdma.payload_of(d).endpoint for d in self.inventory if d.type == "rdma"]
         return {
-            d.endpoint.rdmaDevice
-            for d in self.inventory
-            if d.endpoint is not None
-            and d.endpoint.rdmaDevice
-            and f"/dev/infiniband/{d.endpoint.verbsDevice}" in paths
+            ep.rdmaDevice
+            for ep in eps
+            if ep.rdmaDevice and f"/dev/infiniband/{ep.verbsDevice}" in paths
         }
 
 
@@ -393,9 +390,10 @@ def _toolkit(folder: Path, devices: list[dict[str, Any]]) -> Path:
 def _mig_uuid(node: Node, name: str) -> str:
     dev = node.inventory.get(name)
     assert dev is not None
-    assert dev.mig is not None
-    assert dev.mig.uuid
-    return dev.mig.uuid
+    mig = accelerator.payload_of(dev).mig
+    assert mig is not None
+    assert mig.uuid
+    return mig.uuid
 
 
 CAPS = ("/dev/nvidia-caps/nvidia-cap1", "/dev/nvidia-caps/nvidia-cap2")
@@ -554,9 +552,9 @@ def test_nics_with_measured_rails_keep_nccl_on_its_rails(gpu_node: Node, hgx: Ho
     NCCL_CROSS_NIC=0 beside NCCL_IB_HCA; a NIC-only node has no rails, so its claims do not
     (tests/unit/test_scaleout_node.py proves where the rails come from)."""
     by_rdma = {
-        d.endpoint.rdmaDevice: d.name
+        rdma.payload_of(d).endpoint.rdmaDevice: d.name
         for d in gpu_node.inventory
-        if d.type == "rdma" and d.endpoint is not None and d.endpoint.rdmaDevice
+        if d.type == "rdma" and rdma.payload_of(d).endpoint.rdmaDevice
     }
     claim = gpu_node.claims.add(
         "railed",

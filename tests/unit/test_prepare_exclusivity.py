@@ -30,6 +30,7 @@ from fabricdra.kubeletplugin.discovery.node import discover
 from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
 from fabricdra.kubeletplugin.exclusivity import Hold, find_conflict, may_coexist, recorded_hold
+from fabricdra.kubeletplugin.kinds.accelerator import payload_of
 from fabricdra.kubeletplugin.kinds.nvidia.claims import NvidiaClaims
 from fabricdra.kubeletplugin.kinds.nvidia.nvidiacdi import ToolkitSpecs
 from fabricdra.kubeletplugin.kubelet import ClaimRef, PrepareError
@@ -322,7 +323,7 @@ def test_a_gpu_that_left_the_bus_stays_published_tainted_and_is_refused(
     for name in (MIG71, MIG72):
         dev = devices.get(name)
         assert dev is not None
-        assert (dev.health, dev.lost) == ("Unhealthy", True)
+        assert (dev.health, payload_of(dev).lost) == ("Unhealthy", True)
         assert dev.health_reason is not None
         assert "left the PCI bus" in dev.health_reason
     published = {

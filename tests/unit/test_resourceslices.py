@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from fabricdra.api.inventory import Interface, LinkRecord
+from fabricdra.api.inventory import Interface, LinkRecord, PciTopology
 from fabricdra.kubeletplugin.assembly import build_devices
 from fabricdra.kubeletplugin.devices import (
+    Device,
     DeviceConfig,
     DeviceInventory,
     gpu_info,
@@ -24,6 +25,7 @@ from fabricdra.kubeletplugin.discovery.distance import distance
 from fabricdra.kubeletplugin.discovery.node import Discovery, discover
 from fabricdra.kubeletplugin.discovery.nvml import load_snapshot
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
+from fabricdra.kubeletplugin.kinds import accelerator, rdma
 from fabricdra.kubeletplugin.resourceslices import (
     ApiFeatures,
     binary_quantity,
@@ -182,8 +184,7 @@ def test_match_attribute_guarantees_the_distance_table(tmp_path: Path) -> None:
         for y in inv.devices:
             if x is y:
                 continue
-            tx = x.endpoint.topology if x.endpoint else x.accelerator.topology  # type: ignore[union-attr]
-            ty = y.endpoint.topology if y.endpoint else y.accelerator.topology  # type: ignore[union-attr]
+            tx, ty = _topology(x), _topology(y)
             ax, ay = attrs[x.name]["attributes"], attrs[y.name]["attributes"]
             nx = ax.get("resource.kubernetes.io/numaNode", {}).get("int")
             ny = ay.get("resource.kubernetes.io/numaNode", {}).get("int")
@@ -473,3 +474,10 @@ def test_a_gpu_with_only_memory_numa_nodes_publishes_no_scalar_it_cannot_know(
     assert "lists are off" in off.omitted[gpu0][NUMA]
     on = build_slices(inv, "n", features=ApiFeatures(list_attributes=True))
     assert _devices(on.slices)[gpu0]["attributes"][NUMA] == {"ints": [4, 5]}
+
+
+def _topology(device: Device) -> PciTopology:
+    """The PCI placement of an RDMA endpoint or a GPU."""
+    if device.type == "rdma":
+        return rdma.payload_of(device).endpoint.topology
+    return accelerator.payload_of(device).accelerator.topology

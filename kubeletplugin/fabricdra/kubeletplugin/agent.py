@@ -565,7 +565,7 @@ def health_reports(pool: str, inventory: DeviceInventory) -> list[DeviceHealth]:
     out = []
     for d in inventory:
         out.append(DeviceHealth(pool, d.name, d.health, d.health_reason))
-        if d.mode == "shared":
+        if d.name in inventory.holder_sets:
             out.extend(
                 DeviceHealth(pool, holder_name(d.name, k), d.health, d.health_reason)
                 for k in range(inventory.shared_holders)

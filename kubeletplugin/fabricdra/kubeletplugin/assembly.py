@@ -16,7 +16,7 @@ from .devices import DeviceConfig, DeviceInventory, GpuHealth, GpuInfo, HeldAs, 
 from .discovery.node import Discovery
 from .discovery.nvml import NvmlReadings
 from .discovery.sysfs import SysfsTree
-from .kinds import KINDS, BuildInputs
+from .kinds import KINDS, BuildInputs, kind_of
 
 DEFAULTS = DeviceConfig()  # frozen: one shared default is safe
 
@@ -53,7 +53,10 @@ def build_devices(
     )
     out = [d for kind in KINDS for d in kind.build(inputs)]
     out.sort(key=lambda d: d.name)
-    return DeviceInventory(tuple(out), shared_holders=config.rdma_shared_holders)
+    holder_sets = frozenset(d.name for d in out if kind_of(d).holders(d))
+    return DeviceInventory(
+        tuple(out), shared_holders=config.rdma_shared_holders, holder_sets=holder_sets
+    )
 
 
 def assemble(

@@ -37,6 +37,7 @@ from typing import Any, Literal
 from .devices import Device, DeviceInventory
 from .discovery.sysfs import Absent, SysfsTree, Unreadable
 from .discovery.vendors import AMD, NVIDIA
+from .kinds.accelerator import gpu_payload
 
 Group = Literal["nvidia-gpu", "amd-gpu", "rdma", "efa"]
 GROUPS: tuple[Group, ...] = ("nvidia-gpu", "amd-gpu", "rdma", "efa")
@@ -152,8 +153,9 @@ def read_netns_mode(tree: SysfsTree) -> NetnsMode | None:
 
 
 def group_of(device: Device) -> Group | None:
-    if device.type in ("gpu", "mig") and device.accelerator is not None:
-        vendor = device.accelerator.vendorId
+    gpu = gpu_payload(device)
+    if device.type in ("gpu", "mig") and gpu is not None:
+        vendor = gpu.accelerator.vendorId
         if vendor == NVIDIA:
             return "nvidia-gpu"
         if vendor == AMD:

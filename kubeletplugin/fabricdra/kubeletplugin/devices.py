@@ -52,7 +52,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from fabricdra.api.inventory import Accelerator, Endpoint, Interface, MigDevice
+from fabricdra.api.inventory import Accelerator, Endpoint, MigDevice
 
 from .discovery.nvlink import nvlink_groups
 from .discovery.vendors import AMD, NVIDIA
@@ -251,31 +251,20 @@ def semver(version: str | None) -> str | None:
 
 @dataclass(frozen=True)
 class Device:
+    """One device this node offers: what every kind has (its name, `type` and health), and its
+    kind's own typed record (`payload`: a GPU's accelerator and NVML facts, an RDMA endpoint
+    and its mode, ...; issue 31 point 3). Each kind defines its payload and a `payload_of`
+    that reads it (kinds/rdma.py `RdmaPayload`, kinds/accelerator.py `GpuPayload`, ...); the
+    core asks the kind's hooks (kinds/base.py `DeviceKind`), never the payload."""
+
     name: str
     type: DeviceType
-    accelerator: Accelerator | None  # gpu: itself; mig: the parent GPU
-    mig: MigDevice | None  # mig only
-    endpoint: Endpoint | None  # rdma: the Interface (whole function) or the VirtualFunction
-    interface: Interface | None  # rdma: the top-level Interface (the PF, for a VF)
-    mode: EndpointMode | None  # rdma only
     health: Health
     health_reason: str | None
-    info: GpuInfo | None = None  # gpu and mig: NVML's facts about the (parent) GPU
-    # gpu and mig: the GPU left the PCI bus; kept published (tainted) from its last record so
-    # the claims holding it keep their health signal, but prepare refuses it.
-    lost: bool = False
-    # Unhealthy: the causes as short label-value tokens (`ecc`, `xid-79`, `link-down`), what
-    # the device taint's value carries; the full text is `health_reason`.
+    # Unhealthy: the causes as short label-value tokens (`ecc`, `xid-79`, `link-down`, `lost`),
+    # what the device taint's value carries; the full text is `health_reason`.
     health_causes: tuple[str, ...] = ()
-    # Dynamic MIG only: the device draws on its GPU's counter set (`counter_set_name`): a
-    # profile placement consumes its slices (`placement`), the whole GPU (no placement) all.
-    # `mig` is set where the instance exists (adopted at start, or created by prepare).
-    dynamic_mig: bool = False
-    placement: Placement | None = None
-    # gpu: offered to up to this many claims at once (gpusharing.py); 0: to one claim.
-    shares: int = 0
-    # The building kind's own typed record (a Gaudi's accel index and ports): one payload in
-    # place of more per-kind fields above (issue 31 point 3); only its kind reads it.
+    # The building kind's own typed record; only its kind reads it.
     payload: object = None
 
 
@@ -286,6 +275,9 @@ class DeviceInventory:
     # (1.34/1.35, consumable capacity off), resourceslices.py publishes a shared endpoint as
     # this many holder devices `<name>-s<k>`; `get` resolves those names to the endpoint too.
     shared_holders: int = DEFAULT_SHARED_HOLDERS
+    # The devices offered to `shared_holders` claims at once (a shared RDMA endpoint), as
+    # their kinds say (`DeviceKind.holders`; assembly.py asks them).
+    holder_sets: frozenset[str] = frozenset()
     _by_name: dict[str, Device] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -295,6 +287,9 @@ class DeviceInventory:
                 raise ValueError(f"two devices named {d.name!r}")
             by_name[d.name] = d
         object.__setattr__(self, "_by_name", by_name)
+        # Only devices still here: an inventory narrowed by `replace(inv, devices=...)` (the
+        # devices another advertiser hands out, withheld) keeps the others' answers.
+        object.__setattr__(self, "holder_sets", self.holder_sets & by_name.keys())
 
     def get(self, name: str) -> Device | None:
         """The device a ResourceSlice device name stands for: its own name, or for a shared
@@ -305,8 +300,7 @@ class DeviceInventory:
         m = _HOLDER.match(name)
         if m is None or int(m.group(2)) >= self.shared_holders:
             return None
-        base = self._by_name.get(m.group(1))
-        return base if base is not None and base.mode == "shared" else None
+        return self._by_name.get(m.group(1)) if m.group(1) in self.holder_sets else None
 
     def __iter__(self) -> Iterator[Device]:
         return iter(self.devices)

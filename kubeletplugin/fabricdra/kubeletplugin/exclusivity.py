@@ -62,7 +62,7 @@ def grant_hold(
     """What an allocation result asks to hold; refuses a shared allocation of a device this
     node does not publish shared."""
     shared_allocation = share_id is not None or allocated_name != device.name
-    if shared_allocation and not gpusharing.offered_shared(device):
+    if shared_allocation and not kind_of(device).shareable(device):
         how = f"shareID {share_id}" if share_id is not None else "a holder name"
         raise PrepareError(
             f"device {allocated_name} was allocated as a share ({how}), but this "

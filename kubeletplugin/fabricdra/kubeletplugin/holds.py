@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from .devices import DeviceInventory, HeldAs
+from .kinds import rdma
 from .kubelet.checkpoint import ClaimEntry
 
 
@@ -44,6 +45,6 @@ def pins_mode(entry: ClaimEntry, natural: DeviceInventory) -> bool:
         if not name.startswith("rdma-"):  # endpoint names (`endpoint_name`); GPUs never pin
             continue
         device = natural.get(name)
-        if device is None or device.mode not in (held_as, "vf"):
+        if device is None or rdma.payload_of(device).mode not in (held_as, "vf"):
             return True
     return False

@@ -26,6 +26,7 @@ from . import claimfolders
 from .claimfolders import safe_uid
 from .devices import Device
 from .discovery.sysfs import Absent, SysfsTree, Unreadable
+from .kinds import accelerator, rdma
 from .kubelet.cdi import ContainerEdits, Mount, write_atomic
 from .nccltopo import CpuFacts, PciFacts, TopoDevice, nccl_chain
 
@@ -49,9 +50,10 @@ def topo_device(device: Device, nccl_name: str | None) -> TopoDevice | None:
     """The topology entry of a granted device: a whole NVIDIA GPU, or a NIC NCCL's net plugin
     names `nccl_name` (its kind's NCCL HCA); None for anything else (MIG instances, AMD GPUs:
     RCCL's gpu attributes differ, EFA)."""
-    acc = device.accelerator
-    if device.type == "gpu" and device.mig is None and device.placement is None:
-        if acc is None or acc.vendor != "nvidia":
+    gpu = accelerator.gpu_payload(device)
+    if gpu is not None and device.type == "gpu" and gpu.mig is None and gpu.placement is None:
+        acc, info = gpu.accelerator, gpu.info
+        if acc.vendor != "nvidia":
             return None
         return TopoDevice(
             bus_id=acc.pciBusId,
@@ -59,10 +61,12 @@ def topo_device(device: Device, nccl_name: str | None) -> TopoDevice | None:
             numa=acc.numaNode,
             cpus=acc.cpuAffinity,
             gpu=True,
-            sm=_sm(device.info.cuda_compute_capability if device.info else None),
+            sm=_sm(info.cuda_compute_capability if info else None),
         )
-    ep, iface = device.endpoint, device.interface
-    if nccl_name is None or ep is None or ep.pciBusId is None:
+    if nccl_name is None or not isinstance(device.payload, rdma.RdmaPayload):
+        return None
+    ep, iface = device.payload.endpoint, device.payload.interface
+    if ep.pciBusId is None:
         return None
     # A VF shares its PF's port and cable: its rail, and where the kernel names none its NUMA
     # node and CPUs, are the PF's.

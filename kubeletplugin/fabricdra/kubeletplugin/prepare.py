@@ -471,7 +471,7 @@ class DevicesDriver:
                     f"device {name} (request {r.get('request')}) is not offered by this node "
                     "(not in its current inventory)"
                 )
-            if device.lost:
+            if kinds.kind_of(device).gone(device):
                 raise PrepareError(
                     f"device {name} (request {r.get('request')}) is no longer on the PCI bus "
                     "(it fell off the bus; published, tainted, until the agent restarts): "
@@ -647,8 +647,8 @@ def rail_aligned(devices: Sequence[Device]) -> bool:
     if not nics:
         return False
     for d in nics:
-        link = d.interface if d.interface is not None else d.endpoint
-        record = getattr(link, "scaleOut", None)
+        port = kinds.kind_of(d).port(d)
+        record = port.scaleOut if port is not None else None
         if record is None or record.rail is None or record.railSource != "measured":
             return False
     return True

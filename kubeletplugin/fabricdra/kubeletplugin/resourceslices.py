@@ -281,12 +281,12 @@ def _published(
         attrs["health"] = {"string": device.health}
         attrs = dict(sorted(attrs.items()))
     base: dict[str, Any] = {"name": device.name, "attributes": attrs}
-    if device.mode == "shared" and not features.consumable_capacity:
+    if kind.holders(device) and not features.consumable_capacity:
         return [
             _with_capacity({**base, "name": holder_name(device.name, k)}, capacity)
             for k in range(holders)
         ]
-    if device.mode == "shared":
+    if kind.holders(device):
         base["allowMultipleAllocations"] = True
         capacity["holders"] = {
             "value": str(holders),
@@ -296,7 +296,8 @@ def _published(
         # A shared GPU (gpusharing.py); the basic model has no consumable capacity, so there
         # it stays one claim's.
         base["allowMultipleAllocations"] = True
-        capacity.update(gpusharing.published_capacity(capacity["memory"]["value"], device.shares))
+        shares = gpusharing.limits(device)[gpusharing.SHARES]
+        capacity.update(gpusharing.published_capacity(capacity["memory"]["value"], shares))
     out = _with_capacity(base, capacity)
     if use is not None:
         out["consumesCounters"] = [
@@ -318,7 +319,7 @@ def _health_taints(device: Device, evict_on_fatal: bool) -> list[dict[str, Any]]
         taints.append(
             {"key": UNKNOWN_TAINT_KEY, "value": taint_value(device), "effect": INFO_EFFECT}
         )
-    app = device.info.application_xids if device.info is not None else ()
+    app = kind_of(device).application_xids(device)
     if app:
         value = causes_value("gpu", "gpu", [f"xid-{x}" for x in app])
         taints.append({"key": XID_TAINT_KEY, "value": value, "effect": INFO_EFFECT})
@@ -354,7 +355,8 @@ def taint_value(device: Device) -> str:
 
 def fatal(device: Device) -> bool:
     """Whether an Unhealthy device's fault is fatal to the work running on it."""
-    return device.lost or bool(FATAL_CAUSES.intersection(device.health_causes))
+    # A GPU gone from the bus carries the `lost` cause (kinds/accelerator.py).
+    return bool(FATAL_CAUSES.intersection(device.health_causes))
 
 
 def _taint(device: Device, evict_on_fatal: bool = False) -> dict[str, Any]:
@@ -366,7 +368,7 @@ def _taint(device: Device, evict_on_fatal: bool = False) -> dict[str, Any]:
     # A failed link carries the time it was first seen, stable while it persists: the taint
     # says when trouble started. Otherwise the API server stamps the time of the first write
     # (the publisher keeps it from then on).
-    since = device.endpoint.link.since if device.endpoint and device.endpoint.link else None
+    since = kind_of(device).trouble_since(device)
     if since is not None:
         taint["timeAdded"] = since.strftime("%Y-%m-%dT%H:%M:%SZ")
     return taint

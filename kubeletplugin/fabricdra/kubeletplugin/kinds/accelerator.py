@@ -38,6 +38,12 @@ from .base import (
     numa_value,
     pci_values,
 )
+
+# The payload lives in its own module (gpusharing.py reads it too); re-exported here, where the
+# kinds that build it read it.
+from .gpupayload import GpuPayload as GpuPayload
+from .gpupayload import gpu_payload as gpu_payload
+from .gpupayload import payload_of as payload_of
 from .nvidia import gpusharing, migprofiles
 from .nvidia.migprofiles import Placement
 
@@ -61,6 +67,11 @@ class GpusGroup:
 GPUS = GpusGroup()
 
 
+def _with(device: Device, **changes: Any) -> Device:
+    """`device` with its payload's fields changed."""
+    return replace(device, payload=replace(payload_of(device), **changes))
+
+
 class NvidiaAcceleratorKind(DeviceKind):
     """What NVIDIA's two accelerator kinds share (whole GPU, MIG instance): built from NVML's
     accelerator records of their `device_type`, published with the accelerator attributes,
@@ -72,8 +83,10 @@ class NvidiaAcceleratorKind(DeviceKind):
         return [d for d in vendor_devices(inputs, NVIDIA) if d.type == self.device_type]
 
     def owns(self, device: Device) -> bool:
-        acc = device.accelerator
-        return device.type == self.device_type and acc is not None and acc.vendorId == NVIDIA
+        p = gpu_payload(device)
+        if p is None or device.type != self.device_type:
+            return False
+        return p.accelerator.vendorId == NVIDIA
 
     def attributes(self, device: Device) -> list[tuple[str, Value]]:
         return accelerator_values(device)
@@ -90,7 +103,15 @@ class NvidiaAcceleratorKind(DeviceKind):
     def needs_partitionable(self, device: Device) -> bool:
         # Dynamic MIG's whole GPU and the placements not created yet only exist on a
         # counter set; an adopted or created instance is plain static MIG without one.
-        return device.dynamic_mig and device.mig is None
+        p = payload_of(device)
+        return p.dynamic_mig and p.mig is None
+
+    def gone(self, device: Device) -> bool:
+        return payload_of(device).lost
+
+    def application_xids(self, device: Device) -> Sequence[int]:
+        info = payload_of(device).info
+        return info.application_xids if info is not None else ()
 
 
 def vendor_devices(inputs: BuildInputs, vendor_id: str) -> list[Device]:
@@ -114,7 +135,7 @@ def vendor_devices(inputs: BuildInputs, vendor_id: str) -> list[Device]:
             continue
         info = inputs.gpu_info.get(acc.pciBusId)
         out.extend(
-            replace(d, lost=True)
+            _with(d, lost=True)
             for d in _accelerator_devices(acc, {acc.pciBusId: gone}, info, config.dynamic_mig)
         )
     return out
@@ -123,8 +144,8 @@ def vendor_devices(inputs: BuildInputs, vendor_id: str) -> list[Device]:
 def _shared(device: Device, shares: int) -> Device:
     """A whole NVIDIA GPU offered to `shares` claims at once (gpusharing.py); MIG instances
     and dynamic MIG's devices stay one claim each."""
-    if shares and device.type == "gpu" and not device.dynamic_mig:
-        return replace(device, shares=shares)
+    if shares and device.type == "gpu" and not payload_of(device).dynamic_mig:
+        return _with(device, shares=shares)
     return device
 
 
@@ -162,16 +183,10 @@ def _gpu_device(
     return Device(
         name=gpu_name(acc) if mig is None else mig_name(acc, mig),
         type="gpu" if mig is None else "mig",
-        accelerator=acc,
-        mig=mig,
-        endpoint=None,
-        interface=None,
-        mode=None,
         health=health,
         health_reason=reason,
-        info=info,
         health_causes=causes,
-        dynamic_mig=dynamic_mig,
+        payload=GpuPayload(acc, mig, info, dynamic_mig=dynamic_mig),
     )
 
 
@@ -201,12 +216,10 @@ def _dynamic_mig_devices(
     whole = _gpu_device(acc, None, info, health, reason, causes, dynamic_mig=True)
     out = [
         replace(
-            whole,
+            _with(whole, mig=mig, placement=p),
             # One we created keeps the name the claim was allocated; an adopted one its own.
             name=placement_name(acc, p) if mig.uuid in created_mig else mig_name(acc, mig),
             type="mig",
-            mig=mig,
-            placement=p,
         )
         for mig, p in adopted
     ]
@@ -214,22 +227,22 @@ def _dynamic_mig_devices(
         out.append(whole)
     for p in model.placements():
         if not any(p.overlaps(q) for _, q in adopted):
-            out.append(replace(whole, name=placement_name(acc, p), type="mig", placement=p))
+            out.append(replace(_with(whole, placement=p), name=placement_name(acc, p), type="mig"))
     return out
 
 
 def dynamic_mig_counters(device: Device) -> CounterUse | None:
     """Dynamic MIG: the GPU's counter set (its memory and compute slices), of which a profile
     placement draws its slices and the whole GPU all (migprofiles.py); None otherwise."""
-    acc = device.accelerator
-    if not device.dynamic_mig or acc is None:
+    p = payload_of(device)
+    if not p.dynamic_mig:
         return None
     used = (
-        migprofiles.counters(device.placement)
-        if device.placement is not None
+        migprofiles.counters(p.placement)
+        if p.placement is not None
         else migprofiles.whole_gpu_counters()
     )
-    return CounterUse(counter_set_name(acc), migprofiles.counter_set(), used)
+    return CounterUse(counter_set_name(p.accelerator), migprofiles.counter_set(), used)
 
 
 def gpu_health_state(reading: GpuHealth | None) -> tuple[Health, str | None]:
@@ -256,12 +269,8 @@ def gpu_taint_value(device: Device) -> str:
 def accelerator_values(device: Device) -> list[tuple[str, Value]]:
     """A GPU's or MIG instance's attributes, in NVIDIA's DRA driver's names and types
     (docs/attributes.md has the mapping)."""
-    acc = device.accelerator
-    if acc is None:
-        return []
-    mig = device.mig
-    info = device.info
-    placement = device.placement
+    p = payload_of(device)
+    acc, mig, info, placement = p.accelerator, p.mig, p.info, p.placement
     return [
         ("driverVersion", _version(info.driver_version if info else None)),
         ("cudaDriverVersion", _version(info.cuda_driver_version if info else None)),

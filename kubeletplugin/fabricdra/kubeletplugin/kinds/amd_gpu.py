@@ -7,7 +7,14 @@ from __future__ import annotations
 from ..devices import Device, gpu_name
 from ..discovery.vendors import AMD
 from ..kubelet import PrepareError
-from .accelerator import GPUS, accelerator_values, gpu_taint_value, vendor_devices
+from .accelerator import (
+    GPUS,
+    accelerator_values,
+    gpu_payload,
+    gpu_taint_value,
+    payload_of,
+    vendor_devices,
+)
 from .base import BuildInputs, DeviceKind, PrepareContext, Served, Value, device_nodes
 
 
@@ -19,29 +26,30 @@ class AmdGpu(DeviceKind):
         return vendor_devices(inputs, AMD)
 
     def owns(self, device: Device) -> bool:
-        acc = device.accelerator
-        return device.type in ("gpu", "mig") and acc is not None and acc.vendorId == AMD
+        p = gpu_payload(device)
+        return device.type in ("gpu", "mig") and p is not None and p.accelerator.vendorId == AMD
 
     def attributes(self, device: Device) -> list[tuple[str, Value]]:
         return accelerator_values(device)
 
     def memory_mib(self, device: Device) -> int | None:
-        if device.mig is not None:
-            return device.mig.memoryMiB
-        return device.accelerator.memoryMiB if device.accelerator is not None else None
+        p = payload_of(device)
+        return p.mig.memoryMiB if p.mig is not None else p.accelerator.memoryMiB
 
     def taint_value(self, device: Device) -> str:
         return gpu_taint_value(device)
 
+    def gone(self, device: Device) -> bool:
+        return payload_of(device).lost
+
     def within(self, device: Device) -> str | None:
-        acc = device.accelerator
-        return gpu_name(acc) if device.type == "mig" and acc is not None else None
+        return gpu_name(payload_of(device).accelerator) if device.type == "mig" else None
 
     def serve(self, device: Device, ctx: PrepareContext) -> Served:
-        acc = device.accelerator
-        if acc is None or device.type != "gpu" or not self.owns(device):
+        p = gpu_payload(device)
+        if p is None or device.type != "gpu" or not self.owns(device):
             raise PrepareError(f"device {device.name}: only whole AMD GPUs can be prepared")
-        return Served(device_nodes(ctx.host.amd_gpu_nodes(acc.pciBusId)), group=GPUS)
+        return Served(device_nodes(ctx.host.amd_gpu_nodes(p.accelerator.pciBusId)), group=GPUS)
 
 
 KIND = AmdGpu()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from fabricdra.api.inventory import Accelerator, Endpoint, Interface, PciTopology
@@ -187,6 +188,37 @@ class DeviceKind(Protocol):
     def netdev(self, device: Device) -> str | None:
         """The network interface a grant's ResourceClaim status reports (networkstatus.py);
         None: none."""
+        return None
+
+    def holders(self, device: Device) -> bool:
+        """Offered to `DeviceInventory.shared_holders` claims at once (a shared RDMA endpoint):
+        published with a `holders` capacity, or as that many holder devices where the API has
+        no consumable capacity."""
+        return False
+
+    def shareable(self, device: Device) -> bool:
+        """Whether several claims may hold it at once (by holders, or a GPU offered with
+        consumable capacity): prepare's in-use check lets them (exclusivity.py)."""
+        return self.holders(device)
+
+    def gone(self, device: Device) -> bool:
+        """Kept published from its last record after leaving the node (a GPU that fell off
+        the PCI bus): prepare refuses it."""
+        return False
+
+    def application_xids(self, device: Device) -> Sequence[int]:
+        """Faults an application caused that the device reports (NVIDIA's application Xids):
+        published as an informative taint."""
+        return ()
+
+    def trouble_since(self, device: Device) -> datetime | None:
+        """When its fault was first seen (a failed link's time): the taint's `timeAdded`;
+        None: the API server stamps the first write."""
+        return None
+
+    def port(self, device: Device) -> Interface | None:
+        """The NIC port its traffic leaves by (a VF: its PF), which carries the port's
+        scale-out record (rail, switch); None: not a NIC of the inventory's interfaces."""
         return None
 
 

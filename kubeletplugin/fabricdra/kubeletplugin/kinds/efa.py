@@ -20,6 +20,7 @@ rdma_cm (EFA's SRD does not use it).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from fabricdra.api.inventory import Endpoint
@@ -64,6 +65,20 @@ class LibfabricGroup:
 LIBFABRIC = LibfabricGroup()
 
 
+@dataclass(frozen=True)
+class EfaPayload:
+    """An EFA device's own record: its function (no netdev: not among the interfaces)."""
+
+    endpoint: Endpoint
+
+
+def payload_of(device: Device) -> EfaPayload:
+    """An EFA device's payload; TypeError for a device of another kind."""
+    if not isinstance(device.payload, EfaPayload):
+        raise TypeError(f"device {device.name} (type {device.type}) is not an EFA function")
+    return device.payload
+
+
 class Efa(DeviceKind):
     name = "efa"
     device_type = "efa"
@@ -77,9 +92,7 @@ class Efa(DeviceKind):
         return device.type == "efa"
 
     def attributes(self, device: Device) -> list[tuple[str, Value]]:
-        ep = device.endpoint
-        if ep is None:
-            return []
+        ep = payload_of(device).endpoint
         return [
             *pci_values(ep.topology, ep.pciBusId, ep.numaNode),
             ("rdmaDevice", ep.rdmaDevice),
@@ -87,14 +100,18 @@ class Efa(DeviceKind):
         ]
 
     def adapter(self, device: Device) -> Endpoint | None:
-        return device.endpoint  # no netdev: discovery's interfaces do not list it
+        return payload_of(device).endpoint  # no netdev: discovery's interfaces do not list it
+
+    def trouble_since(self, device: Device) -> datetime | None:
+        link = payload_of(device).endpoint.link
+        return link.since if link is not None else None
 
     def taint_value(self, device: Device) -> str:
         """`efa-link-down`; `efa-link` when no cause is known."""
         return causes_value("efa", "efa-link", device.health_causes)
 
     def serve(self, device: Device, ctx: PrepareContext) -> Served:
-        ep = device.endpoint
+        ep = device.payload.endpoint if isinstance(device.payload, EfaPayload) else None
         if not self.owns(device) or ep is None or not ep.rdmaDevice:
             raise PrepareError(f"device {device.name} is not an EFA function")
         node = ctx.host.verbs_device(ep.rdmaDevice, ep.verbsDevice)
@@ -127,7 +144,7 @@ def read_efa(tree: SysfsTree) -> list[Device]:
             link=link,
             topology=fn.topology,
         )
-        out.append(link_device(dns_label("efa", fn.bus_id), "efa", ep))
+        out.append(link_device(dns_label("efa", fn.bus_id), "efa", ep, EfaPayload(ep)))
     return out
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..devices import Device
 from ..kubelet import PrepareError
-from .accelerator import GPUS, NvidiaAcceleratorKind
+from .accelerator import GPUS, NvidiaAcceleratorKind, gpu_payload, payload_of
 from .base import PrepareContext, Served, device_nodes
 
 
@@ -16,12 +16,16 @@ class NvidiaGpu(NvidiaAcceleratorKind):
     device_type = "gpu"
 
     def memory_mib(self, device: Device) -> int | None:
-        return device.accelerator.memoryMiB if device.accelerator is not None else None
+        return payload_of(device).accelerator.memoryMiB
+
+    def shareable(self, device: Device) -> bool:
+        return payload_of(device).shares > 0
 
     def serve(self, device: Device, ctx: PrepareContext) -> Served:
-        acc = device.accelerator
-        if acc is None or not self.owns(device):
+        p = gpu_payload(device)
+        if p is None or not self.owns(device):
             raise PrepareError(f"device {device.name} is not a whole NVIDIA GPU")
+        acc = p.accelerator
         minor = ctx.host.nvidia_minor(acc.pciBusId)
         toolkit = ctx.toolkit.gpu_id(acc.uuid, minor) if ctx.toolkit is not None else None
         if toolkit is not None:

@@ -17,6 +17,8 @@ from ..kubelet.driver import current_call
 from .accelerator import (
     GPUS,
     NvidiaAcceleratorKind,
+    gpu_payload,
+    payload_of,
 )
 from .base import PrepareContext, Served, device_nodes
 
@@ -31,28 +33,31 @@ class NvidiaMig(NvidiaAcceleratorKind):
     device_type = "mig"
 
     def memory_mib(self, device: Device) -> int | None:
-        return device.mig.memoryMiB if device.mig is not None else None
+        mig = payload_of(device).mig
+        return mig.memoryMiB if mig is not None else None
 
     def counts(self, device: Device) -> Mapping[str, int]:
         """The instance's compute capacities (multiprocessors, copy/decoder/encoder/jpeg/ofa
         engines) as NVML reported them; none where it did not."""
-        if device.mig is None or device.info is None:
+        p = payload_of(device)
+        if p.mig is None or p.info is None:
             return {}
-        return dict(device.info.mig_capacity.get(device.mig.uuid, {}))
+        return dict(p.info.mig_capacity.get(p.mig.uuid, {}))
 
     def within(self, device: Device) -> str | None:
-        return gpu_name(device.accelerator) if device.accelerator is not None else None
+        return gpu_name(payload_of(device).accelerator)
 
     def serve(self, device: Device, ctx: PrepareContext) -> Served:
-        acc = device.accelerator
-        if acc is None or not self.owns(device):
+        p = gpu_payload(device)
+        if p is None or not self.owns(device):
             raise PrepareError(f"device {device.name} is not an NVIDIA MIG instance")
+        acc = p.accelerator
         minor = ctx.host.nvidia_minor(acc.pciBusId)
         if is_placement(device):
             # The journal, not the last pass, says whether its instance exists: one the
             # inventory still shows may have been destroyed by an unprepare since.
             return Served(device_nodes(_create(device, acc.pciBusId, minor, ctx)), group=GPUS)
-        mig = device.mig
+        mig = p.mig
         if mig is None:
             raise PrepareError(f"device {device.name} names no MIG instance")
         if mig.gpuInstanceId is None or mig.computeInstanceId is None:
@@ -76,7 +81,8 @@ class NvidiaMig(NvidiaAcceleratorKind):
 def _create(device: Device, bus: str, minor: int, ctx: PrepareContext) -> list[DeviceNode]:
     """A dynamic MIG placement: its instance, created now (or earlier for this claim), and
     its device nodes. The journal names it before NVML creates it (dynamicmig.py)."""
-    assert device.placement is not None
+    placement = payload_of(device).placement
+    assert placement is not None
     if ctx.dynamic_mig is None:
         raise PrepareError(f"device {device.name}: dynamic MIG is off on this node")
     try:
@@ -86,8 +92,8 @@ def _create(device: Device, bus: str, minor: int, ctx: PrepareContext) -> list[D
             ctx.claim_uid,
             device.name,
             bus,
-            device.placement.profile.name,
-            device.placement.start,
+            placement.profile.name,
+            placement.start,
         )
     except PrepareError:
         raise
@@ -119,12 +125,12 @@ def _in_time_to_create(device: Device) -> None:
 def is_placement(device: Device) -> bool:
     """A dynamic MIG placement (created by us or not yet): named after its placement, unlike
     an adopted instance, which keeps its static name."""
-    acc = device.accelerator
+    p = gpu_payload(device)
     return (
-        device.dynamic_mig
-        and device.placement is not None
-        and acc is not None
-        and device.name == placement_name(acc, device.placement)
+        p is not None
+        and p.dynamic_mig
+        and p.placement is not None
+        and device.name == placement_name(p.accelerator, p.placement)
     )
 
 

@@ -8,7 +8,8 @@ RDMA device name (nothing to resolve to a verbs device)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from datetime import datetime
 
 from fabricdra.api.inventory import Endpoint, Interface
 from fabricdra.api.scaleout import (
@@ -72,6 +73,23 @@ class NcclGroup:
 NCCL = NcclGroup()
 
 
+@dataclass(frozen=True)
+class RdmaPayload:
+    """An RDMA device's own record: the endpoint it hands over (the whole function, or the
+    virtual function), the top-level interface (the PF, for a VF) and the mode offered."""
+
+    endpoint: Endpoint
+    interface: Interface
+    mode: EndpointMode
+
+
+def payload_of(device: Device) -> RdmaPayload:
+    """An RDMA device's payload; TypeError for a device of another kind."""
+    if not isinstance(device.payload, RdmaPayload):
+        raise TypeError(f"device {device.name} (type {device.type}) is not an RDMA endpoint")
+    return device.payload
+
+
 class Rdma(DeviceKind):
     name = "rdma"
     device_type = "rdma"
@@ -88,21 +106,20 @@ class Rdma(DeviceKind):
         return device.type == "rdma"
 
     def attributes(self, device: Device) -> list[tuple[str, Value]]:
-        ep, parent = device.endpoint, device.interface
-        if ep is None:
-            return []
-        is_vf = parent is not None and ep is not parent
+        p = payload_of(device)
+        ep, parent = p.endpoint, p.interface
+        is_vf = ep is not parent
         # A VF with no NUMA node of its own has its parent's (the seed's hint rule).
-        numa = ep.numaNode if ep.numaNode is not None or not is_vf else parent.numaNode  # type: ignore[union-attr]
+        numa = ep.numaNode if ep.numaNode is not None or not is_vf else parent.numaNode
         return [
             *pci_values(ep.topology, ep.pciBusId, numa),
-            ("rdmaMode", device.mode),
+            ("rdmaMode", p.mode),
             ("rdmaDevice", ep.rdmaDevice),
             ("netdev", ep.name),
             ("linkLayer", ep.linkLayer),
             ("linkVerdict", ep.link.verdict if ep.link else None),
             ("virtualFunction", is_vf),
-            *_scale_out_values(parent if parent is not None else ep),
+            *_scale_out_values(parent),
         ]
 
     def taint_value(self, device: Device) -> str:
@@ -110,19 +127,29 @@ class Rdma(DeviceKind):
         return causes_value("rdma", "rdma-link", device.health_causes)
 
     def nccl_hca(self, device: Device) -> str | None:
-        return device.endpoint.rdmaDevice if device.endpoint is not None else None
+        return payload_of(device).endpoint.rdmaDevice
 
     def within(self, device: Device) -> str | None:
-        iface, ep = device.interface, device.endpoint
-        if iface is not None and ep is not None and ep is not iface:
-            return endpoint_name(iface)  # a VF: part of its PF
+        p = payload_of(device)
+        if p.endpoint is not p.interface:
+            return endpoint_name(p.interface)  # a VF: part of its PF
         return None
 
     def netdev(self, device: Device) -> str | None:
-        return device.endpoint.name if device.endpoint is not None else None
+        return payload_of(device).endpoint.name
+
+    def holders(self, device: Device) -> bool:
+        return payload_of(device).mode == "shared"
+
+    def trouble_since(self, device: Device) -> datetime | None:
+        link = payload_of(device).endpoint.link
+        return link.since if link is not None else None
+
+    def port(self, device: Device) -> Interface | None:
+        return payload_of(device).interface
 
     def serve(self, device: Device, ctx: PrepareContext) -> Served:
-        ep = device.endpoint
+        ep = device.payload.endpoint if isinstance(device.payload, RdmaPayload) else None
         if not self.owns(device) or ep is None or not ep.rdmaDevice:
             raise PrepareError(f"device {device.name} names no RDMA endpoint")
         node = ctx.host.verbs_device(ep.rdmaDevice, ep.verbsDevice)
@@ -166,7 +193,7 @@ def _rdma_devices(
     device = _rdma_device(iface, iface, "shared" if mode == "shared" else "exclusive")
     held_as = held.get(device.name)
     if held_as is not None:  # never moved while prepared: offered as it is held
-        return [replace(device, mode=held_as)]
+        return [replace(device, payload=replace(payload_of(device), mode=held_as))]
     return [] if mode == "off" else [device]
 
 
@@ -178,30 +205,21 @@ def _mode_of(ep: Endpoint, config: DeviceConfig, default: RdmaMode) -> RdmaMode:
 
 
 def _rdma_device(ep: Endpoint, iface: Interface, mode: EndpointMode) -> Device:
-    return link_device(endpoint_name(ep), "rdma", ep, iface, mode)
+    return link_device(endpoint_name(ep), "rdma", ep, RdmaPayload(ep, iface, mode))
 
 
-def link_device(
-    name: str,
-    type_: DeviceType,
-    ep: Endpoint,
-    iface: Interface | None = None,
-    mode: EndpointMode | None = None,
-) -> Device:
-    """A NIC's device (RDMA endpoint, EFA function), healthy as its link's verdict says."""
+def link_device(name: str, type_: DeviceType, ep: Endpoint, payload: object) -> Device:
+    """A NIC's device (RDMA endpoint, EFA function), healthy as its link's verdict (`ep`'s)
+    says, carrying its kind's `payload`."""
     health, reason = link_health(ep)
     return Device(
         name=name,
         type=type_,
-        accelerator=None,
-        mig=None,
-        endpoint=ep,
-        interface=iface,
-        mode=mode,
         health=health,
         health_reason=reason,
         # The only Failed verdict discovery gives: every port of the link is down.
         health_causes=("link-down",) if health == "Unhealthy" else (),
+        payload=payload,
     )
 
 

@@ -14,6 +14,10 @@ only the informative, effect-None taint). Served as exactly its own two accel no
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from fabricdra.api.inventory import Accelerator
+
 from ...devices import Device, dns_label
 from ...discovery.vendors import HABANA
 from ...hostdevices import DeviceNodeError
@@ -39,6 +43,21 @@ NODES = ("accel", "accel_controlD")  # /dev/accel/<node><N>: what hl-thunk opens
 MODELS = {"0x1000": "gaudi", "0x1010": "gaudi", "0x1020": "gaudi2"}
 
 
+@dataclass(frozen=True)
+class GaudiPayload:
+    """A Gaudi's own record: discovery's accelerator record and its accel device (sysfs.py)."""
+
+    accelerator: Accelerator
+    record: GaudiRecord
+
+
+def payload_of(device: Device) -> GaudiPayload:
+    """A Gaudi's payload; TypeError for a device of another kind."""
+    if not isinstance(device.payload, GaudiPayload):
+        raise TypeError(f"device {device.name} (type {device.type}) is not a Gaudi")
+    return device.payload
+
+
 class Gaudi(DeviceKind):
     name = "gaudi"
     device_type = "gaudi"
@@ -52,14 +71,9 @@ class Gaudi(DeviceKind):
             Device(
                 name=dns_label("gaudi", acc.pciBusId),
                 type="gaudi",
-                accelerator=acc,
-                mig=None,
-                endpoint=None,
-                interface=None,
-                mode=None,
                 health="Unknown",
                 health_reason=None,
-                payload=records[acc.pciBusId],
+                payload=GaudiPayload(acc, records[acc.pciBusId]),
             )
             for acc in mine
             if acc.pciBusId in records  # no accel device: nothing to hand a container
@@ -69,9 +83,8 @@ class Gaudi(DeviceKind):
         return device.type == "gaudi"
 
     def attributes(self, device: Device) -> list[tuple[str, Value]]:
-        acc, record = device.accelerator, _record(device)
-        if acc is None or record is None:
-            return []
+        p = payload_of(device)
+        acc, record = p.accelerator, p.record
         return [
             *pci_values(acc.topology, acc.pciBusId, acc.numaNode),
             ("vendor", acc.vendor),
@@ -84,19 +97,14 @@ class Gaudi(DeviceKind):
         return causes_value("gaudi", "gaudi", device.health_causes)
 
     def serve(self, device: Device, ctx: PrepareContext) -> Served:
-        record = _record(device)
-        if not self.owns(device) or record is None:
+        if not self.owns(device) or not isinstance(device.payload, GaudiPayload):
             raise PrepareError(f"device {device.name} is not a Gaudi")
-        n = record.accel_index
+        n = device.payload.record.accel_index
         try:
             nodes = [ctx.host.char_device(f"/dev/accel/{node}{n}") for node in NODES]
         except DeviceNodeError as e:
             raise DeviceNodeError(f"Gaudi {device.name}: {e}") from None
         return Served(device_nodes(nodes))
-
-
-def _record(device: Device) -> GaudiRecord | None:
-    return device.payload if isinstance(device.payload, GaudiRecord) else None
 
 
 KIND = Gaudi()

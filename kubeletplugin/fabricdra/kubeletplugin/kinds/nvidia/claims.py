@@ -30,7 +30,7 @@ class GpuConfigs:
         return gpusharing.parse_gpu_config(params)
 
     def check(self, device: Device, name: str, request: str) -> None:
-        if not (device.type == "gpu" and device.mig is None):
+        if device.type != "gpu":  # a whole GPU: a MIG instance or placement is `mig`
             raise PrepareError(
                 f"device {name} (request {request}): a GpuConfig sharing strategy applies "
                 "to whole NVIDIA GPUs only"

@@ -34,6 +34,7 @@ from typing import Any, Literal
 from ...devices import Device
 from ...kubelet import PrepareError
 from ...kubelet.cdi import ContainerEdits, Mount
+from ..gpupayload import gpu_payload
 
 MIB = 2**20
 MEMORY, SHARES = "memory", "shares"
@@ -46,18 +47,12 @@ MPS_PIPE_DIRECTORY = "/tmp/nvidia-mps"
 TIME_SLICE_INTERVALS = ("Default", "Short", "Medium", "Long")
 
 
-def offered_shared(device: Device) -> bool:
-    """Whether several claims may hold this device at once (a shared RDMA endpoint, or a
-    GPU offered with consumable capacity)."""
-    return device.mode == "shared" or device.shares > 0
-
-
 def limits(device: Device) -> dict[str, int]:
     """The consumable capacities of a shared GPU (memory in bytes, shares); {}: none."""
-    acc = device.accelerator
-    if device.shares <= 0 or acc is None or acc.memoryMiB is None:
+    p = gpu_payload(device)
+    if p is None or p.shares <= 0 or p.accelerator.memoryMiB is None:
         return {}
-    return {MEMORY: acc.memoryMiB * MIB, SHARES: device.shares}
+    return {MEMORY: p.accelerator.memoryMiB * MIB, SHARES: p.shares}
 
 
 def published_capacity(memory: str, shares: int) -> dict[str, Any]:
