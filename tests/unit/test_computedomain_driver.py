@@ -242,9 +242,9 @@ def test_the_claim_read_ends_within_kubelets_deadline_in_one_attempt(
     claim = api.claim("stuck", "uid-stuck", "d", "d-uid")
     api.hold.add(CLAIMS.path(NS, "stuck"))
     driver = make_driver(tmp_path, api)
-    # kubelet has 6 s left: the read gets at most 6 - 5 s, in one attempt (the held read
+    # kubelet has 7 s left: the read gets at most 7 - 5 s, in one attempt (the held read
     # would be answered only after 60 s)
-    with serving(Call(time.monotonic() + 6, lambda: True)), pytest.raises(PrepareError) as e:
+    with serving(Call(time.monotonic() + 7, lambda: True)), pytest.raises(PrepareError) as e:
         driver.prepare(claim)
     assert "timed out" in str(e.value).lower()
     assert api.reads[CLAIMS.path(NS, "stuck")] == 1
