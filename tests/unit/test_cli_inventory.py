@@ -356,8 +356,19 @@ def test_topology_file_and_role_flags(capsys: pytest.CaptureFixture[str], tmp_pa
     ],
 )
 def test_bad_scale_out_inputs_exit_2_naming_the_fault(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path, content: str, flag: str, named: str
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    content: str,
+    flag: str,
+    named: str,
 ) -> None:
+    """Bad flags fail before the sample is unpacked (as the device flags do)."""
+
+    def unpacked() -> None:
+        raise AssertionError("the sample was unpacked before the flags were checked")
+
+    monkeypatch.setattr("fabricdra.kubeletplugin.samples.sample_node", unpacked)
     path = tmp_path / "input"
     path.write_text(content)
     assert main(["inventory", "--sample", flag, str(path)]) == 2

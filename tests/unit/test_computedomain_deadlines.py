@@ -113,9 +113,11 @@ def test_a_frozen_peer_on_the_checkpoint_lock_never_makes_an_answer_late(node: N
     holder = os.open(node.driver.checkpoint.lock_path, os.O_RDWR)
     try:
         fcntl.flock(holder, fcntl.LOCK_EX)
-        # A short deadline for these calls (kubelet's own is 45 s): the first claim waits for
-        # the lock until LOCK_MARGIN (2 s) before it, and the lock's own 10 s per claim would
-        # miss it three times over.
+        # A short deadline for these calls (kubelet's own is 45 s; a prepare keeps 5 s of it
+        # for its API read), and a wide margin before it (the plugin's own is LOCK_MARGIN,
+        # 2 s) so that the first claim waits 1.5 s for the lock, not 4: the lock's own 10 s per
+        # claim would miss the deadline three times over.
+        node.driver.checkpoint.lock_margin = 4.5
         prepared = node.call("prepare", *claims, timeout=6)
         unprepared = node.call("unprepare", *claims, timeout=6)
     finally:

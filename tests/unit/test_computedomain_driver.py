@@ -78,7 +78,10 @@ class FakeApi:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        # shutdown() returns at the loop's next poll: its default 0.5 s was each test's teardown.
+        threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        ).start()
 
     @property
     def url(self) -> str:
@@ -239,9 +242,9 @@ def test_the_claim_read_ends_within_kubelets_deadline_in_one_attempt(
     claim = api.claim("stuck", "uid-stuck", "d", "d-uid")
     api.hold.add(CLAIMS.path(NS, "stuck"))
     driver = make_driver(tmp_path, api)
-    # kubelet has 8 s left: the read gets at most 8 - 5 s, in one attempt (the held read
+    # kubelet has 7 s left: the read gets at most 7 - 5 s, in one attempt (the held read
     # would be answered only after 60 s)
-    with serving(Call(time.monotonic() + 8, lambda: True)), pytest.raises(PrepareError) as e:
+    with serving(Call(time.monotonic() + 7, lambda: True)), pytest.raises(PrepareError) as e:
         driver.prepare(claim)
     assert "timed out" in str(e.value).lower()
     assert api.reads[CLAIMS.path(NS, "stuck")] == 1
@@ -251,7 +254,9 @@ def test_the_claim_read_ends_within_kubelets_deadline_in_one_attempt(
 def test_the_imex_wait_stops_when_kubelet_has_gone(tmp_path: Path, api: FakeApi) -> None:
     api.domain("waiting", "w-uid", ready=False)
     claim = api.claim("waiting", "uid-w", "waiting", "w-uid")
-    driver = make_driver(tmp_path, api, fabric="rack-1", imex_wait_seconds=30.0)
+    driver = make_driver(
+        tmp_path, api, fabric="rack-1", imex_wait_seconds=30.0, imex_poll_seconds=0.1
+    )
     kubelet_there = threading.Event()
     kubelet_there.set()
     # kubelet cancels its call once the plugin has looked at the domain twice

@@ -17,6 +17,8 @@ from fabricdra.controller.writes import Writer
 from fabricdra.kube.events import MAX_MESSAGE, ObjectRef, Reporter, event
 from fabricdra.kube.rest import EVENTS, Kind
 
+from .sources import parsed
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("api", "cli", "controller", "kube", "kubeletplugin")
 BUILDER = ROOT / "kube" / "fabricdra" / "kube" / "events.py"
@@ -129,7 +131,7 @@ def test_no_module_but_the_builder_builds_an_event_body() -> None:
         for path in sorted((ROOT / package / "fabricdra").rglob("*.py")):
             if path == BUILDER:
                 continue
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            for node in ast.walk(parsed(path)):
                 if not isinstance(node, ast.Dict):
                     continue
                 keys = {k.value for k in node.keys if isinstance(k, ast.Constant)}

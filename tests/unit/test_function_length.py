@@ -9,6 +9,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from .sources import parsed
+
 ROOT = Path(__file__).resolve().parents[2]
 LIMIT = 80
 CHECKED = [
@@ -20,7 +22,7 @@ CHECKED = [
 def long_functions(path: Path) -> list[tuple[str, int, int]]:
     """(name, first line, length) of each function in `path` over the limit."""
     out = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             assert node.end_lineno is not None
             lines = node.end_lineno - node.lineno + 1

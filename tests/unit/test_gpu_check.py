@@ -25,15 +25,16 @@ RECORDED = STAND_IN / "recorded-hgx-h100"
 FACTS = ("uuid", "pciBusId", "numaNode", "migMode", "nvlink", "driverVersion", "cudaVersion")
 
 
-@pytest.fixture
-def host(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
-    """The recorded host's sysfs root and NVML snapshot (with NVML's driver/CUDA answers)."""
+@pytest.fixture(scope="module")
+def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
+    """The recorded host's sysfs root and NVML snapshot (with NVML's driver/CUDA answers),
+    unpacked once for the module: the check only reads them."""
     with sample_node() as (sysfs, snapshot):
         recorded = json.loads(Path(snapshot).read_text())
         for gpu in recorded.values():
             gpu["driverVersion"] = "550.54.15"
             gpu["cudaDriverVersion"] = 12040
-        nvml = tmp_path / "nvml.json"
+        nvml = tmp_path_factory.mktemp("host") / "nvml.json"
         nvml.write_text(json.dumps(recorded))
         yield Path(sysfs), nvml
 

@@ -70,7 +70,10 @@ class Exporter:
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}/metrics"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        # shutdown() returns at the loop's next poll: its default 0.5 s was each test's teardown.
+        self.thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
         self.thread.start()
 
     def close(self) -> None:

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from .sources import parsed
+
 REPO = Path(__file__).resolve().parents[2]
 ROOT = REPO / "kubeletplugin" / "fabricdra" / "kubeletplugin"
 PACKAGE = "fabricdra.kubeletplugin"
@@ -64,7 +66,7 @@ def import_graph(mods: dict[str, tuple[Path, bool]]) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for name, (path, is_package) in mods.items():
         wanted: set[str] = set()
-        for node in _imports(ast.parse(path.read_text(), str(path))):
+        for node in _imports(parsed(path)):
             if isinstance(node, ast.Import):
                 wanted.update(a.name for a in node.names)
                 continue

@@ -11,6 +11,8 @@ import pytest
 
 from fabricdra.kube.patches import condition, conditional
 
+from .sources import parsed
+
 ROOT = Path(__file__).resolve().parents[2]
 HELPERS = ROOT / "kube" / "fabricdra" / "kube" / "patches.py"
 # rest.py's watch query names resourceVersion as a query parameter, not an object's field.
@@ -55,7 +57,7 @@ def test_no_controller_module_hand_builds_a_version_or_condition() -> None:
     for path in sorted(sources):
         if path in (HELPERS, QUERIES):
             continue
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(parsed(path)):
             if not isinstance(node, ast.Dict):
                 continue
             keys = {k.value for k in node.keys if isinstance(k, ast.Constant)}

@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from .sources import parsed
+
 TESTS = Path(__file__).resolve().parents[1]
 # What builds a Go binary as soon as it is used: the helm harness (`Chart()` runs build.sh
 # --helm when helm is missing). The control plane and node clusters come through fixtures
@@ -36,7 +38,7 @@ def _imports(tree: ast.Module) -> set[str]:
 def test_no_unit_test_needs_a_go_binary() -> None:
     found = []
     for path in sorted((TESTS / "unit").glob("*.py")):
-        tree = ast.parse(path.read_text(), str(path))
+        tree = parsed(path)
         bad = sorted(
             n for n in _imports(tree) for m in NEEDS_BINARIES if n == m or n.startswith(m + ".")
         )
@@ -51,7 +53,7 @@ def test_no_unit_test_needs_a_go_binary() -> None:
 def test_every_integration_module_is_marked_integration() -> None:
     unmarked = []
     for path in sorted((TESTS / "integration").glob("test_*.py")):
-        tree = ast.parse(path.read_text(), str(path))
+        tree = parsed(path)
         marks = [
             ast.unparse(node.value)
             for node in tree.body

@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from contextlib import ExitStack
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from fabricdra.api.inventory import Interface, Neighbour
@@ -116,11 +117,12 @@ def add_nvml_snapshot(sub: Any) -> None:
 
 def run_inventory(args: argparse.Namespace) -> int:
     config = device_config(args)  # bad flags fail before the node is read
+    # So do the operator's own scale-out inputs: read before a sample is unpacked.
+    scaleout = _scale_out_inputs(args.topology_file, args.lldpd_json, args.net_role)
     with ExitStack() as stack:
         root, snapshot = args.sysfs_root, args.nvml_snapshot
         # os.uname().nodename is gethostname(2)'s answer on Linux, without importing socket.
         node = args.node_name or os.uname().nodename
-        topology, lldp_json = args.topology_file, args.lldpd_json
         if args.sample:
             # Only here: unpacking imports tarfile, zipfile and tempfile (bench/startup.py).
             from fabricdra.kubeletplugin.samples import (
@@ -133,8 +135,19 @@ def run_inventory(args: argparse.Namespace) -> int:
             sample_root, sample_snapshot = stack.enter_context(sample_node())
             root, snapshot = str(sample_root), snapshot or str(sample_snapshot)
             node = args.node_name or SAMPLE_NODE
-            topology = topology or os.path.join(os.path.dirname(root), SAMPLE_TOPOLOGY)
-            lldp_json = lldp_json or os.path.join(os.path.dirname(root), SAMPLE_LLDPD)
+            # The sample's own topology file and lldpd answers, where no flag named one.
+            here = os.path.dirname(root)
+            sample = _scale_out_inputs(
+                None if args.topology_file else os.path.join(here, SAMPLE_TOPOLOGY),
+                None if args.lldpd_json else os.path.join(here, SAMPLE_LLDPD),
+                [],
+            )
+            scaleout = replace(
+                scaleout,
+                declared=scaleout.declared if args.topology_file else sample.declared,
+                neighbours=scaleout.neighbours if args.lldpd_json else sample.neighbours,
+            )
+        scaleout = replace(scaleout, node=node)
         try:
             tree = SysfsTree(root)
             nvml_source: NvmlSource = read_live
@@ -142,7 +155,6 @@ def run_inventory(args: argparse.Namespace) -> int:
                 readings = load_snapshot(snapshot)
                 nvml_source = lambda: readings  # noqa: E731
             previous = load_previous(args.previous) if args.previous else None
-            scaleout = _scale_out_inputs(node, topology, lldp_json, args.net_role)
         except (RootError, SnapshotError, PreviousError) as e:
             raise UsageError(str(e)) from e
 
@@ -161,8 +173,9 @@ def run_inventory(args: argparse.Namespace) -> int:
 
 
 def _scale_out_inputs(
-    node: str, topology: str | None, lldp_json: str | None, roles: list[str]
+    topology: str | None, lldp_json: str | None, roles: list[str]
 ) -> ScaleOutInputs:
+    """The scale-out inputs the files and flags give, for a node named later."""
     try:
         overrides = tuple(parse_role_override(r) for r in roles)
     except ValueError as e:
@@ -189,7 +202,7 @@ def _scale_out_inputs(
                 return None
             return lldpd.reading_for(heard, iface.name)
 
-    return ScaleOutInputs(node, declared, source, overrides)
+    return ScaleOutInputs(None, declared, source, overrides)
 
 
 def _read(path: str) -> str:

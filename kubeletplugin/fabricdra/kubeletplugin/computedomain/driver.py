@@ -54,6 +54,7 @@ from fabricdra.kubeletplugin.kubelet.cdi import (
 )
 from fabricdra.kubeletplugin.kubelet.checkpoint import Checkpoint, ClaimEntry, PreparedRecord
 from fabricdra.kubeletplugin.kubelet.claims import (
+    POLL_SECONDS,
     RestClaimReader,
     api_timeout,
     drop_other_boots,
@@ -142,6 +143,7 @@ class NodeConfig:
     # mounts its folder); None: the tool's own default (hostimex.py).
     host_imex_socket: Path | None = None
     imex_wait_seconds: float = 20.0  # how long prepare waits for IMEX to become READY
+    imex_poll_seconds: float = POLL_SECONDS  # between two looks at the domain's status
     driver_root: Path = Path("/")  # host path of the NVIDIA driver install (CDI mount source)
     driver_root_view: Path | None = None  # where this plugin sees it (None: driver_root)
     boot_id: str | None = None  # this boot (checkpoint entries of another are dropped)
@@ -183,7 +185,11 @@ class ComputeDomainDriver:
                 f"claim {claim} has no {cd.DRIVER} device on node {self.config.node_name}"
             )
         fabric = self.fabric_domain()  # read once, here: the edits below read nothing
-        wait_until(lambda: self._imex_state(claim, obj, fabric), self.config.imex_wait_seconds)
+        wait_until(
+            lambda: self._imex_state(claim, obj, fabric),
+            self.config.imex_wait_seconds,
+            poll=self.config.imex_poll_seconds,
+        )
         checked = []
         for result in results:
             if result["device"] not in (cd.CHANNEL_DEVICE, cd.DAEMON_DEVICE):

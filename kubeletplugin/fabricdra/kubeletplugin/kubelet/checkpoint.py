@@ -195,10 +195,12 @@ class Checkpoint:
         boot_id: str | None = None,
         boot_time: float | None = None,
         lock_timeout: float = LOCK_TIMEOUT,
+        lock_margin: float = LOCK_MARGIN,
     ) -> None:
         """`boot_time` None: read from /proc/stat."""
         self.path = Path(path)
         self.lock_timeout = lock_timeout
+        self.lock_margin = lock_margin
         self.lock_path = self.path.with_name(self.path.name + ".lock")
         self.boot_id = boot_id
         self.boot_time = boot_time if boot_time is not None else current_boot_time()
@@ -216,9 +218,9 @@ class Checkpoint:
     def exclusive(self) -> Iterator[None]:
         """Hold the checkpoint against every other thread and process (flock on the lock
         file) with this object's view refreshed from the file. Waits at most `lock_timeout`
-        seconds for it, and never past `LOCK_MARGIN` before the current kubelet call's
+        seconds for it, and never past `lock_margin` seconds before the current kubelet call's
         deadline, then raises `CheckpointLockTimeout`."""
-        wait = max(0.0, min(self.lock_timeout, current_call().remaining() - LOCK_MARGIN))
+        wait = max(0.0, min(self.lock_timeout, current_call().remaining() - self.lock_margin))
         deadline = time.monotonic() + wait
         if not self._lock.acquire(timeout=wait):  # 0: one try
             raise self._timeout("another thread of this plugin", wait)

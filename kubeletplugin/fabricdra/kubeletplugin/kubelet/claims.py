@@ -94,9 +94,12 @@ def read_claim(reader: ClaimReader, claim: ClaimRef) -> dict[str, Any]:
     return obj
 
 
-def wait_until(check: Callable[[], tuple[bool, str]], seconds: float) -> None:
-    """Call `check` until it answers (True, _), at most `seconds` and never past
-    `DEADLINE_MARGIN` before kubelet's deadline; stop at once when kubelet has gone. Raises
+def wait_until(
+    check: Callable[[], tuple[bool, str]], seconds: float, *, poll: float = POLL_SECONDS
+) -> None:
+    """Call `check` every `poll` seconds until it answers (True, _), at most `seconds` and
+    never past `DEADLINE_MARGIN` before kubelet's deadline; stop at once when kubelet has
+    gone. Raises
     `PrepareError` with check's last message when time runs out."""
     call = current_call()
     limit = max(0.0, min(seconds, call.remaining() - DEADLINE_MARGIN))
@@ -107,9 +110,9 @@ def wait_until(check: Callable[[], tuple[bool, str]], seconds: float) -> None:
         if ready:
             return
         # No look starts within a poll of the end: it would find too little time to read.
-        if time.monotonic() + POLL_SECONDS >= deadline:
+        if time.monotonic() + poll >= deadline:
             raise PrepareError(f"{message} (waited {limit:.0f}s; kubelet retries)")
-        time.sleep(POLL_SECONDS)
+        time.sleep(poll)
 
 
 def recorded_answer(checkpoint: Checkpoint, uid: str, pool: str) -> list[PreparedDevice] | None:
