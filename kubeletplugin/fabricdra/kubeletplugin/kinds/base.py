@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from fabricdra.api.inventory import Accelerator, Endpoint, Interface, PciTopology
 
@@ -267,3 +267,14 @@ def causes_value(prefix: str, bare: str, causes: Sequence[str]) -> str:
 
 def device_nodes(nodes: Sequence[DeviceNode]) -> ContainerEdits:
     return ContainerEdits(device_nodes=tuple(nodes))
+
+
+_Payload = TypeVar("_Payload")
+
+
+def payload_as(device: Device, payload_type: type[_Payload], what: str) -> _Payload:
+    """`device`'s payload where it is a `payload_type` (each kind's `payload_of`); TypeError
+    naming the device where another kind built it (`what`: what the caller expected)."""
+    if not isinstance(device.payload, payload_type):
+        raise TypeError(f"device {device.name} (type {device.type}) is not {what}")
+    return device.payload

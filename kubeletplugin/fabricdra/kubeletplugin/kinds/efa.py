@@ -40,6 +40,7 @@ from .base import (
     Value,
     causes_value,
     device_nodes,
+    payload_as,
     pci_values,
 )
 from .rdma import link_device
@@ -74,9 +75,7 @@ class EfaPayload:
 
 def payload_of(device: Device) -> EfaPayload:
     """An EFA device's payload; TypeError for a device of another kind."""
-    if not isinstance(device.payload, EfaPayload):
-        raise TypeError(f"device {device.name} (type {device.type}) is not an EFA function")
-    return device.payload
+    return payload_as(device, EfaPayload, "an EFA function")
 
 
 class Efa(DeviceKind):

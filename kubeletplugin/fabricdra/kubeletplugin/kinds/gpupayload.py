@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from fabricdra.api.inventory import Accelerator, MigDevice
 
 from ..devices import Device, GpuInfo
+from .base import payload_as
 
 if TYPE_CHECKING:  # annotations only
     from .nvidia.migprofiles import Placement
@@ -39,9 +40,7 @@ class GpuPayload:
 
 def payload_of(device: Device) -> GpuPayload:
     """A GPU's or MIG instance's payload; TypeError for a device of another kind."""
-    if not isinstance(device.payload, GpuPayload):
-        raise TypeError(f"device {device.name} (type {device.type}) is not a GPU or MIG device")
-    return device.payload
+    return payload_as(device, GpuPayload, "a GPU or MIG device")
 
 
 def gpu_payload(device: Device) -> GpuPayload | None:

@@ -41,6 +41,7 @@ from .base import (
     Value,
     causes_value,
     device_nodes,
+    payload_as,
     pci_values,
 )
 
@@ -85,9 +86,7 @@ class RdmaPayload:
 
 def payload_of(device: Device) -> RdmaPayload:
     """An RDMA device's payload; TypeError for a device of another kind."""
-    if not isinstance(device.payload, RdmaPayload):
-        raise TypeError(f"device {device.name} (type {device.type}) is not an RDMA endpoint")
-    return device.payload
+    return payload_as(device, RdmaPayload, "an RDMA endpoint")
 
 
 class Rdma(DeviceKind):

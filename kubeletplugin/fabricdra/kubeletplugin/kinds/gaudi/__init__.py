@@ -30,6 +30,7 @@ from ..base import (
     Value,
     causes_value,
     device_nodes,
+    payload_as,
     pci_values,
 )
 from .sysfs import GaudiRecord, read_records
@@ -53,9 +54,7 @@ class GaudiPayload:
 
 def payload_of(device: Device) -> GaudiPayload:
     """A Gaudi's payload; TypeError for a device of another kind."""
-    if not isinstance(device.payload, GaudiPayload):
-        raise TypeError(f"device {device.name} (type {device.type}) is not a Gaudi")
-    return device.payload
+    return payload_as(device, GaudiPayload, "a Gaudi")
 
 
 class Gaudi(DeviceKind):
