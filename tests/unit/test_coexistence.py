@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 from fabricdra.cli.common import UsageError
-from fabricdra.kubeletplugin.assembly import build_devices
+from fabricdra.kubeletplugin.assembly import assemble, build_devices
 from fabricdra.kubeletplugin.coexistence import (
     BUILTIN_RULES,
+    GROUPS,
     NETNS_MODE_PARAM,
     Conflict,
     Rule,
@@ -24,10 +25,11 @@ from fabricdra.kubeletplugin.coexistence import (
     read_netns_mode,
     withhold,
 )
-from fabricdra.kubeletplugin.devices import DeviceInventory
+from fabricdra.kubeletplugin.devices import DeviceConfig, DeviceInventory
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
+from fabricdra.kubeletplugin.kinds import KINDS
 from tests.sysfs.builder import SysfsBuilder
-from tests.sysfs.nodes import amd_mi300x, discover_at, h100_snapshot, hgx_h100
+from tests.sysfs.nodes import amd_mi300x, discover_at, gaudi_node, h100_snapshot, hgx_h100
 
 
 def _node(capacity: dict[str, str]) -> dict[str, Any]:
@@ -63,6 +65,7 @@ def test_nvidias_device_plugin_on_the_node_withholds_the_gpus_not_the_nics(
         ({"rdma/rdma_shared_device_a": "1000"}, {"rdma"}),  # the Network Operator's plugin
         ({"vpc.amazonaws.com/efa": "32"}, {"efa"}),
         ({"amd.com/gpu": "8"}, {"amd-gpu"}),
+        ({"habana.ai/gaudi": "8"}, {"gaudi"}),  # Intel's Gaudi device plugin
         ({"example.com/foo": "3", "memory": "512Gi"}, set()),
     ],
 )
@@ -90,7 +93,7 @@ def test_an_sriov_pool_is_named_by_the_operator(tmp_path: Path) -> None:
     [
         ("nvidia.com/sriov_rdma_vf", "is not GROUP=RESOURCE"),
         ("rdma=", "is not GROUP=RESOURCE"),
-        ("nic=nvidia.com/x", "group 'nic' is not one of nvidia-gpu, amd-gpu, rdma, efa"),
+        ("nic=nvidia.com/x", "group 'nic' is not one of nvidia-gpu, amd-gpu, rdma, efa, gaudi"),
         ("rdma=sriov_rdma_vf", "'sriov_rdma_vf' is not a resource name"),
     ],
 )
@@ -122,6 +125,30 @@ def test_amd_gpus_are_their_own_group(tmp_path: Path) -> None:
     kept, dropped = withhold(inventory, amd)
     assert not any(dev.type == "gpu" for dev in kept)
     assert set(dropped) == {"amd-gpu"}
+
+
+def test_every_kind_names_its_group_and_its_names_are_valid_rules() -> None:
+    """The table comes from the kinds (kinds/base.py `plugin_group`): each kind's built-in
+    names are rules an operator could have written, and no kind is left without a group."""
+    assert all(k.plugin_group is not None for k in KINDS)
+    assert all(parse_rule(f"{r.group}={r.resource}") == r for r in BUILTIN_RULES)
+    assert {r.group for r in BUILTIN_RULES} == set(GROUPS)
+
+
+def test_gaudis_are_their_own_group(tmp_path: Path) -> None:
+    """Intel's Gaudi device plugin advertises `habana.ai/gaudi`: with it on the Node, the
+    Gaudis (`--gaudi`) are withheld and nothing else."""
+    b = SysfsBuilder(tmp_path / "sys")
+    gaudi_node(b, gaudis=2, ports=1)
+    inventory = assemble(discover_at(b.root), DeviceConfig(gaudi=True), SysfsTree(b.root))
+    assert {dev.type for dev in inventory} >= {"gaudi"}
+    habana = device_plugin_conflicts(_node({"habana.ai/gaudi": "2"}), BUILTIN_RULES)
+    kept, dropped = withhold(inventory, habana)
+    assert not any(dev.type == "gaudi" for dev in kept)
+    assert set(dropped) == {"gaudi"}
+    assert len(dropped["gaudi"]) == 2
+    nvidia = device_plugin_conflicts(_node({"nvidia.com/gpu": "8"}), BUILTIN_RULES)
+    assert withhold(inventory, nvidia) == (inventory, {})
 
 
 # -- the RDMA subsystem's network-namespace mode ------------------------------------------

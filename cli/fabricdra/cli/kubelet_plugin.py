@@ -72,7 +72,7 @@ def register(sub: Any) -> None:
         default=[r for r in (_env("DEVICE_PLUGIN_RESOURCES", "") or "").split(",") if r],
         help="a device plugin resource name (a trailing * matches any name with that start) "
         "whose count above 0 in the Node's capacity withholds GROUP (nvidia-gpu, amd-gpu, "
-        "rdma, efa) on that node, besides the built-in names (nvidia.com/gpu, amd.com/gpu, "
+        "rdma, efa, gaudi) on that node, besides the built-in names (nvidia.com/gpu, amd.com/gpu, "
         "rdma/*, ...), e.g. rdma=nvidia.com/sriov_rdma_vf; repeatable "
         "[FABRICDRA_DEVICE_PLUGIN_RESOURCES, comma-separated]",
     )

@@ -34,15 +34,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from . import kinds
 from .devices import Device, DeviceInventory
 from .discovery.sysfs import Absent, SysfsTree, Unreadable
-from .discovery.vendors import AMD, NVIDIA
-from .kinds.accelerator import gpu_payload
 
-Group = Literal["nvidia-gpu", "amd-gpu", "rdma", "efa"]
-GROUPS: tuple[Group, ...] = ("nvidia-gpu", "amd-gpu", "rdma", "efa")
+# A group of this node's devices one device plugin would hand out: each kind names its own
+# (kinds/base.py `plugin_group`); NVIDIA's GPU and MIG kinds share one.
+Group = str
+GROUPS: tuple[Group, ...] = tuple(
+    dict.fromkeys(k.plugin_group for k in kinds.KINDS if k.plugin_group is not None)
+)
 NetnsMode = Literal["shared", "exclusive"]
-_GROUP: dict[str, Group] = {g: g for g in GROUPS}
 
 NETNS_MODE_PARAM = "module/ib_core/parameters/netns_mode"  # under the sysfs root
 
@@ -59,14 +61,15 @@ class Rule:
         return fnmatch.fnmatchcase(name, self.resource)
 
 
-# The names the ecosystem's device plugins advertise by default (docs/coexistence.md).
-BUILTIN_RULES: tuple[Rule, ...] = (
-    Rule("nvidia-gpu", "nvidia.com/gpu"),  # NVIDIA's device plugin (also the GPU Operator's)
-    Rule("nvidia-gpu", "nvidia.com/gpu.shared"),  # its time-slicing/MPS with renameByDefault
-    Rule("nvidia-gpu", "nvidia.com/mig-*"),  # its MIG strategy `mixed`
-    Rule("amd-gpu", "amd.com/gpu"),  # AMD's device plugin (and AMD's GPU Operator)
-    Rule("rdma", "rdma/*"),  # the RDMA shared device plugin (Network Operator), prefix `rdma`
-    Rule("efa", "vpc.amazonaws.com/efa"),  # AWS's EFA device plugin
+# The names the ecosystem's device plugins advertise by default, from the kinds
+# (`device_plugin_resources`; docs/coexistence.md).
+BUILTIN_RULES: tuple[Rule, ...] = tuple(
+    dict.fromkeys(
+        Rule(k.plugin_group, resource)
+        for k in kinds.KINDS
+        if k.plugin_group is not None
+        for resource in k.device_plugin_resources
+    )
 )
 
 
@@ -77,8 +80,7 @@ def parse_rule(text: str) -> Rule:
     name, resource = name.strip(), resource.strip()
     if not sep or not resource:
         raise ValueError(f"device plugin resource {text!r} is not GROUP=RESOURCE")
-    group = _GROUP.get(name)
-    if group is None:
+    if name not in GROUPS:
         raise ValueError(
             f"device plugin resource {text!r}: group {name!r} is not one of {', '.join(GROUPS)}"
         )
@@ -87,7 +89,7 @@ def parse_rule(text: str) -> Rule:
             f"device plugin resource {text!r}: {resource!r} is not a resource name "
             "(domain/name, e.g. nvidia.com/sriov_rdma_vf)"
         )
-    return Rule(group, resource)
+    return Rule(name, resource)
 
 
 @dataclass(frozen=True)
@@ -153,19 +155,8 @@ def read_netns_mode(tree: SysfsTree) -> NetnsMode | None:
 
 
 def group_of(device: Device) -> Group | None:
-    gpu = gpu_payload(device)
-    if device.type in ("gpu", "mig") and gpu is not None:
-        vendor = gpu.accelerator.vendorId
-        if vendor == NVIDIA:
-            return "nvidia-gpu"
-        if vendor == AMD:
-            return "amd-gpu"
-        return None
-    if device.type == "rdma":
-        return "rdma"
-    if device.type == "efa":
-        return "efa"
-    return None
+    """The group a device plugin would hand `device` out as (its kind's); None: none."""
+    return kinds.kind_of(device).plugin_group
 
 
 def withhold(

@@ -78,6 +78,12 @@ class NvidiaAcceleratorKind(DeviceKind):
     tainted by the GPU's causes, and on dynamic MIG drawing on the GPU's counter set."""
 
     device_type: str
+    plugin_group = "nvidia-gpu"
+    device_plugin_resources = (
+        "nvidia.com/gpu",  # NVIDIA's device plugin (also the GPU Operator's)
+        "nvidia.com/gpu.shared",  # its time-slicing/MPS with renameByDefault
+        "nvidia.com/mig-*",  # its MIG strategy `mixed`
+    )
 
     def build(self, inputs: BuildInputs) -> list[Device]:
         return [d for d in vendor_devices(inputs, NVIDIA) if d.type == self.device_type]

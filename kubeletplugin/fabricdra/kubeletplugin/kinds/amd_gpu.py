@@ -21,6 +21,8 @@ from .base import BuildInputs, DeviceKind, PrepareContext, Served, Value, device
 class AmdGpu(DeviceKind):
     name = "amd-gpu"
     device_type = "gpu"
+    plugin_group = "amd-gpu"
+    device_plugin_resources = ("amd.com/gpu",)  # AMD's device plugin (and AMD's GPU Operator)
 
     def build(self, inputs: BuildInputs) -> list[Device]:
         return vendor_devices(inputs, AMD)

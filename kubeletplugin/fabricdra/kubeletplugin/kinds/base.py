@@ -143,6 +143,13 @@ class DeviceKind(Protocol):
         serve, with a message that names the device."""
         ...
 
+    # Never hand out a device twice (coexistence.py): the group another advertiser would hand
+    # this kind's devices out as (`--device-plugin-resource GROUP=...`), and the resource names
+    # the ecosystem's device plugins advertise that group by on the Node's capacity. None: no
+    # device plugin offers them.
+    plugin_group: str | None = None
+    device_plugin_resources: tuple[str, ...] = ()
+
     # Below: what most kinds do not have. A kind that subclasses DeviceKind inherits these
     # defaults (nothing) and overrides what applies; the members above it must define.
 

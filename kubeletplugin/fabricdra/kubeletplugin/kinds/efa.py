@@ -81,6 +81,8 @@ def payload_of(device: Device) -> EfaPayload:
 class Efa(DeviceKind):
     name = "efa"
     device_type = "efa"
+    plugin_group = "efa"
+    device_plugin_resources = ("vpc.amazonaws.com/efa",)  # AWS's EFA device plugin
 
     def build(self, inputs: BuildInputs) -> list[Device]:
         if not inputs.config.efa or inputs.sysfs is None:

@@ -92,6 +92,10 @@ def payload_of(device: Device) -> RdmaPayload:
 class Rdma(DeviceKind):
     name = "rdma"
     device_type = "rdma"
+    plugin_group = "rdma"
+    # The RDMA shared device plugin (Network Operator), resource prefix `rdma`; SR-IOV pools
+    # are named by their operator (`--device-plugin-resource rdma=...`).
+    device_plugin_resources = ("rdma/*",)
 
     def build(self, inputs: BuildInputs) -> list[Device]:
         if not inputs.config.offer_rdma:

@@ -60,6 +60,10 @@ def payload_of(device: Device) -> GaudiPayload:
 class Gaudi(DeviceKind):
     name = "gaudi"
     device_type = "gaudi"
+    plugin_group = "gaudi"
+    # Intel's Gaudi device plugin (habana-k8s-device-plugin): https://docs.habana.ai/en/latest/
+    # Orchestration/Gaudi_Kubernetes/Habana_Device_Plugin_for_Kubernetes.html
+    device_plugin_resources = ("habana.ai/gaudi",)
 
     def build(self, inputs: BuildInputs) -> list[Device]:
         if not inputs.config.gaudi or inputs.sysfs is None:
