@@ -255,7 +255,7 @@ def test_a_claim_reserved_for_a_podgroup_links_to_its_pods_own_claims(
     NCCL widening as the group's, and linked to the own claim of a pod of that group, so both
     carry one NCCL_IB_HCA list (tests/unit/test_prepare.py has the widening itself)."""
     from fabricdra.kube.rest import CLAIMS
-    from fabricdra.kubeletplugin import ncclenv
+    from fabricdra.kubeletplugin.kinds.rdma import ncclenv
 
     ns = new_namespace(workload_cp, "wl-claims")
     group = rest.create(workloads.PODGROUPS, _podgroup("job", 2), ns)

@@ -9,7 +9,7 @@ import pytest
 
 from fabricdra.kubeletplugin.assembly import build_devices
 from fabricdra.kubeletplugin.devices import DeviceConfig, DeviceInventory, RdmaMode
-from fabricdra.kubeletplugin.holds import held_endpoints, pins_mode
+from fabricdra.kubeletplugin.kinds.rdma.holds import held_endpoints, pins_mode
 from fabricdra.kubeletplugin.kubelet.checkpoint import ClaimEntry, PreparedRecord
 from tests.integration.kubelethost import Host, build_host
 

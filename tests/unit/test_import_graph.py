@@ -187,14 +187,18 @@ NVIDIA_ONLY = (
     "xids",
     "seengpus",
 )
+# The RDMA family's own: NCCL's pod-level environment and the endpoints' holds.
+RDMA_ONLY = ("ncclenv", "nccltopo", "nccltopofiles", "holds", "podenv")
 
 
 def test_the_root_holds_no_family_module() -> None:
     mods = modules()
     at_root = {m.removeprefix(PACKAGE + ".") for m in mods if m.count(".") == 2}
-    assert not at_root & set(NVIDIA_ONLY), "family modules at the kubeletplugin root"
+    assert not at_root & {*NVIDIA_ONLY, *RDMA_ONLY}, "family modules at the kubeletplugin root"
     for name in NVIDIA_ONLY:
         assert f"{PACKAGE}.kinds.nvidia.{name}" in mods
+    for name in RDMA_ONLY:
+        assert f"{PACKAGE}.kinds.rdma.{name}" in mods
     # and the model imports none of a family's at run time
     graph = import_graph(mods)
     assert not {d for d in graph[f"{PACKAGE}.devices"] if ".kinds." in d}
@@ -259,7 +263,7 @@ def test_the_vendor_scan_finds_a_second_definition(tmp_path: Path) -> None:
 # through `kinds` (the registry and protocols) only; a family's own modules, and the kind
 # modules of one vendor, are not its to import (issue 31).
 FAMILY_FREE = ("agent", "devices", "prepare")
-FAMILY_PACKAGES = ("nvidia", "gaudi")
+FAMILY_PACKAGES = ("nvidia", "gaudi", "rdma")
 KIND_MODULES = ("nvidia_gpu", "nvidia_mig", "amd_gpu", "efa", "rdma")
 
 
@@ -284,6 +288,9 @@ def test_the_core_imports_no_family_module(module: str) -> None:
 def test_the_family_rule_sees_a_family_import() -> None:
     graph = {f"{PACKAGE}.agent": {f"{PACKAGE}.kinds.nvidia.xids", f"{PACKAGE}.kinds"}}
     assert family_imports(graph, "agent") == {"kinds.nvidia.xids"}
+    # prepare reaches NCCL's pod-level environment through `kinds` (kinds.pod_envs) only
+    graph = {f"{PACKAGE}.prepare": {f"{PACKAGE}.kinds.rdma.ncclenv", f"{PACKAGE}.kinds"}}
+    assert family_imports(graph, "prepare") == {"kinds.rdma.ncclenv"}
 
 
 def test_the_agent_stays_under_600_lines() -> None:

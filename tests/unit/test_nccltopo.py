@@ -1,6 +1,6 @@
 """NCCL's XML topology for a container (issue 27 point 6): the file NCCL_TOPO_FILE names, built
 from a DGX H100 laid out as the kernel does (tests/sysfs/nodes.py `dgx_h100`) and its recorded
-/proc/cpuinfo. The format is NCCL's (src/graph/xml.cc, topo.cc: see nccltopo.py)."""
+/proc/cpuinfo. The format is NCCL's (src/graph/xml.cc, topo.cc: see kinds/rdma/nccltopo.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from fabricdra.kubeletplugin.assembly import build_devices
 from fabricdra.kubeletplugin.devices import DeviceInventory, gpu_info
 from fabricdra.kubeletplugin.discovery.sysfs import SysfsTree
 from fabricdra.kubeletplugin.kinds import rdma
-from fabricdra.kubeletplugin.nccltopo import (
+from fabricdra.kubeletplugin.kinds.rdma.nccltopo import (
     CpuFacts,
     PciFacts,
     TopoDevice,
@@ -24,7 +24,7 @@ from fabricdra.kubeletplugin.nccltopo import (
     nccl_chain,
     render,
 )
-from fabricdra.kubeletplugin.nccltopofiles import cpu_facts, pci_facts, topo_device
+from fabricdra.kubeletplugin.kinds.rdma.nccltopofiles import cpu_facts, pci_facts, topo_device
 from tests.integration.kubelethost import Host, build_host
 
 # DGX H100: GPU i at bus+3, its rail HCA mlx5_i at bus+4, both under one PCIe switch whose

@@ -80,8 +80,8 @@ from .discovery.sysfs import SysfsTree
 from .families import DEFAULT_TOOLKIT_DIRS
 from .families import build as build_families
 from .health import DcgmState, gpu_health, keep_unhealthy, nvidia_bound
-from .holds import held_devices, held_endpoints, pins_mode
 from .hostdevices import HostLayout
+from .kinds import held_devices, held_endpoints, pins_mode  # the RDMA family's (kinds/rdma/)
 from .kinds.family import PassFacts
 from .kubelet import ClaimSweeper, DeviceHealth, HealthBroadcaster, PluginPaths, PluginServer
 from .kubelet.cdi import CdiWriter
@@ -128,7 +128,7 @@ class AgentConfig:
     # KEP-5304: each request's device metadata file mounted into the containers (under
     # plugin_dir, which the chart mounts at the same path on the host).
     device_metadata: bool = False
-    # NCCL_TOPO_FILE for every claim with a GPU (nccltopofiles.py), under plugin_dir too.
+    # NCCL_TOPO_FILE for every claim with a GPU (kinds/rdma/nccltopofiles.py), under plugin_dir too.
     nccl_topo_file: bool = True
     # DRAListTypeAttributes is on in the cluster (alpha in 1.36): list values (a Grace GPU's
     # NUMA nodes) may be published.

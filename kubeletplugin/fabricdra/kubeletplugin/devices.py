@@ -254,7 +254,7 @@ class Device:
     """One device this node offers: what every kind has (its name, `type` and health), and its
     kind's own typed record (`payload`: a GPU's accelerator and NVML facts, an RDMA endpoint
     and its mode, ...; issue 31 point 3). Each kind defines its payload and a `payload_of`
-    that reads it (kinds/rdma.py `RdmaPayload`, kinds/accelerator.py `GpuPayload`, ...); the
+    that reads it (kinds/rdma/ `RdmaPayload`, kinds/accelerator.py `GpuPayload`, ...); the
     core asks the kind's hooks (kinds/base.py `DeviceKind`), never the payload."""
 
     name: str

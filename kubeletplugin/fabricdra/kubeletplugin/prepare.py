@@ -10,7 +10,7 @@ against the *current* `DeviceInventory`, and write one CDI spec for the claim:
   `NCCL_IB_HCA==<the claim's RDMA devices>` (the leading `=` makes NCCL match names exactly,
   so `mlx5_1` never also selects `mlx5_10`), widened to every HCA of the pod's other claims
   of this driver: one list wherever it appears, so no order of applying CDI devices leaves a
-  container with fewer HCAs than it was given (see `ncclenv`). Never the whole
+  container with fewer HCAs than it was given (see `kinds/rdma/ncclenv.py`). Never the whole
   /dev/infiniband folder.
 - GPU / MIG instance: the NVIDIA container toolkit's own CDI id when its spec is on the host
   (driver libraries then come the supported way); otherwise the device nodes
@@ -23,8 +23,9 @@ against the *current* `DeviceInventory`, and write one CDI spec for the claim:
   NVIDIA's device plugin (env mode) gave the same container stay.
   No NUMA or CPU settings are injected: a MIG slice or a shared GPU cannot honour them.
 - With --nccl-topo-file (default on), a claim with a whole NVIDIA GPU: NCCL's XML topology of
-  the pod's GPUs and NICs (nccltopo.py, nccltopofiles.py) mounted read-only, NCCL_TOPO_FILE
-  pointing at it, through the claim-level `nccltopo-<claim uid>` CDI device.
+  the pod's GPUs and NICs (kinds/rdma/: nccltopo.py, nccltopofiles.py, podenv.py) mounted
+  read-only, NCCL_TOPO_FILE pointing at it, through the claim-level `nccltopo-<claim uid>`
+  CDI device.
 
 Refusals (the driver is the last line of defence): a device that overlaps one another
 prepared claim holds — the same device, a GPU and its MIG instances, a PF and its VFs — unless
@@ -63,26 +64,23 @@ from fabricdra.kube import events
 from fabricdra.kube.events import ObjectRef, Reporter
 from fabricdra.kube.rest import CLAIMS, EVENTS, PODS, ApiError
 
-from . import devicemetadata, exclusivity, kinds, metrics, ncclenv, nccltopofiles
+from . import devicemetadata, exclusivity, kinds, metrics
 from .devicemetadata import Granted, MetadataFiles
 from .devices import Device, DeviceConfig, DeviceInventory
-from .discovery.sysfs import RootError, SysfsTree
 from .hostdevices import DeviceNodeError, HostLayout
 from .kinds import ClaimGroup, PrepareContext
-from .kinds.family import ClaimHooks, OpaqueConfigs, OpaqueSetting
+from .kinds.family import ClaimHooks, OpaqueConfigs, OpaqueSetting, PodClaim, PodEnv
 from .kubelet import ClaimRef, PreparedDevice, PrepareError
 from .kubelet.cdi import CdiDevice, CdiSpec, CdiWriter
 from .kubelet.checkpoint import Checkpoint, ClaimEntry, PreparedRecord
 from .kubelet.claims import (
     ClaimReader,
-    api_timeout,
     drop_other_boots,
     ensure_wanted,
     read_claim,
     recorded_answer,
     remove_recorded_specs,
 )
-from .nccltopo import TopoDevice, TopologyError, render
 from .networkstatus import NetworkStatus
 
 log = structlog.get_logger("fabricdra.prepare")
@@ -101,11 +99,8 @@ class EventRecorder(Protocol):
         ...
 
 
-class PodReader(Protocol):
-    def read_pod(self, namespace: str, name: str, timeout: float) -> dict[str, Any]:
-        """The Pod as JSON, in one attempt within `timeout` seconds; raise when it cannot be
-        read."""
-        ...
+# Reads the pods a claim is reserved for (the RDMA family's PodGroup links).
+PodReader = kinds.PodReader
 
 
 class ApiClaimReader:
@@ -179,19 +174,21 @@ class DevicesDriver:
     network: NetworkStatus | None = None
     # How this node offers its devices: kinds whose container edits depend on it read it.
     devices: DeviceConfig = field(default_factory=DeviceConfig)
-    # Reads the pods an RDMA claim is reserved for, for their PodGroup (KEP-5729: ncclenv);
-    # None: no PodGroup links are made.
+    # Reads the pods an RDMA claim is reserved for, for their PodGroup (KEP-5729:
+    # kinds/rdma/ncclenv.py); None: no PodGroup links are made.
     pods: PodReader | None = None
     # --device-metadata (KEP-5304): where each request's metadata file is written on the host
     # (devicemetadata.py); None: no metadata for containers.
     metadata_dir: Path | None = None
     # --nccl-topo-file: where each GPU claim's NCCL topology (NCCL_TOPO_FILE) is written on the
-    # host (nccltopofiles.py); None: none written.
+    # host (kinds/rdma/nccltopofiles.py); None: none written.
     nccl_topo_dir: Path | None = None
     # Reads happen outside the lock; resolving, the in-use check and writing inside it.
     locks_itself = True
     _metadata: MetadataFiles | None = field(default=None, init=False, repr=False)
-    _topo: nccltopofiles.TopoFiles | None = field(default=None, init=False, repr=False)
+    # Each family's part in the environment a pod shares across its claims (kinds.pod_envs,
+    # from `pods` and `nccl_topo_dir`).
+    _pod_envs: tuple[PodEnv, ...] = field(default=(), init=False, repr=False)
 
     def __post_init__(self) -> None:
         # Entries of another boot: their containers are gone; so must their spec files be
@@ -200,9 +197,9 @@ class DevicesDriver:
         if self.metadata_dir is not None:
             self._metadata = MetadataFiles(self.metadata_dir, DRIVER_NAME)
             self._metadata.keep_only(e.uid for e in self.checkpoint.entries())
-        if self.nccl_topo_dir is not None:
-            self._topo = nccltopofiles.TopoFiles(self.nccl_topo_dir)
-            self._topo.keep_only(e.uid for e in self.checkpoint.entries())
+        self._pod_envs = kinds.pod_envs(self.pods, self.nccl_topo_dir)
+        for env in self._pod_envs:
+            env.start([e.uid for e in self.checkpoint.entries()])
 
     @property
     def driver_name(self) -> str:
@@ -215,7 +212,7 @@ class DevicesDriver:
         if done is not None:
             return done
         obj = read_claim(self.claims, claim)  # before any lock: one slow read delays no one
-        pod_groups = self._pod_groups(obj)  # also before the lock
+        pod = self._read_pod_envs(obj)  # also before the lock
         # The file lock too: another agent pod may serve kubelet during a rolling update.
         with self.checkpoint.exclusive():  # serializes our threads too, boundedly
             ensure_wanted()
@@ -224,10 +221,10 @@ class DevicesDriver:
                 return done
             grants = self.grants(claim, obj)
             self._refuse_in_use(claim, grants)
-            own = [kinds.kind_of(g.device).nccl_hca(g.device) for g in grants]
-            hcas, companions = ncclenv.pod_hcas(
-                self.checkpoint.entries(), claim.uid, obj, own, pod_groups
-            )
+            devices = [g.device for g in grants]
+            hcas: list[str] = []
+            for p in pod:
+                hcas = p.begin(self.checkpoint.entries(), claim.uid, devices) or hcas
             undo = [f.begin(claim.uid, [g.device for g in grants]) for f in self.families]
             try:
                 try:
@@ -238,14 +235,26 @@ class DevicesDriver:
                 except DeviceNodeError as e:
                     raise PrepareError(str(e)) from None
                 spec, prepared = self._with_metadata(claim, obj, grants, spec, prepared)
-                spec, prepared = self._with_topology(claim, obj, grants, spec, prepared, pod_groups)
-                ncclenv.widen_all(companions, hcas)  # before ours is recorded: see ncclenv
-                self._record(claim, obj, grants, spec, prepared, pod_groups)
+                inventory = self.inventory()
+                for p in pod:
+                    spec, prepared = p.extend(
+                        claim,
+                        devices,
+                        self.checkpoint.entries(),
+                        inventory,
+                        self.host,
+                        self.cdi,
+                        spec,
+                        prepared,
+                    )
+                for p in pod:
+                    p.commit()  # before ours is recorded: see kinds/rdma/ncclenv.py
+                self._record(claim, grants, spec, prepared, pod)
             except Exception:
                 if self._metadata is not None:
                     self._metadata.remove(claim.uid)
-                if self._topo is not None:
-                    self._topo.remove(claim.uid)
+                for env in self._pod_envs:
+                    env.remove(claim.uid)
                 # Nothing half-made (NVIDIA: MIG instances this call created); kubelet retries.
                 for u in undo:
                     u()
@@ -254,46 +263,24 @@ class DevicesDriver:
             self.network.write(claim.namespace, claim.name, grants)
         return prepared
 
-    def _pod_groups(self, obj: dict[str, Any]) -> dict[str, str | None]:
-        """The PodGroup (`spec.schedulingGroup.podGroupName`, KEP-5729) of each pod an RDMA
-        claim is reserved for: pod name -> group name, None when the pod is in none. Only a
-        claim with an RDMA device carries an NCCL_IB_HCA list, so only such a claim's pods are
-        read; a pod that cannot be read fails the prepare (kubelet retries) rather than leave
-        a group's claim out of the pod's list."""
-        if self.pods is None:
-            return {}
-        pods = ncclenv.reserved_pods(obj)
-        if not pods or not self._has_hca(obj):
-            return {}
-        namespace = str((obj.get("metadata") or {}).get("namespace", ""))
-        out: dict[str, str | None] = {}
-        for r in pods:
-            name = str(r.get("name", ""))
-            try:
-                pod = self.pods.read_pod(namespace, name, api_timeout())
-            except ApiError as e:
-                raise PrepareError(
-                    f"cannot read pod {namespace}/{name} (the claim is reserved for it) "
-                    f"for its PodGroup: {e}"
-                ) from None
-            group = ((pod.get("spec") or {}).get("schedulingGroup") or {}).get("podGroupName")
-            out[name] = str(group) if group else None
-        return out
-
-    def _has_hca(self, obj: dict[str, Any]) -> bool:
-        """Whether an allocation result of this driver and node names an NCCL HCA (read
-        before the lock, from the current inventory)."""
+    def _read_pod_envs(self, obj: dict[str, Any]) -> list[PodClaim]:
+        """Before the lock: each family's read of what the claim's pod shares (RDMA: the
+        PodGroup of each pod it is reserved for), given the claim's devices of this driver and
+        node in the current inventory."""
+        if not self._pod_envs:
+            return []
         results = (((obj.get("status") or {}).get("allocation") or {}).get("devices") or {}).get(
             "results"
         ) or []
         inventory = self.inventory()
+        devices = []
         for r in results:
             if r.get("driver") != self.driver_name or r.get("pool") != self.node_name:
                 continue
             device = inventory.get(str(r.get("device")))
-            if device is not None and kinds.kind_of(device).nccl_hca(device):
-                return True
-        return False
+            if device is not None:
+                devices.append(device)
+        return [env.read(obj, devices) for env in self._pod_envs]
 
     def _with_metadata(
         self,
@@ -326,68 +313,6 @@ class DevicesDriver:
         ]
         return CdiSpec(kind=self.cdi.kind, devices=tuple(devices)), out
 
-    def _with_topology(
-        self,
-        claim: ClaimRef,
-        obj: dict[str, Any],
-        grants: Sequence[Grant],
-        spec: CdiSpec | None,
-        prepared: list[PreparedDevice],
-        pod_groups: dict[str, str | None],
-    ) -> tuple[CdiSpec | None, list[PreparedDevice]]:
-        """With --nccl-topo-file: the NCCL topology of the pod's GPUs and NICs of this driver
-        (nccltopofiles.py), written for this claim where it has a GPU and mounted by every
-        device of it through one claim-level CDI device; the files of the prepared claims a
-        pod of it may use with it rewritten to the same content. A fact NCCL requires that
-        cannot be read leaves the claim without a file (NCCL then reads the host itself)."""
-        if self._topo is None:
-            return spec, prepared
-        own = [self._topo_device(g.device) for g in grants]
-        ours = [d for d in own if d is not None]
-        linked = ncclenv.companions(
-            self.checkpoint.entries(), claim.uid, ncclenv.consumers(obj, pod_groups)
-        )
-        widen = [e.uid for e in linked if self._topo.exists(e.uid)]
-        if not nccltopofiles.has_gpu(ours) and not widen:
-            return spec, prepared  # nothing to describe NCCL would use, nothing to widen
-        inventory = self.inventory()
-        pod = list(ours)
-        for entry in linked:
-            for r in entry.devices or ():
-                device = inventory.get(r.base_name)
-                d = self._topo_device(device) if device is not None else None
-                if d is not None:
-                    pod.append(d)
-        try:
-            tree = SysfsTree(self.host.sysfs_root)
-            try:
-                facts = nccltopofiles.pci_facts(tree, pod)
-            finally:
-                tree.close()
-            text = render(pod, facts, nccltopofiles.cpu_facts(self.host.proc_root))
-        except (TopologyError, ValueError, OSError, RootError) as e:
-            log.warning("no NCCL topology file for the claim", claim=claim.name, reason=str(e))
-            return spec, prepared
-        try:
-            for uid in widen:
-                self._topo.write(uid, text)
-            if not nccltopofiles.has_gpu(ours):
-                return spec, prepared
-            self._topo.write(claim.uid, text)
-        except OSError as e:
-            raise PrepareError(f"cannot write the NCCL topology file: {e}") from None
-        name = nccltopofiles.device_name(claim.uid)
-        devices = [
-            *(spec.devices if spec is not None else ()),
-            CdiDevice(name, self._topo.edits(claim.uid)),
-        ]
-        topo_id = self.cdi.device_id(name)
-        out = [replace(p, cdi_device_ids=(*p.cdi_device_ids, topo_id)) for p in prepared]
-        return CdiSpec(kind=self.cdi.kind, devices=tuple(devices)), out
-
-    def _topo_device(self, device: Device) -> TopoDevice | None:
-        return nccltopofiles.topo_device(device, kinds.kind_of(device).nccl_hca(device))
-
     def _already_prepared(self, claim: ClaimRef) -> list[PreparedDevice] | None:
         """The recorded answer of an earlier prepare of this claim (same UID), while every
         spec file it wrote is still there; None: prepare it (again)."""
@@ -396,14 +321,13 @@ class DevicesDriver:
     def _record(
         self,
         claim: ClaimRef,
-        obj: dict[str, Any],
         grants: Sequence[Grant],
         spec: CdiSpec | None,
         prepared: Sequence[PreparedDevice],
-        pod_groups: dict[str, str | None] | None = None,
+        pod: Sequence[PodClaim] = (),
     ) -> None:
         path = self.cdi.path_for(claim.uid)
-        consumers = ncclenv.consumers(obj, pod_groups or {})
+        consumers = next((p.consumers for p in pod if p.consumers), ())
         entry = ClaimEntry(
             uid=claim.uid,
             namespace=claim.namespace,
@@ -626,8 +550,8 @@ class DevicesDriver:
             self.cdi.remove(claim.uid)  # its own spec name, also without a checkpoint entry
             if self._metadata is not None:
                 self._metadata.remove(claim.uid)
-            if self._topo is not None:
-                self._topo.remove(claim.uid)
+            for env in self._pod_envs:
+                env.remove(claim.uid)
             names = [r.device_name for r in (entry.devices or [])] if entry else None
             for f in self.families:
                 f.release(claim.uid, names)

@@ -105,7 +105,8 @@ class ClaimGroup(Protocol):
     def edits(
         self, ctx: PrepareContext, own_hcas: Sequence[str], hcas: Sequence[str]
     ) -> ContainerEdits:
-        """Its edits. `own_hcas`: the claim's NCCL HCA names; `hcas`: the pod's (ncclenv)."""
+        """Its edits. `own_hcas`: the claim's NCCL HCA names; `hcas`: the pod's
+        (kinds/rdma/ncclenv.py)."""
         ...
 
 

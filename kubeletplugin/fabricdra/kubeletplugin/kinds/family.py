@@ -27,22 +27,30 @@ Prepare (prepare.py) holds each family's per-claim part (`ClaimHooks`, built wit
 - `opaque`: the opaque configuration the family takes (NVIDIA: `GpuConfig`'s sharing
   strategy); None: none. Today one family takes opaque configuration: the first that has one
   parses every entry addressed to this driver.
+
+And each family's part in the environment a pod shares across its claims (`PodEnv`, built by
+`kinds.pod_envs`; RDMA: NCCL's pod-wide HCA list, KEP-5729 PodGroups, NCCL_TOPO_FILE):
+`read` before the lock, then `begin` → `extend` → `commit` under it, `remove` on failure and
+at unprepare.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from fabricdra.api.inventory import Accelerator
 
-    from ..devices import Device
+    from ..devices import Device, DeviceInventory
     from ..discovery.node import Discovery
     from ..discovery.nvml import NvmlReadings
-    from ..kubelet.cdi import ContainerEdits
+    from ..hostdevices import HostLayout
+    from ..kubelet import ClaimRef, PreparedDevice
+    from ..kubelet.cdi import CdiSpec, CdiWriter, ContainerEdits
+    from ..kubelet.checkpoint import ClaimEntry
     from .base import PrepareContext
 
 
@@ -130,4 +138,58 @@ class ClaimHooks(Protocol):
     def release(self, claim_uid: str, devices: Sequence[str] | None) -> None:
         """At unprepare (under the lock): remove what the claim's prepare made. `devices`:
         the names the checkpoint recorded for it (None: no entry)."""
+        ...
+
+
+class PodClaim(Protocol):
+    """One claim's part in its pod's environment, read before the checkpoint's lock
+    (`PodEnv.read`) and used under it."""
+
+    @property
+    def consumers(self) -> tuple[str, ...]:
+        """What the checkpoint records as the claim's consumers (the pods it is reserved
+        for, and their groups)."""
+        ...
+
+    def begin(
+        self, entries: Sequence[ClaimEntry], claim_uid: str, devices: Sequence[Device]
+    ) -> list[str]:
+        """Before the claim's devices are served: the names its pod-wide list selects
+        (RDMA: NCCL_IB_HCA over the pod's claims)."""
+        ...
+
+    def extend(
+        self,
+        claim: ClaimRef,
+        devices: Sequence[Device],
+        entries: Sequence[ClaimEntry],
+        inventory: DeviceInventory,
+        host: HostLayout,
+        cdi: CdiWriter,
+        spec: CdiSpec | None,
+        prepared: list[PreparedDevice],
+    ) -> tuple[CdiSpec | None, list[PreparedDevice]]:
+        """The claim's spec and devices with what the pod adds (RDMA: NCCL_TOPO_FILE)."""
+        ...
+
+    def commit(self) -> None:
+        """Just before the claim is recorded: bring the pod's other claims up to it."""
+        ...
+
+
+class PodEnv(Protocol):
+    """A family's part in the environment a claim's pod shares across its claims (RDMA:
+    NCCL's pod-wide HCA list and the per-pod NCCL_TOPO_FILE)."""
+
+    def start(self, claims: Iterable[str]) -> None:
+        """At start-up: keep only what the prepared `claims` (uids) made."""
+        ...
+
+    def read(self, obj: dict[str, Any], devices: Sequence[Device]) -> PodClaim:
+        """Before the lock: what the claim `obj` (its `devices` in the current inventory)
+        needs from the API; PrepareError when that cannot be read."""
+        ...
+
+    def remove(self, claim_uid: str) -> None:
+        """What this claim's prepare made (a failed prepare, or unprepare)."""
         ...

@@ -19,8 +19,7 @@ from fabricdra.api.scaleout import (
     SUBNET_ATTRIBUTE,
 )
 
-from .. import ncclenv
-from ..devices import (
+from ...devices import (
     Device,
     DeviceConfig,
     DeviceType,
@@ -30,10 +29,10 @@ from ..devices import (
     RdmaMode,
     endpoint_name,
 )
-from ..discovery.scaleout.annotate import rail_switch
-from ..kubelet import PrepareError
-from ..kubelet.cdi import ContainerEdits, DeviceNode
-from .base import (
+from ...discovery.scaleout.annotate import rail_switch
+from ...kubelet import PrepareError
+from ...kubelet.cdi import ContainerEdits, DeviceNode
+from ..base import (
     BuildInputs,
     DeviceKind,
     PrepareContext,
@@ -44,6 +43,7 @@ from .base import (
     payload_as,
     pci_values,
 )
+from . import ncclenv
 
 
 class NcclGroup:

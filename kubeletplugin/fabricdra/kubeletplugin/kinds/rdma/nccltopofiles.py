@@ -22,12 +22,12 @@ from pathlib import Path
 
 import structlog
 
-from . import claimfolders
-from .claimfolders import safe_uid
-from .devices import Device
-from .discovery.sysfs import Absent, SysfsTree, Unreadable
-from .kinds import accelerator, rdma
-from .kubelet.cdi import ContainerEdits, Mount, write_atomic
+from ... import claimfolders
+from ...claimfolders import safe_uid
+from ...devices import Device
+from ...discovery.sysfs import Absent, SysfsTree, Unreadable
+from ...kubelet.cdi import ContainerEdits, Mount, write_atomic
+from .. import accelerator, rdma
 from .nccltopo import CpuFacts, PciFacts, TopoDevice, nccl_chain
 
 log = structlog.get_logger("fabricdra.nccltopo")

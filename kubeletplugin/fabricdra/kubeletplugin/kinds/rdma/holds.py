@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .devices import DeviceInventory, HeldAs
-from .kinds import rdma
-from .kubelet.checkpoint import ClaimEntry
+from ...devices import DeviceInventory, HeldAs
+from ...kubelet.checkpoint import ClaimEntry
+from .. import rdma
 
 
 def held_endpoints(entries: Iterable[ClaimEntry]) -> dict[str, HeldAs]:

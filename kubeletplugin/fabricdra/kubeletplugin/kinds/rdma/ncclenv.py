@@ -39,9 +39,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .kubelet import PrepareError
-from .kubelet.cdi import write_atomic
-from .kubelet.checkpoint import ClaimEntry
+from ...kubelet import PrepareError
+from ...kubelet.cdi import write_atomic
+from ...kubelet.checkpoint import ClaimEntry
 
 VAR = "NCCL_IB_HCA"
 CROSS_NIC_OFF = "NCCL_CROSS_NIC=0"  # claims whose NICs all have a measured rail (kinds/rdma.py)
