@@ -44,7 +44,8 @@ from ...kubelet.cdi import write_atomic
 from ...kubelet.checkpoint import ClaimEntry
 
 VAR = "NCCL_IB_HCA"
-CROSS_NIC_OFF = "NCCL_CROSS_NIC=0"  # claims whose NICs all have a measured rail (kinds/rdma/__init__.py)
+# claims whose NICs all have a measured rail (kinds/rdma/__init__.py)
+CROSS_NIC_OFF = "NCCL_CROSS_NIC=0"
 _PREFIX = f"{VAR}=="  # the variable, then NCCL's "exact names" marker
 _DIGITS = re.compile(r"(\d+)")
 
